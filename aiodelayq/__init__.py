@@ -1,0 +1,53 @@
+"""aiodelayq: an asyncio delayed queue on Redis that shares keys and element format with Redisson's
+``RDelayedQueue``.
+
+>>> queue = DelayedQueue(client, "orders:cancel")
+>>> await queue.offer({"order": 42}, delay=timedelta(minutes=30))
+>>> async with queue:
+...     async for item in queue:
+...         ...
+"""
+
+from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
+from ._keys import QueueKeys, prefix_name
+from ._queue import DelayedQueue, QueueStats, WireFormat, delay_to_ms
+from ._scheduler import SchedulerStats
+from .exceptions import (
+    BackendError,
+    CodecError,
+    ConfigurationError,
+    DecodeError,
+    DelayedQueueError,
+    EncodeError,
+    InvalidDelayError,
+    InvalidNameError,
+    QueueClosedError,
+    QueueNotOpenError,
+)
+
+__all__ = [
+    "BackendError",
+    "BytesCodec",
+    "Codec",
+    "CodecError",
+    "ConfigurationError",
+    "DecodeError",
+    "DelayedQueue",
+    "DelayedQueueError",
+    "EncodeError",
+    "InvalidDelayError",
+    "InvalidNameError",
+    "JsonCodec",
+    "MsgpackCodec",
+    "QueueClosedError",
+    "QueueKeys",
+    "QueueNotOpenError",
+    "QueueStats",
+    "SchedulerStats",
+    "StrCodec",
+    "WireFormat",
+    "delay_to_ms",
+    "prefix_name",
+]
+
+__version__ = "0.1.0"

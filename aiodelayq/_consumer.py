@@ -1,0 +1,217 @@
+"""The consuming side: pops due payloads for this queue object's waiting ``take``/``poll`` calls.
+
+redis-py drops a connection whose read is cancelled, so a ``BLPOP`` cancelled after the server
+popped would lose the item. Callers therefore never await Redis themselves: one pump task owns a
+dedicated connection and pops only while callers wait; a caller that gives up just leaves the
+queue of waiters. An item that arrives for nobody (its caller left between the pop and the reply)
+goes back to the head of the destination list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from ._tasks import RETRY_BACKOFF, stop_task
+
+__all__ = ["TakePump"]
+
+log = logging.getLogger("aiodelayq")
+
+T = TypeVar("T")
+
+
+class TakePump:
+    """Serves raw payloads of ``key`` to waiters in FIFO order.
+
+    ``block_s`` bounds each server-side ``BLPOP``; ``aclose()`` wakes a blocked ``BLPOP`` with
+    ``CLIENT UNBLOCK`` instead of cancelling the read, so closing loses nothing either.
+    """
+
+    def __init__(self, client: Redis, key: str, *, block_s: float = 5.0) -> None:
+        self._client = client
+        self._key = key
+        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        # A BLPOP longer than the socket timeout would look like a dead connection to redis-py.
+        self._block_s = min(block_s, timeout / 2) if timeout else block_s
+        self._waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
+        self._demand = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._side_tasks: set[asyncio.Future[Any]] = set()
+        self._conn: Any = None
+        self._conn_id: int | None = None
+        self._blocking = False
+        self._closing = False
+        self.returned = 0
+
+    async def get(self, timeout_s: float | None) -> bytes | None:
+        """Next payload, waiting up to ``timeout_s`` seconds (``None``: forever); ``None`` on timeout.
+
+        Raises ``asyncio.CancelledError`` (the caller's) without losing a popped item.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bytes] = loop.create_future()
+        self._waiters.append(waiter)
+        self._demand.set()
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name=f"aiodelayq-take:{self._key}")
+        try:
+            await asyncio.wait({waiter}, timeout=timeout_s)
+        except BaseException:
+            # The caller's own cancellation. An item delivered in the same loop turn is handed on.
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.give_back([waiter.result()])
+            waiter.cancel()
+            raise
+        if not waiter.done():
+            waiter.cancel()
+            return None
+        return waiter.result()
+
+    async def pop_nowait(self) -> bytes | None:
+        """One payload if one is ready now (``LPOP``), else ``None``; cancellation-safe."""
+        task: asyncio.Future[bytes | None] = self.spawn(cast(Any, self._client).lpop(self._key))
+        try:
+            item: bytes | None = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._give_back_result)
+            raise
+        return item
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """Wake every waiter with ``exc`` (used when the queue closes)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(exc)
+
+    def give_back(self, items: list[bytes]) -> None:
+        """Hand ``items`` to current waiters, or push them back to the head of the list, in order."""
+        rest = [item for item in items if not self._deliver(item)]
+        if rest:
+            self.returned += len(rest)
+            self.spawn(self._push_back(rest))
+
+    def spawn(self, work: Awaitable[T]) -> asyncio.Future[T]:
+        """Run ``work`` as a task owned by the pump: callers cannot cancel it, ``aclose`` awaits it."""
+        task = asyncio.ensure_future(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop popping, wake the blocked ``BLPOP`` and wait for returned items to be pushed back."""
+        self._closing = True
+        self._demand.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        task = self._task
+        while task is not None and not task.done() and loop.time() < deadline:
+            if self._blocking and self._conn_id is not None:
+                try:
+                    await cast(Any, self._client).execute_command("CLIENT", "UNBLOCK", self._conn_id)
+                except (RedisError, OSError) as exc:
+                    log.debug("aiodelayq: CLIENT UNBLOCK failed: %r", exc)
+            await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - loop.time())))
+        await stop_task(task, max(0.0, deadline - loop.time()))
+        if self._side_tasks:
+            await asyncio.wait(set(self._side_tasks), timeout=max(0.01, deadline - loop.time()))
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.deregister_connect_callback(self._on_connect)
+            await self._client.connection_pool.release(conn)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _deliver(self, item: bytes) -> bool:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(item)
+                return True
+        return False
+
+    def _live_waiters(self) -> int:
+        while self._waiters and self._waiters[0].done():
+            self._waiters.popleft()
+        return sum(1 for w in self._waiters if not w.done())
+
+    def _give_back_result(self, task: asyncio.Future[bytes | None]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            item = task.result()
+            if item is not None:
+                self.give_back([item])
+
+    async def _push_back(self, items: list[bytes]) -> None:
+        failures = 0
+        while True:
+            try:
+                # LPUSH inserts one by one at the head: reversed keeps the original order.
+                await self._client.lpush(self._key, *reversed(items))
+                return
+            except (RedisError, OSError) as exc:
+                failures += 1
+                if failures > 20:
+                    log.error("aiodelayq: could not return %d popped item(s) to %r: %r; they are lost",
+                              len(items), self._key, exc)
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF.compute(failures))
+
+    async def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = await cast(Any, self._client.connection_pool).get_connection()
+            self._conn.register_connect_callback(self._on_connect)
+            await self._on_connect(self._conn)
+        elif not self._conn.is_connected:
+            await self._conn.connect()  # runs _on_connect
+        return self._conn
+
+    async def _on_connect(self, conn: Any) -> None:
+        # CLIENT ID of this very connection lets aclose() wake its BLPOP with CLIENT UNBLOCK.
+        await conn.send_command("CLIENT", "ID", check_health=False)
+        self._conn_id = int(await conn.read_response())
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._closing:
+            wanted = self._live_waiters()
+            if wanted == 0:
+                self._demand.clear()
+                await self._demand.wait()
+                continue
+            try:
+                items = await self._pop(wanted)
+            except (RedisError, OSError) as exc:
+                failures += 1
+                delay = RETRY_BACKOFF.compute(failures)
+                log.warning("aiodelayq: BLPOP on %r failed (%r); retrying in %.2f s", self._key, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            if items:
+                self.give_back(items)
+
+    async def _pop(self, wanted: int) -> list[bytes]:
+        conn = await self._connection()
+        self._blocking = True
+        try:
+            await conn.send_command("BLPOP", self._key, self._block_s)
+            reply = await conn.read_response()
+        finally:
+            self._blocking = False
+        if reply is None:
+            return []
+        items = [reply[1]]
+        if wanted > 1 and not self._closing:
+            await conn.send_command("LPOP", self._key, wanted - 1)
+            more = await conn.read_response()
+            if more:
+                items.extend(more)
+        return items
+

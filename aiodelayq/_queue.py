@@ -1,0 +1,447 @@
+"""The public :class:`DelayedQueue`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from anyio.abc import AsyncResource
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from ._codec import Codec, decode_item, encode_item, resolve_codec
+from ._consumer import TakePump
+from ._keys import QueueKeys
+from ._registry import ClientRuntime, runtime_for
+from ._scripts import scripts_for
+from .exceptions import (
+    BackendError,
+    ConfigurationError,
+    DecodeError,
+    InvalidDelayError,
+    QueueClosedError,
+    QueueNotOpenError,
+)
+
+__all__ = ["DelayedQueue", "QueueStats", "WireFormat"]
+
+log = logging.getLogger("aiodelayq")
+
+T = TypeVar("T")
+_Q = TypeVar("_Q", bound="DelayedQueue[Any]")
+
+WireFormat = Literal["redisson", "redisson-legacy"]
+"""How this producer packs pending elements: ``"redisson"`` (Redisson >= 3.21.1, ``Bc0Lc0``) or
+``"redisson-legacy"`` (older Redisson, ``dLc0``). Reading always accepts both."""
+
+# Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
+MAX_DELAY_MS = 2**52
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counters of one queue in this process.
+
+    Attributes:
+        transfers: transfer script runs by this process's scheduler for the queue.
+        moved: items this process moved from pending to the destination list.
+        dead_lettered: malformed pending elements moved to the dead-letter list.
+        undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
+        transfer_errors: failed transfer attempts (retried with backoff).
+        returned: popped items handed back to the list because their caller had gone.
+    """
+
+    transfers: int
+    moved: int
+    dead_lettered: int
+    undecodable: int
+    transfer_errors: int
+    returned: int
+
+
+def delay_to_ms(delay: float | timedelta) -> int:
+    """Convert a delay (seconds, or a ``timedelta``) to whole milliseconds, rounding up.
+
+    Raises:
+        InvalidDelayError: negative, NaN, infinite, too large, or not a number/``timedelta``.
+    """
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidDelayError(f"delay must be seconds (int/float) or a timedelta, not {type(delay).__name__}")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidDelayError(f"delay must be finite, got {delay!r}")
+    if seconds < 0:
+        raise InvalidDelayError(f"delay must not be negative, got {delay!r}")
+    # Round to the microsecond first so 0.1 s is 100 ms, then up so nothing is ever early.
+    delay_ms = math.ceil(round(seconds * 1000.0, 3))
+    if delay_ms > MAX_DELAY_MS:
+        raise InvalidDelayError(f"delay {delay!r} is too large (max {MAX_DELAY_MS} ms)")
+    return delay_ms
+
+
+@contextlib.contextmanager
+def _backend(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise BackendError(f"{what} failed: {exc}") from exc
+
+
+class DelayedQueue(AsyncResource, Generic[T]):
+    """A delayed queue on Redis that shares keys and element format with Redisson's ``RDelayedQueue``.
+
+    Producers (``offer``/``offer_many``) and the pending-side calls work without opening the queue.
+    Consumers open it (``async with queue:``), which starts this event loop's transfer scheduler
+    and pub/sub subscriber for the queue, then ``take``/``poll``/``async for``.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` with ``decode_responses=False`` (payloads are bytes).
+        name: the destination list, Redisson's queue name; may contain a ``{hash tag}``.
+        codec: ``"json"`` (default), ``"str"``, ``"bytes"``, ``"msgpack"`` or an object with
+            ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
+        wire_format: how this producer packs elements (see :data:`WireFormat`).
+        transfer_batch: most elements one transfer script call moves (Redisson uses 100).
+        safety_poll_s: seconds between transfers when nothing else wakes the scheduler; bounds the
+            stall after a lost pub/sub message.
+        open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds.
+        close_timeout_s: bound of ``aclose()``, seconds.
+
+    Raises:
+        InvalidNameError: empty or non-``str`` name.
+        ConfigurationError: a bad option or a client that decodes responses.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        name: str,
+        *,
+        codec: str | Codec = "json",
+        wire_format: WireFormat = "redisson",
+        transfer_batch: int = 100,
+        safety_poll_s: float = 5.0,
+        open_timeout_s: float = 10.0,
+        close_timeout_s: float = 5.0,
+    ) -> None:
+        self._keys = QueueKeys.for_name(name)
+        if not isinstance(client, Redis):
+            raise ConfigurationError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ConfigurationError("the client must not decode responses: use decode_responses=False")
+        if wire_format not in ("redisson", "redisson-legacy"):
+            raise ConfigurationError(f"wire_format must be 'redisson' or 'redisson-legacy', not {wire_format!r}")
+        if not isinstance(transfer_batch, int) or not 1 <= transfer_batch <= 10_000:
+            raise ConfigurationError("transfer_batch must be an int in 1..10000")
+        for label, value in (("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
+                             ("close_timeout_s", close_timeout_s)):
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{label} must be a positive number of seconds")
+        try:
+            self._codec = resolve_codec(codec)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(str(exc)) from exc
+        self._client = client
+        self._wire_current = wire_format == "redisson"
+        self._wire_format: WireFormat = wire_format
+        self._batch = transfer_batch
+        self._safety_poll_s = float(safety_poll_s)
+        self._open_timeout_s = float(open_timeout_s)
+        self._close_timeout_s = float(close_timeout_s)
+        self._scripts = scripts_for(client)
+        self._state: Literal["new", "opening", "open", "closing", "closed"] = "new"
+        self._runtime: ClientRuntime | None = None
+        self._pump: TakePump | None = None
+        self._close_future: asyncio.Future[None] | None = None
+        self._undecodable = 0
+
+    # -- identity --------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The queue name (the destination list key)."""
+        return self._keys.destination
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The Redis keys this queue uses."""
+        return self._keys
+
+    @property
+    def wire_format(self) -> WireFormat:
+        """How this producer packs elements."""
+        return self._wire_format
+
+    @property
+    def is_open(self) -> bool:
+        """Whether ``take``/``poll``/iteration can be used now."""
+        return self._state == "open"
+
+    @property
+    def stats(self) -> QueueStats:
+        """A snapshot of this process's counters for the queue."""
+        scheduler = self._runtime.scheduler(self.name) if self._runtime else None
+        s = scheduler.stats if scheduler else None
+        return QueueStats(
+            transfers=s.transfers if s else 0,
+            moved=s.moved if s else 0,
+            dead_lettered=s.dead_lettered if s else 0,
+            undecodable=self._undecodable,
+            transfer_errors=s.errors if s else 0,
+            returned=self._pump.returned if self._pump else 0,
+        )
+
+    def __repr__(self) -> str:
+        return f"<DelayedQueue {self.name!r} {self._state}>"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self: _Q) -> _Q:
+        """Start consuming: subscribe, run the compensating transfer and arm the scheduler.
+
+        Returns once the first transfer has succeeded. Opening an already open queue is a no-op.
+
+        Raises:
+            BackendError: Redis could not be reached within ``open_timeout_s``.
+            QueueClosedError: the queue was closed (a queue is opened at most once).
+        """
+        if self._state == "open":
+            return self
+        if self._state != "new":
+            raise QueueClosedError(f"queue {self.name!r} is {self._state}; create a new DelayedQueue")
+        self._state = "opening"
+        runtime = runtime_for(self._client)
+        try:
+            await runtime.acquire(self._keys, batch=self._batch, safety_poll_s=self._safety_poll_s,
+                                  open_timeout_s=self._open_timeout_s)
+        except BaseException:
+            self._state = "new"
+            raise
+        self._runtime = runtime
+        self._pump = TakePump(self._client, self.name)
+        self._state = "open"
+        return self
+
+    async def __aenter__(self: _Q) -> _Q:
+        """Open the queue (see :meth:`open`)."""
+        return await self.open()
+
+    async def aclose(self) -> None:
+        """Stop consuming: wake waiting ``take``/``poll`` calls with :class:`QueueClosedError`, hand any
+        item popped for a departed caller back to the list, and stop the scheduler when this was its
+        last user. Idempotent; returns within about ``close_timeout_s`` seconds.
+        """
+        if self._close_future is not None:
+            await asyncio.shield(self._close_future)
+            return
+        loop = asyncio.get_running_loop()
+        self._close_future = loop.create_future()
+        was_open = self._state == "open"
+        self._state = "closing"
+        try:
+            if was_open:
+                deadline = loop.time() + self._close_timeout_s
+                pump, runtime = self._pump, self._runtime
+                if pump is not None:
+                    pump.fail_waiters(QueueClosedError(f"queue {self.name!r} was closed"))
+                    await pump.aclose(self._close_timeout_s / 2)
+                if runtime is not None:
+                    await runtime.release(self._keys, max(0.1, deadline - loop.time()))
+        finally:
+            self._state = "closed"
+            self._close_future.set_result(None)
+
+    # -- producing -------------------------------------------------------------------------------
+
+    def _triple(self, item: T, delay: float | timedelta) -> list[Any]:
+        delay_ms = delay_to_ms(delay)
+        payload = encode_item(self._codec, item)
+        # Current format: 8 random bytes (Redisson's generateIdArray(8)); legacy: a random long.
+        rnd: bytes | int = os.urandom(8) if self._wire_current else secrets.randbits(64) - 2**63
+        return [delay_ms, rnd, payload]
+
+    async def offer(self, item: T, delay: float | timedelta) -> int:
+        """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
+
+        "Now" is the Redis server's clock, so producers with skewed clocks still agree.
+
+        Returns:
+            The due time in epoch milliseconds (server clock).
+
+        Raises:
+            InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
+            EncodeError: the codec cannot encode ``item``; nothing is written.
+            BackendError: the Redis call failed.
+        """
+        triple = self._triple(item, delay)
+        return (await self._offer([triple]))[0]
+
+    async def offer_many(self, items: Iterable[tuple[T, float | timedelta]]) -> list[int]:
+        """Add many ``(item, delay)`` pairs atomically in one script call (one round trip).
+
+        Every item is validated and encoded first: one bad delay or item raises and writes nothing.
+
+        Returns:
+            The due times in epoch milliseconds (server clock), in input order.
+
+        Raises:
+            InvalidDelayError, EncodeError, BackendError: as :meth:`offer`.
+        """
+        triples = [self._triple(item, delay) for item, delay in items]
+        if not triples:
+            return []
+        return await self._offer(triples)
+
+    async def _offer(self, triples: list[list[Any]]) -> list[int]:
+        k = self._keys
+        args: list[Any] = ["1" if self._wire_current else "0"]
+        for triple in triples:
+            args.extend(triple)
+        with _backend("offer"):
+            dues = await self._scripts.offer(keys=[k.destination, k.timeout_set, k.delay_list, k.channel],
+                                             args=args)
+        return [int(d) for d in dues]
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def _require_open(self) -> TakePump:
+        if self._state == "open" and self._pump is not None:
+            return self._pump
+        if self._state in ("closing", "closed"):
+            raise QueueClosedError(f"queue {self.name!r} is closed")
+        raise QueueNotOpenError(
+            f"queue {self.name!r} is not open: use 'async with queue:' (or 'await queue.open()') to consume"
+        )
+
+    async def take(self) -> T:
+        """Wait for the next due item and return it (``BLPOP`` on the destination list).
+
+        Cancellation-safe: a caller that gives up (``asyncio.wait_for``, task cancel) never causes an
+        item that Redis already popped to be lost; it goes to the next caller or back to the list.
+
+        Raises:
+            QueueNotOpenError: the queue is not open.
+            QueueClosedError: the queue was closed while waiting.
+        """
+        pump = self._require_open()
+        while True:
+            raw = await pump.get(None)
+            if raw is not None:
+                ok, item = self._decode(pump, raw)
+                if ok:
+                    return cast(T, item)
+
+    async def poll(self, timeout: float | None = None) -> T | None:  # noqa: ASYNC109 - public API
+        """Return a due item, or ``None`` if none arrives within ``timeout`` seconds.
+
+        ``timeout=None`` (or 0) does not wait. Cancellation-safe like :meth:`take`.
+
+        Raises:
+            QueueNotOpenError, QueueClosedError: as :meth:`take`.
+            InvalidDelayError: a negative or NaN timeout.
+        """
+        pump = self._require_open()
+        if timeout is not None and (not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0):
+            raise InvalidDelayError(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if not timeout else loop.time() + timeout
+        while True:
+            if deadline is None:
+                with _backend("poll"):
+                    raw = await pump.pop_nowait()
+            else:
+                raw = await pump.get(max(0.0, deadline - loop.time()))
+            if raw is None:
+                return None
+            ok, item = self._decode(pump, raw)
+            if ok:
+                return cast(T, item)
+
+    def _decode(self, pump: TakePump, raw: bytes) -> tuple[bool, Any]:
+        try:
+            return True, decode_item(self._codec, raw)
+        except DecodeError as exc:
+            self._undecodable += 1
+            log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
+            pump.spawn(self._client.rpush(self._keys.dead_letter, raw))
+            return False, None
+
+    def __aiter__(self) -> DelayedQueue[T]:
+        """Iterate over due items forever; iteration ends when the queue is closed."""
+        self._require_open()
+        return self
+
+    async def __anext__(self) -> T:
+        """The next due item (:meth:`take`); ``StopAsyncIteration`` once the queue is closed."""
+        try:
+            return await self.take()
+        except QueueClosedError:
+            raise StopAsyncIteration from None
+
+    # -- the pending side (Redisson RDelayedQueue semantics) ---------------------------------------
+
+    async def size(self) -> int:
+        """Number of pending (not yet due) elements: ``LLEN`` of the insertion-order list."""
+        with _backend("size"):
+            return int(await self._client.llen(self._keys.delay_list))
+
+    async def ready_size(self) -> int:
+        """Number of due items waiting in the destination list."""
+        with _backend("ready_size"):
+            return int(await self._client.llen(self._keys.destination))
+
+    async def contains(self, item: T) -> bool:
+        """Whether a pending element equals ``item`` (compared as encoded payload bytes)."""
+        payload = encode_item(self._codec, item)
+        with _backend("contains"):
+            return bool(await self._scripts.contains(keys=[self._keys.delay_list], args=[payload]))
+
+    async def read_all(self) -> list[T]:
+        """All pending items in insertion order (elements that are not valid packed elements are skipped).
+
+        Raises:
+            DecodeError: a pending payload cannot be decoded by this queue's codec.
+        """
+        with _backend("read_all"):
+            payloads = await self._scripts.read_all(keys=[self._keys.delay_list])
+        return [decode_item(self._codec, p) for p in payloads]
+
+    async def remove(self, item: T) -> bool:
+        """Cancel the first pending element (insertion order) equal to ``item``; ``True`` if one was."""
+        payload = encode_item(self._codec, item)
+        with _backend("remove"):
+            n = await self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                           args=["1", payload])
+        return bool(n)
+
+    async def remove_all(self, items: Iterable[T]) -> bool:
+        """Cancel every pending element equal to any of ``items``; ``True`` if any was."""
+        payloads = [encode_item(self._codec, item) for item in items]
+        if not payloads:
+            return False
+        with _backend("remove_all"):
+            n = await self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                           args=["0", *payloads])
+        return bool(n)
+
+    async def clear(self) -> None:
+        """Drop every pending element (both pending keys); the destination list is untouched."""
+        with _backend("clear"):
+            await self._client.delete(self._keys.delay_list, self._keys.timeout_set)
+
+    async def dead_letters(self) -> list[bytes]:
+        """The raw entries of the dead-letter list: malformed pending elements as found, and
+        popped payloads the codec could not decode."""
+        with _backend("dead_letters"):
+            entries: list[bytes] = await cast(Any, self._client).lrange(self._keys.dead_letter, 0, -1)
+        return entries

@@ -1,0 +1,185 @@
+"""The transfer scheduler: one per queue, client and event loop; moves due items with ``loop.call_at``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from ._keys import QueueKeys
+from ._scripts import Scripts
+from ._tasks import RETRY_BACKOFF, stop_task
+
+__all__ = ["SchedulerStats", "TransferScheduler"]
+
+log = logging.getLogger("aiodelayq")
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of one transfer scheduler (this process only).
+
+    Attributes:
+        transfers: transfer script calls that succeeded.
+        moved: items moved to the destination list.
+        dead_lettered: malformed elements moved to the dead-letter list.
+        errors: transfer calls that failed (each retried with backoff).
+        last_error: ``repr`` of the latest failure, if any.
+    """
+
+    transfers: int = 0
+    moved: int = 0
+    dead_lettered: int = 0
+    errors: int = 0
+    last_error: str | None = field(default=None)
+
+
+class TransferScheduler:
+    """Runs the transfer script when the earliest pending item falls due.
+
+    Two clocks, never mixed: due times are epoch milliseconds of the **Redis server** clock, timers
+    are ``loop.time()``. Each transfer reply carries the server's ``TIME``, which anchors one clock
+    to the other (taken at the midpoint of the round trip), so skew between this machine and the
+    server does not move delivery.
+
+    Wake-ups come from: a subscribe confirmation (compensation after downtime), a published due
+    time, the transfer's own "next due" reply and a safety poll every ``safety_poll_s``. A wake-up
+    never replaces an earlier one; while a whole batch was due, transfers run back to back; Redis
+    errors are logged and retried with jittered exponential backoff.
+    """
+
+    def __init__(self, keys: QueueKeys, scripts: Scripts, *, batch: int, safety_poll_s: float) -> None:
+        self._keys = keys
+        self._scripts = scripts
+        self._batch = batch
+        self._safety_poll_s = safety_poll_s
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._transferred = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        # (loop.time(), server epoch ms) measured at the same instant.
+        self._anchor: tuple[float, float] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.stats = SchedulerStats()
+
+    @property
+    def armed_at(self) -> float:
+        """Loop time of the next timed wake-up (``inf`` when none)."""
+        return self._timer_at
+
+    def start(self) -> None:
+        """Start the worker task; the first transfer runs at once."""
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(), name=f"aiodelayq-transfer:{self._keys.destination}")
+            self._wake.set()
+
+    async def wait_transferred(self, timeout_s: float) -> bool:
+        """Wait until one transfer has succeeded since start; return whether it did within the bound."""
+        try:
+            await asyncio.wait_for(self._transferred.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Cancel the timer and stop the worker (idempotent)."""
+        self._cancel_timer()
+        task, self._task = self._task, None
+        await stop_task(task, timeout_s)
+
+    # -- wake-up sources -------------------------------------------------------------------------
+
+    def on_subscribed(self) -> None:
+        """Channel (re)subscribed: transfer now, as the queue may have fallen due while unheard."""
+        self._wake.set()
+
+    def on_due(self, due_ms: int | None) -> None:
+        """A producer published a new earliest due time (epoch ms, server clock)."""
+        if due_ms is None or self._anchor is None:
+            self._wake.set()
+        else:
+            self.arm_at(self._server_ms_to_loop(due_ms))
+
+    def arm_at(self, when: float) -> None:
+        """Wake at loop time ``when`` unless a wake-up at or before it is already armed."""
+        if when <= self._loop.time():
+            self._wake.set()
+            return
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._wake.set()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = math.inf
+
+    def _server_ms_to_loop(self, due_ms: float) -> float:
+        assert self._anchor is not None
+        anchor_loop, anchor_ms = self._anchor
+        return anchor_loop + (due_ms - anchor_ms) / 1000.0
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                reply = await self._transfer()
+            except (RedisError, OSError) as exc:
+                failures += 1
+                self.stats.errors += 1
+                self.stats.last_error = repr(exc)
+                delay = RETRY_BACKOFF.compute(failures)
+                log.warning("aiodelayq: transfer for %r failed (%r); retrying in %.2f s",
+                            self._keys.destination, exc, delay)
+                self.arm_at(self._loop.time() + delay)
+                continue
+            failures = 0
+            moved, dead, next_due = reply
+            if moved + dead >= self._batch:
+                self._wake.set()  # more may be due: go again without waiting
+                continue
+            when = self._loop.time() + self._safety_poll_s
+            if next_due is not None:
+                due_at = self._server_ms_to_loop(next_due)
+                if moved + dead == 0:
+                    # Nothing was due yet: the anchor fired us a hair early; never spin.
+                    due_at = max(due_at, self._loop.time() + 0.0005)
+                when = min(when, due_at)
+            self.arm_at(when)
+
+    async def _transfer(self) -> tuple[int, int, float | None]:
+        keys = self._keys
+        sent = self._loop.time()
+        reply: Any = await self._scripts.transfer(
+            keys=[keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter],
+            args=[self._batch],
+        )
+        received = self._loop.time()
+        moved, dead, next_due, seconds, micros = reply
+        self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
+        self.stats.transfers += 1
+        self.stats.moved += int(moved)
+        if dead:
+            self.stats.dead_lettered += int(dead)
+            log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
+                      dead, keys.destination, keys.dead_letter)
+        self._transferred.set()
+        return int(moved), int(dead), (float(next_due) if next_due is not None else None)

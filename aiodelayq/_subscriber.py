@@ -1,0 +1,161 @@
+"""The pub/sub side: one connection per client and event loop, serving every open queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from ._tasks import RETRY_BACKOFF, stop_task
+
+__all__ = ["ChannelListener", "Subscriber"]
+
+log = logging.getLogger("aiodelayq")
+
+
+class ChannelListener(Protocol):
+    """What a transfer scheduler exposes to the subscriber."""
+
+    def on_subscribed(self) -> None:
+        """The channel was (re)subscribed: run a compensating transfer."""
+
+    def on_due(self, due_ms: int | None) -> None:
+        """A new earliest due time (epoch ms, server clock) was published; ``None`` if unreadable."""
+
+
+class Subscriber:
+    """Owns one ``PubSub`` of a client and a reader task that dispatches to channel listeners.
+
+    Every ``subscribe`` confirmation (first subscribe, redis-py's own reconnect, or this reader's
+    reconnect after an error) calls the listener's ``on_subscribed``, which is Redisson's
+    "transfer on subscribe" compensation. The reader pings an idle connection every
+    ``ping_interval_s`` and reconnects when the server stops answering, so a half-open connection
+    cannot silence a queue for long (the schedulers' safety poll covers the gap).
+    """
+
+    def __init__(self, client: Redis, *, ping_interval_s: float = 30.0) -> None:
+        self._client = client
+        self._ping_interval_s = ping_interval_s
+        self._listeners: dict[bytes, ChannelListener] = {}
+        self._confirmed: dict[bytes, asyncio.Event] = {}
+        self._pubsub: Any = None
+        # Serialises (un)subscribe calls: PubSub connects lazily and two concurrent first calls
+        # could each take a connection from the pool.
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.reconnects = 0
+
+    @property
+    def channels(self) -> int:
+        """How many channels this subscriber serves."""
+        return len(self._listeners)
+
+    async def add(self, channel: str, listener: ChannelListener, timeout_s: float) -> bool:
+        """Subscribe ``listener`` to ``channel``; return whether the server confirmed within ``timeout_s``.
+
+        When it did not, the reader keeps retrying in the background; the caller decides.
+        """
+        key = channel.encode()
+        self._listeners[key] = listener
+        confirmed = self._confirmed[key] = asyncio.Event()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="aiodelayq-subscriber")
+        else:
+            async with self._lock:
+                if self._pubsub is not None:
+                    try:
+                        await self._pubsub.subscribe(key)
+                    except (RedisError, OSError) as exc:
+                        # The reader sees the same broken connection, reconnects and resubscribes all.
+                        log.debug("aiodelayq: subscribe %s failed, the reader will retry: %r", channel, exc)
+        try:
+            await asyncio.wait_for(confirmed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def remove(self, channel: str) -> None:
+        """Stop dispatching ``channel`` and unsubscribe it (best effort: the connection may be gone)."""
+        key = channel.encode()
+        self._listeners.pop(key, None)
+        self._confirmed.pop(key, None)
+        async with self._lock:
+            if self._pubsub is not None and self._listeners:
+                try:
+                    await self._pubsub.unsubscribe(key)
+                except (RedisError, OSError) as exc:
+                    log.debug("aiodelayq: unsubscribe %s failed: %r", channel, exc)
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop the reader and release its connection; idempotent."""
+        task, self._task = self._task, None
+        await stop_task(task, timeout_s)
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                async with self._lock:
+                    self._pubsub = pubsub
+                    if self._listeners:
+                        await pubsub.subscribe(*self._listeners)
+                await self._read(pubsub)
+            except (RedisError, OSError) as exc:
+                failures += 1
+                self.reconnects += 1
+                delay = RETRY_BACKOFF.compute(failures)
+                log.warning("aiodelayq: pub/sub connection lost (%r); resubscribing in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
+            else:
+                failures = 0
+            finally:
+                self._pubsub = None
+                # reset() closes the connection; shielded so a cancelled reader still releases it.
+                await asyncio.shield(cast(Any, pubsub).aclose())
+
+    async def _read(self, pubsub: Any) -> None:
+        loop = asyncio.get_running_loop()
+        ping_sent_at: float | None = None
+        last_seen = loop.time()
+        while True:
+            message = await pubsub.get_message(timeout=self._ping_interval_s)
+            now = loop.time()
+            if message is None:
+                if ping_sent_at is not None and now - ping_sent_at >= self._ping_interval_s:
+                    raise ConnectionError("pub/sub connection did not answer PING")
+                if ping_sent_at is None and now - last_seen >= self._ping_interval_s:
+                    await pubsub.ping()
+                    ping_sent_at = now
+                continue
+            last_seen = now
+            ping_sent_at = None
+            self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if not isinstance(channel, bytes):
+            return
+        listener = self._listeners.get(channel)
+        if listener is None:
+            return
+        if kind == "subscribe":
+            event = self._confirmed.get(channel)
+            if event is not None:
+                event.set()
+            listener.on_subscribed()
+        elif kind == "message":
+            listener.on_due(_parse_due(message.get("data")))
+
+
+def _parse_due(data: object) -> int | None:
+    # Redisson publishes the due time with LongCodec (decimal text); anything else just wakes the
+    # scheduler, whose transfer then reads the true head of the queue.
+    try:
+        return int(data) if isinstance(data, (bytes, str)) else None
+    except ValueError:
+        return None

@@ -1,0 +1,35 @@
+"""Small helpers for owned background tasks: stop them within a bound, never swallow the caller's
+cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.backoff import ExponentialWithJitterBackoff
+
+__all__ = ["RETRY_BACKOFF", "stop_task"]
+
+log = logging.getLogger("aiodelayq")
+
+# Delay before the n-th retry after a Redis error: full jitter, 50 ms doubling up to 5 s.
+RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=5.0, base=0.05)
+
+
+async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool:
+    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished.
+
+    ``asyncio.wait`` does not raise the child's ``CancelledError``, so a ``CancelledError`` that
+    escapes here is always the caller's own cancellation, and it propagates.
+    """
+    if task is None:
+        return True
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=timeout_s)
+    if not task.done():
+        log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
+        return False
+    if not task.cancelled() and task.exception() is not None:
+        log.error("aiodelayq: background task %s failed", task.get_name(), exc_info=task.exception())
+    return True

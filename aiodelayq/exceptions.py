@@ -1,0 +1,70 @@
+"""The exception tree of aiodelayq: everything the library raises on purpose derives from
+:class:`DelayedQueueError`; input errors are also :class:`ValueError`/:class:`TypeError` so
+callers that catch the builtin kinds keep working."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "CodecError",
+    "ConfigurationError",
+    "DecodeError",
+    "DelayedQueueError",
+    "EncodeError",
+    "InvalidDelayError",
+    "InvalidNameError",
+    "QueueClosedError",
+    "QueueNotOpenError",
+]
+
+
+class DelayedQueueError(Exception):
+    """Root of every error aiodelayq raises on purpose."""
+
+
+class InvalidDelayError(DelayedQueueError, ValueError):
+    """A delay that is negative, NaN, infinite, too large or not a number/timedelta."""
+
+
+class InvalidNameError(DelayedQueueError, ValueError):
+    """An empty or non-``str`` queue name."""
+
+
+class CodecError(DelayedQueueError):
+    """Base of codec failures."""
+
+
+class EncodeError(CodecError, ValueError):
+    """The codec could not turn an item into bytes; nothing was written to Redis."""
+
+
+class DecodeError(CodecError, ValueError):
+    """The codec could not turn bytes from Redis back into an item.
+
+    Attributes:
+        raw: the bytes that failed to decode.
+    """
+
+    def __init__(self, message: str, raw: bytes) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+class QueueNotOpenError(DelayedQueueError):
+    """A consuming call (``take``/``poll``/iteration) on a queue that was not opened.
+
+    Consuming needs a transfer scheduler somewhere; open the queue with ``async with queue:``
+    (or ``await queue.open()``) in the consuming process.
+    """
+
+
+class QueueClosedError(QueueNotOpenError):
+    """The queue was closed (``aclose()``) while or before the call waited."""
+
+
+class BackendError(DelayedQueueError):
+    """A Redis command failed; the redis-py exception is the ``__cause__``."""
+
+
+class ConfigurationError(DelayedQueueError, ValueError):
+    """A bad constructor option: unknown codec or wire format, a client that decodes responses."""

