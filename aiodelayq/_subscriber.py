@@ -62,28 +62,34 @@ class Subscriber:
         self._listeners[key] = listener
         confirmed = self._confirmed[key] = asyncio.Event()
         if self._task is None or self._task.done():
+            # The reader subscribes every listener when it connects.
             self._task = asyncio.get_running_loop().create_task(self._run(), name="aiodelayq-subscriber")
-        else:
+        try:
+            await asyncio.wait_for(self._subscribe(key, confirmed), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _subscribe(self, key: bytes, confirmed: asyncio.Event) -> None:
+        if not confirmed.is_set():
             async with self._lock:
-                if self._pubsub is not None:
+                if self._pubsub is not None and not confirmed.is_set():
                     try:
                         await self._pubsub.subscribe(key)
                     except (RedisError, OSError) as exc:
                         # The reader sees the same broken connection, reconnects and resubscribes all.
-                        log.debug("aiodelayq: subscribe %s failed, the reader will retry: %r", channel, exc)
-        try:
-            await asyncio.wait_for(confirmed.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+                        log.debug("aiodelayq: subscribe %r failed, the reader will retry: %r", key, exc)
+        await confirmed.wait()
 
     async def remove(self, channel: str) -> None:
         """Stop dispatching ``channel`` and unsubscribe it (best effort: the connection may be gone)."""
         key = channel.encode()
         self._listeners.pop(key, None)
         self._confirmed.pop(key, None)
+        if not self._listeners:
+            return  # the owner closes the whole subscriber next
         async with self._lock:
-            if self._pubsub is not None and self._listeners:
+            if self._pubsub is not None:
                 try:
                     await self._pubsub.unsubscribe(key)
                 except (RedisError, OSError) as exc:

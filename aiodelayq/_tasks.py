@@ -24,9 +24,13 @@ async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool
     """
     if task is None:
         return True
-    if not task.done():
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    # redis-py can swallow a cancellation that lands inside a command (redis/redis-py#2028,
+    # #2551): re-deliver it until the task really stops, as anyio's cancel scopes do.
+    while not task.done() and loop.time() < deadline:
         task.cancel()
-        await asyncio.wait({task}, timeout=timeout_s)
+        await asyncio.wait({task}, timeout=min(0.02, max(0.0, deadline - loop.time())))
     if not task.done():
         log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
         return False

@@ -195,8 +195,11 @@ async def test_open_fails_clearly_when_redis_is_unreachable() -> None:
         port = s.getsockname()[1]
     client = Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
     q = DelayedQueue(client, "nowhere", open_timeout_s=1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     with pytest.raises(BackendError):
         await q.open()
+    assert loop.time() - start < 1.5
     assert not q.is_open
     assert runtime_for(client).subscriber.channels == 0
     with pytest.raises(BackendError):
