@@ -8,6 +8,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from tests.helpers import until
+
 
 async def _drain(q: Any, expected: int, got: list[int]) -> None:
     while len(got) < expected:
@@ -72,8 +74,7 @@ async def test_close_with_waiting_takes_loses_nothing(redis_server: Any, make_qu
 
     await q.open()
     consumers = [asyncio.create_task(consumer()) for _ in range(8)]
-    while len(got) < n // 2:
-        await asyncio.sleep(0.005)
+    await until(lambda: len(got) >= n // 2, timeout_s=10, interval_s=0.002)
     await q.aclose()
     await asyncio.gather(*consumers)
     async with make_queue() as rest:

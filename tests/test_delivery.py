@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import BackendError, DelayedQueue, QueueClosedError, QueueNotOpenError
+from aiodelayq import BackendError, DelayedQueue, InvalidDelayError, QueueClosedError, QueueNotOpenError
 from aiodelayq._registry import runtime_for
 from tests.helpers import server_ms, until
 
@@ -60,9 +60,9 @@ async def test_poll(make_queue: Any) -> None:
         await q.offer("y", 0)
         await until(q.ready_size)
         assert await q.poll() == "y"
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidDelayError):
             await q.poll(-1)
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidDelayError):
             await q.poll(math.nan)
 
 

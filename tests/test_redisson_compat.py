@@ -72,8 +72,10 @@ async def test_both_wire_formats_in_one_queue(client: Redis, make_queue: Any, qn
     lengths = sorted(len(e) for e in await client.lrange(current.keys.delay_list, 0, -1))
     assert lengths == sorted([17 + 5, 16 + 5, 16 + 8, 17 + 8, 17 + 5, 16 + 5])
     assert await current.read_all() == ["new-1", "old-1", "java-old", "java-new", "new-2", "old-2"]
-    assert await legacy.contains("new-2") and await current.contains("old-2")
-    assert await current.remove("old-2") and await legacy.remove("new-2")
+    assert await legacy.contains("new-2")
+    assert await current.contains("old-2")
+    assert await current.remove("old-2")
+    assert await legacy.remove("new-2")
     async with current:
         got = {await asyncio.wait_for(current.take(), 5) for _ in range(4)}
     assert got == {"new-1", "old-1", "java-old", "java-new"}
