@@ -6,7 +6,9 @@ into ``.nox/_bootstrap`` first when it is missing.
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -62,6 +64,29 @@ def tests(session: nox.Session) -> None:
     for name, version in kinds:
         session.log(f"=== suite against {name} {version} ===")
         session.run("pytest", *session.posargs, env={"AIODELAYQ_SERVER_KIND": name})
+    oldest = _python_310()
+    if oldest and sys.version_info[:2] != (3, 10):
+        # The oldest supported Python, once, against the first server kind.
+        venv_dir = Path(".nox") / "tests-py310"
+        if not (venv_dir / "bin" / "python").exists():
+            session.run(oldest, "-m", "venv", str(venv_dir), external=True)
+        py = str(venv_dir / "bin" / "python")
+        session.run(py, "-m", "pip", "install", "--quiet", "-e", ".[test]", external=True)
+        session.log(f"=== suite on Python 3.10 against {kinds[0][0]} ===")
+        session.run(py, "-m", "pytest", *session.posargs, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]},
+                    external=True)
+    else:
+        session.log("no Python 3.10 found: skipped the oldest-Python run")
+
+
+def _python_310() -> str | None:
+    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python")))
+    candidates = [shutil.which("python3.10"), *pyenv]
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 @nox.session

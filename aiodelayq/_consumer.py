@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
@@ -149,17 +149,22 @@ class TakePump:
                 self.give_back([item])
 
     async def _push_back(self, items: list[bytes]) -> None:
+        # LPUSH inserts one by one at the head: reversed keeps the original order.
+        await self.write_with_retry(f"return {len(items)} popped item(s) to {self._key!r}",
+                                    lambda: self._client.lpush(self._key, *reversed(items)))
+
+    async def write_with_retry(self, what: str, write: Callable[[], Awaitable[Any]], attempts: int = 20) -> None:
+        """Run ``write`` until it succeeds, with backoff; after ``attempts`` failures log that the data
+        is lost (at ERROR) and raise the last error."""
         failures = 0
         while True:
             try:
-                # LPUSH inserts one by one at the head: reversed keeps the original order.
-                await self._client.lpush(self._key, *reversed(items))
+                await write()
                 return
             except (RedisError, OSError) as exc:
                 failures += 1
-                if failures > 20:
-                    log.error("aiodelayq: could not return %d popped item(s) to %r: %r; they are lost",
-                              len(items), self._key, exc)
+                if failures >= attempts:
+                    log.error("aiodelayq: could not %s after %d attempts (%r); the data is lost", what, failures, exc)
                     raise
                 await asyncio.sleep(RETRY_BACKOFF.compute(failures))
 

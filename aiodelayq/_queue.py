@@ -21,6 +21,7 @@ from ._codec import Codec, decode_item, encode_item, resolve_codec
 from ._consumer import TakePump
 from ._keys import QueueKeys
 from ._registry import ClientRuntime, runtime_for
+from ._scheduler import TransferScheduler
 from ._scripts import scripts_for
 from .exceptions import (
     BackendError,
@@ -161,6 +162,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._scripts = scripts_for(client)
         self._state: Literal["new", "opening", "open", "closing", "closed"] = "new"
         self._runtime: ClientRuntime | None = None
+        self._scheduler: TransferScheduler | None = None
         self._pump: TakePump | None = None
         self._close_future: asyncio.Future[None] | None = None
         self._undecodable = 0
@@ -190,8 +192,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
     @property
     def stats(self) -> QueueStats:
         """A snapshot of this process's counters for the queue."""
-        scheduler = self._runtime.scheduler(self.name) if self._runtime else None
-        s = scheduler.stats if scheduler else None
+        s = self._scheduler.stats if self._scheduler else None
         return QueueStats(
             transfers=s.transfers if s else 0,
             moved=s.moved if s else 0,
@@ -222,12 +223,17 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._state = "opening"
         runtime = runtime_for(self._client)
         try:
-            await runtime.acquire(self._keys, batch=self._batch, safety_poll_s=self._safety_poll_s,
-                                  open_timeout_s=self._open_timeout_s)
+            scheduler = await runtime.acquire(self._keys, batch=self._batch, safety_poll_s=self._safety_poll_s,
+                                              open_timeout_s=self._open_timeout_s)
         except BaseException:
-            self._state = "new"
+            if self._state == "opening":
+                self._state = "new"
             raise
+        if self._state != "opening":  # aclose() ran while we were opening
+            await runtime.release(self._keys, self._close_timeout_s)
+            raise QueueClosedError(f"queue {self.name!r} was closed while opening")
         self._runtime = runtime
+        self._scheduler = scheduler
         self._pump = TakePump(self._client, self.name)
         self._state = "open"
         return self
@@ -348,6 +354,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
         Raises:
             QueueNotOpenError, QueueClosedError: as :meth:`take`.
+            BackendError: the non-waiting ``LPOP`` failed (waiting polls retry in the background).
             InvalidDelayError: a negative or NaN timeout.
         """
         pump = self._require_open()
@@ -373,7 +380,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         except DecodeError as exc:
             self._undecodable += 1
             log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
-            pump.spawn(self._client.rpush(self._keys.dead_letter, raw))
+            pump.spawn(pump.write_with_retry(f"dead-letter an undecodable payload of {self.name!r}",
+                                             lambda: cast(Any, self._client).rpush(self._keys.dead_letter, raw)))
             return False, None
 
     def __aiter__(self) -> DelayedQueue[T]:

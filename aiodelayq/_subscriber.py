@@ -109,6 +109,7 @@ class Subscriber:
                     self._pubsub = pubsub
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
+                failures = 0  # connected and subscribed: the next loss starts a fresh backoff
                 await self._read(pubsub)
             except (RedisError, OSError) as exc:
                 failures += 1
@@ -116,8 +117,6 @@ class Subscriber:
                 delay = RETRY_BACKOFF.compute(failures)
                 log.warning("aiodelayq: pub/sub connection lost (%r); resubscribing in %.2f s", exc, delay)
                 await asyncio.sleep(delay)
-            else:
-                failures = 0
             finally:
                 self._pubsub = None
                 # reset() closes the connection; shielded so a cancelled reader still releases it.

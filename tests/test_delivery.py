@@ -230,3 +230,14 @@ async def test_redis_errors_are_retried_with_backoff_and_logged(own_server: Any,
             assert await asyncio.wait_for(q.take(), 10) == "x"
     finally:
         await client.aclose()
+
+
+async def test_aclose_while_opening_leaves_nothing_running(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    opening = asyncio.create_task(q.open())
+    await asyncio.sleep(0)
+    await q.aclose()
+    with pytest.raises(QueueClosedError):
+        await opening
+    assert not q.is_open
+    assert runtime_for(client).scheduler(q.name) is None
