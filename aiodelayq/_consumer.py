@@ -4,15 +4,20 @@ redis-py drops a connection whose read is cancelled, so a ``BLPOP`` cancelled af
 popped would lose the item. Callers therefore never await Redis themselves: one pump task owns a
 dedicated connection and pops only while callers wait; a caller that gives up just leaves the
 queue of waiters. An item that arrives for nobody (its caller left between the pop and the reply)
-goes back to the head of the destination list.
+goes to the next waiter or back to the head of the destination list.
+
+Pops and push-backs go straight to a connection, never through ``Redis.execute_command``: its
+automatic retry would resend a pop whose reply was lost (losing that item) or a push whose reply
+was lost (duplicating it) without telling anyone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
@@ -26,20 +31,24 @@ log = logging.getLogger("aiodelayq")
 
 T = TypeVar("T")
 
+# Extra client-side patience for a BLPOP reply beyond its server-side timeout: a server that is
+# briefly stalled is not a dead connection.
+_BLPOP_MARGIN_S = 5.0
+
 
 class TakePump:
     """Serves raw payloads of ``key`` to waiters in FIFO order.
 
-    ``block_s`` bounds each server-side ``BLPOP``; ``aclose()`` wakes a blocked ``BLPOP`` with
-    ``CLIENT UNBLOCK`` instead of cancelling the read, so closing loses nothing either.
+    ``block_s`` is each ``BLPOP``'s server-side timeout; the client waits ``block_s`` plus a margin
+    for the reply whatever the client's ``socket_timeout``. ``aclose()`` wakes a blocked ``BLPOP``
+    with ``CLIENT UNBLOCK`` instead of cancelling the read, so closing loses nothing either.
     """
 
     def __init__(self, client: Redis, key: str, *, block_s: float = 5.0) -> None:
         self._client = client
+        self._pool: Any = client.connection_pool
         self._key = key
-        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-        # A BLPOP longer than the socket timeout would look like a dead connection to redis-py.
-        self._block_s = min(block_s, timeout / 2) if timeout else block_s
+        self._block_s = block_s
         self._waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
         self._demand = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -47,14 +56,17 @@ class TakePump:
         self._conn: Any = None
         self._conn_id: int | None = None
         self._blocking = False
-        self._closing = False
+        self._closed: BaseException | None = None
         self.returned = 0
 
     async def get(self, timeout_s: float | None) -> bytes | None:
         """Next payload, waiting up to ``timeout_s`` seconds (``None``: forever); ``None`` on timeout.
 
-        Raises ``asyncio.CancelledError`` (the caller's) without losing a popped item.
+        Raises the exception given to :meth:`fail_waiters` once the pump is closing, and the
+        caller's own ``asyncio.CancelledError`` without losing a popped item.
         """
+        if self._closed is not None:
+            raise self._closed
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bytes] = loop.create_future()
         self._waiters.append(waiter)
@@ -67,16 +79,27 @@ class TakePump:
             # The caller's own cancellation. An item delivered in the same loop turn is handed on.
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.give_back([waiter.result()])
-            waiter.cancel()
+            self._forget(waiter)
             raise
         if not waiter.done():
-            waiter.cancel()
+            self._forget(waiter)
             return None
         return waiter.result()
 
+    def _forget(self, waiter: asyncio.Future[bytes]) -> None:
+        waiter.cancel()
+        with contextlib.suppress(ValueError):  # ValueError: already taken by the pump
+            self._waiters.remove(waiter)
+
     async def pop_nowait(self) -> bytes | None:
-        """One payload if one is ready now (``LPOP``), else ``None``; cancellation-safe."""
-        task: asyncio.Future[bytes | None] = self.spawn(cast(Any, self._client).lpop(self._key))
+        """One payload if one is ready now (``LPOP``), else ``None``; cancellation-safe.
+
+        Raises:
+            RedisError: the pop failed (it is not retried: a resent pop could lose an item).
+        """
+        if self._closed is not None:
+            raise self._closed
+        task: asyncio.Future[Any] = self.spawn(self._command("LPOP", self._key))
         try:
             item: bytes | None = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -85,7 +108,8 @@ class TakePump:
         return item
 
     def fail_waiters(self, exc: BaseException) -> None:
-        """Wake every waiter with ``exc`` (used when the queue closes)."""
+        """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
+        self._closed = exc
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -105,29 +129,70 @@ class TakePump:
         task.add_done_callback(self._side_tasks.discard)
         return task
 
+    async def write_with_retry(self, what: str, *command: Any, attempts: int = 20) -> None:
+        """Send ``command`` until it succeeds, with backoff; after ``attempts`` failures log at ERROR
+        that the data is lost and raise the last error.
+
+        A failure whose reply was lost may have been applied: the retry then writes twice
+        (at-least-once), which is the right side to err on for data that must not be lost.
+        """
+        failures = 0
+        while True:
+            try:
+                await self._command(*command)
+                return
+            except (RedisError, OSError) as exc:
+                failures += 1
+                if failures >= attempts:
+                    log.error("aiodelayq: could not %s after %d attempts (%r); the data is lost", what, failures, exc)
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF.compute(failures))
+
     async def aclose(self, timeout_s: float) -> None:
-        """Stop popping, wake the blocked ``BLPOP`` and wait for returned items to be pushed back."""
-        self._closing = True
+        """Stop popping, wake the blocked ``BLPOP`` and wait for returned items to be pushed back.
+
+        Returns within about ``timeout_s``: half of it for ``CLIENT UNBLOCK`` to end the ``BLPOP``
+        cleanly, then the pump is cancelled, then side tasks (push-backs) get the rest.
+        """
+        if self._closed is None:
+            self._closed = ConnectionError("pump closed")
         self._demand.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        unblock_until = loop.time() + timeout_s / 2
         task = self._task
-        while task is not None and not task.done() and loop.time() < deadline:
+        while task is not None and not task.done() and loop.time() < unblock_until:
             if self._blocking and self._conn_id is not None:
-                try:
-                    await cast(Any, self._client).execute_command("CLIENT", "UNBLOCK", self._conn_id)
-                except (RedisError, OSError) as exc:
-                    log.debug("aiodelayq: CLIENT UNBLOCK failed: %r", exc)
-            await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - loop.time())))
-        await stop_task(task, max(0.0, deadline - loop.time()))
-        if self._side_tasks:
-            await asyncio.wait(set(self._side_tasks), timeout=max(0.01, deadline - loop.time()))
+                unblock = self.spawn(self._command("CLIENT", "UNBLOCK", self._conn_id))
+                await asyncio.wait({unblock}, timeout=max(0.0, unblock_until - loop.time()))
+                if not unblock.done():
+                    await stop_task(cast(asyncio.Task[Any], unblock), 0.1)
+                elif not unblock.cancelled() and unblock.exception() is not None:
+                    log.debug("aiodelayq: CLIENT UNBLOCK failed: %r", unblock.exception())
+            await asyncio.wait({task}, timeout=min(0.05, max(0.0, unblock_until - loop.time())))
+        stopped = await stop_task(task, max(0.1, deadline - loop.time()))
+        while self._side_tasks and loop.time() < deadline:
+            await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
+        for side in list(self._side_tasks):
+            log.error("aiodelayq: %r did not finish within the close bound", side)
+            await stop_task(cast(asyncio.Task[Any], side), 0.1)
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.deregister_connect_callback(self._on_connect)
-            await self._client.connection_pool.release(conn)
+            if not stopped:
+                await conn.disconnect(nowait=True)  # a read may still be pending on it
+            await self._pool.release(conn)
 
     # -- internals -------------------------------------------------------------------------------
+
+    async def _command(self, *args: Any) -> Any:
+        """One command on a pooled connection, with no automatic retry."""
+        conn = await self._pool.get_connection()
+        try:
+            await conn.send_command(*args)
+            return await conn.read_response()
+        finally:
+            await self._pool.release(conn)
 
     def _deliver(self, item: bytes) -> bool:
         while self._waiters:
@@ -142,7 +207,7 @@ class TakePump:
             self._waiters.popleft()
         return sum(1 for w in self._waiters if not w.done())
 
-    def _give_back_result(self, task: asyncio.Future[bytes | None]) -> None:
+    def _give_back_result(self, task: asyncio.Future[Any]) -> None:
         if not task.cancelled() and task.exception() is None:
             item = task.result()
             if item is not None:
@@ -151,26 +216,11 @@ class TakePump:
     async def _push_back(self, items: list[bytes]) -> None:
         # LPUSH inserts one by one at the head: reversed keeps the original order.
         await self.write_with_retry(f"return {len(items)} popped item(s) to {self._key!r}",
-                                    lambda: self._client.lpush(self._key, *reversed(items)))
-
-    async def write_with_retry(self, what: str, write: Callable[[], Awaitable[Any]], attempts: int = 20) -> None:
-        """Run ``write`` until it succeeds, with backoff; after ``attempts`` failures log that the data
-        is lost (at ERROR) and raise the last error."""
-        failures = 0
-        while True:
-            try:
-                await write()
-                return
-            except (RedisError, OSError) as exc:
-                failures += 1
-                if failures >= attempts:
-                    log.error("aiodelayq: could not %s after %d attempts (%r); the data is lost", what, failures, exc)
-                    raise
-                await asyncio.sleep(RETRY_BACKOFF.compute(failures))
+                                    "LPUSH", self._key, *reversed(items))
 
     async def _connection(self) -> Any:
         if self._conn is None:
-            self._conn = await cast(Any, self._client.connection_pool).get_connection()
+            self._conn = await self._pool.get_connection()
             self._conn.register_connect_callback(self._on_connect)
             await self._on_connect(self._conn)
         elif not self._conn.is_connected:
@@ -184,7 +234,7 @@ class TakePump:
 
     async def _run(self) -> None:
         failures = 0
-        while not self._closing:
+        while self._closed is None:
             wanted = self._live_waiters()
             if wanted == 0:
                 self._demand.clear()
@@ -207,16 +257,19 @@ class TakePump:
         self._blocking = True
         try:
             await conn.send_command("BLPOP", self._key, self._block_s)
-            reply = await conn.read_response()
+            reply = await conn.read_response(timeout=self._block_s + _BLPOP_MARGIN_S)
         finally:
             self._blocking = False
         if reply is None:
             return []
         items = [reply[1]]
-        if wanted > 1 and not self._closing:
-            await conn.send_command("LPOP", self._key, wanted - 1)
-            more = await conn.read_response()
+        if wanted > 1 and self._closed is None:
+            try:
+                await conn.send_command("LPOP", self._key, wanted - 1)
+                more = await conn.read_response()
+            except BaseException:
+                self.give_back(items)  # popped already: never drop it with the error
+                raise
             if more:
                 items.extend(more)
         return items
-

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from ._codec import Codec, decode_item, encode_item, resolve_codec
 from ._consumer import TakePump
 from ._keys import QueueKeys
-from ._registry import ClientRuntime, runtime_for
+from ._registry import acquire_scheduler, release_scheduler
 from ._scheduler import TransferScheduler
 from ._scripts import scripts_for
 from .exceptions import (
@@ -161,10 +161,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._close_timeout_s = float(close_timeout_s)
         self._scripts = scripts_for(client)
         self._state: Literal["new", "opening", "open", "closing", "closed"] = "new"
-        self._runtime: ClientRuntime | None = None
         self._scheduler: TransferScheduler | None = None
         self._pump: TakePump | None = None
-        self._close_future: asyncio.Future[None] | None = None
+        self._open_future: asyncio.Future[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None
         self._undecodable = 0
 
     # -- identity --------------------------------------------------------------------------------
@@ -218,24 +218,30 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """
         if self._state == "open":
             return self
+        if self._state == "opening" and self._open_future is not None:
+            await asyncio.shield(self._open_future)
+            return self
         if self._state != "new":
             raise QueueClosedError(f"queue {self.name!r} is {self._state}; create a new DelayedQueue")
         self._state = "opening"
-        runtime = runtime_for(self._client)
+        self._open_future = asyncio.get_running_loop().create_future()
         try:
-            scheduler = await runtime.acquire(self._keys, batch=self._batch, safety_poll_s=self._safety_poll_s,
-                                              open_timeout_s=self._open_timeout_s)
-        except BaseException:
+            self._scheduler = await acquire_scheduler(
+                self._client, self._keys, batch=self._batch, safety_poll_s=self._safety_poll_s,
+                open_timeout_s=self._open_timeout_s)
+            if self._state != "opening":  # aclose() ran while we were opening
+                await release_scheduler(self._client, self._keys, self._close_timeout_s)
+                raise QueueClosedError(f"queue {self.name!r} was closed while opening")
+            self._pump = TakePump(self._client, self.name)
+            self._state = "open"
+            self._open_future.set_result(None)
+        except BaseException as exc:
             if self._state == "opening":
                 self._state = "new"
+            self._open_future.set_exception(exc)
+            self._open_future.exception()  # retrieved: concurrent openers re-raise it themselves
+            self._open_future = None
             raise
-        if self._state != "opening":  # aclose() ran while we were opening
-            await runtime.release(self._keys, self._close_timeout_s)
-            raise QueueClosedError(f"queue {self.name!r} was closed while opening")
-        self._runtime = runtime
-        self._scheduler = scheduler
-        self._pump = TakePump(self._client, self.name)
-        self._state = "open"
         return self
 
     async def __aenter__(self: _Q) -> _Q:
@@ -247,25 +253,25 @@ class DelayedQueue(AsyncResource, Generic[T]):
         item popped for a departed caller back to the list, and stop the scheduler when this was its
         last user. Idempotent; returns within about ``close_timeout_s`` seconds.
         """
-        if self._close_future is not None:
-            await asyncio.shield(self._close_future)
-            return
-        loop = asyncio.get_running_loop()
-        self._close_future = loop.create_future()
-        was_open = self._state == "open"
-        self._state = "closing"
+        if self._close_task is None:
+            was_open = self._state == "open"
+            self._state = "closing"
+            self._close_task = asyncio.get_running_loop().create_task(
+                self._close(was_open), name=f"aiodelayq-close:{self.name}")
+        # Shielded: a caller cancelled while closing stops waiting, the close itself completes.
+        await asyncio.shield(self._close_task)
+
+    async def _close(self, was_open: bool) -> None:
         try:
             if was_open:
+                loop = asyncio.get_running_loop()
                 deadline = loop.time() + self._close_timeout_s
-                pump, runtime = self._pump, self._runtime
-                if pump is not None:
-                    pump.fail_waiters(QueueClosedError(f"queue {self.name!r} was closed"))
-                    await pump.aclose(self._close_timeout_s / 2)
-                if runtime is not None:
-                    await runtime.release(self._keys, max(0.1, deadline - loop.time()))
+                if self._pump is not None:
+                    self._pump.fail_waiters(QueueClosedError(f"queue {self.name!r} was closed"))
+                    await self._pump.aclose(self._close_timeout_s / 2)
+                await release_scheduler(self._client, self._keys, max(0.1, deadline - loop.time()))
         finally:
             self._state = "closed"
-            self._close_future.set_result(None)
 
     # -- producing -------------------------------------------------------------------------------
 
@@ -381,7 +387,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             self._undecodable += 1
             log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
             pump.spawn(pump.write_with_retry(f"dead-letter an undecodable payload of {self.name!r}",
-                                             lambda: cast(Any, self._client).rpush(self._keys.dead_letter, raw)))
+                                             "RPUSH", self._keys.dead_letter, raw))
             return False, None
 
     def __aiter__(self) -> DelayedQueue[T]:

@@ -65,6 +65,7 @@ class TransferScheduler:
         # (loop.time(), server epoch ms) measured at the same instant.
         self._anchor: tuple[float, float] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self.stats = SchedulerStats()
 
     @property
@@ -76,7 +77,24 @@ class TransferScheduler:
         """Start the worker task; the first transfer runs at once."""
         if self._task is None:
             self._task = self._loop.create_task(self._run(), name=f"aiodelayq-transfer:{self._keys.destination}")
+            self._task.add_done_callback(self._worker_done)
             self._wake.set()
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        # The worker only ends by cancellation; anything else is a bug that would stall the queue,
+        # so it is logged and the worker restarted after a pause.
+        if task.cancelled() or task is not self._task:
+            return
+        exc = task.exception()
+        log.error("aiodelayq: transfer worker of %r died; restarting in 1 s", self._keys.destination, exc_info=exc)
+        self.stats.errors += 1
+        self.stats.last_error = repr(exc)
+        self._task = None
+        self._loop.call_later(1.0, self._restart)
+
+    def _restart(self) -> None:
+        if self._task is None and not self._closed:
+            self.start()
 
     async def wait_transferred(self, timeout_s: float) -> bool:
         """Wait until one transfer has succeeded since start; return whether it did within the bound."""
@@ -88,6 +106,7 @@ class TransferScheduler:
 
     async def aclose(self, timeout_s: float) -> None:
         """Cancel the timer and stop the worker (idempotent)."""
+        self._closed = True
         self._cancel_timer()
         task, self._task = self._task, None
         await stop_task(task, timeout_s)

@@ -69,10 +69,17 @@ for i = 2, #ARGV, 3 do
   else
     value = struct.pack('dLc0', tonumber(ARGV[i + 1]), string.len(payload), payload)
   end
-  redis.call('zadd', KEYS[2], due, value)
-  redis.call('rpush', KEYS[3], value)
-  dues[#dues + 1] = due
-  if earliest == nil or due < earliest then earliest = due end
+  -- A client library may resend this script when its reply was lost: the same random id then
+  -- finds its element already there, and nothing is written twice.
+  local existing = redis.call('zscore', KEYS[2], value)
+  if existing then
+    dues[#dues + 1] = tonumber(existing)
+  else
+    redis.call('zadd', KEYS[2], due, value)
+    redis.call('rpush', KEYS[3], value)
+    dues[#dues + 1] = due
+    if earliest == nil or due < earliest then earliest = due end
+  end
 end
 if earliest ~= nil and (old == nil or earliest < old) then
   redis.call('publish', KEYS[4], string.format('%d', earliest))

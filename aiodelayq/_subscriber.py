@@ -62,8 +62,7 @@ class Subscriber:
         self._listeners[key] = listener
         confirmed = self._confirmed[key] = asyncio.Event()
         if self._task is None or self._task.done():
-            # The reader subscribes every listener when it connects.
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="aiodelayq-subscriber")
+            self._start_reader()  # the reader subscribes every listener when it connects
         try:
             await asyncio.wait_for(self._subscribe(key, confirmed), timeout_s)
         except asyncio.TimeoutError:
@@ -94,6 +93,23 @@ class Subscriber:
                     await self._pubsub.unsubscribe(key)
                 except (RedisError, OSError) as exc:
                     log.debug("aiodelayq: unsubscribe %s failed: %r", channel, exc)
+
+    def _reader_done(self, task: asyncio.Task[None]) -> None:
+        # The reader only ends by cancellation; anything else is a bug that would leave every queue
+        # of this client on its safety poll, so it is logged and the reader restarted.
+        if task.cancelled() or task is not self._task:
+            return
+        log.error("aiodelayq: pub/sub reader died; restarting in 1 s", exc_info=task.exception())
+        self._task = None
+        asyncio.get_running_loop().call_later(1.0, self._restart)
+
+    def _restart(self) -> None:
+        if self._task is None and self._listeners:
+            self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="aiodelayq-subscriber")
+        self._task.add_done_callback(self._reader_done)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
@@ -138,7 +154,10 @@ class Subscriber:
                 continue
             last_seen = now
             ping_sent_at = None
-            self._dispatch(message)
+            try:
+                self._dispatch(message)
+            except Exception:  # synchronous listener code: a bug there must not end the reader
+                log.exception("aiodelayq: could not dispatch pub/sub message %r", message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -157,10 +176,14 @@ class Subscriber:
             listener.on_due(_parse_due(message.get("data")))
 
 
+_MAX_DUE_MS = 2**53
+
+
 def _parse_due(data: object) -> int | None:
-    # Redisson publishes the due time with LongCodec (decimal text); anything else just wakes the
-    # scheduler, whose transfer then reads the true head of the queue.
+    # Redisson publishes the due time with LongCodec (decimal text). Anything else, or a number no
+    # due time can be, just wakes the scheduler, whose transfer then reads the true head.
     try:
-        return int(data) if isinstance(data, (bytes, str)) else None
+        due = int(data) if isinstance(data, (bytes, str)) and len(data) <= 20 else None
     except ValueError:
         return None
+    return due if due is not None and -_MAX_DUE_MS < due < _MAX_DUE_MS else None
