@@ -74,21 +74,27 @@ async def run(url: str, orders: int, max_delay_s: float, paid_share: float, seed
                 payments.append(asyncio.create_task(pay(order, rng.uniform(0.05, 0.7) * delay)))
             await asyncio.sleep(rng.uniform(0, 0.05))
 
+    placed_all = asyncio.Event()
+
     async def cancel_unpaid() -> None:
-        async for order in consumer:
+        # Runs from the start, beside the producer: an order is handled the moment it falls due.
+        while not (placed_all.is_set() and len(lateness) + len(paid) >= orders):
+            order = await consumer.poll(0.2)
+            if order is None:
+                continue
             now_ms = time.time() * 1000 + offset_ms
             late = now_ms - due_ms[order["order_id"]]
             lateness.append(late)
             print(f"{stamp()} order #{order['order_id']:<3} UNPAID   -> cancelled "
                   f"({late:+.1f} ms after its deadline)")
-            if len(lateness) + len(paid) >= orders and await consumer.size() == 0:
-                return
 
     async with consumer:
+        consuming = asyncio.create_task(cancel_unpaid())
         await place_orders()
         await asyncio.gather(*payments)
+        placed_all.set()
         try:
-            await asyncio.wait_for(cancel_unpaid(), timeout=max_delay_s + 30)
+            await asyncio.wait_for(consuming, timeout=max_delay_s + 30)
         except asyncio.TimeoutError:
             print("timed out waiting for deliveries", file=sys.stderr)
     lost = orders - len(paid) - len(lateness)
