@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import secrets
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +46,17 @@ WireFormat = Literal["redisson", "redisson-legacy"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
+
+# Fast elements: 20-byte id = marker | insertion stamp | 8 random bytes (see _scripts.py).
+_FAST_MAGIC = b"adq\x01"
+_last_stamp = 0
+
+
+def _next_stamp() -> int:
+    """Microseconds since the epoch, strictly increasing within this process (insertion order)."""
+    global _last_stamp
+    _last_stamp = max(_last_stamp + 1, time.time_ns() // 1000)
+    return _last_stamp
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
         codec: ``"json"`` (default), ``"str"``, ``"bytes"``, ``"msgpack"`` or an object with
             ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
         wire_format: how this producer packs elements (see :data:`WireFormat`).
+        strict: also keep this producer's elements in Redisson's insertion-order list, exactly as
+            Redisson does, so Java's ``size()``/``readAll()``/``contains()``/``remove()`` see them. The
+            default (fast) keeps them in the zset only: no O(backlog) ``LREM`` when they fall due.
+            ``wire_format="redisson-legacy"`` is always strict (its layout has no room for the marker).
         transfer_batch: most elements one transfer script call moves (Redisson uses 100).
         safety_poll_s: seconds between transfers when nothing else wakes the scheduler; bounds the
             stall after a lost pub/sub message.
@@ -130,6 +146,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         *,
         codec: str | Codec = "json",
         wire_format: WireFormat = "redisson",
+        strict: bool = False,
         transfer_batch: int = 100,
         safety_poll_s: float = 5.0,
         open_timeout_s: float = 10.0,
@@ -153,8 +170,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         self._client = client
-        self._wire_current = wire_format == "redisson"
         self._wire_format: WireFormat = wire_format
+        self._kind = "legacy" if wire_format == "redisson-legacy" else ("current" if strict else "fast")
         self._batch = transfer_batch
         self._safety_poll_s = float(safety_poll_s)
         self._open_timeout_s = float(open_timeout_s)
@@ -275,12 +292,22 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     # -- producing -------------------------------------------------------------------------------
 
+    @property
+    def strict(self) -> bool:
+        """Whether this producer keeps its elements in Redisson's insertion-order list."""
+        return self._kind != "fast"
+
     def _triple(self, item: T, delay: float | timedelta) -> list[Any]:
         delay_ms = delay_to_ms(delay)
         payload = encode_item(self._codec, item)
-        # Current format: 8 random bytes (Redisson's generateIdArray(8)); legacy: a random long.
-        rnd: bytes | int = os.urandom(8) if self._wire_current else secrets.randbits(64) - 2**63
-        return [delay_ms, rnd, payload]
+        element_id: bytes | int
+        if self._kind == "fast":
+            element_id = _FAST_MAGIC + _next_stamp().to_bytes(8, "big") + os.urandom(8)
+        elif self._kind == "current":
+            element_id = os.urandom(8)  # Redisson's generateIdArray(8)
+        else:
+            element_id = secrets.randbits(64) - 2**63  # Redisson's random long
+        return [delay_ms, element_id, payload]
 
     async def offer(self, item: T, delay: float | timedelta) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
@@ -316,7 +343,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def _offer(self, triples: list[list[Any]]) -> list[int]:
         k = self._keys
-        args: list[Any] = ["1" if self._wire_current else "0"]
+        args: list[Any] = [self._kind]
         for triple in triples:
             args.extend(triple)
         with _backend("offer"):
@@ -405,9 +432,13 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- the pending side (Redisson RDelayedQueue semantics) ---------------------------------------
 
     async def size(self) -> int:
-        """Number of pending (not yet due) elements: ``LLEN`` of the insertion-order list."""
+        """Number of pending (not yet due) elements: ``ZCARD`` of the timeout zset.
+
+        (Redisson's ``size()`` is ``LLEN`` of the insertion-order list, which does not count fast
+        elements.)
+        """
         with _backend("size"):
-            return int(await self._client.llen(self._keys.delay_list))
+            return int(await self._client.zcard(self._keys.timeout_set))
 
     async def ready_size(self) -> int:
         """Number of due items waiting in the destination list."""
@@ -418,16 +449,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """Whether a pending element equals ``item`` (compared as encoded payload bytes)."""
         payload = encode_item(self._codec, item)
         with _backend("contains"):
-            return bool(await self._scripts.contains(keys=[self._keys.delay_list], args=[payload]))
+            return bool(await self._scripts.contains(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                                     args=[payload]))
 
     async def read_all(self) -> list[T]:
-        """All pending items in insertion order (elements that are not valid packed elements are skipped).
+        """All pending items in insertion order: elements in Redisson's list first (list order), then fast
+        elements by their producer's insertion stamp. Malformed elements are skipped.
 
         Raises:
             DecodeError: a pending payload cannot be decoded by this queue's codec.
         """
         with _backend("read_all"):
-            payloads = await self._scripts.read_all(keys=[self._keys.delay_list])
+            payloads = await self._scripts.read_all(keys=[self._keys.delay_list, self._keys.timeout_set])
         return [decode_item(self._codec, p) for p in payloads]
 
     async def remove(self, item: T) -> bool:

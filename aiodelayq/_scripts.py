@@ -19,64 +19,94 @@ from redis.asyncio import Redis
 
 __all__ = ["Scripts", "scripts_for"]
 
-# Shared prelude. ``payload_of`` accepts both wire formats and checks every length, so a legacy
+# Shared prelude. ``parse`` accepts every element kind and checks every length, so a legacy
 # element is never read as a current one (or the reverse) and garbage is recognised as garbage:
 #   current (Redisson >= 3.21.1): struct.pack('Bc0Lc0', 8, <8 random bytes>, #payload, payload)
 #   legacy  (Redisson <  3.21.1): struct.pack('dLc0', <random double>, #payload, payload)
-# An element that satisfies both layouts needs a legacy double whose first byte is 0x08 *and* a
-# one-byte payload "\0"; it is read as the current format.
+#   fast    (aiodelayq, not in the list): struct.pack('Bc0Lc0', 20, <id>, #payload, payload) with
+#           id = 'adq' 0x01 | 8-byte big-endian insertion stamp (µs) | 8 random bytes.
+#           Redisson's own unpack('Bc0Lc0') reads it like any other element.
+# An element that satisfies both the current and the legacy layout needs a legacy double whose
+# first byte is 0x08 *and* a one-byte payload "\0"; it is read as the current format.
+# ``parse`` returns the payload (or nil) and whether the element is a fast one (kept out of the
+# insertion-order list, so nothing has to be removed from that list when it moves).
 _PRELUDE = """
 local LSZ = string.len(struct.pack('L', 0))
-local function payload_of(v)
+local FAST_MAGIC = 'adq' .. string.char(1)
+local function parse(v)
   local n = string.len(v)
-  if n >= 9 + LSZ and string.byte(v, 1) == 8 then
+  local b0 = string.byte(v, 1)
+  if b0 == 8 and n >= 9 + LSZ then
     local len = struct.unpack('L', v, 10)
-    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ) end
+    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false end
+  end
+  if b0 == 20 and n >= 21 + LSZ and string.sub(v, 2, 5) == FAST_MAGIC then
+    local len = struct.unpack('L', v, 22)
+    if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true end
   end
   if n >= 8 + LSZ then
     local len = struct.unpack('L', v, 9)
-    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ) end
+    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ), false end
   end
-  return nil
+  return nil, false
 end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+-- Calls fn(element) for every member of the zset in KEYS[zkey], 1000 at a time.
+local function each_member(key, fn)
+  local n = redis.call('zcard', key)
+  for start = 0, n - 1, 1000 do
+    for _, v in ipairs(redis.call('zrange', key, start, start + 999)) do
+      if fn(v) then return end
+    end
+  end
+end
+-- Calls fn(element) for every entry of the list in key, 1000 at a time; stops when fn returns true.
+local function each_entry(key, fn)
+  local n = redis.call('llen', key)
+  for start = 0, n - 1, 1000 do
+    for _, v in ipairs(redis.call('lrange', key, start, start + 999)) do
+      if fn(v) then return end
+    end
+  end
 end
 """
 
 OFFER = _PRELUDE + """
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel
--- ARGV[1] '1' = current format (Bc0Lc0), '0' = legacy (dLc0)
--- ARGV[2..] triples: delay in ms (integer >= 0), random id (8 bytes, or a decimal long for legacy),
---           payload
+-- ARGV[1] element kind: 'fast' (current layout, 20-byte id, zset only), 'current' (Redisson
+--         >= 3.21.1, 8-byte id, zset + list), 'legacy' (dLc0, zset + list)
+-- ARGV[2..] triples: delay in ms (integer >= 0), id (fast: 20 bytes; current: 8 random bytes;
+--           legacy: a decimal long), payload
 -- returns: the due time of each item in epoch ms (server clock), in argument order.
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- scheduler re-arms (Redisson publishes when the new element becomes the head).
 local now = now_ms()
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
-local current = ARGV[1] == '1'
+local kind = ARGV[1]
 local dues = {}
 local earliest = nil
 for i = 2, #ARGV, 3 do
   local due = now + tonumber(ARGV[i])
   local payload = ARGV[i + 2]
   local value
-  if current then
-    value = struct.pack('Bc0Lc0', string.len(ARGV[i + 1]), ARGV[i + 1], string.len(payload), payload)
-  else
+  if kind == 'legacy' then
     value = struct.pack('dLc0', tonumber(ARGV[i + 1]), string.len(payload), payload)
+  else
+    value = struct.pack('Bc0Lc0', string.len(ARGV[i + 1]), ARGV[i + 1], string.len(payload), payload)
   end
-  -- A client library may resend this script when its reply was lost: the same random id then
-  -- finds its element already there, and nothing is written twice.
+  -- A client library may resend this script when its reply was lost: the same id then finds its
+  -- element already there, and nothing is written twice.
   local existing = redis.call('zscore', KEYS[2], value)
   if existing then
     dues[#dues + 1] = tonumber(existing)
   else
     redis.call('zadd', KEYS[2], due, value)
-    redis.call('rpush', KEYS[3], value)
+    if kind ~= 'fast' then redis.call('rpush', KEYS[3], value) end
     dues[#dues + 1] = due
     if earliest == nil or due < earliest then earliest = due end
   end
@@ -93,80 +123,108 @@ TRANSFER = _PRELUDE + """
 -- returns: {moved, dead_lettered, next due score (epoch ms, text) or nil, TIME seconds, TIME micros}
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
--- list, so one bad element can never stall the queue.
+-- list, so one bad element can never stall the queue. Only elements that are in the insertion-
+-- order list (Redisson's, strict mode's, malformed ones) are LREMed from it: O(list) each. Fast
+-- elements cost O(log N).
 local now, t = now_ms()
 local due = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local moved, dead = 0, 0
+local out, bad, listed = {}, {}, {}
 for _, v in ipairs(due) do
-  local payload = payload_of(v)
-  if payload then
-    redis.call('rpush', KEYS[1], payload)
-    moved = moved + 1
-  else
-    redis.call('rpush', KEYS[4], v)
-    dead = dead + 1
-  end
-  redis.call('lrem', KEYS[3], 1, v)
+  local payload, fast = parse(v)
+  if payload then out[#out + 1] = payload else bad[#bad + 1] = v end
+  if not fast then listed[#listed + 1] = v end
 end
+-- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
+-- removed before the items are safely in the destination (a script error does not roll back).
+for i = 1, #out, 1000 do
+  redis.call('rpush', KEYS[1], unpack(out, i, math.min(i + 999, #out)))
+end
+for i = 1, #bad, 1000 do
+  redis.call('rpush', KEYS[4], unpack(bad, i, math.min(i + 999, #bad)))
+end
+for _, v in ipairs(listed) do redis.call('lrem', KEYS[3], 1, v) end
 for i = 1, #due, 1000 do
   redis.call('zrem', KEYS[2], unpack(due, i, math.min(i + 999, #due)))
 end
+local moved, dead = #out, #bad
 local nxt = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 return {moved, dead, nxt[2] or false, t[1], t[2]}
 """
 
 READ_ALL = _PRELUDE + """
--- KEYS[1] delay list
--- returns: the payloads of the pending elements in insertion order (malformed ones skipped)
+-- KEYS[1] delay list, KEYS[2] timeout zset
+-- returns: the payloads of the pending elements: first those in the insertion-order list (in list
+-- order), then fast elements ordered by their insertion stamp. Malformed elements are skipped.
 local result = {}
-local n = redis.call('llen', KEYS[1])
-for start = 0, n - 1, 1000 do
-  for _, v in ipairs(redis.call('lrange', KEYS[1], start, start + 999)) do
-    local payload = payload_of(v)
-    if payload then result[#result + 1] = payload end
-  end
-end
+each_entry(KEYS[1], function(v)
+  local payload = parse(v)
+  if payload then result[#result + 1] = payload end
+end)
+local fast = {}
+each_member(KEYS[2], function(v)
+  local payload, is_fast = parse(v)
+  if is_fast then fast[#fast + 1] = v end
+end)
+-- The stamp (bytes 6..13, big-endian) then the random part sort as plain strings.
+table.sort(fast, function(a, b) return string.sub(a, 6, 21) < string.sub(b, 6, 21) end)
+for _, v in ipairs(fast) do result[#result + 1] = (parse(v)) end
 return result
 """
 
 CONTAINS = _PRELUDE + """
--- KEYS[1] delay list
+-- KEYS[1] delay list, KEYS[2] timeout zset
 -- ARGV[1] payload
 -- returns: 1 if a pending element carries this payload, else 0
-local n = redis.call('llen', KEYS[1])
-for start = 0, n - 1, 1000 do
-  for _, v in ipairs(redis.call('lrange', KEYS[1], start, start + 999)) do
-    if payload_of(v) == ARGV[1] then return 1 end
-  end
+local found = 0
+each_entry(KEYS[1], function(v)
+  if parse(v) == ARGV[1] then found = 1; return true end
+end)
+if found == 0 then
+  each_member(KEYS[2], function(v)
+    local payload, is_fast = parse(v)
+    if is_fast and payload == ARGV[1] then found = 1; return true end
+  end)
 end
-return 0
+return found
 """
 
 REMOVE = _PRELUDE + """
 -- KEYS[1] delay list, KEYS[2] timeout zset
--- ARGV[1] '1' = remove only the first match (insertion order), '0' = every match
+-- ARGV[1] '1' = remove only the first match, '0' = every match
 -- ARGV[2..] payloads
--- returns: how many pending elements were removed (from both the list and the zset)
+-- returns: how many pending elements were removed.
+-- "First" is insertion order as read_all() reports it: list entries first, then fast elements by
+-- stamp. List entries are removed from the zset and the list (as Redisson's remove does).
 local wanted = {}
 for i = 2, #ARGV do wanted[ARGV[i]] = true end
 local first_only = ARGV[1] == '1'
-local matches = {}
-local n = redis.call('llen', KEYS[1])
-for start = 0, n - 1, 1000 do
-  for _, v in ipairs(redis.call('lrange', KEYS[1], start, start + 999)) do
-    local payload = payload_of(v)
-    if payload and wanted[payload] then
-      matches[#matches + 1] = v
-      if first_only then break end
-    end
+local listed = {}
+each_entry(KEYS[1], function(v)
+  local payload = parse(v)
+  if payload and wanted[payload] then
+    listed[#listed + 1] = v
+    return first_only
   end
-  if first_only and #matches > 0 then break end
+end)
+local fast = {}
+if not (first_only and #listed > 0) then
+  each_member(KEYS[2], function(v)
+    local payload, is_fast = parse(v)
+    if is_fast and wanted[payload] then fast[#fast + 1] = v end
+  end)
+  if first_only and #fast > 1 then
+    table.sort(fast, function(a, b) return string.sub(a, 6, 21) < string.sub(b, 6, 21) end)
+    fast = {fast[1]}
+  end
 end
-for _, v in ipairs(matches) do
+for _, v in ipairs(listed) do
   redis.call('zrem', KEYS[2], v)
   redis.call('lrem', KEYS[1], 1, v)
 end
-return #matches
+for i = 1, #fast, 1000 do
+  redis.call('zrem', KEYS[2], unpack(fast, i, math.min(i + 999, #fast)))
+end
+return #listed + #fast
 """
 
 

@@ -149,11 +149,10 @@ async def test_safety_poll_recovers_from_a_lost_publish(client: Redis, make_queu
     async with q:
         await q.offer("far", 300)
         # Another producer writes an earlier element but its PUBLISH is lost.
-        element = await client.lindex(q.keys.delay_list, 0)
-        fake = element[:1] + b"\x01" * 8 + element[9:]
+        [element] = await client.zrange(q.keys.timeout_set, 0, 0)
+        fake = element[:13] + b"\x01" * 8 + element[21:]  # same payload, another random id
         now = await server_ms(client)
         await client.zadd(q.keys.timeout_set, {fake: now})
-        await client.rpush(q.keys.delay_list, fake)
         assert await asyncio.wait_for(q.take(), 5) == "far"
 
 

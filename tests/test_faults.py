@@ -66,7 +66,7 @@ async def test_malformed_elements_go_to_dead_letters_and_the_rest_is_delivered(
         client: Redis, make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
     q = make_queue(codec="str", transfer_batch=3)
     await q.offer_many([(f"good-{i}", 0) for i in range(5)])
-    good = await client.lindex(q.keys.delay_list, 0)
+    [good] = await client.zrange(q.keys.timeout_set, 0, 0)
     garbage = [b"", b"x", b"\x08" + b"\x00" * 20, good[:-1], good + b"!", struct.pack("<dQ", 1.0, 99) + b"short",
                os.urandom(64)]
     now = await server_ms(client)

@@ -129,20 +129,26 @@ async def test_codecs_round_trip_through_redis(make_queue: Any, codec: Any, item
     assert sorted(map(repr, got)) == sorted(map(repr, items))
 
 
-@pytest.mark.parametrize(("wire_format", "header"), [("redisson", 1 + 8 + 8), ("redisson-legacy", 8 + 8)])
+@pytest.mark.parametrize(("wire_format", "strict", "id_len"), [
+    ("redisson", False, 20), ("redisson", True, 8), ("redisson-legacy", False, None)])
 async def test_element_layout_matches_wire_format(client: Redis, make_queue: Any, wire_format: str,
-                                                  header: int) -> None:
-    q = make_queue(codec="str", wire_format=wire_format)
+                                                  strict: bool, id_len: int | None) -> None:
+    q = make_queue(codec="str", wire_format=wire_format, strict=strict)
     await q.offer("payload", 60)
-    [element] = await client.lrange(q.keys.delay_list, 0, -1)
-    assert len(element) == header + len("payload")
-    if wire_format == "redisson":
-        assert element[0] == 8
-        assert struct.unpack_from("<Q", element, 9)[0] == len("payload")
-    else:
+    [element] = await client.zrange(q.keys.timeout_set, 0, -1)
+    if id_len is None:  # legacy dLc0
+        assert len(element) == 8 + 8 + len("payload")
         assert struct.unpack_from("<Q", element, 8)[0] == len("payload")
+    else:  # Bc0Lc0
+        assert element[0] == id_len
+        assert len(element) == 1 + id_len + 8 + len("payload")
+        assert struct.unpack_from("<Q", element, 1 + id_len)[0] == len("payload")
+    if id_len == 20:
+        assert element[1:5] == b"adq\x01"
     assert element.endswith(b"payload")
-    assert await client.zrange(q.keys.timeout_set, 0, -1) == [element]
+    # Fast elements stay out of Redisson's insertion-order list; strict ones are in both.
+    assert await client.lrange(q.keys.delay_list, 0, -1) == ([] if id_len == 20 else [element])
+    assert q.strict == (id_len != 20)
 
 
 async def test_offer_uses_the_server_clock(client: Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:

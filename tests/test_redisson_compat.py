@@ -45,15 +45,19 @@ async def test_elements_written_by_redisson_scripts_are_delivered(client: Redis,
     assert got == [f"java-{i}" for i in range(4)]
 
 
-@pytest.mark.parametrize("wire_format", ["redisson", "redisson-legacy"])
+@pytest.mark.parametrize(("wire_format", "strict"), [("redisson", True), ("redisson-legacy", True),
+                                                     ("redisson", False)])
 async def test_redisson_scripts_move_and_remove_our_elements(client: Redis, make_queue: Any,
-                                                             wire_format: str) -> None:
+                                                             wire_format: str, strict: bool) -> None:
     legacy = wire_format == "redisson-legacy"
-    q = make_queue(codec="str", wire_format=wire_format)
+    q = make_queue(codec="str", wire_format=wire_format, strict=strict)
     await q.offer_many([("a", 0), ("b", 0), ("c", 0), ("later", 60)])
     await asyncio.sleep(0.01)
     remove = rs.REMOVE_LEGACY if legacy else rs.REMOVE_CURRENT
-    assert await client.eval(remove, 2, q.keys.delay_list, q.keys.timeout_set, b"b") == 1
+    # Redisson's remove() scans its insertion-order list: it sees strict elements only (documented).
+    assert await client.eval(remove, 2, q.keys.delay_list, q.keys.timeout_set, b"b") == int(strict)
+    if not strict:
+        assert await q.remove("b")
     next_due = await _redisson_transfer(client, q.keys, legacy)
     assert next_due is not None  # "later" is still pending
     assert sorted(await client.lrange(q.keys.destination, 0, -1)) == [b"a", b"c"]
@@ -61,24 +65,30 @@ async def test_redisson_scripts_move_and_remove_our_elements(client: Redis, make
 
 
 async def test_both_wire_formats_in_one_queue(client: Redis, make_queue: Any, qname: str) -> None:
-    current = make_queue(codec="str")
+    current = make_queue(codec="str", strict=True)
     legacy = make_queue(codec="str", wire_format="redisson-legacy")
+    fast = make_queue(codec="str")
     await current.offer("new-1", 0.05)
     await legacy.offer("old-1", 0.05)
     await _redisson_offer(client, current.keys, b"java-old", 50, legacy=True)
     await _redisson_offer(client, current.keys, b"java-new", 50, legacy=False)
     await current.offer("new-2", 60)
     await legacy.offer("old-2", 60)
+    await fast.offer("fast-1", 0.05)
+    await fast.offer("fast-2", 60)
     lengths = sorted(len(e) for e in await client.lrange(current.keys.delay_list, 0, -1))
     assert lengths == sorted([17 + 5, 16 + 5, 16 + 8, 17 + 8, 17 + 5, 16 + 5])
-    assert await current.read_all() == ["new-1", "old-1", "java-old", "java-new", "new-2", "old-2"]
+    assert await current.size() == 8
+    assert await current.read_all() == ["new-1", "old-1", "java-old", "java-new", "new-2", "old-2",
+                                        "fast-1", "fast-2"]
+    assert await current.remove("fast-2")
     assert await legacy.contains("new-2")
     assert await current.contains("old-2")
     assert await current.remove("old-2")
     assert await legacy.remove("new-2")
     async with current:
-        got = {await asyncio.wait_for(current.take(), 5) for _ in range(4)}
-    assert got == {"new-1", "old-1", "java-old", "java-new"}
+        got = {await asyncio.wait_for(current.take(), 5) for _ in range(5)}
+    assert got == {"new-1", "old-1", "java-old", "java-new", "fast-1"}
     assert await current.size() == 0
 
 
