@@ -49,7 +49,8 @@ class TakePump:
         self._pool: Any = client.connection_pool
         self._key = key
         self._block_s = block_s
-        self._waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
+        # Each waiter wants up to ``capacity`` items and gets a non-empty list.
+        self._waiters: collections.deque[tuple[asyncio.Future[list[bytes]], int]] = collections.deque()
         self._demand = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._side_tasks: set[asyncio.Future[Any]] = set()
@@ -59,8 +60,9 @@ class TakePump:
         self._closed: BaseException | None = None
         self.returned = 0
 
-    async def get(self, timeout_s: float | None) -> bytes | None:
-        """Next payload, waiting up to ``timeout_s`` seconds (``None``: forever); ``None`` on timeout.
+    async def get(self, timeout_s: float | None, max_items: int = 1) -> list[bytes]:
+        """Wait up to ``timeout_s`` seconds (``None``: forever) for 1 to ``max_items`` payloads; ``[]`` on
+        timeout.
 
         Raises the exception given to :meth:`fail_waiters` once the pump is closing, and the
         caller's own ``asyncio.CancelledError`` without losing a popped item.
@@ -68,56 +70,57 @@ class TakePump:
         if self._closed is not None:
             raise self._closed
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bytes] = loop.create_future()
-        self._waiters.append(waiter)
+        waiter: asyncio.Future[list[bytes]] = loop.create_future()
+        entry = (waiter, max_items)
+        self._waiters.append(entry)
         self._demand.set()
         if self._task is None:
             self._task = loop.create_task(self._run(), name=f"aiodelayq-take:{self._key}")
         try:
             await asyncio.wait({waiter}, timeout=timeout_s)
         except BaseException:
-            # The caller's own cancellation. An item delivered in the same loop turn is handed on.
+            # The caller's own cancellation. Items delivered in the same loop turn are handed on.
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.give_back([waiter.result()])
-            self._forget(waiter)
+                self.give_back(waiter.result())
+            self._forget(entry)
             raise
         if not waiter.done():
-            self._forget(waiter)
-            return None
+            self._forget(entry)
+            return []
         return waiter.result()
 
-    def _forget(self, waiter: asyncio.Future[bytes]) -> None:
-        waiter.cancel()
+    def _forget(self, entry: tuple[asyncio.Future[list[bytes]], int]) -> None:
+        entry[0].cancel()
         with contextlib.suppress(ValueError):  # ValueError: already taken by the pump
-            self._waiters.remove(waiter)
+            self._waiters.remove(entry)
 
-    async def pop_nowait(self) -> bytes | None:
-        """One payload if one is ready now (``LPOP``), else ``None``; cancellation-safe.
+    async def pop_nowait(self, max_items: int = 1) -> list[bytes]:
+        """Up to ``max_items`` payloads that are ready now (``LPOP key count``); cancellation-safe.
 
         Raises:
             RedisError: the pop failed (it is not retried: a resent pop could lose an item).
         """
         if self._closed is not None:
             raise self._closed
-        task: asyncio.Future[Any] = self.spawn(self._command("LPOP", self._key))
+        task: asyncio.Future[Any] = self.spawn(self._command("LPOP", self._key, max_items))
         try:
-            item: bytes | None = await asyncio.shield(task)
+            items: list[bytes] | None = await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(self._give_back_result)
             raise
-        return item
+        return items or []
 
     def fail_waiters(self, exc: BaseException) -> None:
         """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
         self._closed = exc
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(exc)
 
     def give_back(self, items: list[bytes]) -> None:
         """Hand ``items`` to current waiters, or push them back to the head of the list, in order."""
-        rest = [item for item in items if not self._deliver(item)]
+        rest = self._deliver(items)
         if rest:
             self.returned += len(rest)
             self.spawn(self._push_back(rest))
@@ -194,24 +197,25 @@ class TakePump:
         finally:
             await self._pool.release(conn)
 
-    def _deliver(self, item: bytes) -> bool:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+    def _deliver(self, items: list[bytes]) -> list[bytes]:
+        """Hand ``items`` to waiters in FIFO order; return what nobody wanted."""
+        start = 0
+        while start < len(items) and self._waiters:
+            waiter, capacity = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(item)
-                return True
-        return False
+                waiter.set_result(items[start:start + capacity])
+                start += capacity
+        return items[start:]
 
-    def _live_waiters(self) -> int:
-        while self._waiters and self._waiters[0].done():
+    def _wanted(self) -> int:
+        """How many items the live waiters want in all."""
+        while self._waiters and self._waiters[0][0].done():
             self._waiters.popleft()
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(capacity for waiter, capacity in self._waiters if not waiter.done())
 
     def _give_back_result(self, task: asyncio.Future[Any]) -> None:
-        if not task.cancelled() and task.exception() is None:
-            item = task.result()
-            if item is not None:
-                self.give_back([item])
+        if not task.cancelled() and task.exception() is None and task.result():
+            self.give_back(list(task.result()))
 
     async def _push_back(self, items: list[bytes]) -> None:
         # LPUSH inserts one by one at the head: reversed keeps the original order.
@@ -235,7 +239,7 @@ class TakePump:
     async def _run(self) -> None:
         failures = 0
         while self._closed is None:
-            wanted = self._live_waiters()
+            wanted = self._wanted()
             if wanted == 0:
                 self._demand.clear()
                 await self._demand.wait()

@@ -18,6 +18,7 @@ from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ._batcher import OfferBatcher
 from ._codec import Codec, decode_item, encode_item, resolve_codec
 from ._consumer import TakePump
 from ._keys import QueueKeys
@@ -103,6 +104,12 @@ def delay_to_ms(delay: float | timedelta) -> int:
     return delay_ms
 
 
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or math.isnan(timeout) or timeout < 0):
+        raise InvalidDelayError(f"timeout must be None or seconds >= 0, got {timeout!r}")
+
+
 @contextlib.contextmanager
 def _backend(what: str) -> Iterator[None]:
     try:
@@ -183,6 +190,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._open_future: asyncio.Future[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._undecodable = 0
+        self._batcher: OfferBatcher | None = None
+        self._batcher_loop: asyncio.AbstractEventLoop | None = None
 
     # -- identity --------------------------------------------------------------------------------
 
@@ -312,7 +321,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def offer(self, item: T, delay: float | timedelta) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
 
-        "Now" is the Redis server's clock, so producers with skewed clocks still agree.
+        "Now" is the Redis server's clock, so producers with skewed clocks still agree. Concurrent
+        offers on one queue object share script calls: while one is in flight, the next carries
+        every offer that arrived meanwhile (each still gets its own result or error).
 
         Returns:
             The due time in epoch milliseconds (server clock).
@@ -323,7 +334,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
             BackendError: the Redis call failed.
         """
         triple = self._triple(item, delay)
-        return (await self._offer([triple]))[0]
+        loop = asyncio.get_running_loop()
+        if self._batcher is None or self._batcher_loop is not loop:
+            self._batcher, self._batcher_loop = OfferBatcher(self._offer), loop
+        return await self._batcher.submit(triple)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]]) -> list[int]:
         """Add many ``(item, delay)`` pairs atomically in one script call (one round trip).
@@ -372,13 +386,36 @@ class DelayedQueue(AsyncResource, Generic[T]):
             QueueNotOpenError: the queue is not open.
             QueueClosedError: the queue was closed while waiting.
         """
+        return (await self._take(1, None))[0]
+
+    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]:  # noqa: ASYNC109
+        """Wait for at least one due item and return up to ``max_items`` of them in one round trip
+        (``BLPOP`` then ``LPOP count``): the fast way to consume a busy queue.
+
+        ``timeout`` bounds the wait in seconds (``None``: forever); ``[]`` when it passes.
+        Cancellation-safe like :meth:`take`.
+
+        Raises:
+            QueueNotOpenError, QueueClosedError: as :meth:`take`.
+            ValueError: ``max_items`` < 1 or a negative/NaN timeout.
+        """
+        if not isinstance(max_items, int) or max_items < 1:
+            raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
+        _check_timeout(timeout)
+        return await self._take(max_items, timeout)
+
+    async def _take(self, max_items: int, timeout_s: float | None) -> list[T]:
         pump = self._require_open()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
-            raw = await pump.get(None)
-            if raw is not None:
-                ok, item = self._decode(pump, raw)
-                if ok:
-                    return cast(T, item)
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            raws = await pump.get(remaining, max_items)
+            if not raws:
+                return []
+            items = self._decode_all(pump, raws)
+            if items:
+                return items
 
     async def poll(self, timeout: float | None = None) -> T | None:  # noqa: ASYNC109 - public API
         """Return a due item, or ``None`` if none arrives within ``timeout`` seconds.
@@ -387,35 +424,34 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
         Raises:
             QueueNotOpenError, QueueClosedError: as :meth:`take`.
-            BackendError: the non-waiting ``LPOP`` failed (waiting polls retry in the background).
             InvalidDelayError: a negative or NaN timeout.
+            BackendError: the non-waiting ``LPOP`` failed (waiting polls retry in the background).
         """
         pump = self._require_open()
-        if timeout is not None and (not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0):
-            raise InvalidDelayError(f"timeout must be None or seconds >= 0, got {timeout!r}")
-        loop = asyncio.get_running_loop()
-        deadline = None if not timeout else loop.time() + timeout
+        _check_timeout(timeout)
+        if timeout:
+            items = await self._take(1, timeout)
+            return items[0] if items else None
         while True:
-            if deadline is None:
-                with _backend("poll"):
-                    raw = await pump.pop_nowait()
-            else:
-                raw = await pump.get(max(0.0, deadline - loop.time()))
-            if raw is None:
+            with _backend("poll"):
+                raws = await pump.pop_nowait()
+            if not raws:
                 return None
-            ok, item = self._decode(pump, raw)
-            if ok:
-                return cast(T, item)
+            items = self._decode_all(pump, raws)
+            if items:
+                return items[0]
 
-    def _decode(self, pump: TakePump, raw: bytes) -> tuple[bool, Any]:
-        try:
-            return True, decode_item(self._codec, raw)
-        except DecodeError as exc:
-            self._undecodable += 1
-            log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
-            pump.spawn(pump.write_with_retry(f"dead-letter an undecodable payload of {self.name!r}",
-                                             "RPUSH", self._keys.dead_letter, raw))
-            return False, None
+    def _decode_all(self, pump: TakePump, raws: list[bytes]) -> list[T]:
+        items: list[T] = []
+        for raw in raws:
+            try:
+                items.append(cast(T, decode_item(self._codec, raw)))
+            except DecodeError as exc:
+                self._undecodable += 1
+                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
+                pump.spawn(pump.write_with_retry(f"dead-letter an undecodable payload of {self.name!r}",
+                                                 "RPUSH", self._keys.dead_letter, raw))
+        return items
 
     def __aiter__(self) -> DelayedQueue[T]:
         """Iterate over due items forever; iteration ends when the queue is closed."""

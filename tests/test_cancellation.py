@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -80,3 +81,19 @@ async def test_close_with_waiting_takes_loses_nothing(redis_server: Any, make_qu
     async with make_queue() as rest:
         await _drain(rest, n, got)
     assert sorted(got) == list(range(n))
+
+
+async def test_take_many_under_tiny_timeouts_loses_nothing(client: Redis, make_queue: Any) -> None:
+    n = 600
+    q = make_queue(safety_poll_s=300)
+    async with q:
+        await q.offer_many([(i, random.uniform(0, 0.3)) for i in range(n)])
+        got: list[int] = []
+        rng = random.Random(5)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while len(got) < n and loop.time() < deadline:
+            with contextlib.suppress(asyncio.TimeoutError):
+                got.extend(await asyncio.wait_for(q.take_many(rng.randint(1, 9)), rng.choice([0, 0.0003, 0.002])))
+        await _drain(q, n, got)
+        assert sorted(got) == list(range(n))

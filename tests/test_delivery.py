@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import BackendError, DelayedQueue, InvalidDelayError, QueueClosedError, QueueNotOpenError
+from aiodelayq import (
+    BackendError,
+    ConfigurationError,
+    DelayedQueue,
+    InvalidDelayError,
+    QueueClosedError,
+    QueueNotOpenError,
+)
 from aiodelayq._registry import runtime_for
 from tests.helpers import server_ms, until
 
@@ -240,3 +247,18 @@ async def test_aclose_while_opening_leaves_nothing_running(client: Redis, make_q
         await opening
     assert not q.is_open
     assert runtime_for(client) is None
+
+
+async def test_take_many_returns_what_is_ready_in_one_round_trip(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await q.offer_many([(i, 0) for i in range(250)])
+    async with q:
+        got: list[int] = []
+        while len(got) < 250:
+            batch = await q.take_many(100, timeout=5)
+            assert 1 <= len(batch) <= 100
+            got.extend(batch)
+        assert sorted(got) == list(range(250))
+        assert await q.take_many(10, timeout=0.05) == []
+        with pytest.raises(ConfigurationError):
+            await q.take_many(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 from datetime import timedelta
@@ -180,3 +181,18 @@ async def test_offer_many_is_one_round_trip_and_keeps_order(client: Redis, make_
 async def _script_calls(client: Redis) -> int:
     stats = await client.info("commandstats")
     return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+async def test_concurrent_offers_share_round_trips_and_keep_their_own_results(client: Redis,
+                                                                             make_queue: Any) -> None:
+    q = make_queue()
+    calls_before = await _script_calls(client)
+    dues = await asyncio.gather(*(q.offer(i, i / 1000) for i in range(200)))
+    calls = await _script_calls(client) - calls_before
+    assert calls < 20  # coalesced, not one script call per offer
+    assert await q.size() == 200
+    assert dues[199] - dues[0] >= 199 - 5  # each caller got its own item's due time
+    bad = [q.offer(i, 0) for i in range(3)] + [q.offer(object(), 0)]
+    results = await asyncio.gather(*bad, return_exceptions=True)
+    assert isinstance(results[3], EncodeError)  # only the bad offer fails
+    assert all(isinstance(r, int) for r in results[:3])
