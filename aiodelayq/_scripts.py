@@ -77,7 +77,7 @@ end
 OFFER = _PRELUDE + """
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel
--- ARGV[1] element kind: 'fast' (current layout, 20-byte id, zset only), 'current' (Redisson
+-- ARGV[1] element kind: 'packed' (see below), 'fast' (current layout, 20-byte id, zset only), 'current' (Redisson
 --         >= 3.21.1, 8-byte id, zset + list), 'legacy' (dLc0, zset + list)
 -- ARGV[2..] triples: delay in ms (integer >= 0), id (fast: 20 bytes; current: 8 random bytes;
 --           legacy: a decimal long), payload
@@ -88,6 +88,31 @@ local now = now_ms()
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[1]
+if kind == 'packed' then
+  -- Fast elements packed by the client (with this server's 'L' size): ARGV[2..] pairs of delay in
+  -- ms and element. One ZADD NX per 500 elements. returns {now} when every element was new (due
+  -- = now + delay), else {now, due of each element} (a resent script found some already there).
+  local count, added, mind, zargs = (#ARGV - 1) / 2, 0, nil, {}
+  for i = 2, #ARGV, 2 do
+    local d = tonumber(ARGV[i])
+    zargs[#zargs + 1] = now + d
+    zargs[#zargs + 1] = ARGV[i + 1]
+    if mind == nil or d < mind then mind = d end
+    if #zargs >= 1000 then
+      added = added + redis.call('zadd', KEYS[2], 'NX', unpack(zargs))
+      zargs = {}
+    end
+  end
+  if #zargs > 0 then added = added + redis.call('zadd', KEYS[2], 'NX', unpack(zargs)) end
+  local result = {now}
+  if added < count then
+    for i = 2, #ARGV, 2 do result[#result + 1] = tonumber(redis.call('zscore', KEYS[2], ARGV[i + 1])) end
+  end
+  if mind ~= nil and (old == nil or now + mind < old) then
+    redis.call('publish', KEYS[4], string.format('%d', now + mind))
+  end
+  return result
+end
 local dues = {}
 local earliest = nil
 for i = 2, #ARGV, 3 do
@@ -101,14 +126,12 @@ for i = 2, #ARGV, 3 do
   end
   -- A client library may resend this script when its reply was lost: the same id then finds its
   -- element already there, and nothing is written twice.
-  local existing = redis.call('zscore', KEYS[2], value)
-  if existing then
-    dues[#dues + 1] = tonumber(existing)
-  else
-    redis.call('zadd', KEYS[2], due, value)
+  if redis.call('zadd', KEYS[2], 'NX', due, value) == 1 then
     if kind ~= 'fast' then redis.call('rpush', KEYS[3], value) end
     dues[#dues + 1] = due
     if earliest == nil or due < earliest then earliest = due end
+  else
+    dues[#dues + 1] = tonumber(redis.call('zscore', KEYS[2], value))
   end
 end
 if earliest ~= nil and (old == nil or earliest < old) then
@@ -228,6 +251,12 @@ return #listed + #fast
 """
 
 
+NATIVE_LONG = """
+-- returns: struct.pack('L', 1): the size and byte order of the server's native unsigned long
+return struct.pack('L', 1)
+"""
+
+
 @dataclass(frozen=True)
 class Scripts:
     """The scripts registered on one client (``EVALSHA`` with a ``SCRIPT LOAD`` fallback)."""
@@ -237,6 +266,7 @@ class Scripts:
     read_all: Any
     contains: Any
     remove: Any
+    native_long: Any
 
 
 _registered: weakref.WeakKeyDictionary[Redis, Scripts] = weakref.WeakKeyDictionary()
@@ -252,6 +282,7 @@ def scripts_for(client: Redis) -> Scripts:
             read_all=client.register_script(READ_ALL),
             contains=client.register_script(CONTAINS),
             remove=client.register_script(REMOVE),
+            native_long=client.register_script(NATIVE_LONG),
         )
         _registered[client] = scripts
     return scripts
