@@ -151,7 +151,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             Redisson does, so Java's ``size()``/``readAll()``/``contains()``/``remove()`` see them. The
             default (fast) keeps them in the zset only: no O(backlog) ``LREM`` when they fall due.
             ``wire_format="redisson-legacy"`` is always strict (its layout has no room for the marker).
-        transfer_batch: most elements one transfer script call moves (Redisson uses 100).
+        transfer_batch: most elements one transfer script call moves (Redisson uses 100; 500 fast
+            elements take about 2 ms of server time with a million pending).
         safety_poll_s: seconds between transfers when nothing else wakes the scheduler; bounds the
             stall after a lost pub/sub message.
         open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds.
@@ -170,7 +171,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         codec: str | Codec = "json",
         wire_format: WireFormat = "redisson",
         strict: bool = False,
-        transfer_batch: int = 100,
+        transfer_batch: int = 500,
         safety_poll_s: float = 5.0,
         open_timeout_s: float = 10.0,
         close_timeout_s: float = 5.0,

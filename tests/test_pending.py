@@ -66,3 +66,22 @@ async def test_clear_drops_pending_but_not_ready_items(client: Redis, make_queue
         assert await client.exists(q.keys.timeout_set) == 0
         assert await q.ready_size() == 1
         assert await q.take() == "ready"
+
+
+async def test_offer_many_longer_than_one_script_call(make_queue: Any) -> None:
+    q = make_queue()
+    dues = await q.offer_many([(i, 60) for i in range(2500)])
+    assert len(dues) == 2500
+    assert await q.size() == 2500
+    assert await q.read_all() == list(range(2500))  # insertion order across script calls
+
+
+async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:
+    q = make_queue(strict=True)
+    await q.offer_many([(i, 0.05 * (i % 3)) for i in range(30)])
+    assert await client.llen(q.keys.delay_list) == 30
+    async with q:
+        got = [await q.take() for _ in range(30)]
+    assert sorted(got) == list(range(30))
+    assert await client.llen(q.keys.delay_list) == 0  # LREMed as Redisson's transfer does
+    assert await client.zcard(q.keys.timeout_set) == 0
