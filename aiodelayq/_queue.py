@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -51,16 +52,23 @@ WireFormat = Literal["redisson", "redisson-legacy"]
 MAX_DELAY_MS = 2**52
 
 # Fast elements: 20-byte id = marker | insertion stamp | 8 random bytes (see _scripts.py).
-_FAST_MAGIC = b"adq\x01"
+_FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
 _OFFER_CHUNK = 1000
 _last_stamp = 0
 
 
-def _next_stamp() -> int:
-    """Microseconds since the epoch, strictly increasing within this process (insertion order)."""
+def _next_stamps(count: int) -> int:
+    """Reserve ``count`` insertion stamps (µs since the epoch, strictly increasing within this
+    process); returns the first."""
     global _last_stamp
-    _last_stamp = max(_last_stamp + 1, time.time_ns() // 1000)
-    return _last_stamp
+    first = max(_last_stamp + 1, time.time_ns() // 1000)
+    _last_stamp = first + count - 1
+    return first
+
+
+@functools.lru_cache(maxsize=4)
+def _long_struct(fmt: str) -> struct.Struct:
+    return struct.Struct(fmt)
 
 
 @dataclass(frozen=True)
@@ -108,15 +116,25 @@ def delay_to_ms(delay: float | timedelta) -> int:
 
 
 _long_formats: weakref.WeakKeyDictionary[Redis, str] = weakref.WeakKeyDictionary()
+_long_format_asks: weakref.WeakKeyDictionary[Redis, asyncio.Future[str]] = weakref.WeakKeyDictionary()
 
 
 async def _native_long_format(client: Redis) -> str:
-    """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once."""
+    """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
+    client; concurrent first callers share one request (shielded: one caller's cancellation does
+    not fail the others)."""
     fmt = _long_formats.get(client)
-    if fmt is None:
-        one: bytes = await scripts_for(client).native_long(keys=[], args=[])
-        order = "<" if one[0] == 1 else ">"
-        fmt = _long_formats[client] = order + {4: "I", 8: "Q"}[len(one)]
+    if fmt is not None:
+        return fmt
+    ask = _long_format_asks.get(client)
+    if ask is None or (ask.done() and (ask.cancelled() or ask.exception() is not None)):
+        ask = _long_format_asks[client] = asyncio.ensure_future(_ask_native_long(client))
+    return await asyncio.shield(ask)
+
+
+async def _ask_native_long(client: Redis) -> str:
+    one: bytes = await scripts_for(client).native_long(keys=[], args=[])
+    fmt = _long_formats[client] = ("<" if one[0] == 1 else ">") + {4: "I", 8: "Q"}[len(one)]
     return fmt
 
 
@@ -323,17 +341,29 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """Whether this producer keeps its elements in Redisson's insertion-order list."""
         return self._kind != "fast"
 
-    def _triple(self, item: T, delay: float | timedelta, random8: bytes | None = None) -> list[Any]:
-        delay_ms = delay_to_ms(delay)
-        payload = encode_item(self._codec, item)
-        element_id: bytes | int
+    async def _prepare(self, pairs: list[tuple[T, float | timedelta]]) -> list[list[Any]]:
+        """Validate, encode and (fast kind) pack every pair; raises before anything is sent.
+
+        Returns one argument fragment per item whose first element is its delay in ms: fast
+        ``[delay_ms, element]``, strict ``[delay_ms, id, payload]`` (packed by the script).
+        """
+        codec = self._codec
         if self._kind == "fast":
-            element_id = _FAST_MAGIC + _next_stamp().to_bytes(8, "big") + (random8 or os.urandom(8))
-        elif self._kind == "current":
-            element_id = os.urandom(8)  # Redisson's generateIdArray(8)
-        else:
-            element_id = secrets.randbits(64) - 2**63  # Redisson's random long
-        return [delay_ms, element_id, payload]
+            # Packed here with the server's own 'L' layout, so the script only has to ZADD them.
+            pack_len = _long_struct(await _native_long_format(self._client)).pack
+            randomness = os.urandom(8 * len(pairs))  # one syscall for the whole batch
+            first = _next_stamps(len(pairs))
+            fragments = []
+            for i, (item, delay) in enumerate(pairs):
+                delay_ms = delay_to_ms(delay)
+                payload = encode_item(codec, item)
+                element = b"".join((_FAST_HEADER, (first + i).to_bytes(8, "big"), randomness[8 * i:8 * i + 8],
+                                    pack_len(len(payload)), payload))
+                fragments.append([delay_ms, element])
+            return fragments
+        if self._kind == "current":
+            return [[delay_to_ms(d), os.urandom(8), encode_item(codec, item)] for item, d in pairs]
+        return [[delay_to_ms(d), secrets.randbits(64) - 2**63, encode_item(codec, item)] for item, d in pairs]
 
     async def offer(self, item: T, delay: float | timedelta) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
@@ -350,11 +380,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
             EncodeError: the codec cannot encode ``item``; nothing is written.
             BackendError: the Redis call failed.
         """
-        triple = self._triple(item, delay)
+        with _backend("offer"):
+            [fragment] = await self._prepare([(item, delay)])
         loop = asyncio.get_running_loop()
         if self._batcher is None or self._batcher_loop is not loop:
             self._batcher, self._batcher_loop = OfferBatcher(self._offer), loop
-        return await self._batcher.submit(triple)
+        return await self._batcher.submit(fragment)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]]) -> list[int]:
         """Add many ``(item, delay)`` pairs in one round trip.
@@ -372,38 +403,30 @@ class DelayedQueue(AsyncResource, Generic[T]):
         pairs = list(items)
         if not pairs:
             return []
-        randomness = os.urandom(8 * len(pairs))  # one syscall for the whole batch
-        triples = [self._triple(item, delay, randomness[8 * i:8 * i + 8]) for i, (item, delay) in enumerate(pairs)]
+        with _backend("offer_many"):
+            fragments = await self._prepare(pairs)
+        # Script calls of at most 1000 items keep each under a few ms of server time.
+        if len(fragments) <= _OFFER_CHUNK:
+            return await self._offer(fragments)
+        chunks = [fragments[i:i + _OFFER_CHUNK] for i in range(0, len(fragments), _OFFER_CHUNK)]
         dues: list[int] = []
-        # Script calls of at most 1000 items keep each under a few ms of server time; larger lists go
-        # as several calls in one round trip (a pipeline).
-        if len(triples) <= _OFFER_CHUNK:
-            return await self._offer(triples)
-        chunks = [triples[i:i + _OFFER_CHUNK] for i in range(0, len(triples), _OFFER_CHUNK)]
         for chunk_dues in await asyncio.gather(*(self._offer(chunk) for chunk in chunks)):
             dues.extend(chunk_dues)
         return dues
 
-    async def _offer(self, triples: list[list[Any]]) -> list[int]:
+    async def _offer(self, fragments: list[list[Any]]) -> list[int]:
         k = self._keys
         keys = [k.destination, k.timeout_set, k.delay_list, k.channel]
+        args: list[Any] = ["packed" if self._kind == "fast" else self._kind]
+        for fragment in fragments:
+            args.extend(fragment)
         with _backend("offer"):
-            if self._kind != "fast":
-                args: list[Any] = [self._kind]
-                for triple in triples:
-                    args.extend(triple)
-                return [int(d) for d in await self._scripts.offer(keys=keys, args=args)]
-            # Fast elements are packed here, with the server's own 'L' layout, so the script only
-            # has to ZADD them: a third of the server time per item.
-            long_format = await _native_long_format(self._client)
-            args = ["packed"]
-            for delay_ms, element_id, payload in triples:
-                args.append(delay_ms)
-                args.append(b"\x14" + element_id + struct.pack(long_format, len(payload)) + payload)
             reply = await self._scripts.offer(keys=keys, args=args)
+        if self._kind != "fast":
+            return [int(d) for d in reply]
         now = int(reply[0])
-        if len(reply) == 1:
-            return [now + int(triple[0]) for triple in triples]
+        if len(reply) == 1:  # every element was new: due = now + delay
+            return [now + int(fragment[0]) for fragment in fragments]
         return [int(d) for d in reply[1:]]
 
     # -- consuming -------------------------------------------------------------------------------
