@@ -54,6 +54,7 @@ MAX_DELAY_MS = 2**52
 # Fast elements: 20-byte id = marker | insertion stamp | 8 random bytes (see _scripts.py).
 _FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
 _OFFER_CHUNK = 1000
+_FRAME = struct.Struct(">dI")  # delay ms, element length: one frame of the OFFER script's blob
 _last_stamp = 0
 
 
@@ -417,9 +418,14 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def _offer(self, fragments: list[list[Any]]) -> list[int]:
         k = self._keys
         keys = [k.destination, k.timeout_set, k.delay_list, k.channel]
-        args: list[Any] = ["packed" if self._kind == "fast" else self._kind]
-        for fragment in fragments:
-            args.extend(fragment)
+        if self._kind == "fast":
+            header = _FRAME.pack
+            blob = b"".join(header(d, len(e)) + e for d, e in fragments)
+            args: list[Any] = ["packed", blob, len(fragments)]
+        else:
+            args = [self._kind]
+            for fragment in fragments:
+                args.extend(fragment)
         with _backend("offer"):
             reply = await self._scripts.offer(keys=keys, args=args)
         if self._kind != "fast":

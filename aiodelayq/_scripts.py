@@ -89,14 +89,19 @@ local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[1]
 if kind == 'packed' then
-  -- Fast elements packed by the client (with this server's 'L' size): ARGV[2..] pairs of delay in
-  -- ms and element. One ZADD NX per 500 elements. returns {now} when every element was new (due
-  -- = now + delay), else {now, due of each element} (a resent script found some already there).
-  local count, added, mind, zargs = (#ARGV - 1) / 2, 0, nil, {}
-  for i = 2, #ARGV, 2 do
-    local d = tonumber(ARGV[i])
+  -- Fast elements packed by the client (with this server's 'L' size), all in one argument so the
+  -- client does not pack thousands of arguments: ARGV[2] = concatenated struct.pack('>dI4c0',
+  -- delay ms, element), ARGV[3] = their count. One ZADD NX per 500 elements. returns {now} when
+  -- every element was new (due = now + delay), else {now, due of each element} (a resent script
+  -- found some already there).
+  local blob, count, pos = ARGV[2], tonumber(ARGV[3]), 1
+  local added, mind, zargs, elements = 0, nil, {}, {}
+  for _ = 1, count do
+    local d, element
+    d, element, pos = struct.unpack('>dI4c0', blob, pos)
     zargs[#zargs + 1] = now + d
-    zargs[#zargs + 1] = ARGV[i + 1]
+    zargs[#zargs + 1] = element
+    elements[#elements + 1] = element
     if mind == nil or d < mind then mind = d end
     if #zargs >= 1000 then
       added = added + redis.call('zadd', KEYS[2], 'NX', unpack(zargs))
@@ -106,7 +111,7 @@ if kind == 'packed' then
   if #zargs > 0 then added = added + redis.call('zadd', KEYS[2], 'NX', unpack(zargs)) end
   local result = {now}
   if added < count then
-    for i = 2, #ARGV, 2 do result[#result + 1] = tonumber(redis.call('zscore', KEYS[2], ARGV[i + 1])) end
+    for _, element in ipairs(elements) do result[#result + 1] = tonumber(redis.call('zscore', KEYS[2], element)) end
   end
   if mind ~= nil and (old == nil or now + mind < old) then
     redis.call('publish', KEYS[4], string.format('%d', now + mind))
