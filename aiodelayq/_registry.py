@@ -30,6 +30,7 @@ class ClientRuntime:
         self.client = client
         self.subscriber = Subscriber(client)
         self.entries: dict[str, _Entry] = {}
+        self.transfer_slots = asyncio.Semaphore(8)
 
     def scheduler(self, name: str) -> TransferScheduler | None:
         """The running scheduler of queue ``name``, if one is open here."""
@@ -78,7 +79,8 @@ async def acquire_scheduler(client: Redis, keys: QueueKeys, *, batch: int, safet
         if entry is not None:
             entry.refs += 1
             return entry.scheduler
-        scheduler = TransferScheduler(keys, scripts_for(client), batch=batch, safety_poll_s=safety_poll_s)
+        scheduler = TransferScheduler(keys, scripts_for(client), batch=batch, safety_poll_s=safety_poll_s,
+                                      slots=runtime.transfer_slots)
         runtime.entries[keys.destination] = _Entry(scheduler, 1)
         deadline = loop.time() + open_timeout_s
         try:

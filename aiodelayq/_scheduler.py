@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,9 @@ from ._tasks import RETRY_BACKOFF, stop_task
 __all__ = ["SchedulerStats", "TransferScheduler"]
 
 log = logging.getLogger("aiodelayq")
+
+# Concurrent transfer calls per client (see TransferScheduler._slots).
+_TRANSFER_SLOTS = 8
 
 
 @dataclass
@@ -52,11 +56,15 @@ class TransferScheduler:
     errors are logged and retried with jittered exponential backoff.
     """
 
-    def __init__(self, keys: QueueKeys, scripts: Scripts, *, batch: int, safety_poll_s: float) -> None:
+    def __init__(self, keys: QueueKeys, scripts: Scripts, *, batch: int, safety_poll_s: float,
+                 slots: asyncio.Semaphore | None = None) -> None:
         self._keys = keys
         self._scripts = scripts
         self._batch = batch
         self._safety_poll_s = safety_poll_s
+        # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
+        # connections) when many queues wake at once.
+        self._slots = slots or asyncio.Semaphore(_TRANSFER_SLOTS)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._transferred = asyncio.Event()
@@ -175,7 +183,8 @@ class TransferScheduler:
             if moved + dead >= self._batch:
                 self._wake.set()  # more may be due: go again without waiting
                 continue
-            when = self._loop.time() + self._safety_poll_s
+            # Jittered so that many queues opened together do not poll in lockstep.
+            when = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
             if next_due is not None:
                 due_at = self._server_ms_to_loop(next_due)
                 if moved + dead == 0:
@@ -186,12 +195,13 @@ class TransferScheduler:
 
     async def _transfer(self) -> tuple[int, int, float | None]:
         keys = self._keys
-        sent = self._loop.time()
-        reply: Any = await self._scripts.transfer(
-            keys=[keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter],
-            args=[self._batch],
-        )
-        received = self._loop.time()
+        async with self._slots:
+            sent = self._loop.time()
+            reply: Any = await self._scripts.transfer(
+                keys=[keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter],
+                args=[self._batch],
+            )
+            received = self._loop.time()
         moved, dead, next_due, seconds, micros = reply
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.stats.transfers += 1

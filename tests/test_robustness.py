@@ -144,3 +144,19 @@ async def test_concurrent_opens_of_one_queue_object(make_queue: Any) -> None:
     q = make_queue()
     await asyncio.gather(q.open(), q.open(), q.open())
     assert q.is_open
+
+
+async def test_many_idle_queues_share_one_pubsub_and_few_connections(redis_server: Any, qname: str) -> None:
+    client = Redis.from_url(redis_server.url, max_connections=40)
+    queues = [DelayedQueue(client, f"{qname}:{i}", safety_poll_s=0.5) for i in range(300)]
+    try:
+        await asyncio.gather(*(q.open() for q in queues))
+        await asyncio.sleep(1.6)  # three safety-poll rounds of 300 queues
+        assert sum(q.stats.transfer_errors for q in queues) == 0  # the pool (40) was never exhausted
+        assert all(q.stats.transfers >= 3 for q in queues)
+        runtime = runtime_for(client)
+        assert runtime is not None
+        assert runtime.subscriber.channels == 300
+    finally:
+        await asyncio.gather(*(q.aclose() for q in queues))
+        await client.aclose()
