@@ -98,9 +98,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Delivery lateness benchmark (``-- --help`` for options)."""
-    session.install("-e", ".[server]")
-    session.run("python", "benchmarks/lateness.py", *session.posargs)
+    """The benchmark suite, ours vs a Redisson-design reference (``-- --quick``; ``-- --help`` for options)."""
+    session.install("-e", ".[server,bench]")
+    session.run("python", "benchmarks/run.py", *session.posargs)
 
 
 if __name__ == "__main__":
