@@ -108,3 +108,16 @@ async def test_lengths_are_checked_so_formats_are_never_confused(client: Redis, 
         assert await q.take() == payload
         assert await q.take() == struct.pack("<Q", 1) + b"x"
     assert await q.dead_letters() == []
+
+
+async def test_redisson_remove_cancels_redisson_offers_in_a_queue_we_serve(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str")
+    async with q:
+        await _redisson_offer(client, q.keys, b"java-cancel-me", 300, legacy=False)
+        await _redisson_offer(client, q.keys, b"java-keep", 300, legacy=False)
+        await q.offer("python-fast", 0.3)
+        assert await client.eval(rs.REMOVE_CURRENT, 2, q.keys.delay_list, q.keys.timeout_set, b"java-cancel-me") == 1
+        got = {await asyncio.wait_for(q.take(), 5) for _ in range(2)}
+        assert got == {"java-keep", "python-fast"}
+        assert await q.poll(0.2) is None
+    assert await client.llen(q.keys.delay_list) == 0  # our transfer LREMed Java's element as Redisson does
