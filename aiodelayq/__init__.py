@@ -11,6 +11,7 @@
 from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
 from ._keys import QueueKeys, prefix_name
 from ._queue import DelayedQueue, QueueStats, WireFormat, delay_to_ms
+from ._reliable import Message, MessageIterator
 from ._scheduler import SchedulerStats
 from .exceptions import (
     BackendError,
@@ -38,6 +39,8 @@ __all__ = [
     "InvalidDelayError",
     "InvalidNameError",
     "JsonCodec",
+    "Message",
+    "MessageIterator",
     "MsgpackCodec",
     "QueueClosedError",
     "QueueKeys",

@@ -30,6 +30,8 @@ class QueueKeys:
         delay_list: list of the same packed elements in insertion order.
         channel: pub/sub channel carrying a new earliest due time (epoch ms, decimal text).
         dead_letter: list of raw entries that could not be delivered (aiodelayq only).
+        in_flight: zset of received, unacknowledged messages scored by visibility deadline (epoch
+            ms); aiodelayq's reliable consumption only.
     """
 
     destination: str
@@ -37,6 +39,7 @@ class QueueKeys:
     delay_list: str
     channel: str
     dead_letter: str
+    in_flight: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -55,4 +58,5 @@ class QueueKeys:
             delay_list=prefix_name("redisson_delay_queue", name),
             channel=prefix_name("redisson_delay_queue_channel", name),
             dead_letter=prefix_name("aiodelayq_dead_letter", name),
+            in_flight=prefix_name("aiodelayq_in_flight", name),
         )

@@ -26,6 +26,7 @@ from ._codec import Codec, decode_item, encode_item, resolve_codec
 from ._consumer import TakePump
 from ._keys import QueueKeys
 from ._registry import acquire_scheduler, release_scheduler
+from ._reliable import Message, MessageIterator, parse_message
 from ._scheduler import TransferScheduler
 from ._scripts import scripts_for
 from .exceptions import (
@@ -170,6 +171,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             Redisson does, so Java's ``size()``/``readAll()``/``contains()``/``remove()`` see them. The
             default (fast) keeps them in the zset only: no O(backlog) ``LREM`` when they fall due.
             ``wire_format="redisson-legacy"`` is always strict (its layout has no room for the marker).
+        max_deliveries: for :meth:`receive`: a message delivered this many times and still not acked
+            goes to the dead-letter list instead of a further delivery (``None``: no limit).
         transfer_batch: most elements one transfer script call moves (Redisson uses 100; 500 fast
             elements take about 2 ms of server time with a million pending).
         safety_poll_s: seconds between transfers when nothing else wakes the scheduler; bounds the
@@ -190,6 +193,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         codec: str | Codec = "json",
         wire_format: WireFormat = "redisson",
         strict: bool = False,
+        max_deliveries: int | None = None,
         transfer_batch: int = 500,
         safety_poll_s: float = 5.0,
         open_timeout_s: float = 10.0,
@@ -202,6 +206,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             raise ConfigurationError("the client must not decode responses: use decode_responses=False")
         if wire_format not in ("redisson", "redisson-legacy"):
             raise ConfigurationError(f"wire_format must be 'redisson' or 'redisson-legacy', not {wire_format!r}")
+        if max_deliveries is not None and (not isinstance(max_deliveries, int) or max_deliveries < 1):
+            raise ConfigurationError("max_deliveries must be None or an int >= 1")
         if not isinstance(transfer_batch, int) or not 1 <= transfer_batch <= 10_000:
             raise ConfigurationError("transfer_batch must be an int in 1..10000")
         for label, value in (("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
@@ -216,6 +222,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._wire_format: WireFormat = wire_format
         self._kind = "legacy" if wire_format == "redisson-legacy" else ("current" if strict else "fast")
         self._batch = transfer_batch
+        self._max_deliveries = max_deliveries or 0
+        self._arrival = asyncio.Event()
+        self._side_tasks: set[asyncio.Future[Any]] = set()
         self._safety_poll_s = float(safety_poll_s)
         self._open_timeout_s = float(open_timeout_s)
         self._close_timeout_s = float(close_timeout_s)
@@ -295,6 +304,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 await release_scheduler(self._client, self._keys, self._close_timeout_s)
                 raise QueueClosedError(f"queue {self.name!r} was closed while opening")
             self._pump = TakePump(self._client, self.name)
+            self._scheduler.listeners.append(self._arrival.set)
             self._state = "open"
             self._open_future.set_result(None)
         except BaseException as exc:
@@ -328,9 +338,14 @@ class DelayedQueue(AsyncResource, Generic[T]):
             if was_open:
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + self._close_timeout_s
+                if self._scheduler is not None and self._arrival.set in self._scheduler.listeners:
+                    self._scheduler.listeners.remove(self._arrival.set)
+                self._arrival.set()  # waiting receivers see the closed state
                 if self._pump is not None:
                     self._pump.fail_waiters(QueueClosedError(f"queue {self.name!r} was closed"))
                     await self._pump.aclose(self._close_timeout_s / 2)
+                if self._side_tasks:
+                    await asyncio.wait(set(self._side_tasks), timeout=max(0.01, deadline - loop.time()))
                 await release_scheduler(self._client, self._keys, max(0.1, deadline - loop.time()))
         finally:
             self._state = "closed"
@@ -522,6 +537,104 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 pump.spawn(pump.write_with_retry(f"dead-letter an undecodable payload of {self.name!r}",
                                                  "RPUSH", self._keys.dead_letter, raw))
         return items
+
+    # -- reliable consumption (at-least-once) ----------------------------------------------------------
+
+    async def receive(self, visibility_timeout: float, timeout: float | None = None) -> Message[T] | None:  # noqa: ASYNC109
+        """Wait for a due item and return it as a :class:`Message` that stays in flight until acked.
+
+        Unlike :meth:`take`, nothing is lost when the consumer dies: a message not acked (or nacked)
+        within ``visibility_timeout`` seconds is delivered again, with ``delivery_count`` + 1; past
+        ``max_deliveries`` its payload goes to the dead-letter list. ``timeout`` bounds the wait
+        (``None``: forever); ``None`` is returned when it passes.
+
+        Raises:
+            QueueNotOpenError, QueueClosedError: as :meth:`take`.
+            InvalidDelayError: a bad ``visibility_timeout`` or ``timeout``.
+            BackendError: the receive call failed.
+        """
+        messages = await self.receive_many(1, visibility_timeout, timeout)
+        return messages[0] if messages else None
+
+    async def receive_many(self, max_items: int, visibility_timeout: float,
+                           timeout: float | None = None) -> list[Message[T]]:  # noqa: ASYNC109
+        """Like :meth:`receive`, for up to ``max_items`` messages in one round trip; ``[]`` on timeout."""
+        self._require_open()
+        if not isinstance(max_items, int) or max_items < 1:
+            raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
+        vt_ms = delay_to_ms(visibility_timeout)
+        if vt_ms < 1:
+            raise InvalidDelayError("visibility_timeout must be at least 1 ms")
+        _check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            self._require_open()
+            self._arrival.clear()
+            messages, wait_s = await self._receive_once(max_items, vt_ms)
+            if messages:
+                return messages
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait_s = min(wait_s, remaining)
+            # Woken by this process's transfers, the earliest visibility deadline, or the 1 s re-check
+            # (for items moved or nacked by other processes).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrival.wait(), wait_s)
+
+    def messages(self, visibility_timeout: float) -> MessageIterator[T]:
+        """``async for msg in queue.messages(30.0)``: :meth:`receive` until the queue is closed."""
+        self._require_open()
+        return MessageIterator(self, visibility_timeout)
+
+    async def _receive_once(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], float]:
+        k = self._keys
+        call = self._scripts.receive(keys=[k.destination, k.in_flight, k.dead_letter],
+                                     args=[max_items, vt_ms, self._max_deliveries, os.urandom(16 * max_items)])
+        # Run as an owned task: a caller cancelled meanwhile leaves it to finish, and what it
+        # received is made visible again at once instead of waiting out the visibility timeout.
+        task = asyncio.ensure_future(call)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        try:
+            with _backend("receive"):
+                reply = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_received)
+            raise
+        now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
+        if dead:
+            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
+                      dead, self.name, self._max_deliveries, k.dead_letter)
+        wait_s = 1.0 if head is None else min(1.0, max(0.001, (float(head) - now_ms) / 1000))
+        messages: list[Message[T]] = []
+        for element in reply[3:]:
+            message_id, count, due_ms, payload = parse_message(element)
+            try:
+                value = decode_item(self._codec, payload)
+            except DecodeError as exc:
+                self._undecodable += 1
+                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, k.dead_letter)
+                await self._settle(element, "ack")
+                with _backend("dead-letter"):
+                    await self._client.rpush(k.dead_letter, payload)
+                continue
+            messages.append(Message(cast(T, value), message_id, count, due_ms, self, element))
+        return messages, wait_s
+
+    def _release_received(self, task: asyncio.Future[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        for element in task.result()[3:]:
+            nack = asyncio.ensure_future(self._settle(element, "0"))
+            self._side_tasks.add(nack)
+            nack.add_done_callback(self._side_tasks.discard)
+
+    async def _settle(self, element: bytes, mode: str) -> bool:
+        with _backend("ack" if mode == "ack" else "nack"):
+            return bool(await self._scripts.settle(keys=[self._keys.in_flight], args=[element, mode]))
 
     def __aiter__(self) -> DelayedQueue[T]:
         """Iterate over due items forever; iteration ends when the queue is closed."""

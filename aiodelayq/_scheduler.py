@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,8 @@ class TransferScheduler:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = SchedulerStats()
+        # Called after every successful transfer (reliable receivers re-check the destination).
+        self.listeners: list[Callable[[], None]] = []
 
     @property
     def armed_at(self) -> float:
@@ -211,4 +214,6 @@ class TransferScheduler:
             log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
                       dead, keys.destination, keys.dead_letter)
         self._transferred.set()
+        for listener in list(self.listeners):
+            listener()
         return int(moved), int(dead), (float(next_due) if next_due is not None else None)

@@ -272,6 +272,8 @@ class Scripts:
     contains: Any
     remove: Any
     native_long: Any
+    receive: Any
+    settle: Any
 
 
 _registered: weakref.WeakKeyDictionary[Redis, Scripts] = weakref.WeakKeyDictionary()
@@ -288,6 +290,79 @@ def scripts_for(client: Redis) -> Scripts:
             contains=client.register_script(CONTAINS),
             remove=client.register_script(REMOVE),
             native_long=client.register_script(NATIVE_LONG),
+            receive=client.register_script(RECEIVE),
+            settle=client.register_script(SETTLE),
         )
         _registered[client] = scripts
     return scripts
+
+
+# Reliable consumption. A message element is 'adq' 0x02 | 16-byte id | '>I4' delivery count |
+# '>d' due ms of this delivery (0 = unknown: a first delivery) | payload. In flight it sits in the
+# in-flight zset scored by its visibility deadline (server ms).
+_MESSAGE_PRELUDE = """
+local MSG_MAGIC = 'adq' .. string.char(2)
+local function message(id, count, due, payload)
+  return MSG_MAGIC .. id .. struct.pack('>I4>d', count, due) .. payload
+end
+"""
+
+RECEIVE = _MESSAGE_PRELUDE + """
+-- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list
+-- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
+-- (0 = unlimited), ARGV[4] fresh ids: ARGV[1] x 16 random bytes
+-- returns: {now ms, earliest in-flight deadline (ms, text) or false, dead-lettered count, messages...}
+-- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
+-- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
+-- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
+-- that dies, only delays it until its deadline.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, dead = {}, 0
+local expired = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+for _, e in ipairs(expired) do
+  local count, due = struct.unpack('>I4>d', e, 21)
+  local payload = string.sub(e, 33)
+  if max > 0 and count >= max then
+    redis.call('rpush', KEYS[3], payload)
+    dead = dead + 1
+  else
+    local m = message(string.sub(e, 5, 20), count + 1, tonumber(redis.call('zscore', KEYS[2], e)), payload)
+    redis.call('zadd', KEYS[2], now + vt, m)
+    out[#out + 1] = m
+  end
+  redis.call('zrem', KEYS[2], e)
+end
+local want = limit - #out - dead
+if want > 0 then
+  local fresh = redis.call('lpop', KEYS[1], want)
+  if fresh then
+    for i, payload in ipairs(fresh) do
+      local m = message(string.sub(ARGV[4], 16 * i - 15, 16 * i), 1, 0, payload)
+      redis.call('zadd', KEYS[2], now + vt, m)
+      out[#out + 1] = m
+    end
+  end
+end
+local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+local result = {now, head[2] or false, dead}
+for _, m in ipairs(out) do result[#result + 1] = m end
+return result
+"""
+
+SETTLE = """
+-- KEYS[1] in-flight zset
+-- ARGV[1] message element, ARGV[2] 'ack' or a delay in ms (nack)
+-- returns: 1 if the message was still in flight as this delivery (then acked, or made visible
+-- again after the delay), 0 if not (already settled, or redelivered after its deadline).
+if not redis.call('zscore', KEYS[1], ARGV[1]) then return 0 end
+if ARGV[2] == 'ack' then
+  redis.call('zrem', KEYS[1], ARGV[1])
+else
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('zadd', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+end
+return 1
+"""

@@ -107,7 +107,7 @@ async def make_queue(client: Redis, qname: str) -> AsyncIterator[Callable[..., D
         await queue.aclose()
     names = {q.keys for q in made}
     for keys in names:
-        await client.delete(keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter)
+        await client.delete(keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.in_flight)
 
 
 @pytest.fixture

@@ -1,0 +1,174 @@
+"""Reliable (at-least-once) consumption: receive, ack, nack, visibility timeout, max deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import DelayedQueue, Message
+from tests.helpers import server_ms
+
+
+async def test_receive_then_ack_removes_for_good(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await q.offer({"order": 1}, 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=30, timeout=5)
+        assert isinstance(msg, Message)
+        assert msg.value == {"order": 1}
+        assert msg.delivery_count == 1
+        assert msg.due_ms is None
+        assert await client.zcard(q.keys.in_flight) == 1
+        assert await msg.ack()
+        assert not await msg.ack()
+        assert await client.zcard(q.keys.in_flight) == 0
+        assert await q.receive(visibility_timeout=0.1, timeout=0.3) is None
+
+
+async def test_unacked_message_is_redelivered_after_its_visibility_timeout(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await q.offer("job", 0)
+    async with q:
+        first = await q.receive(visibility_timeout=0.3, timeout=5)
+        assert first is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        second = await q.receive(visibility_timeout=30, timeout=5)
+        assert second is not None
+        assert loop.time() - start >= 0.25
+        assert (second.value, second.id, second.delivery_count) == ("job", first.id, 2)
+        assert second.due_ms is not None
+        assert second.due_ms <= await server_ms(client)
+        assert not await first.ack()  # the first holder lost it when its timeout ended
+        assert await second.ack()
+
+
+async def test_nack_redelivers_after_the_delay_and_counts(make_queue: Any) -> None:
+    q = make_queue()
+    await q.offer("job", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=30, timeout=5)
+        assert msg is not None
+        assert await msg.nack(delay=0.2)
+        assert await q.receive(visibility_timeout=30, timeout=0.05) is None
+        again = await q.receive(visibility_timeout=30, timeout=5)
+        assert again is not None
+        assert again.delivery_count == 2
+        assert await again.ack()
+
+
+async def test_past_max_deliveries_goes_to_dead_letters(make_queue: Any) -> None:
+    q = make_queue(max_deliveries=2)
+    await q.offer("poison", 0)
+    async with q:
+        for expected in (1, 2):
+            msg = await q.receive(visibility_timeout=30, timeout=5)
+            assert msg is not None
+            assert msg.delivery_count == expected
+            await msg.nack()
+        assert await q.receive(visibility_timeout=30, timeout=0.3) is None
+    assert await q.dead_letters() == [b'"poison"']
+
+
+async def test_messages_iterator_and_plain_take_side_by_side(make_queue: Any) -> None:
+    q = make_queue()
+    await q.offer_many([(i, 0) for i in range(10)])
+    got: list[int] = []
+    async with q:
+        async for msg in q.messages(visibility_timeout=30):
+            got.append(msg.value)
+            await msg.ack()
+            if len(got) == 5:
+                break
+        got.extend([await q.take() for _ in range(5)])
+    assert sorted(got) == list(range(10))
+
+
+async def test_cancelled_receives_lose_nothing(client: Redis, make_queue: Any) -> None:
+    n = 200
+    q = make_queue()
+    await q.offer_many([(i, random.uniform(0, 0.3)) for i in range(n)])
+    acked: set[int] = set()
+    rng = random.Random(3)
+    async with q:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while len(acked) < n and loop.time() < deadline:
+            try:
+                msgs = await asyncio.wait_for(q.receive_many(rng.randint(1, 5), 30), rng.choice([0.0005, 0.002, 0.5]))
+            except asyncio.TimeoutError:
+                continue
+            for msg in msgs:
+                await msg.ack()
+                acked.add(msg.value)
+    assert acked == set(range(n))
+    assert await client.zcard(q.keys.in_flight) == 0
+
+
+CONSUMER = textwrap.dedent("""
+    import asyncio, sys
+    from redis.asyncio import Redis
+    from aiodelayq import DelayedQueue
+
+    async def main(url, name):
+        client = Redis.from_url(url)
+        async with DelayedQueue(client, name) as q:
+            held = await q.receive_many(10, visibility_timeout=1.0, timeout=10)
+            print(len(held), flush=True)
+            await asyncio.sleep(60)  # never acks: the test kills this process
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+async def test_messages_of_a_killed_consumer_are_redelivered(redis_server: Any, make_queue: Any,
+                                                            qname: str) -> None:
+    q = make_queue()
+    await q.offer_many([(i, 0) for i in range(10)])
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, redis_server.url, qname],  # noqa: ASYNC220
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.strip() == "10"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    async with q:
+        got = []
+        while len(got) < 10:
+            msgs = await q.receive_many(10, visibility_timeout=30, timeout=5)
+            assert msgs, "held messages were not redelivered"
+            for msg in msgs:
+                assert msg.delivery_count == 2
+                await msg.ack()
+                got.append(msg.value)
+    assert sorted(got) == list(range(10))
+
+
+async def test_aclose_wakes_a_waiting_receive(make_queue: Any) -> None:
+    from aiodelayq import QueueClosedError
+
+    q = make_queue()
+    await q.open()
+    waiting = asyncio.create_task(q.receive(visibility_timeout=30))
+    await asyncio.sleep(0.05)
+    await q.aclose()
+    with pytest.raises(QueueClosedError):
+        await asyncio.wait_for(waiting, 3)
+
+
+def test_bad_reliable_options(client: Redis) -> None:
+    from aiodelayq import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        DelayedQueue(client, "q", max_deliveries=0)
