@@ -322,13 +322,18 @@ local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead = {}, 0
 local expired = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, e in ipairs(expired) do
-  local count, due = struct.unpack('>I4>d', e, 21)
-  local payload = string.sub(e, 33)
-  if max > 0 and count >= max then
-    redis.call('rpush', KEYS[3], payload)
+  local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC
+  local count = valid and struct.unpack('>I4', e, 21) or 0
+  if not valid then
+    -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
+    redis.call('rpush', KEYS[3], e)
+    dead = dead + 1
+  elseif max > 0 and count >= max then
+    redis.call('rpush', KEYS[3], string.sub(e, 33))
     dead = dead + 1
   else
-    local m = message(string.sub(e, 5, 20), count + 1, tonumber(redis.call('zscore', KEYS[2], e)), payload)
+    local became_due = tonumber(redis.call('zscore', KEYS[2], e))
+    local m = message(string.sub(e, 5, 20), count + 1, became_due, string.sub(e, 33))
     redis.call('zadd', KEYS[2], now + vt, m)
     out[#out + 1] = m
   end

@@ -172,3 +172,14 @@ def test_bad_reliable_options(client: Redis) -> None:
 
     with pytest.raises(ConfigurationError):
         DelayedQueue(client, "q", max_deliveries=0)
+
+
+async def test_garbage_in_the_in_flight_zset_is_moved_aside(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await client.zadd(q.keys.in_flight, {b"junk": 0, b"adq\x02short": 0, b"x" * 40: 0})
+    await q.offer("real", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=30, timeout=5)
+        assert msg is not None
+        assert msg.value == "real"
+    assert sorted(await q.dead_letters()) == sorted([b"junk", b"adq\x02short", b"x" * 40])
