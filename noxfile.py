@@ -103,5 +103,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Bounded soak with random faults and invariant checks (a few minutes; not part of ``tests``)."""
+    session.install("-e", ".[server]")
+    session.run("python", "benchmarks/soak.py", *session.posargs)
+
+
 if __name__ == "__main__":
     nox.main()

@@ -29,6 +29,7 @@ from ._registry import acquire_scheduler, release_scheduler
 from ._reliable import Message, MessageIterator, parse_message
 from ._scheduler import TransferScheduler
 from ._scripts import scripts_for
+from ._tasks import shielded, within
 from .exceptions import (
     BackendError,
     ConfigurationError,
@@ -442,7 +443,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             for fragment in fragments:
                 args.extend(fragment)
         with _backend("offer"):
-            reply = await self._scripts.offer(keys=keys, args=args)
+            reply = await shielded(self._scripts.offer(keys=keys, args=args))
         if self._kind != "fast":
             return [int(d) for d in reply]
         now = int(reply[0])
@@ -581,8 +582,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 wait_s = min(wait_s, remaining)
             # Woken by this process's transfers, the earliest visibility deadline, or the 1 s re-check
             # (for items moved or nacked by other processes).
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), wait_s)
+            await within(self._arrival.wait(), wait_s)
 
     def messages(self, visibility_timeout: float) -> MessageIterator[T]:
         """``async for msg in queue.messages(30.0)``: :meth:`receive` until the queue is closed."""
@@ -619,7 +619,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, k.dead_letter)
                 await self._settle(element, "ack")
                 with _backend("dead-letter"):
-                    await self._client.rpush(k.dead_letter, payload)
+                    await shielded(self._client.rpush(k.dead_letter, payload))
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, self, element))
         return messages, wait_s
@@ -634,7 +634,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def _settle(self, element: bytes, mode: str) -> bool:
         with _backend("ack" if mode == "ack" else "nack"):
-            return bool(await self._scripts.settle(keys=[self._keys.in_flight], args=[element, mode]))
+            return bool(await shielded(self._scripts.settle(keys=[self._keys.in_flight], args=[element, mode])))
 
     def __aiter__(self) -> DelayedQueue[T]:
         """Iterate over due items forever; iteration ends when the queue is closed."""
@@ -657,19 +657,19 @@ class DelayedQueue(AsyncResource, Generic[T]):
         elements.)
         """
         with _backend("size"):
-            return int(await self._client.zcard(self._keys.timeout_set))
+            return int(await shielded(self._client.zcard(self._keys.timeout_set)))
 
     async def ready_size(self) -> int:
         """Number of due items waiting in the destination list."""
         with _backend("ready_size"):
-            return int(await self._client.llen(self._keys.destination))
+            return int(await shielded(self._client.llen(self._keys.destination)))
 
     async def contains(self, item: T) -> bool:
         """Whether a pending element equals ``item`` (compared as encoded payload bytes)."""
         payload = encode_item(self._codec, item)
         with _backend("contains"):
-            return bool(await self._scripts.contains(keys=[self._keys.delay_list, self._keys.timeout_set],
-                                                     args=[payload]))
+            return bool(await shielded(self._scripts.contains(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                                              args=[payload])))
 
     async def read_all(self) -> list[T]:
         """All pending items in insertion order: elements in Redisson's list first (list order), then fast
@@ -679,15 +679,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
             DecodeError: a pending payload cannot be decoded by this queue's codec.
         """
         with _backend("read_all"):
-            payloads = await self._scripts.read_all(keys=[self._keys.delay_list, self._keys.timeout_set])
+            payloads = await shielded(self._scripts.read_all(keys=[self._keys.delay_list, self._keys.timeout_set]))
         return [decode_item(self._codec, p) for p in payloads]
 
     async def remove(self, item: T) -> bool:
         """Cancel the first pending element (insertion order) equal to ``item``; ``True`` if one was."""
         payload = encode_item(self._codec, item)
         with _backend("remove"):
-            n = await self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
-                                           args=["1", payload])
+            n = await shielded(self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                                    args=["1", payload]))
         return bool(n)
 
     async def remove_all(self, items: Iterable[T]) -> bool:
@@ -696,18 +696,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
         if not payloads:
             return False
         with _backend("remove_all"):
-            n = await self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
-                                           args=["0", *payloads])
+            n = await shielded(self._scripts.remove(keys=[self._keys.delay_list, self._keys.timeout_set],
+                                                    args=["0", *payloads]))
         return bool(n)
 
     async def clear(self) -> None:
         """Drop every pending element (both pending keys); the destination list is untouched."""
         with _backend("clear"):
-            await self._client.delete(self._keys.delay_list, self._keys.timeout_set)
+            await shielded(self._client.delete(self._keys.delay_list, self._keys.timeout_set))
 
     async def dead_letters(self) -> list[bytes]:
         """The raw entries of the dead-letter list: malformed pending elements as found, and
         popped payloads the codec could not decode."""
         with _backend("dead_letters"):
-            entries: list[bytes] = await cast(Any, self._client).lrange(self._keys.dead_letter, 0, -1)
+            entries: list[bytes] = await shielded(cast(Any, self._client).lrange(self._keys.dead_letter, 0, -1))
         return entries

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from ._keys import QueueKeys
 from ._scripts import Scripts
-from ._tasks import RETRY_BACKOFF, stop_task
+from ._tasks import RETRY_BACKOFF, stop_task, within
 
 __all__ = ["SchedulerStats", "TransferScheduler"]
 
@@ -109,11 +109,7 @@ class TransferScheduler:
 
     async def wait_transferred(self, timeout_s: float) -> bool:
         """Wait until one transfer has succeeded since start; return whether it did within the bound."""
-        try:
-            await asyncio.wait_for(self._transferred.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await within(self._transferred.wait(), timeout_s)
 
     async def aclose(self, timeout_s: float) -> None:
         """Cancel the timer and stop the worker (idempotent)."""

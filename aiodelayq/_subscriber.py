@@ -9,7 +9,7 @@ from typing import Any, Protocol, cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from ._tasks import RETRY_BACKOFF, stop_task
+from ._tasks import RETRY_BACKOFF, stop_task, within
 
 __all__ = ["ChannelListener", "Subscriber"]
 
@@ -63,11 +63,7 @@ class Subscriber:
         confirmed = self._confirmed[key] = asyncio.Event()
         if self._task is None or self._task.done():
             self._start_reader()  # the reader subscribes every listener when it connects
-        try:
-            await asyncio.wait_for(self._subscribe(key, confirmed), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await within(self._subscribe(key, confirmed), timeout_s)
 
     async def _subscribe(self, key: bytes, confirmed: asyncio.Event) -> None:
         if not confirmed.is_set():

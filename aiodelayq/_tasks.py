@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from redis.backoff import ExponentialWithJitterBackoff
 
-__all__ = ["RETRY_BACKOFF", "stop_task"]
+__all__ = ["RETRY_BACKOFF", "shielded", "stop_task", "within"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -37,3 +39,37 @@ async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool
     if not task.cancelled() and task.exception() is not None:
         log.error("aiodelayq: background task %s failed", task.get_name(), exc_info=task.exception())
     return True
+
+
+T = TypeVar("T")
+_in_flight: set[asyncio.Future[Any]] = set()
+
+
+async def shielded(work: Awaitable[T]) -> T:
+    """Await a Redis call in a task of its own, so the caller's cancellation always propagates.
+
+    redis-py can swallow a ``CancelledError`` that lands inside a command (redis/redis-py#2028,
+    #2551); here the caller stops waiting at once and the command completes in the background
+    (bounded by the connection's own timeouts), leaving its connection in a clean state.
+    """
+    task = asyncio.ensure_future(work)
+    _in_flight.add(task)
+    task.add_done_callback(_in_flight.discard)
+    return await asyncio.shield(task)
+
+
+async def within(work: Awaitable[Any], timeout_s: float) -> bool:
+    """Await ``work`` for at most ``timeout_s`` seconds; return whether it finished (it is cancelled
+    if not). Unlike ``asyncio.wait_for`` before Python 3.12, the caller's own cancellation is never
+    swallowed when ``work`` completes in the same instant.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task}, timeout=timeout_s)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        task.result()  # re-raise its error, if any
+        return True
+    return False
