@@ -11,6 +11,7 @@ import textwrap
 from collections import Counter
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import BackendError, DelayedQueue
@@ -170,3 +171,23 @@ async def test_server_stall_loses_nothing_and_lateness_stays_bounded(own_server:
     finally:
         await client.aclose()
         await admin.aclose()
+
+
+async def test_offer_under_maxmemory_fails_clearly_and_writes_nothing(own_server: Any) -> None:
+    server = own_server()
+    client = Redis.from_url(server.url)
+    try:
+        q: DelayedQueue[str] = DelayedQueue(client, "full")
+        await q.offer("warm-up", 60)  # scripts loaded, layout known
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory", "1")
+        with pytest.raises(BackendError, match="maxmemory"):
+            await q.offer("x", 1)
+        with pytest.raises(BackendError, match="maxmemory"):
+            await q.offer_many([(i, 1) for i in range(500)])
+        await client.config_set("maxmemory", "0")
+        assert await q.read_all() == ["warm-up"]  # nothing half-written
+        assert await client.llen(q.keys.delay_list) == 0
+    finally:
+        await client.config_set("maxmemory", "0")
+        await client.aclose()
