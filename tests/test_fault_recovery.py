@@ -160,9 +160,9 @@ async def test_server_stall_loses_nothing_and_lateness_stays_bounded(own_server:
     try:
         q: DelayedQueue[int] = DelayedQueue(client, "stall", safety_poll_s=1.0)
         async with q:
-            dues = await q.offer_many([(i, 0.2 + i * 0.01) for i in range(200)])  # due over 2 s
+            dues = await q.offer_many([(i, 0.2 + i * 0.015) for i in range(200)])  # due over 3 s
             await asyncio.sleep(0.5)
-            await admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")  # the server stalls 1.5 s
+            await admin.execute_command("CLIENT", "PAUSE", "2000", "ALL")  # the server stalls 2 s
             late: list[float] = []
             for _ in range(200):
                 items = await asyncio.wait_for(q.take_many(200), 15)
@@ -170,10 +170,10 @@ async def test_server_stall_loses_nothing_and_lateness_stays_bounded(own_server:
                 late.extend(now - dues[i] for i in items)
                 if len(late) == 200:
                     break
-        print(f"\nstall 1.5 s: delivered 200/200, lateness max {max(late):.0f} ms, "
+        print(f"\nstall 2 s: delivered 200/200, lateness max {max(late):.0f} ms, "
               f"median {sorted(late)[100]:.0f} ms")
         assert len(late) == 200
-        assert max(late) < 1500 + 1500  # the stall plus a retry backoff, not more
+        assert max(late) < 2000 + 1500  # the stall plus a retry backoff, not more
     finally:
         await client.aclose()
         await admin.aclose()

@@ -35,7 +35,7 @@ def test_prefix_name_follows_redisson() -> None:
 def test_all_keys_share_one_cluster_slot(name: str) -> None:
     keys = QueueKeys.for_name(name)
     slots = {key_slot(k.encode()) for k in (keys.destination, keys.timeout_set, keys.delay_list,
-                                            keys.channel, keys.dead_letter)}
+                                            keys.channel, keys.dead_letter, keys.in_flight)}
     assert len(slots) == 1
 
 
