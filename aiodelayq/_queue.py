@@ -345,7 +345,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 if self._pump is not None:
                     self._pump.fail_waiters(QueueClosedError(f"queue {self.name!r} was closed"))
                     await self._pump.aclose(self._close_timeout_s / 2)
-                if self._side_tasks:
+                while self._side_tasks and loop.time() < deadline:
                     await asyncio.wait(set(self._side_tasks), timeout=max(0.01, deadline - loop.time()))
                 await release_scheduler(self._client, self._keys, max(0.1, deadline - loop.time()))
         finally:
@@ -617,9 +617,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
             except DecodeError as exc:
                 self._undecodable += 1
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, k.dead_letter)
-                await self._settle(element, "ack")
-                with _backend("dead-letter"):
-                    await shielded(self._client.rpush(k.dead_letter, payload))
+                try:
+                    await self._settle(element, "dead")  # atomic: out of flight and into the list
+                except BackendError as err:
+                    log.warning("aiodelayq: could not dead-letter it now (%s); it stays in flight", err)
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, self, element))
         return messages, wait_s
@@ -628,13 +629,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
         if task.cancelled() or task.exception() is not None:
             return
         for element in task.result()[3:]:
-            nack = asyncio.ensure_future(self._settle(element, "0"))
+            nack = asyncio.ensure_future(self._settle(element, "release"))
             self._side_tasks.add(nack)
             nack.add_done_callback(self._side_tasks.discard)
 
     async def _settle(self, element: bytes, mode: str) -> bool:
-        with _backend("ack" if mode == "ack" else "nack"):
-            return bool(await shielded(self._scripts.settle(keys=[self._keys.in_flight], args=[element, mode])))
+        k = self._keys
+        with _backend(mode if mode in ("ack", "dead", "release") else "nack"):
+            return bool(await shielded(self._scripts.settle(keys=[k.in_flight, k.dead_letter, k.destination],
+                                                            args=[element, mode])))
 
     def __aiter__(self) -> DelayedQueue[T]:
         """Iterate over due items forever; iteration ends when the queue is closed."""

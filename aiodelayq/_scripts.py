@@ -356,13 +356,30 @@ for _, m in ipairs(out) do result[#result + 1] = m end
 return result
 """
 
-SETTLE = """
--- KEYS[1] in-flight zset
--- ARGV[1] message element, ARGV[2] 'ack' or a delay in ms (nack)
--- returns: 1 if the message was still in flight as this delivery (then acked, or made visible
--- again after the delay), 0 if not (already settled, or redelivered after its deadline).
+SETTLE = _MESSAGE_PRELUDE + """
+-- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list
+-- ARGV[1] message element, ARGV[2] 'ack', 'dead' (its payload to the dead-letter list), 'release'
+--         (undo this delivery: a receiver that was cancelled before it could see the message), or
+--         a delay in ms (nack)
+-- returns: 1 if the message was still in flight as this delivery (then settled), 0 if not (already
+-- settled, or redelivered after its deadline).
 if not redis.call('zscore', KEYS[1], ARGV[1]) then return 0 end
 if ARGV[2] == 'ack' then
+  redis.call('zrem', KEYS[1], ARGV[1])
+elseif ARGV[2] == 'dead' then
+  redis.call('rpush', KEYS[2], string.sub(ARGV[1], 33))
+  redis.call('zrem', KEYS[1], ARGV[1])
+elseif ARGV[2] == 'release' then
+  local count, due = struct.unpack('>I4>d', ARGV[1], 21)
+  local payload = string.sub(ARGV[1], 33)
+  if count <= 1 then
+    -- A first delivery goes back to the head of the destination, as if never received.
+    redis.call('lpush', KEYS[3], payload)
+  else
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('zadd', KEYS[1], now, message(string.sub(ARGV[1], 5, 20), count - 1, due, payload))
+  end
   redis.call('zrem', KEYS[1], ARGV[1])
 else
   local t = redis.call('TIME')

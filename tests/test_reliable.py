@@ -183,3 +183,43 @@ async def test_garbage_in_the_in_flight_zset_is_moved_aside(client: Redis, make_
         assert msg is not None
         assert msg.value == "real"
     assert sorted(await q.dead_letters()) == sorted([b"junk", b"adq\x02short", b"x" * 40])
+
+
+async def test_undecodable_message_is_dead_lettered_atomically(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await client.rpush(q.keys.destination, b"{not json", b'"ok"')
+    async with q:
+        msgs = await q.receive_many(2, visibility_timeout=30, timeout=5)
+        assert [m.value for m in msgs] == ["ok"]
+        assert await msgs[0].ack()
+    assert await q.dead_letters() == [b"{not json"]
+    assert await client.zcard(q.keys.in_flight) == 0
+
+
+async def test_a_receive_cancelled_mid_call_costs_no_delivery(client: Redis, make_queue: Any) -> None:
+    q = make_queue(max_deliveries=1)
+    async with q:
+        for steps in range(1, 15):
+            await q.offer(f"item-{steps}", 0)
+            await until_ready(q)
+            task = asyncio.create_task(q.receive(visibility_timeout=30))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                msg = await task
+            except asyncio.CancelledError:
+                msg = None
+            if msg is None:  # cancelled: the item must be back, as a first delivery
+                msg = await q.receive(visibility_timeout=30, timeout=5)
+            assert msg is not None
+            assert msg.value == f"item-{steps}"
+            assert msg.delivery_count == 1
+            assert await msg.ack()
+    assert await q.dead_letters() == []
+
+
+async def until_ready(q: DelayedQueue[Any]) -> None:
+    from tests.helpers import until
+
+    await until(q.ready_size, timeout_s=5)
