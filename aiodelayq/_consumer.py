@@ -75,7 +75,7 @@ class TakePump:
         self._waiters.append(entry)
         self._demand.set()
         if self._task is None:
-            self._task = loop.create_task(self._run(), name=f"aiodelayq-take:{self._key}")
+            self._start()
         try:
             await asyncio.wait({waiter}, timeout=timeout_s)
         except BaseException:
@@ -88,6 +88,24 @@ class TakePump:
             self._forget(entry)
             return []
         return waiter.result()
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"aiodelayq-take:{self._key}")
+        self._task.add_done_callback(self._pump_done)
+
+    def _pump_done(self, task: asyncio.Task[None]) -> None:
+        # The pump ends by closing or cancellation; an unexpected error (redis-py can raise
+        # non-Redis errors mid-reconnect) must not leave waiters hanging: log and start it again.
+        if task.cancelled() or task is not self._task or self._closed is not None:
+            return
+        log.error("aiodelayq: take pump of %r died; restarting", self._key, exc_info=task.exception())
+        self._task = None
+        if self._waiters:
+            asyncio.get_running_loop().call_later(0.1, self._restart)
+
+    def _restart(self) -> None:
+        if self._task is None and self._closed is None:
+            self._start()
 
     def _forget(self, entry: tuple[asyncio.Future[list[bytes]], int]) -> None:
         entry[0].cancel()

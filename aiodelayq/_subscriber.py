@@ -9,7 +9,7 @@ from typing import Any, Protocol, cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from ._tasks import RETRY_BACKOFF, stop_task, within
+from ._tasks import RETRY_BACKOFF, shielded, stop_task, within
 
 __all__ = ["ChannelListener", "Subscriber"]
 
@@ -70,25 +70,33 @@ class Subscriber:
             async with self._lock:
                 if self._pubsub is not None and not confirmed.is_set():
                     try:
-                        await self._pubsub.subscribe(key)
-                    except (RedisError, OSError) as exc:
+                        await shielded(self._pubsub.subscribe(key))
+                    # As in _unsubscribe: redis-py may raise non-Redis errors mid-reconnect.
+                    except Exception as exc:
                         # The reader sees the same broken connection, reconnects and resubscribes all.
                         log.debug("aiodelayq: subscribe %r failed, the reader will retry: %r", key, exc)
         await confirmed.wait()
 
-    async def remove(self, channel: str) -> None:
-        """Stop dispatching ``channel`` and unsubscribe it (best effort: the connection may be gone)."""
+    async def remove(self, channel: str, timeout_s: float = 1.0) -> None:
+        """Stop dispatching ``channel`` and unsubscribe it, within ``timeout_s`` (best effort: the
+        connection may be gone; a channel left subscribed is dropped at the next reconnect)."""
         key = channel.encode()
         self._listeners.pop(key, None)
         self._confirmed.pop(key, None)
         if not self._listeners:
             return  # the owner closes the whole subscriber next
+        if not await within(self._unsubscribe(key), timeout_s):
+            log.debug("aiodelayq: unsubscribe %s timed out", channel)
+
+    async def _unsubscribe(self, key: bytes) -> None:
         async with self._lock:
             if self._pubsub is not None:
                 try:
-                    await self._pubsub.unsubscribe(key)
-                except (RedisError, OSError) as exc:
-                    log.debug("aiodelayq: unsubscribe %s failed: %r", channel, exc)
+                    await shielded(self._pubsub.unsubscribe(key))
+                # redis-py can also fail here with non-Redis errors while its connection is being
+                # re-established (AttributeError on a closed writer); nothing else runs in this try.
+                except Exception as exc:
+                    log.debug("aiodelayq: unsubscribe %r failed: %r", key, exc)
 
     def _reader_done(self, task: asyncio.Task[None]) -> None:
         # The reader only ends by cancellation; anything else is a bug that would leave every queue
