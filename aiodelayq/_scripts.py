@@ -54,24 +54,19 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
--- Calls fn(element) for every member of the zset in KEYS[zkey], 1000 at a time.
-local function each_member(key, fn)
-  local n = redis.call('zcard', key)
+-- Calls fn(element) for every element of a list or zset, 1000 at a time (in list order / score
+-- order); stops when fn returns true. count and range are the type's commands (llen/lrange or
+-- zcard/zrange).
+local function each(key, count, range, fn)
+  local n = redis.call(count, key)
   for start = 0, n - 1, 1000 do
-    for _, v in ipairs(redis.call('zrange', key, start, start + 999)) do
+    for _, v in ipairs(redis.call(range, key, start, start + 999)) do
       if fn(v) then return end
     end
   end
 end
--- Calls fn(element) for every entry of the list in key, 1000 at a time; stops when fn returns true.
-local function each_entry(key, fn)
-  local n = redis.call('llen', key)
-  for start = 0, n - 1, 1000 do
-    for _, v in ipairs(redis.call('lrange', key, start, start + 999)) do
-      if fn(v) then return end
-    end
-  end
-end
+local function each_entry(key, fn) each(key, 'llen', 'lrange', fn) end
+local function each_member(key, fn) each(key, 'zcard', 'zrange', fn) end
 """
 
 OFFER = _PRELUDE + """
