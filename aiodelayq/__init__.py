@@ -9,12 +9,15 @@
 """
 
 from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
+from ._delays import delay_to_ms
 from ._keys import QueueKeys, prefix_name
-from ._queue import DelayedQueue, QueueStats, WireFormat, delay_to_ms
+from ._queue import DelayedQueue, QueueStats, WireFormat
 from ._reliable import Message, MessageIterator
 from ._scheduler import SchedulerStats
 from .exceptions import (
+    AccessDeniedError,
     BackendError,
+    CallTimeoutError,
     CodecError,
     ConfigurationError,
     DecodeError,
@@ -24,10 +27,14 @@ from .exceptions import (
     InvalidNameError,
     QueueClosedError,
     QueueNotOpenError,
+    WrongEventLoopError,
+    WrongNodeError,
 )
 
 __all__ = [
+    "AccessDeniedError",
     "BackendError",
+    "CallTimeoutError",
     "BytesCodec",
     "Codec",
     "CodecError",
@@ -49,6 +56,8 @@ __all__ = [
     "SchedulerStats",
     "StrCodec",
     "WireFormat",
+    "WrongEventLoopError",
+    "WrongNodeError",
     "delay_to_ms",
     "prefix_name",
 ]

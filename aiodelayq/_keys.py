@@ -32,6 +32,12 @@ class QueueKeys:
         dead_letter: list of raw entries that could not be delivered (aiodelayq only).
         in_flight: zset of received, unacknowledged messages scored by visibility deadline (epoch
             ms); aiodelayq's reliable consumption only.
+        handoff: hash of items popped for a ``take()`` and not yet handed to a caller, by pop call
+            id (aiodelayq only); an entry whose lease ran out goes back to the destination.
+        handoff_leases: zset of those pop call ids scored by lease deadline (epoch ms).
+        calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
+            the dedupe window is not applied twice (aiodelayq only).
+        call_replies: hash of the replies of those calls that a resend must repeat.
     """
 
     destination: str
@@ -40,6 +46,10 @@ class QueueKeys:
     channel: str
     dead_letter: str
     in_flight: str
+    handoff: str
+    handoff_leases: str
+    calls: str
+    call_replies: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -59,4 +69,14 @@ class QueueKeys:
             channel=prefix_name("redisson_delay_queue_channel", name),
             dead_letter=prefix_name("aiodelayq_dead_letter", name),
             in_flight=prefix_name("aiodelayq_in_flight", name),
+            handoff=prefix_name("aiodelayq_handoff", name),
+            handoff_leases=prefix_name("aiodelayq_handoff_leases", name),
+            calls=prefix_name("aiodelayq_calls", name),
+            call_replies=prefix_name("aiodelayq_call_replies", name),
         )
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
+        return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
+                self.handoff, self.handoff_leases, self.calls, self.call_replies)

@@ -1,4 +1,9 @@
-"""Per event loop and client: the shared subscriber and one refcounted scheduler per queue name."""
+"""Per event loop and client: the shared subscriber and one refcounted scheduler per queue name.
+
+No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
+and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
+own deadline, so a close never waits for another queue's open, even during a server stall.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,23 @@ from redis.asyncio import Redis
 
 from ._keys import QueueKeys
 from ._scheduler import TransferScheduler
-from ._scripts import scripts_for
 from ._subscriber import Subscriber
+from ._tasks import stop_task
 from .exceptions import BackendError
 
-__all__ = ["ClientRuntime", "acquire_scheduler", "release_scheduler", "runtime_for"]
+__all__ = ["TRANSFER_SLOTS", "ClientRuntime", "acquire_scheduler", "release_scheduler", "runtime_for"]
+
+# Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
+# connections a client's queues use stay below this plus the pub/sub connection, however many
+# queues are open.
+TRANSFER_SLOTS = 8
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     scheduler: TransferScheduler
     refs: int
+    ready: asyncio.Task[None]
 
 
 class ClientRuntime:
@@ -30,7 +41,10 @@ class ClientRuntime:
         self.client = client
         self.subscriber = Subscriber(client)
         self.entries: dict[str, _Entry] = {}
-        self.transfer_slots = asyncio.Semaphore(8)
+        self.transfer_slots = asyncio.Semaphore(TRANSFER_SLOTS)
+
+    def __repr__(self) -> str:
+        return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r}>"
 
     def scheduler(self, name: str) -> TransferScheduler | None:
         """The running scheduler of queue ``name``, if one is open here."""
@@ -38,13 +52,10 @@ class ClientRuntime:
         return entry.scheduler if entry else None
 
 
-# Both maps are weak in the loop and the client; a runtime exists only while one of its queues is
-# open (its value holds the client strongly), the lock for as long as the client lives, so an
-# open() racing the last aclose() always finds the runtime the other one registered.
+# Weak in the loop and the client; a runtime exists only while one of its queues is open (its value
+# holds the client strongly), so a client that is done with is collected.
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Redis, ClientRuntime]]
 _runtimes = weakref.WeakKeyDictionary()
-_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Redis, asyncio.Lock]]
-_locks = weakref.WeakKeyDictionary()
 
 
 def runtime_for(client: Redis) -> ClientRuntime | None:
@@ -53,68 +64,72 @@ def runtime_for(client: Redis) -> ClientRuntime | None:
     return per_loop.get(client) if per_loop is not None else None
 
 
-def _lock_for(client: Redis) -> asyncio.Lock:
-    per_loop = _locks.setdefault(asyncio.get_running_loop(), weakref.WeakKeyDictionary())
-    lock = per_loop.get(client)
-    if lock is None:
-        lock = per_loop[client] = asyncio.Lock()
-    return lock
+async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    scheduler.start()
+    if not await runtime.subscriber.add(keys.channel, scheduler, timeout_s):
+        raise BackendError(f"could not subscribe to {keys.channel!r} within {timeout_s} s: "
+                           f"{runtime.subscriber.last_error or 'no confirmation'}")
+    if not await scheduler.wait_transferred(max(0.0, deadline - loop.time())):
+        raise BackendError(f"first transfer of {keys.destination!r} failed: "
+                           f"{scheduler.stats.last_error or 'timed out'}")
 
 
 async def acquire_scheduler(client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
-                            open_timeout_s: float) -> TransferScheduler:
+                            open_timeout_s: float, call_timeout_s: float) -> TransferScheduler:
     """Start (or share) the scheduler of ``keys`` on ``client``; returns once subscribed and
-    transferred once.
+    transferred once. A cancelled caller drops its reference.
 
     Raises:
-        BackendError: the subscription or the first transfer did not succeed in time.
+        BackendError: the subscription or the first transfer did not succeed in time (or failed
+            with a permanent error such as a missing permission).
     """
-    async with _lock_for(client):
-        loop = asyncio.get_running_loop()
-        per_loop = _runtimes.setdefault(loop, weakref.WeakKeyDictionary())
-        runtime = per_loop.get(client)
-        if runtime is None:
-            runtime = per_loop[client] = ClientRuntime(client)
-        entry = runtime.entries.get(keys.destination)
-        if entry is not None:
-            entry.refs += 1
-            return entry.scheduler
-        scheduler = TransferScheduler(keys, scripts_for(client), batch=batch, safety_poll_s=safety_poll_s,
-                                      slots=runtime.transfer_slots)
-        runtime.entries[keys.destination] = _Entry(scheduler, 1)
-        deadline = loop.time() + open_timeout_s
-        try:
-            scheduler.start()
-            if not await runtime.subscriber.add(keys.channel, scheduler, open_timeout_s):
-                raise BackendError(f"could not subscribe to {keys.channel!r} within {open_timeout_s} s")
-            if not await scheduler.wait_transferred(max(0.0, deadline - loop.time())):
-                raise BackendError(f"first transfer of {keys.destination!r} failed: "
-                                   f"{scheduler.stats.last_error or 'timed out'}")
-        except BaseException:
-            await _drop(runtime, keys, timeout_s=1.0)
-            raise
-        return scheduler
+    loop = asyncio.get_running_loop()
+    per_loop = _runtimes.setdefault(loop, weakref.WeakKeyDictionary())
+    runtime = per_loop.get(client)
+    if runtime is None:
+        runtime = per_loop[client] = ClientRuntime(client)
+    entry = runtime.entries.get(keys.destination)
+    if entry is None:
+        scheduler = TransferScheduler(client, keys, batch=batch, safety_poll_s=safety_poll_s,
+                                      call_timeout_s=call_timeout_s, slots=runtime.transfer_slots)
+        ready = loop.create_task(_start(runtime, keys, scheduler, open_timeout_s),
+                                 name=f"aiodelayq-open:{keys.destination}")
+        entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
+    entry.refs += 1
+    try:
+        done, _ = await asyncio.wait({entry.ready}, timeout=open_timeout_s)
+        if not done:
+            raise BackendError(f"opening {keys.destination!r} did not finish within {open_timeout_s} s")
+        entry.ready.result()
+    except BaseException:
+        await release_scheduler(client, keys, timeout_s=1.0)
+        raise
+    return entry.scheduler
 
 
 async def release_scheduler(client: Redis, keys: QueueKeys, timeout_s: float) -> None:
-    """Drop one reference; the last one stops the scheduler (and the subscriber if idle)."""
-    async with _lock_for(client):
-        runtime = runtime_for(client)
-        entry = runtime.entries.get(keys.destination) if runtime else None
-        if runtime is None or entry is None:
-            return
-        entry.refs -= 1
-        if entry.refs <= 0:
-            await _drop(runtime, keys, timeout_s)
-
-
-async def _drop(runtime: ClientRuntime, keys: QueueKeys, timeout_s: float) -> None:
-    entry = runtime.entries.pop(keys.destination, None)
-    await runtime.subscriber.remove(keys.channel)
-    if entry is not None:
-        await entry.scheduler.aclose(timeout_s)
+    """Drop one reference; the last one stops the scheduler (and the subscriber if idle), within
+    ``timeout_s``."""
+    runtime = runtime_for(client)
+    entry = runtime.entries.get(keys.destination) if runtime else None
+    if runtime is None or entry is None:
+        return
+    entry.refs -= 1
+    if entry.refs > 0:
+        return
+    # Unregistered at once: an open() from now on starts afresh instead of waiting for this close.
+    del runtime.entries[keys.destination]
     if not runtime.entries:
-        await runtime.subscriber.aclose(timeout_s)
         per_loop = _runtimes.get(asyncio.get_running_loop())
-        if per_loop is not None and per_loop.get(runtime.client) is runtime:
-            del per_loop[runtime.client]
+        if per_loop is not None and per_loop.get(client) is runtime:
+            del per_loop[client]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    await stop_task(entry.ready, max(0.0, deadline - loop.time()))
+    if runtime.entries:
+        runtime.subscriber.remove(keys.channel)
+    await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
+    if not runtime.entries:
+        await runtime.subscriber.aclose(max(0.0, deadline - loop.time()))

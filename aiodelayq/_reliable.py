@@ -3,25 +3,49 @@
 A received message sits in the in-flight zset, scored by its visibility deadline (server ms). ``ack``
 removes it; ``nack(delay)`` makes it visible again after ``delay``; a message neither acked nor
 nacked becomes visible again at its deadline. Each redelivery counts; past ``max_deliveries`` the
-payload goes to the dead-letter list. The receive script pops and registers in one atomic step, so a
-lost reply, a cancelled caller or a consumer that dies only delays a message, never loses it.
+payload goes to the dead-letter list. RECEIVE pops and registers in one atomic step, under a call
+id: a lost reply is resent and returns the same messages, and a cancelled caller's call is undone
+by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
-if TYPE_CHECKING:
-    from ._queue import DelayedQueue
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
-__all__ = ["Message", "MessageIterator", "parse_message"]
+from ._codec import Codec, decode_item
+from ._connections import is_permanent, run_script
+from ._delays import delay_to_ms
+from ._keys import QueueKeys
+from ._scripts import RECEIVE, RELEASE_CALL, SETTLE
+from ._tasks import RETRY_BACKOFF
+from .exceptions import BackendError, DecodeError, QueueClosedError
+
+__all__ = ["Message", "MessageIterator", "ReliableConsumer", "parse_message"]
+
+log = logging.getLogger("aiodelayq")
 
 T = TypeVar("T")
 
 _MAGIC = b"adq\x02"
 _HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
+# Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
+_RECHECK_S = 5.0
+
+
+def parse_message(element: bytes) -> tuple[str, int, int | None, bytes]:
+    """Split a message element into (id hex, delivery count, due ms or None, payload)."""
+    if element[:4] != _MAGIC:
+        raise ValueError("not a message element")
+    count, due = _HEADER.unpack_from(element, 20)
+    return element[4:20].hex(), count, (int(due) if due else None), element[32:]
 
 
 @dataclass(eq=False)
@@ -35,13 +59,15 @@ class Message(Generic[T]):
         due_ms: when this delivery became due, epoch ms of the server clock: the end of the previous
             visibility timeout or nack delay; ``None`` for a first delivery (the destination list
             carries only the payload, as Redisson's does).
+        deadline_ms: the end of this delivery's visibility timeout, epoch ms of the server clock.
     """
 
     value: T
     id: str
     delivery_count: int
     due_ms: int | None
-    _queue: DelayedQueue[T] = field(repr=False)
+    deadline_ms: int
+    _consumer: ReliableConsumer[Any] = field(repr=False)
     _element: bytes = field(repr=False)
 
     async def ack(self) -> bool:
@@ -49,47 +75,200 @@ class Message(Generic[T]):
         (already settled, or its visibility timeout ended and it was delivered again).
 
         Raises:
-            BackendError: the Redis call failed (the message then stays in flight until its deadline).
+            BackendError: the Redis call failed within ``call_timeout_s`` (the message then stays in
+                flight until its deadline; ``maybe_applied`` tells whether the ack may have landed).
         """
-        return await self._queue._settle(self._element, "ack")
+        return await self._consumer.settle(self, "ack")
 
     async def nack(self, delay: float = 0.0) -> bool:
-        """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts).
-        ``False`` as for :meth:`ack`.
+        """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If
+        this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
+        once. ``False`` as for :meth:`ack`.
 
         Raises:
             InvalidDelayError: a negative, NaN or infinite delay.
-            BackendError: the Redis call failed.
+            BackendError: as :meth:`ack`.
         """
-        from ._queue import delay_to_ms
-
-        return await self._queue._settle(self._element, str(delay_to_ms(delay)))
+        return await self._consumer.settle(self, "nack", delay_to_ms(delay))
 
 
-def parse_message(element: bytes) -> tuple[str, int, int | None, bytes]:
-    """Split a message element into (id hex, delivery count, due ms or None, payload)."""
-    if element[:4] != _MAGIC:
-        raise ValueError("not a message element")
-    count, due = _HEADER.unpack_from(element, 20)
-    return element[4:20].hex(), count, (int(due) if due else None), element[32:]
+class ReliableConsumer(Generic[T]):
+    """``receive``/``receive_many`` and the settles of one queue object."""
+
+    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, max_deliveries: int,
+                 call_timeout_s: float) -> None:
+        self._client = client
+        self._keys = keys
+        self._codec = codec
+        self._max_deliveries = max_deliveries
+        self._call_timeout_s = call_timeout_s
+        # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
+        # wake-up during its call is never lost, and one receiver never consumes another's.
+        self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._side_tasks: set[asyncio.Future[Any]] = set()
+        self._closed = False
+        self.undecodable = 0
+
+    def __repr__(self) -> str:
+        return f"<ReliableConsumer {self._keys.destination!r} side_tasks={len(self._side_tasks)}>"
+
+    def notify(self) -> None:
+        """Items may be due now: every waiting receiver looks again."""
+        if not self._signal.done():
+            self._signal.set_result(None)
+        self._signal = asyncio.get_running_loop().create_future()
+
+    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None) -> list[Message[T]]:
+        """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if self._closed:
+                raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
+            signal = self._signal
+            messages, wait_s = await self._receive_once(max_items, vt_ms)
+            if messages:
+                return messages
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait_s = min(wait_s, remaining)
+            await asyncio.wait({signal}, timeout=wait_s)
+
+    async def _receive_once(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], float]:
+        k = self._keys
+        call_id = os.urandom(16)
+        call = asyncio.ensure_future(self._call(
+            RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
+            [max_items, vt_ms, self._max_deliveries, call_id], "receive"))
+        try:
+            reply = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # The call may have received messages nobody will see: undo it by its id (or make a
+            # late arrival of it receive nothing), without counting a delivery.
+            call.cancel()
+            self._spawn(self._release_call(call_id))
+            raise
+        except BackendError as exc:
+            if exc.maybe_applied:
+                self._spawn(self._release_call(call_id))
+            raise
+        now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
+        if dead:
+            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
+                      dead, k.destination, self._max_deliveries, k.dead_letter)
+        wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))
+        messages: list[Message[T]] = []
+        for element in reply[3:]:
+            message_id, count, due_ms, payload = parse_message(element)
+            try:
+                value = decode_item(self._codec, payload)
+            except DecodeError as exc:
+                self.undecodable += 1
+                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, k.dead_letter)
+                raw: Message[Any] = Message(None, message_id, count, due_ms, now_ms + vt_ms, self, element)
+                try:
+                    await self.settle(raw, "dead")  # atomic: out of flight and into the list
+                except BackendError as err:
+                    log.warning("aiodelayq: could not dead-letter it now (%s); it stays in flight", err)
+                continue
+            messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self, element))
+        return messages, wait_s
+
+    async def settle(self, message: Message[Any], mode: str, delay_ms: int = 0) -> bool:
+        """ack / nack / dead / release one delivery; ``True`` if it was still in flight as it."""
+        k = self._keys
+        keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._call_timeout_s
+        resend = ""
+        attempt = 0
+        while True:
+            try:
+                result = await asyncio.shield(self._spawn(run_script(
+                    self._client, SETTLE, keys,
+                    [message._element, mode, delay_ms, self._max_deliveries, resend],
+                    timeout_s=max(0.001, deadline - loop.time()), what=f"{mode} on {k.destination!r}")))
+                break
+            except BackendError as exc:
+                attempt += 1
+                pause = RETRY_BACKOFF.compute(attempt)
+                if (is_permanent(exc) or isinstance(exc.__cause__, ResponseError)
+                        or loop.time() + pause >= deadline):
+                    raise
+                if exc.maybe_applied:
+                    resend = str(message.deadline_ms)  # the script can tell "my first try applied it"
+                await asyncio.sleep(pause)
+        if int(result) == 2:
+            log.error("aiodelayq: a message of %r was nacked on its last allowed delivery (max_deliveries=%d); "
+                      "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
+        return bool(int(result))
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any], what: str) -> Any:
+        """A call with a call id: resent with the same id after a lost reply, within the bound."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._call_timeout_s
+        attempt = 0
+        while True:
+            try:
+                return await run_script(self._client, script, keys, args, what=f"{what} on {self._keys.destination!r}",
+                                        timeout_s=max(0.001, deadline - loop.time()))
+            except BackendError as exc:
+                attempt += 1
+                pause = RETRY_BACKOFF.compute(attempt)
+                if (is_permanent(exc) or isinstance(exc.__cause__, ResponseError)
+                        or loop.time() + pause >= deadline):
+                    raise
+                await asyncio.sleep(pause)
+
+    async def _release_call(self, call_id: bytes) -> None:
+        k = self._keys
+        attempt = 0
+        while True:
+            try:
+                await self._call(RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies],
+                                 [call_id], "release a cancelled receive")
+                return
+            except BackendError as exc:
+                attempt += 1
+                if is_permanent(exc) or self._closed:
+                    log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come "
+                                "back after their visibility timeout", k.destination, exc)
+                    return
+                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
+
+    def _spawn(self, work: Any) -> asyncio.Future[Any]:
+        task: asyncio.Future[Any] = asyncio.ensure_future(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
+
+    async def aclose(self, deadline: float) -> None:
+        """Wake receivers (they raise :class:`QueueClosedError`) and wait for side tasks (undoing
+        cancelled receives) until ``deadline`` (loop time); then cancel what is left."""
+        self._closed = True
+        self.notify()
+        loop = asyncio.get_running_loop()
+        if self._side_tasks:
+            await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
+        for task in list(self._side_tasks):
+            task.cancel()
 
 
 class MessageIterator(Generic[T]):
     """``async for msg in queue.messages(visibility_timeout)``: receives until the queue is closed."""
 
-    def __init__(self, queue: DelayedQueue[T], visibility_timeout: float) -> None:
-        self._queue = queue
-        self._visibility_timeout = visibility_timeout
+    def __init__(self, consumer: ReliableConsumer[T], vt_ms: int) -> None:
+        self._consumer = consumer
+        self._vt_ms = vt_ms
 
     def __aiter__(self) -> MessageIterator[T]:
         return self
 
     async def __anext__(self) -> Message[T]:
-        from .exceptions import QueueClosedError
-
         try:
-            message = await self._queue.receive(self._visibility_timeout)
+            [message] = await self._consumer.receive_many(1, self._vt_ms, None)
         except QueueClosedError:
             raise StopAsyncIteration from None
-        assert message is not None  # no timeout: receive waits
         return message

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.asyncio import Redis
 
+from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
-from ._scripts import Scripts
+from ._scripts import TRANSFER
 from ._tasks import RETRY_BACKOFF, stop_task, within
+from .exceptions import BackendError
 
 __all__ = ["SchedulerStats", "TransferScheduler"]
 
@@ -33,13 +35,16 @@ class SchedulerStats:
         moved: items moved to the destination list.
         dead_lettered: malformed elements moved to the dead-letter list.
         errors: transfer calls that failed (each retried with backoff).
-        last_error: ``repr`` of the latest failure, if any.
+        recovered: popped items whose consumer did not finish with them within the hand-off lease,
+            returned to the head of the destination by this process's transfers.
+        last_error: the latest failure, if any.
     """
 
     transfers: int = 0
     moved: int = 0
     dead_lettered: int = 0
     errors: int = 0
+    recovered: int = 0
     last_error: str | None = field(default=None)
 
 
@@ -52,17 +57,23 @@ class TransferScheduler:
     server does not move delivery.
 
     Wake-ups come from: a subscribe confirmation (compensation after downtime), a published due
-    time, the transfer's own "next due" reply and a safety poll every ``safety_poll_s``. A wake-up
-    never replaces an earlier one; while a whole batch was due, transfers run back to back; Redis
-    errors are logged and retried with jittered exponential backoff.
+    time, the transfer's own "next due" reply, the earliest hand-off lease (so a dead consumer's
+    items come back on time) and a safety poll every ``safety_poll_s``. A wake-up never replaces an
+    earlier one; while a whole batch was due, transfers run back to back; Redis errors are logged
+    and retried with jittered exponential backoff.
+
+    After every successful transfer, whether or not it moved anything, the listeners run: items
+    may have been moved by another process's (or Redisson's) transfer at the same due time, so
+    consumers look at the destination then.
     """
 
-    def __init__(self, keys: QueueKeys, scripts: Scripts, *, batch: int, safety_poll_s: float,
-                 slots: asyncio.Semaphore | None = None) -> None:
+    def __init__(self, client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+                 call_timeout_s: float, slots: asyncio.Semaphore | None = None) -> None:
+        self._client = client
         self._keys = keys
-        self._scripts = scripts
         self._batch = batch
         self._safety_poll_s = safety_poll_s
+        self._call_timeout_s = call_timeout_s
         # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
         self._slots = slots or asyncio.Semaphore(_TRANSFER_SLOTS)
@@ -75,9 +86,19 @@ class TransferScheduler:
         self._anchor: tuple[float, float] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._permanent: BackendError | None = None
         self.stats = SchedulerStats()
         # Called after every successful transfer (reliable receivers re-check the destination).
         self.listeners: list[Callable[[], None]] = []
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        """The client's shared limit on concurrent background calls."""
+        return self._slots
+
+    def __repr__(self) -> str:
+        return (f"<TransferScheduler {self._keys.destination!r} transfers={self.stats.transfers} "
+                f"armed_at={self._timer_at:.3f}>")
 
     @property
     def armed_at(self) -> float:
@@ -108,8 +129,15 @@ class TransferScheduler:
             self.start()
 
     async def wait_transferred(self, timeout_s: float) -> bool:
-        """Wait until one transfer has succeeded since start; return whether it did within the bound."""
-        return await within(self._transferred.wait(), timeout_s)
+        """Wait until one transfer has succeeded since start; return whether it did within the bound.
+
+        Raises:
+            AccessDeniedError, WrongNodeError: the transfer failed with a permanent error.
+        """
+        await within(self._transferred.wait(), timeout_s)
+        if not self._transferred.is_set() and self._permanent is not None:
+            raise self._permanent
+        return self._transferred.is_set()
 
     async def aclose(self, timeout_s: float) -> None:
         """Cancel the timer and stop the worker (idempotent)."""
@@ -168,17 +196,23 @@ class TransferScheduler:
             self._wake.clear()
             try:
                 reply = await self._transfer()
-            except (RedisError, OSError) as exc:
+            except BackendError as exc:
                 failures += 1
                 self.stats.errors += 1
-                self.stats.last_error = repr(exc)
+                self.stats.last_error = str(exc)
+                if is_permanent(exc):
+                    self._permanent = exc
+                    self._transferred.set()  # wakes open(), which raises it
+                    self._transferred.clear()
                 delay = RETRY_BACKOFF.compute(failures)
-                log.warning("aiodelayq: transfer for %r failed (%r); retrying in %.2f s",
+                log.warning("aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
                             self._keys.destination, exc, delay)
                 self.arm_at(self._loop.time() + delay)
                 continue
             failures = 0
-            moved, dead, next_due = reply
+            moved, dead, next_due, lease_due = reply
+            if lease_due is not None:
+                self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
             if moved + dead >= self._batch:
                 self._wake.set()  # more may be due: go again without waiting
                 continue
@@ -192,16 +226,17 @@ class TransferScheduler:
                 when = min(when, due_at)
             self.arm_at(when)
 
-    async def _transfer(self) -> tuple[int, int, float | None]:
+    async def _transfer(self) -> tuple[int, int, float | None, float | None]:
         keys = self._keys
         async with self._slots:
             sent = self._loop.time()
-            reply: Any = await self._scripts.transfer(
-                keys=[keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter],
-                args=[self._batch],
-            )
+            reply: Any = await run_script(
+                self._client, TRANSFER,
+                [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
+                 keys.handoff_leases],
+                [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
             received = self._loop.time()
-        moved, dead, next_due, seconds, micros = reply
+        moved, dead, next_due, seconds, micros, recovered, lease_due = reply
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.stats.transfers += 1
         self.stats.moved += int(moved)
@@ -209,7 +244,12 @@ class TransferScheduler:
             self.stats.dead_lettered += int(dead)
             log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
                       dead, keys.destination, keys.dead_letter)
+        if recovered:
+            self.stats.recovered += int(recovered)
+            log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
+                        "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
         for listener in list(self.listeners):
             listener()
-        return int(moved), int(dead), (float(next_due) if next_due is not None else None)
+        return (int(moved), int(dead), float(next_due) if next_due is not None else None,
+                float(lease_due) if lease_due is not None else None)

@@ -9,7 +9,9 @@ from typing import Any, Protocol, cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ._connections import classify, is_permanent
 from ._tasks import RETRY_BACKOFF, shielded, stop_task, within
+from .exceptions import BackendError
 
 __all__ = ["ChannelListener", "Subscriber"]
 
@@ -46,7 +48,15 @@ class Subscriber:
         # could each take a connection from the pool.
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._unsubscribes: set[asyncio.Future[Any]] = set()
+        # Set (and replaced) when a subscribe fails for good (e.g. no permission for the channel),
+        # so open() raises it instead of waiting out its timeout.
+        self._failed: asyncio.Future[BackendError] = asyncio.get_running_loop().create_future()
         self.reconnects = 0
+        self.last_error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Subscriber channels={len(self._listeners)} reconnects={self.reconnects}>"
 
     @property
     def channels(self) -> int:
@@ -57,13 +67,30 @@ class Subscriber:
         """Subscribe ``listener`` to ``channel``; return whether the server confirmed within ``timeout_s``.
 
         When it did not, the reader keeps retrying in the background; the caller decides.
+
+        Raises:
+            AccessDeniedError: the server refused the subscription (the user may not use the channel).
         """
         key = channel.encode()
         self._listeners[key] = listener
         confirmed = self._confirmed[key] = asyncio.Event()
+        if self._failed.done():
+            self._failed = asyncio.get_running_loop().create_future()
+        failed = self._failed
         if self._task is None or self._task.done():
             self._start_reader()  # the reader subscribes every listener when it connects
-        return await within(self._subscribe(key, confirmed), timeout_s)
+        subscribing: asyncio.Future[Any] = asyncio.ensure_future(within(self._subscribe(key, confirmed), timeout_s))
+        waits: set[asyncio.Future[Any]] = {subscribing, failed}
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not subscribing.done():
+                subscribing.cancel()
+        if confirmed.is_set():
+            return True
+        if failed.done():
+            raise failed.result()
+        return False
 
     async def _subscribe(self, key: bytes, confirmed: asyncio.Event) -> None:
         if not confirmed.is_set():
@@ -77,16 +104,18 @@ class Subscriber:
                         log.debug("aiodelayq: subscribe %r failed, the reader will retry: %r", key, exc)
         await confirmed.wait()
 
-    async def remove(self, channel: str, timeout_s: float = 1.0) -> None:
-        """Stop dispatching ``channel`` and unsubscribe it, within ``timeout_s`` (best effort: the
-        connection may be gone; a channel left subscribed is dropped at the next reconnect)."""
+    def remove(self, channel: str, timeout_s: float = 1.0) -> None:
+        """Stop dispatching ``channel`` now, and unsubscribe it in the background within ``timeout_s``
+        (best effort: the connection may be gone; a channel left subscribed is dropped at the next
+        reconnect). Closing a queue never waits for the server here."""
         key = channel.encode()
         self._listeners.pop(key, None)
         self._confirmed.pop(key, None)
         if not self._listeners:
             return  # the owner closes the whole subscriber next
-        if not await within(self._unsubscribe(key), timeout_s):
-            log.debug("aiodelayq: unsubscribe %s timed out", channel)
+        task = asyncio.ensure_future(within(self._unsubscribe(key), timeout_s))
+        self._unsubscribes.add(task)
+        task.add_done_callback(self._unsubscribes.discard)
 
     async def _unsubscribe(self, key: bytes) -> None:
         async with self._lock:
@@ -118,6 +147,8 @@ class Subscriber:
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
         task, self._task = self._task, None
+        for unsubscribe in list(self._unsubscribes):
+            unsubscribe.cancel()
         await stop_task(task, timeout_s)
 
     async def _run(self) -> None:
@@ -134,8 +165,12 @@ class Subscriber:
             except (RedisError, OSError) as exc:
                 failures += 1
                 self.reconnects += 1
+                error = classify("subscribe", exc, sent=True)
+                self.last_error = str(error)
+                if is_permanent(error) and not self._failed.done():
+                    self._failed.set_result(error)
                 delay = RETRY_BACKOFF.compute(failures)
-                log.warning("aiodelayq: pub/sub connection lost (%r); resubscribing in %.2f s", exc, delay)
+                log.warning("aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
             finally:
                 self._pubsub = None

@@ -31,6 +31,8 @@ async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool
     deadline = loop.time() + timeout_s
     # redis-py can swallow a cancellation that lands inside a command (redis/redis-py#2028,
     # #2551): re-deliver it until the task really stops, as anyio's cancel scopes do.
+    task.cancel()
+    await asyncio.wait({task}, timeout=0)  # at least one loop turn, whatever the bound
     while not task.done() and loop.time() < deadline:
         task.cancel()
         await asyncio.wait({task}, timeout=min(0.02, max(0.0, deadline - loop.time())))

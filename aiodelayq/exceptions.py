@@ -5,7 +5,9 @@ callers that catch the builtin kinds keep working."""
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "BackendError",
+    "CallTimeoutError",
     "CodecError",
     "ConfigurationError",
     "DecodeError",
@@ -15,6 +17,8 @@ __all__ = [
     "InvalidNameError",
     "QueueClosedError",
     "QueueNotOpenError",
+    "WrongEventLoopError",
+    "WrongNodeError",
 ]
 
 
@@ -63,8 +67,37 @@ class QueueClosedError(QueueNotOpenError):
 
 
 class BackendError(DelayedQueueError):
-    """A Redis command failed; the redis-py exception is the ``__cause__``."""
+    """A Redis call failed; the redis-py exception, if any, is the ``__cause__``.
+
+    Attributes:
+        maybe_applied: ``True`` when the call reached the server and its reply was lost (a dropped
+            connection, a timeout): it may have been applied. ``False`` when it certainly was not
+            (refused, or never sent).
+    """
+
+    def __init__(self, message: str, *, maybe_applied: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_applied = maybe_applied
+
+
+class CallTimeoutError(BackendError, TimeoutError):
+    """No reply within the call's bound (``call_timeout_s``); see ``maybe_applied``."""
+
+
+class AccessDeniedError(BackendError, PermissionError):
+    """The Redis user may not run a command or touch a key the queue needs (``NOPERM``, ``NOAUTH``,
+    ``WRONGPASS``). Permanent: never retried. The docs list the minimal ACL."""
+
+
+class WrongNodeError(BackendError):
+    """A plain client reached a cluster node that does not own the queue's slot (``MOVED``/``ASK``).
+    Permanent: use a cluster client."""
 
 
 class ConfigurationError(DelayedQueueError, ValueError):
     """A bad constructor option: unknown codec or wire format, a client that decodes responses."""
+
+
+class WrongEventLoopError(ConfigurationError):
+    """A queue object used from an event loop other than the one it is bound to (its first use);
+    create one queue object per event loop."""

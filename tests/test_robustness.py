@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 from typing import Any
@@ -12,60 +11,24 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, QueueClosedError
-from aiodelayq._consumer import TakePump
+from aiodelayq._connections import run_script
 from aiodelayq._registry import runtime_for
-from aiodelayq._scripts import scripts_for
+from aiodelayq._scripts import OFFER
 
 
-async def test_blpop_read_does_not_use_the_socket_timeout(redis_server: Any, qname: str,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    # BLPOP blocks 0.6 s on the server; a socket timeout of 0.2 s must not cut it (a cut read
-    # drops the connection, and an item handed to it in that instant would be lost).
-    client = Redis.from_url(redis_server.url, socket_timeout=0.2)
-    pump = TakePump(client, qname, block_s=0.6)
-    try:
-        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
-            waiter = asyncio.create_task(pump.get(None))
-            await asyncio.sleep(1.0)  # longer than one BLPOP: it must have been re-issued cleanly
-            await client.rpush(qname, b"x")
-            assert await asyncio.wait_for(waiter, 5) == [b"x"]
-        assert "failed" not in caplog.text
-    finally:
-        pump.fail_waiters(QueueClosedError("test over"))
-        await pump.aclose(2)
-        await client.delete(qname)
-        await client.aclose()
-
-
-async def test_an_item_popped_before_a_failing_lpop_is_not_dropped(own_server: Any) -> None:
-    server = own_server()
-    admin = Redis.from_url(server.url)
-    await admin.execute_command("ACL", "SETUSER", "nolpop", "on", "nopass", "~*", "&*", "+@all", "-lpop")
-    client = Redis.from_url(server.url, username="nolpop", password="")
-    pump = TakePump(client, "q", block_s=1.0)
-    try:
-        takers = [asyncio.create_task(pump.get(None)) for _ in range(2)]
-        await asyncio.sleep(0.2)  # both wait: the pump will BLPOP one and LPOP one more (denied)
-        await admin.rpush("q", b"a", b"b")
-        got = await asyncio.wait_for(asyncio.gather(*takers), 10)
-        assert sorted(got) == [[b"a"], [b"b"]]
-    finally:
-        pump.fail_waiters(QueueClosedError("test over"))
-        await pump.aclose(2)
-        await client.aclose()
-        await admin.aclose()
-
-
-async def test_a_resent_offer_script_writes_nothing_twice(client: Redis, make_queue: Any) -> None:
+async def test_a_resent_offer_call_writes_nothing_twice_even_after_transfer(client: Redis, make_queue: Any) -> None:
     q = make_queue()
     k = q.keys
-    args = ["1", 60_000, os.urandom(8), b'"job"']
-    keys = [k.destination, k.timeout_set, k.delay_list, k.channel]
-    first = await scripts_for(client).offer(keys=keys, args=args)
-    again = await scripts_for(client).offer(keys=keys, args=args)  # as a retry after a lost reply would
-    assert first == again
-    assert await client.zcard(k.timeout_set) == 1
-    assert await client.llen(k.delay_list) == 1
+    keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies]
+    args = [os.urandom(16), "current", 0, os.urandom(8), b'"job"']
+    first = await run_script(client, OFFER, keys, args, timeout_s=5)
+    async with q:  # the element falls due and is transferred
+        assert await asyncio.wait_for(q.take(), 5) == "job"
+        again = await run_script(client, OFFER, keys, args, timeout_s=5)  # as a resend after a lost reply
+        assert first == again
+        assert await q.poll(0.3) is None
+    assert await client.zcard(k.timeout_set) == 0
+    assert await client.llen(k.delay_list) == 0
 
 
 async def test_absurd_published_due_times_do_not_kill_the_subscriber(client: Redis, make_queue: Any) -> None:

@@ -1,0 +1,167 @@
+"""How every Redis command of the library travels: one pooled connection, no hidden resend, a bound.
+
+redis-py's defaults break delivery guarantees in three ways, so library calls bypass
+``Redis.execute_command`` and ``Script.__call__``:
+
+- **Resends.** redis-py retries a command whose connection failed, even when the server had already
+  applied it and only the reply was lost. A resent pop loses items, a resent offer delivers twice.
+  Here nothing is resent behind the caller's back; the callers resend only calls that carry a call
+  id the scripts deduplicate (see ``_scripts.py``), or that are idempotent.
+- **Half-read connections.** ``read_response(timeout=...)`` returns ``None`` on timeout and keeps
+  the connection, so the late reply answers the next command (redis/redis-py#2624). Here a call
+  that times out, fails or is cancelled always drops its connection before it goes back to the
+  pool.
+- **Swallowed cancellations.** redis-py code can swallow a ``CancelledError`` that lands inside it
+  (redis/redis-py#2028, #2551). Here the exchange runs in a child task that the caller awaits with
+  ``asyncio.wait``, which never swallows the caller's cancellation; the child is then cancelled and
+  its connection dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    AuthorizationError,
+    NoPermissionError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
+
+__all__ = ["Script", "call", "classify", "is_permanent", "run_script"]
+
+# Exchanges whose caller left: kept referenced until they end (a cancelled child needs a few loop
+# turns to close its connection).
+_children: set[asyncio.Task[Any]] = set()
+
+
+class Script:
+    """A Lua script: its text and SHA1, shared by every client of the process.
+
+    Run with :func:`run_script`: ``EVALSHA``, and on ``NOSCRIPT`` a ``SCRIPT LOAD`` and one more
+    ``EVALSHA`` (safe: ``NOSCRIPT`` means nothing ran). Nothing is kept per client, so a client
+    handed to a queue can be garbage collected with it.
+    """
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying cannot help: missing permission, or a key on another cluster node."""
+    return isinstance(exc, (AccessDeniedError, WrongNodeError))
+
+
+def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
+    """Turn a redis-py or OS error into the library's error for ``what``.
+
+    ``sent`` says whether the command may have reached the server: then a connection failure or a
+    timeout leaves its outcome unknown (``maybe_applied``).
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, (NoPermissionError, AuthenticationError, AuthorizationError)) or _denied(text):
+        return AccessDeniedError(f"{what}: permission denied: {text}")
+    if isinstance(exc, AskError) or text.startswith(("MOVED", "ASK ")):
+        return WrongNodeError(f"{what}: the key lives on another cluster node ({text}); a plain "
+                              "redis.asyncio.Redis cannot follow it")
+    if isinstance(exc, ResponseError):
+        # The server answered with an error: the call did not complete (a script that failed
+        # midway may have applied its first writes; the scripts order their writes for that).
+        return BackendError(f"{what} failed: {text}", maybe_applied=False)
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, RedisError)):
+        return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
+    # redis-py can raise non-Redis errors while a connection is torn down under it.
+    return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
+
+
+# How servers word a permission refusal, also from inside a script (Redis 6.2/7, Valkey 8).
+_DENIED = ("NOPERM", "NOAUTH", "WRONGPASS", "ACL failure", "can't run this command", "no permissions",
+           "No permissions", "can't access")
+
+
+def _denied(text: str) -> bool:
+    return text.startswith(_DENIED[:3]) or any(marker in text for marker in _DENIED[3:])
+
+
+async def _exchange(client: Redis, args: Sequence[Any], sent: list[bool]) -> Any:
+    pool: Any = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        sent[0] = True
+        await conn.send_command(*args)
+        # math.inf: no read timeout inside redis-py; the caller's bound governs.
+        return await conn.read_response(timeout=math.inf)
+    except ResponseError:
+        raise  # a whole reply was read: the connection is in sync
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
+    finally:
+        await pool.release(conn)
+
+
+async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
+    """Send one command and return its reply, within ``timeout_s`` seconds. Never resent.
+
+    Raises:
+        CallTimeoutError: no reply within ``timeout_s`` (``maybe_applied``: the command was sent).
+        AccessDeniedError, WrongNodeError: permanent errors.
+        BackendError: any other failure; ``maybe_applied`` tells whether it may have been applied.
+        asyncio.CancelledError: the caller's cancellation (the command may have been applied).
+    """
+    sent = [False]
+    child = asyncio.get_running_loop().create_task(_exchange(client, args, sent))
+    _children.add(child)
+    child.add_done_callback(_children.discard)
+    try:
+        done, _ = await asyncio.wait({child}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        child.cancel()  # drops its connection: never returned to the pool half-read
+        raise
+    if not done:
+        child.cancel()
+        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
+                               maybe_applied=sent[0])
+    try:
+        return child.result()
+    except Exception as exc:
+        raise classify(what, exc, sent=sent[0]) from exc
+
+
+async def run_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                     timeout_s: float, what: str | None = None) -> Any:
+    """``EVALSHA`` ``script`` (loading it on ``NOSCRIPT``) within ``timeout_s`` seconds in all.
+
+    Raises: as :func:`call`.
+    """
+    label = what or script.name
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return await call(client, *command, what=label, timeout_s=timeout_s)
+    except BackendError as exc:
+        if not isinstance(exc.__cause__, NoScriptError):
+            raise
+    await call(client, "SCRIPT", "LOAD", script.text, what=f"{label} (SCRIPT LOAD)",
+               timeout_s=max(0.001, deadline - loop.time()))
+    return await call(client, *command, what=label, timeout_s=max(0.001, deadline - loop.time()))

@@ -1,0 +1,349 @@
+"""Plain consuming (``take``/``take_many``/``poll``): one pump per open queue object pops due items for
+the callers that wait, through a hand-off area in Redis, so nothing popped is ever lost.
+
+Why no ``BLPOP``: a blocking pop pins one pooled connection per consumed queue (99 consumed queues
+exhaust redis-py's default pool), cannot span cluster slots, and a stall longer than its read
+timeout desynchronised the connection. The pump pops without blocking, when something says items
+may be there: a waiter arrived, this process's scheduler ran a transfer (its own, or a no-op because
+another process moved the items at the same due time), a returned item was announced on the
+channel, or the last pop came back full. Pops share the client's few transfer slots, so a client's
+connections do not grow with the number of queues.
+
+Why a hand-off: POP moves items from the destination into ``aiodelayq_handoff:{N}`` under the pop's
+call id, atomically, with a lease. The pump hands them to waiters; once every item of a pop is
+settled (taken by a caller, given back, or dead-lettered) one FINISH removes the entry. A caller
+cancelled between the pop and its wake-up gives its items to the next waiter or back to the head
+of the list; a forced shutdown returns what it can within a short bound; whatever remains (a killed
+process, a lost connection) goes back to the head of the destination when the lease ends (TRANSFER
+does it, in any process that has the queue open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from ._connections import is_permanent, run_script
+from ._keys import QueueKeys
+from ._scripts import FINISH, POP
+from ._tasks import RETRY_BACKOFF
+from .exceptions import BackendError, DecodeError
+
+__all__ = ["HANDOFF_LEASE_MS", "TakePump"]
+
+log = logging.getLogger("aiodelayq")
+
+# How long popped items may stay in the hand-off before any opener returns them to the queue. A
+# live pump finishes an entry within a round trip; a pump cut off for longer loses its claim.
+HANDOFF_LEASE_MS = 20_000
+# A pop whose reply was lost is resent with the same call id (which returns the same items) for at
+# most this long; then it is given up with FINISH '*', and the lease covers the rest.
+_RESEND_HORIZON_S = 10.0
+# How long a forced shutdown (the pump task cancelled) spends returning popped items before it
+# leaves them to the lease.
+_SHUTDOWN_FLUSH_S = 0.5
+
+
+@dataclass(eq=False)
+class _Pop:
+    """One POP call's items and what became of each (``plan``: ``d``/``x``/``r`` per item)."""
+
+    call_id: bytes
+    size: int = -1  # -1 until the reply is read: the outcome is unknown
+    plan: list[str | None] = field(default_factory=list)
+    finishing: asyncio.Future[Any] | None = None
+
+    def settle(self, index: int, verdict: str) -> None:
+        self.plan[index] = verdict
+
+    @property
+    def settled(self) -> bool:
+        return self.size >= 0 and all(v is not None for v in self.plan)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    future: asyncio.Future[list[tuple[_Pop, int, Any]]]
+    capacity: int
+    once: bool  # poll without waiting: one pop attempt, then [] if nothing came
+
+
+class TakePump:
+    """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
+
+    def __init__(self, client: Redis, keys: QueueKeys, *, decode: Callable[[bytes], Any],
+                 slots: asyncio.Semaphore, call_timeout_s: float) -> None:
+        self._client = client
+        self._keys = keys
+        self._decode = decode
+        self._slots = slots
+        self._call_timeout_s = call_timeout_s
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._wake = asyncio.Event()
+        self._maybe_ready = True
+        self._task: asyncio.Task[None] | None = None
+        self._pops: set[_Pop] = set()  # popped and not yet finished in Redis
+        self._closed: BaseException | None = None
+        self._flush_deadline: float | None = None
+        self.returned = 0
+        self.undecodable = 0
+
+    def __repr__(self) -> str:
+        return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} "
+                f"unfinished={len(self._pops)} closed={self._closed is not None}>")
+
+    # -- callers -----------------------------------------------------------------------------------
+
+    async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False) -> list[Any]:
+        """Up to ``max_items`` decoded items; waits up to ``timeout_s`` (``None``: forever) for at
+        least one, ``[]`` after it. ``once``: a single pop attempt, no waiting.
+
+        Raises:
+            the exception given to :meth:`fail_waiters` once closing; a permanent
+            :class:`BackendError` (e.g. missing permission) of the pop; and the caller's own
+            ``asyncio.CancelledError``, without losing a popped item.
+        """
+        if self._closed is not None:
+            raise self._closed
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
+        self._waiters.append(waiter)
+        self.notify()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"aiodelayq-take:{self._keys.destination}")
+        try:
+            await asyncio.wait({waiter.future}, timeout=timeout_s)
+        except asyncio.CancelledError:
+            self._leave(waiter)
+            raise
+        if not waiter.future.done():
+            self._leave(waiter)
+            return []
+        entries = waiter.future.result()  # raises fail_waiters' exception
+        for pop, index, _ in entries:
+            pop.settle(index, "d")
+            self._maybe_finish(pop)
+        return [value for _, _, value in entries]
+
+    def notify(self) -> None:
+        """Items may be in the destination now: pop for the waiters."""
+        self._maybe_ready = True
+        self._wake.set()
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
+        self._closed = exc
+        self._wake.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+                waiter.future.exception()  # retrieved: the caller may be gone
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop popping and settle everything popped (given back or finished), within ``timeout_s``;
+        what is left then is returned to the queue by the hand-off lease."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._flush_deadline = deadline
+        if self._closed is None:
+            self.fail_waiters(ConnectionError("pump closed"))
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            # A pop in flight is abandoned at once: the task's flush settles it (FINISH '*') within
+            # the same deadline, so closing never waits for a stalled server longer than asked.
+            task.cancel()
+            await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+        await self._flush(deadline)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """A caller stops waiting: items already handed to it go to the next waiters or back."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self._hand_out(future.result())
+        else:
+            future.cancel()
+
+    def _hand_out(self, entries: list[tuple[_Pop, int, Any]]) -> None:
+        """Give ``entries`` to waiters in FIFO order; what nobody takes goes back to the list."""
+        start = 0
+        while start < len(entries) and self._waiters:
+            waiter = self._waiters.popleft()
+            if waiter.future.done():
+                continue
+            waiter.future.set_result(entries[start:start + waiter.capacity])
+            start += waiter.capacity
+        for pop, index, _ in entries[start:]:
+            pop.settle(index, "r")
+            self.returned += 1
+            self._maybe_finish(pop)
+
+    def _wanted(self) -> int:
+        while self._waiters and self._waiters[0].future.done():
+            self._waiters.popleft()
+        return sum(w.capacity for w in self._waiters if not w.future.done())
+
+    def _end_once_waiters(self) -> None:
+        for waiter in list(self._waiters):
+            if waiter.once and not waiter.future.done():
+                self._waiters.remove(waiter)
+                waiter.future.set_result([])
+
+    async def _run(self) -> None:
+        failures = 0
+        try:
+            while self._closed is None:
+                wanted = self._wanted()
+                if wanted == 0 or not self._maybe_ready:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._maybe_ready = False
+                pop = _Pop(os.urandom(16))
+                self._pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
+                try:
+                    raws = await self._pop(pop, wanted)
+                except BackendError as exc:
+                    if exc.maybe_applied:
+                        self._maybe_finish(pop, unknown=True)  # return whatever it got
+                    else:
+                        self._pops.discard(pop)
+                    failures += 1
+                    if is_permanent(exc):
+                        self._fail_current(exc)
+                        continue
+                    delay = RETRY_BACKOFF.compute(failures)
+                    log.warning("aiodelayq: pop from %r failed (%s); retrying in %.2f s",
+                                self._keys.destination, exc, delay)
+                    self._end_once_waiters()
+                    await asyncio.sleep(delay)
+                    self._maybe_ready = True
+                    continue
+                failures = 0
+                if len(raws) >= wanted:
+                    self._maybe_ready = True  # there may be more
+                self._received(pop, raws)
+                self._end_once_waiters()
+        except asyncio.CancelledError:
+            # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
+            # we hold within the close deadline, or briefly; a second cancellation abandons it.
+            loop = asyncio.get_running_loop()
+            self._closed = self._closed or ConnectionError("pump cancelled")
+            await self._flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
+            raise
+
+    def _received(self, pop: _Pop, raws: list[bytes]) -> None:
+        pop.size = len(raws)
+        pop.plan = [None] * len(raws)
+        entries: list[tuple[_Pop, int, Any]] = []
+        for index, raw in enumerate(raws):
+            try:
+                entries.append((pop, index, self._decode(raw)))
+            except DecodeError as exc:
+                self.undecodable += 1
+                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
+                pop.settle(index, "x")
+        self._hand_out(entries)
+        self._maybe_finish(pop)
+
+    def _fail_current(self, exc: BackendError) -> None:
+        """A permanent error: the callers waiting now get it (later callers try again)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+                waiter.future.exception()
+
+    async def _pop(self, pop: _Pop, wanted: int) -> list[bytes]:
+        """POP with ``pop.call_id``; a lost reply is resent with the same id (same items back)."""
+        loop = asyncio.get_running_loop()
+        horizon = loop.time() + _RESEND_HORIZON_S
+        attempt = 0
+        k = self._keys
+        while True:
+            try:
+                async with self._slots:
+                    raws: list[bytes] = await run_script(
+                        self._client, POP, [k.destination, k.handoff, k.handoff_leases],
+                        [pop.call_id, wanted, HANDOFF_LEASE_MS], timeout_s=self._call_timeout_s,
+                        what=f"pop from {k.destination!r}")
+                return raws
+            except BackendError as exc:
+                attempt += 1
+                if not exc.maybe_applied or is_permanent(exc) or loop.time() >= horizon or self._closed:
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
+
+    def _maybe_finish(self, pop: _Pop, *, unknown: bool = False) -> None:
+        """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
+        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing)."""
+        if pop.finishing is None and (unknown or pop.settled) and pop in self._pops:
+            pop.finishing = asyncio.ensure_future(self._finish(pop))
+
+    async def _finish(self, pop: _Pop, deadline: float | None = None) -> None:
+        """FINISH ``pop`` with retries (it is idempotent) until done or ``deadline`` (loop time)."""
+        plan = "*" if pop.size < 0 else "".join(v or "r" for v in pop.plan)
+        if not plan:  # an empty pop records nothing
+            self._pops.discard(pop)
+            return
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        k = self._keys
+        while True:
+            try:
+                async with self._slots:
+                    done = await run_script(
+                        self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
+                        [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=self._call_timeout_s,
+                        what=f"finish a pop from {k.destination!r}")
+            except BackendError as exc:
+                attempt += 1
+                if deadline is not None and loop.time() >= deadline:
+                    log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
+                                k.destination, exc)
+                    return
+                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
+                continue
+            self._pops.discard(pop)
+            if not done and not attempt and "d" in plan:
+                # Found nothing on the first try: the lease ran out and the items went back.
+                log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the "
+                            "queue and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
+            return
+
+    async def _flush(self, deadline: float) -> None:
+        """Settle every unfinished pop ('r' for undecided items) and wait for the FINISHes, until
+        ``deadline``. A second cancellation abandons the flush (the lease covers the rest)."""
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Future[Any]] = set()
+        for pop in list(self._pops):
+            for index, verdict in enumerate(pop.plan):
+                if verdict is None:
+                    pop.settle(index, "r")
+            if pop.finishing is None or pop.finishing.done():
+                pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
+            pending.add(pop.finishing)
+        if not pending:
+            return
+        try:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        finally:
+            for task in pending:
+                if not task.done():
+                    task.cancel()
+            # Cancelled exchanges drop their connections within a loop turn or two; wait for that,
+            # so no task outlives the loop.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(pending, timeout=0.1)

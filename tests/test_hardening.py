@@ -1,0 +1,432 @@
+"""Regression tests of the hardening issue: stalls longer than every timeout, lost replies, forced
+shutdowns, many queues on one client, restricted users, misuse. Each fails on the code before it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import weakref
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import (
+    AccessDeniedError,
+    CallTimeoutError,
+    DelayedQueue,
+    QueueClosedError,
+    WrongEventLoopError,
+    delay_to_ms,
+)
+from aiodelayq._scripts import OFFER, RECEIVE, SETTLE
+from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server
+from tests.helpers import until
+
+# -- 1. a stall longer than every timeout ------------------------------------------------------------
+
+
+async def test_a_stall_longer_than_every_timeout_neither_loses_nor_invents_items(own_server: Any,
+                                                                                 redis_server: Any) -> None:
+    server = own_server(**debug_args(redis_server.kind))
+    client, admin = Redis.from_url(server.url), Redis.from_url(server.url)
+    q: DelayedQueue[str] = DelayedQueue(client, "stall", codec="str", call_timeout_s=0.5, safety_poll_s=0.2)
+    try:
+        async with q:
+            got: list[str] = []
+
+            async def consume() -> None:
+                while len(got) < 10:
+                    got.extend(await q.take_many(10))
+
+            consumer = asyncio.create_task(consume())
+            await asyncio.sleep(0.3)  # the consumer waits; transfers and pops run every ~0.2 s
+            stall = stall_server(server.url, 2.0)
+            await asyncio.sleep(1.0)  # calls time out during the stall and drop their connections
+            stall.result(10)
+            await admin.rpush("stall", *"abcde")  # straight to the destination, as in the report
+            await until(lambda: len(got) >= 5, timeout_s=10)
+            await q.offer_many([(x, 0) for x in "fghij"])
+            await asyncio.wait_for(consumer, 10)
+            assert got == list("abcdefghij")
+            assert await q.poll(0.3) is None
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+# -- 2. forced shutdown -----------------------------------------------------------------------------
+
+FORCED_SHUTDOWN = r"""
+import asyncio, sys, time
+from redis.asyncio import Redis
+from aiodelayq import DelayedQueue
+
+url, name, cancel_after, during_close = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
+
+async def main():
+    client = Redis.from_url(url)
+    q = DelayedQueue(client, name, codec="str")
+    await q.offer_many([(str(i), (i % 100) / 100) for i in range(3000)])
+
+    async def consume():
+        async with q:
+            async for item in q:
+                print("got", item, flush=True)
+                if during_close and item == "0":
+                    await q.aclose()
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(cancel_after)
+    task.cancel()
+    print("cancelled", time.monotonic(), flush=True)
+    # Return from asyncio.run without closing anything: what a second Ctrl-C under uvicorn does.
+
+asyncio.run(main())
+print("returned", time.monotonic(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("cancel_after", "during_close"), [(0.3, False), (0.05, False), (0.7, False), (0.3, True)])
+async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
+        redis_server: Any, qname: str, client: Redis, cancel_after: float, during_close: bool) -> None:
+    with SubprocessConsumer(FORCED_SHUTDOWN, args=[redis_server.url, qname, str(cancel_after),
+                                                   "1" if during_close else "0"]) as child:
+        assert await child.await_exit(30) == 0, child.stderr
+    lines = child.lines
+    cancelled = next(float(line.split()[1]) for line in lines if line.startswith("cancelled"))
+    returned = next(float(line.split()[1]) for line in lines if line.startswith("returned"))
+    assert returned - cancelled < 1.0
+    assert "Task was destroyed" not in child.stderr
+    assert "Unclosed" not in child.stderr
+    consumed = [line.split()[1] for line in lines if line.startswith("got ")]
+    assert len(consumed) == len(set(consumed))
+    keys = DelayedQueue(client, qname).keys
+    left = [x.decode() for x in await client.lrange(qname, 0, -1)]
+    pending = await client.zcard(keys.timeout_set)
+    in_handoff = 0
+    for blob in (await client.hgetall(keys.handoff)).values():
+        in_handoff += _count_packed(blob)
+    assert not set(consumed) & set(left)
+    assert len(consumed) + len(left) + pending + in_handoff == 3000
+    for key in keys.all:
+        await client.delete(key)
+
+
+def _count_packed(blob: bytes) -> int:
+    n, pos = 0, 0
+    while pos + 4 <= len(blob):
+        pos += 4 + int.from_bytes(blob[pos:pos + 4], "big")
+        n += 1
+    return n
+
+
+async def test_an_abandoned_handoff_comes_back_within_its_lease(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str")
+    k = q.keys
+    await client.rpush(k.destination, "a", "b")
+    # A consumer that popped and died: its entry, with a lease that already ended.
+    await client.hset(k.handoff, b"x" * 16, b"\x00\x00\x00\x01c\x00\x00\x00\x01d")
+    await client.zadd(k.handoff_leases, {b"x" * 16: 1})
+    async with q:
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(4)]
+    assert got == ["c", "d", "a", "b"]  # back at the head, in their order
+    assert q.stats.recovered == 2
+    assert await client.exists(k.handoff, k.handoff_leases) == 0
+
+
+# -- 3. many consumed queues on one client -------------------------------------------------------------
+
+
+async def test_two_thousand_consumed_queues_keep_the_client_to_a_few_connections(redis_server: Any, qname: str,
+                                                                                 client: Redis) -> None:
+    consumer = Redis.from_url(redis_server.url, max_connections=100, client_name="adq-many")
+    queues: list[DelayedQueue[int]] = [DelayedQueue(consumer, f"{qname}:{i}") for i in range(2000)]
+    try:
+        for start in range(0, 2000, 500):
+            await asyncio.gather(*(q.open() for q in queues[start:start + 500]))
+        takers = [asyncio.create_task(q.take()) for q in queues]
+        await asyncio.sleep(0.5)
+        producer = DelayedQueue(consumer, f"{qname}:7")
+        await producer.offer(7, 0)
+        assert await asyncio.wait_for(takers[7], 10) == 7
+        clients = [c for c in await client.client_list() if c.get("name") == "adq-many"]
+        assert len(clients) <= 12, len(clients)
+        assert sum(q.stats.transfer_errors for q in queues) == 0
+    finally:
+        for t in takers:
+            t.cancel()
+        await asyncio.gather(*(q.aclose() for q in queues))
+        await consumer.aclose()
+
+
+# -- 4. replies lost after the command was applied ------------------------------------------------------
+
+
+async def test_a_resent_offer_whose_reply_was_lost_is_delivered_once(own_server: Any) -> None:
+    server = own_server()
+    with FaultProxy(server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        q: DelayedQueue[int] = DelayedQueue(client, "lost", call_timeout_s=5.0)
+        try:
+            async with q:
+                for i in range(10):
+                    proxy.kill_after_send(OFFER.sha.encode())
+                    await q.offer(i, 0)  # the first send is applied, its reply lost, then resent
+                    assert await proxy.wait_killed_async(i + 1, 5)
+                got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+                assert sorted(got) == list(range(10))
+                assert await q.poll(0.5) is None
+        finally:
+            await q.aclose()
+            await client.aclose()
+
+
+async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any) -> None:
+    server = own_server()
+    with FaultProxy(server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        q: DelayedQueue[str] = DelayedQueue(client, "lost-r", codec="str", max_deliveries=1)
+        try:
+            async with q:
+                await q.offer_many([(x, 0) for x in "abc"])
+                for expected in range(3):
+                    proxy.kill_after_send(RECEIVE.sha.encode())
+                    msg = await q.receive(30, timeout=5)
+                    assert msg is not None
+                    assert msg.delivery_count == 1
+                    proxy.kill_after_send(SETTLE.sha.encode())
+                    assert await msg.ack() is True  # applied, reply lost, resent: still the truth
+                    assert proxy.killed == 2 * (expected + 1)
+                assert await q.receive(0.1, timeout=0.3) is None
+                assert await q.dead_letters() == []
+                assert await client.zcard(q.keys.in_flight) == 0
+        finally:
+            await q.aclose()
+            await client.aclose()
+
+
+# -- 6, 7, 9, 13: lifecycle ------------------------------------------------------------------------------
+
+
+async def test_clients_handed_to_queues_can_be_garbage_collected(redis_server: Any, qname: str) -> None:
+    refs = []
+    for i in range(50):
+        c = Redis.from_url(redis_server.url)
+        q = DelayedQueue(c, f"{qname}:{i % 3}")
+        await q.offer(i, 3600)
+        if i % 5 == 0:
+            async with q:
+                pass
+        await c.aclose()
+        refs.append(weakref.ref(c))
+        del c, q
+    gc.collect()
+    alive = sum(1 for r in refs if r() is not None)
+    assert alive == 0
+    admin = Redis.from_url(redis_server.url)
+    for i in range(3):
+        await admin.delete(*DelayedQueue(admin, f"{qname}:{i}").keys.all)
+    await admin.aclose()
+
+
+async def test_cancelling_one_opener_does_not_cancel_the_others(make_queue: Any) -> None:
+    q = make_queue()
+    first, second = asyncio.create_task(q.open()), asyncio.create_task(q.open())
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await asyncio.wait_for(second, 10) is q
+    assert q.is_open
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
+async def test_aclose_stays_within_its_bound_while_another_queue_opens_during_a_stall(
+        own_server: Any, redis_server: Any) -> None:
+    server = own_server(**debug_args(redis_server.kind))
+    client = Redis.from_url(server.url)
+    a = DelayedQueue(client, "a", close_timeout_s=1.0, call_timeout_s=5.0)
+    b = DelayedQueue(client, "b", open_timeout_s=10.0)
+    try:
+        await a.open()
+        taker = asyncio.create_task(a.take())
+        stall = stall_server(server.url, 3.0)
+        opening = asyncio.create_task(b.open())
+        await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await a.aclose()
+        assert loop.time() - start <= 1.0 + 0.05
+        with pytest.raises(QueueClosedError):
+            await taker
+        stall.result(10)
+        await asyncio.wait_for(opening, 15)
+    finally:
+        await b.aclose()
+        await client.aclose()
+
+
+async def test_a_queue_used_from_another_event_loop_says_so(redis_server: Any, qname: str) -> None:
+    client = Redis.from_url(redis_server.url)
+    q: DelayedQueue[int] = DelayedQueue(client, qname)
+    await q.offer(1, 3600)
+
+    def other_loop() -> BaseException | None:
+        async def use() -> None:
+            await q.offer(2, 3600)
+
+        try:
+            asyncio.run(use())
+        except BaseException as exc:
+            return exc
+        return None
+
+    error = await asyncio.to_thread(other_loop)
+    assert isinstance(error, WrongEventLoopError)
+    await client.delete(*q.keys.all)
+    await client.aclose()
+
+
+# -- 8. big offers do not fail small ones --------------------------------------------------------------
+
+
+async def test_one_big_offer_does_not_fail_small_ones(own_server: Any) -> None:
+    server = own_server(**{"proto-max-bulk-len": "1mb"})
+    client = Redis.from_url(server.url)
+    q: DelayedQueue[str] = DelayedQueue(client, "big", codec="str")
+    try:
+        big = "x" * 100_000
+        results = await asyncio.gather(*[q.offer(big, 60) for _ in range(11)],
+                                       *[q.offer("tiny", 60) for _ in range(11)])
+        assert len(results) == 22
+        await q.offer_many([(big, 60)] * 12)
+        assert await q.size() == 34
+    finally:
+        await client.aclose()
+
+
+# -- 11. nack of the last allowed delivery ----------------------------------------------------------
+
+
+async def test_nack_of_the_last_allowed_delivery_dead_letters_at_once(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str", max_deliveries=2)
+    await q.offer("poison", 0)
+    async with q:
+        for count in (1, 2):
+            msg = await q.receive(30, timeout=5)
+            assert msg is not None
+            assert msg.delivery_count == count
+            assert await msg.nack() is True
+        assert await q.dead_letters() == [b"poison"]
+        assert await client.zcard(q.keys.in_flight) == 0
+
+
+# -- 12. restricted users -----------------------------------------------------------------------------
+
+# The README's minimal ACL for a queue named NAME (keep the two in step).
+ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
+             "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
+             "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
+             "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
+             "+zcard", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget", "+hset", "+hdel",
+             "+publish", "+subscribe", "+unsubscribe", "+ping", "+unlink"]
+
+
+def acl_rules(name: str) -> list[str]:
+    """The README's minimal ACL for queue ``name``."""
+    return [rule.replace("NAME", name) for rule in ACL_RULES]
+
+
+async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(own_server: Any) -> None:
+    server = own_server()
+    admin = Redis.from_url(server.url)
+    await admin.execute_command("ACL", "SETUSER", "queue-user", *acl_rules("orders"))
+    client = Redis.from_url(server.url, username="queue-user", password="secret")
+    try:
+        q: DelayedQueue[int] = DelayedQueue(client, "orders", max_deliveries=3)
+        await q.offer_many([(i, 0.05) for i in range(20)])
+        async with q:
+            got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+            msgs = await q.receive_many(10, 30, timeout=5)
+            for m in msgs:
+                assert await m.ack()
+            assert sorted(got + [m.value for m in msgs]) == list(range(20))
+            assert await q.size() == 0
+            assert await q.read_all() == []
+            loop = asyncio.get_running_loop()
+            taker = asyncio.create_task(q.take())
+            await asyncio.sleep(0.1)
+            start = loop.time()
+        assert loop.time() - start <= 0.1
+        with pytest.raises(QueueClosedError):
+            await taker
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_missing_permissions_are_clear_permanent_errors(own_server: Any) -> None:
+    server = own_server()
+    admin = Redis.from_url(server.url)
+    await admin.execute_command("ACL", "SETUSER", "reader", "on", ">pw", "~*", "&*", "+@read", "+ping", "+hello",
+                                "+subscribe", "+evalsha", "+script|load")
+    client = Redis.from_url(server.url, username="reader", password="pw")
+    try:
+        q: DelayedQueue[int] = DelayedQueue(client, "orders", open_timeout_s=30)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(AccessDeniedError):
+            await q.offer(1, 0)
+        with pytest.raises(AccessDeniedError):
+            await q.open()
+        assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+# -- 14. small ones ------------------------------------------------------------------------------------
+
+
+def test_a_tiny_positive_delay_rounds_up_to_one_ms() -> None:
+    assert delay_to_ms(1e-9) == 1
+    assert delay_to_ms(0.1) == 100
+    assert delay_to_ms(0.0011) == 2
+    assert delay_to_ms(0) == 0
+
+
+# -- 15. evicting servers --------------------------------------------------------------------------------
+
+
+async def test_an_evicting_server_is_named_as_a_risk(own_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    server = own_server(**{"maxmemory": "100mb", "maxmemory-policy": "allkeys-lru"})
+    client = Redis.from_url(server.url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
+            await DelayedQueue(client, "evict").offer(1, 60)
+            await until(lambda: "allkeys-lru" in caplog.text, timeout_s=5)
+    finally:
+        await client.aclose()
+
+
+# -- 16. a producer that cannot hang --------------------------------------------------------------------
+
+
+async def test_an_offer_during_a_stall_fails_within_its_bound(own_server: Any, redis_server: Any) -> None:
+    server = own_server(**debug_args(redis_server.kind))
+    client = Redis.from_url(server.url)  # socket_timeout=None: redis-py alone would wait forever
+    q: DelayedQueue[int] = DelayedQueue(client, "hang", call_timeout_s=0.5)
+    try:
+        await q.offer(0, 60)  # connected and warmed up
+        stall = stall_server(server.url, 2.0)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(CallTimeoutError) as caught:
+            await q.offer(1, 60)
+        assert loop.time() - start < 1.0
+        assert caught.value.maybe_applied
+        stall.result(10)
+        assert await q.offer(2, 60) > 0
+    finally:
+        await client.aclose()
