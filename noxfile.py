@@ -64,27 +64,37 @@ def tests(session: nox.Session) -> None:
     for name, version in kinds:
         session.log(f"=== suite against {name} {version} ===")
         session.run("pytest", *session.posargs, env={"AIODELAYQ_SERVER_KIND": name})
-    oldest = _python_310()
-    if oldest and sys.version_info[:2] != (3, 10):
-        # The oldest supported Python, once, against the first server kind.
-        venv_dir = Path(".nox") / "tests-py310"
+    # Every other Python the package claims, once each, against the first server kind: asyncio's
+    # cancellation and timeout semantics differ between them.
+    current = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for version in SUPPORTED_PYTHONS:
+        if version == current:
+            continue
+        interpreter = _python(version)
+        if interpreter is None:
+            session.log(f"no Python {version} found: skipped its run")
+            continue
+        venv_dir = Path(".nox") / f"tests-py{version.replace('.', '')}"
         if not (venv_dir / "bin" / "python").exists():
-            session.run(oldest, "-m", "venv", str(venv_dir), external=True)
+            session.run(interpreter, "-m", "venv", str(venv_dir), external=True)
         py = str(venv_dir / "bin" / "python")
         session.run(py, "-m", "pip", "install", "--quiet", "-e", ".[test]", external=True)
-        session.log(f"=== suite on Python 3.10 against {kinds[0][0]} ===")
+        session.log(f"=== suite on Python {version} against {kinds[0][0]} ===")
         session.run(py, "-m", "pytest", *session.posargs, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]},
                     external=True)
-    else:
-        session.log("no Python 3.10 found: skipped the oldest-Python run")
 
 
-def _python_310() -> str | None:
-    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python")))
-    candidates = [shutil.which("python3.10"), *pyenv]
+SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+
+
+def _python(version: str) -> str | None:
+    pyenv = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python")))
+    candidates = [shutil.which(f"python{version}"), *pyenv]
+    major, minor = version.split(".")
     for candidate in candidates:
-        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"],
-                                        capture_output=True).returncode == 0:
+        if candidate and subprocess.run(
+                [candidate, "-c", f"import sys; assert sys.version_info[:2] == ({major}, {minor})"],
+                capture_output=True).returncode == 0:
             return candidate
     return None
 
