@@ -324,26 +324,29 @@ class TakePump:
             return
 
     async def _flush(self, deadline: float) -> None:
-        """Settle every unfinished pop ('r' for undecided items) and wait for the FINISHes, until
-        ``deadline``. A second cancellation abandons the flush (the lease covers the rest)."""
+        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``.
+        A FINISH task that was cancelled meanwhile (a forced shutdown cancels every task) is started
+        again. A second cancellation of the caller abandons the flush (the lease covers the rest)."""
         loop = asyncio.get_running_loop()
-        pending: set[asyncio.Future[Any]] = set()
-        for pop in list(self._pops):
-            for index, verdict in enumerate(pop.plan):
-                if verdict is None:
-                    pop.settle(index, "r")
-            if pop.finishing is None or pop.finishing.done():
-                pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
-            pending.add(pop.finishing)
-        if not pending:
-            return
+        started: set[asyncio.Future[Any]] = set()
         try:
-            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+            while self._pops and loop.time() < deadline:
+                pending: set[asyncio.Future[Any]] = set()
+                for pop in list(self._pops):
+                    for index, verdict in enumerate(pop.plan):
+                        if verdict is None:
+                            pop.settle(index, "r")
+                    if pop.finishing is None or pop.finishing.done():
+                        pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
+                    pending.add(pop.finishing)
+                started |= pending
+                await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
         finally:
-            for task in pending:
-                if not task.done():
-                    task.cancel()
-            # Cancelled exchanges drop their connections within a loop turn or two; wait for that,
-            # so no task outlives the loop.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait(pending, timeout=0.1)
+            left = {task for task in started if not task.done()}
+            for task in left:
+                task.cancel()
+            if left:
+                # Cancelled exchanges drop their connections within a loop turn or two; wait for
+                # that, so no task outlives the loop.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(left, timeout=0.1)

@@ -42,6 +42,7 @@ async def _consume_reliably(q: DelayedQueue[int], n: int, acked: Counter[int], s
                 continue  # maybe not acked: delivered again later (a duplicate, never a loss)
 
 
+@pytest.mark.slow
 async def test_server_sigkill_and_aof_restart_loses_nothing(own_server: Any) -> None:
     n = 20_000
     server = own_server(appendonly="yes", appendfsync="always")

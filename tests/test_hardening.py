@@ -74,11 +74,12 @@ async def main():
         async with q:
             async for item in q:
                 print("got", item, flush=True)
-                if during_close and item == "0":
-                    await q.aclose()
 
     task = asyncio.create_task(consume())
     await asyncio.sleep(cancel_after)
+    if during_close:
+        asyncio.create_task(q.aclose())  # loop shutdown will cancel it midway
+        await asyncio.sleep(0)
     task.cancel()
     print("cancelled", time.monotonic(), flush=True)
     # Return from asyncio.run without closing anything: what a second Ctrl-C under uvicorn does.
@@ -381,6 +382,23 @@ async def test_missing_permissions_are_clear_permanent_errors(own_server: Any) -
         with pytest.raises(AccessDeniedError):
             await q.open()
         assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_the_first_take_without_permission_to_pop_raises_it(own_server: Any) -> None:
+    server = own_server()
+    admin = Redis.from_url(server.url)
+    await admin.execute_command("ACL", "SETUSER", "nopop", *[r for r in acl_rules("orders") if r != "+lpop"])
+    client = Redis.from_url(server.url, username="nopop", password="secret")
+    try:
+        async with DelayedQueue(client, "orders") as q:
+            await q.offer(1, 0)
+            with pytest.raises(AccessDeniedError):
+                await asyncio.wait_for(q.take(), 5)
+            with pytest.raises(AccessDeniedError):
+                await asyncio.wait_for(q.receive(30), 5)
     finally:
         await client.aclose()
         await admin.aclose()
