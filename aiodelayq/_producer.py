@@ -19,16 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from ._batcher import OfferBatcher
 from ._codec import Codec, encode_item
-from ._connections import is_permanent, run_script
+from ._connections import run_script
 from ._delays import delay_to_ms
 from ._keys import QueueKeys
+from ._retry import resend_within
 from ._scripts import NATIVE_LONG, OFFER
-from ._tasks import RETRY_BACKOFF
-from .exceptions import BackendError
 
 __all__ = ["MAX_CALL_ITEMS", "Producer"]
 
@@ -150,23 +148,10 @@ class Producer:
             args = [call_id, self._kind]
             for fragment in fragments:
                 args.extend(fragment)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._call_timeout_s
-        attempt = 0
-        while True:
-            try:
-                reply = await run_script(self._client, OFFER, keys, args, what=f"offer to {k.destination!r}",
-                                         timeout_s=max(0.001, deadline - loop.time()))
-                break
-            except BackendError as exc:
-                attempt += 1
-                pause = RETRY_BACKOFF.compute(attempt)
-                # A refusal (OOM, a script error) or a permanent error is final; a dropped
-                # connection is resent: the call id makes the resend harmless.
-                if (is_permanent(exc) or isinstance(exc.__cause__, ResponseError)
-                        or loop.time() + pause >= deadline):
-                    raise
-                await asyncio.sleep(pause)
+        reply = await resend_within(
+            lambda remaining_s, _resend: run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
+                                                    what=f"offer to {k.destination!r}"),
+            timeout_s=self._call_timeout_s)
         now = int(reply[0])
         return [now + int(fragment[0]) for fragment in fragments]
 

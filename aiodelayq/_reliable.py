@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from ._codec import Codec, decode_item
 from ._connections import is_permanent, run_script
 from ._delays import delay_to_ms
 from ._keys import QueueKeys
+from ._retry import RETRY_BACKOFF, resend_within
 from ._scripts import RECEIVE, RELEASE_CALL, SETTLE
-from ._tasks import RETRY_BACKOFF
 from .exceptions import BackendError, DecodeError, QueueClosedError
 
 __all__ = ["Message", "MessageIterator", "ReliableConsumer", "parse_message"]
@@ -180,26 +179,13 @@ class ReliableConsumer(Generic[T]):
         """ack / nack / dead / release one delivery; ``True`` if it was still in flight as it."""
         k = self._keys
         keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._call_timeout_s
-        resend = ""
-        attempt = 0
-        while True:
-            try:
-                result = await asyncio.shield(self._spawn(run_script(
-                    self._client, SETTLE, keys,
-                    [message._element, mode, delay_ms, self._max_deliveries, resend],
-                    timeout_s=max(0.001, deadline - loop.time()), what=f"{mode} on {k.destination!r}")))
-                break
-            except BackendError as exc:
-                attempt += 1
-                pause = RETRY_BACKOFF.compute(attempt)
-                if (is_permanent(exc) or isinstance(exc.__cause__, ResponseError)
-                        or loop.time() + pause >= deadline):
-                    raise
-                if exc.maybe_applied:
-                    resend = str(message.deadline_ms)  # the script can tell "my first try applied it"
-                await asyncio.sleep(pause)
+        async def attempt(remaining_s: float, resend: bool) -> Any:
+            # A resend names the message's deadline: the script can tell "my first try applied it".
+            args = [message._element, mode, delay_ms, self._max_deliveries, str(message.deadline_ms) if resend else ""]
+            return await run_script(self._client, SETTLE, keys, args, timeout_s=remaining_s,
+                                    what=f"{mode} on {k.destination!r}")
+
+        result = await asyncio.shield(self._spawn(resend_within(attempt, timeout_s=self._call_timeout_s)))
         if int(result) == 2:
             log.error("aiodelayq: a message of %r was nacked on its last allowed delivery (max_deliveries=%d); "
                       "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
@@ -207,20 +193,10 @@ class ReliableConsumer(Generic[T]):
 
     async def _call(self, script: Any, keys: list[str], args: list[Any], what: str) -> Any:
         """A call with a call id: resent with the same id after a lost reply, within the bound."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._call_timeout_s
-        attempt = 0
-        while True:
-            try:
-                return await run_script(self._client, script, keys, args, what=f"{what} on {self._keys.destination!r}",
-                                        timeout_s=max(0.001, deadline - loop.time()))
-            except BackendError as exc:
-                attempt += 1
-                pause = RETRY_BACKOFF.compute(attempt)
-                if (is_permanent(exc) or isinstance(exc.__cause__, ResponseError)
-                        or loop.time() + pause >= deadline):
-                    raise
-                await asyncio.sleep(pause)
+        return await resend_within(
+            lambda remaining_s, _resend: run_script(self._client, script, keys, args, timeout_s=remaining_s,
+                                                    what=f"{what} on {self._keys.destination!r}"),
+            timeout_s=self._call_timeout_s)
 
     async def _release_call(self, call_id: bytes) -> None:
         k = self._keys

@@ -14,8 +14,9 @@ from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
+from ._retry import RETRY_BACKOFF
 from ._scripts import TRANSFER
-from ._tasks import RETRY_BACKOFF, stop_task, within
+from ._tasks import stop_task, within
 from .exceptions import BackendError
 
 __all__ = ["SchedulerStats", "TransferScheduler"]

@@ -10,7 +10,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from ._connections import classify, is_permanent
-from ._tasks import RETRY_BACKOFF, shielded, stop_task, within
+from ._retry import RETRY_BACKOFF
+from ._tasks import shielded, stop_task, within
 from .exceptions import BackendError
 
 __all__ = ["ChannelListener", "Subscriber"]

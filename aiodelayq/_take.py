@@ -33,8 +33,8 @@ from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
+from ._retry import RETRY_BACKOFF
 from ._scripts import FINISH, POP
-from ._tasks import RETRY_BACKOFF
 from .exceptions import BackendError, DecodeError
 
 __all__ = ["HANDOFF_LEASE_MS", "TakePump"]
@@ -117,8 +117,7 @@ class TakePump:
         self._waiters.append(waiter)
         self.notify()
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"aiodelayq-take:{self._keys.destination}")
+            self._start()
         try:
             await asyncio.wait({waiter.future}, timeout=timeout_s)
         except asyncio.CancelledError:
@@ -132,6 +131,24 @@ class TakePump:
             pop.settle(index, "d")
             self._maybe_finish(pop)
         return [value for _, _, value in entries]
+
+    def _start(self) -> None:
+        name = f"aiodelayq-take:{self._keys.destination}"
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
+        self._task.add_done_callback(self._pump_done)
+
+    def _pump_done(self, task: asyncio.Task[None]) -> None:
+        # The pump ends by closing or cancellation; anything else is a bug that would leave the
+        # waiters hanging: log it and start again.
+        if task.cancelled() or task is not self._task or self._closed is not None or task.exception() is None:
+            return
+        log.error("aiodelayq: take pump of %r died; restarting", self._keys.destination, exc_info=task.exception())
+        self._task = None
+        asyncio.get_running_loop().call_later(0.1, self._restart)
+
+    def _restart(self) -> None:
+        if self._task is None and self._closed is None and self._waiters:
+            self._start()
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
@@ -232,6 +249,10 @@ class TakePump:
                     self._maybe_ready = True
                     continue
                 failures = 0
+                if not raws:
+                    self._pops.discard(pop)  # an empty pop records nothing
+                    self._end_once_waiters()
+                    continue
                 if len(raws) >= wanted:
                     self._maybe_ready = True  # there may be more
                 self._received(pop, raws)

@@ -8,15 +8,11 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from redis.backoff import ExponentialWithJitterBackoff
+from ._retry import RETRY_BACKOFF as RETRY_BACKOFF  # transitional: _pending.py moves to _retry
 
-__all__ = ["RETRY_BACKOFF", "shielded", "stop_task", "within"]
+__all__ = ["shielded", "stop_task", "within"]
 
 log = logging.getLogger("aiodelayq")
-
-# Delay before the n-th retry after a Redis error: full jitter, 50 ms doubling up to 2 s (a
-# restarted server is found within ~2 s; a down one sees at most a few commands per second).
-RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
 
 
 async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool:
