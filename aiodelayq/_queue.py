@@ -494,27 +494,57 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return await self._pending.ready_size()
 
     async def contains(self, item: T) -> bool:
-        """Whether a pending element equals ``item`` (compared as encoded payload bytes)."""
+        """Whether a pending element equals ``item`` (compared as encoded payload bytes).
+
+        Walks the pending elements in due order, at most 1,000 (256 KiB) per script call, about a
+        millisecond of server time each, until a match: a miss reads every page. Read-only; an
+        element that moves or is added during the walk may or may not be seen.
+
+        Raises:
+            BackendError: a page call failed (each is bounded by ``call_timeout_s``, resends included).
+        """
         self._bind_loop()
         return await self._pending.contains(item)
 
     async def read_all(self) -> list[T]:
-        """All pending items in insertion order: elements in Redisson's list first (list order), then fast
-        elements by their producer's insertion stamp. Malformed elements are skipped.
+        """All pending items in due order (the timeout zset's order: due time, then element bytes; fast
+        elements due in the same millisecond come in their producer's insertion order). Malformed
+        elements are skipped.
+
+        Paged: one script call per 1,000 elements, so a large backlog never blocks the server. It is
+        not a snapshot: an item that falls due, is removed or is added during the walk may or may not
+        be in the list; none appears twice, and every item pending throughout the walk appears.
 
         Raises:
             DecodeError: a pending payload cannot be decoded by this queue's codec.
+            BackendError: a page call failed (each is bounded by ``call_timeout_s``, resends included).
         """
         self._bind_loop()
         return cast(list[T], await self._pending.read_all())
 
     async def remove(self, item: T) -> bool:
-        """Cancel the first pending element (insertion order) equal to ``item``; ``True`` if one was."""
+        """Cancel one pending element equal to ``item``: the first found walking in due order (the one
+        due soonest, among equal ones). ``True`` only if this call removed one.
+
+        The walk is paged (like :meth:`contains`); the page that finds the match removes it in the
+        same script call, so an element cannot be delivered and reported removed. A page whose reply
+        was lost is resent with its call id and answers as its first run did. Removing an element
+        that is in Redisson's list (Java-written, ``strict=True``, legacy) also ``LREM``s it from
+        that list: O(length of the list), Redisson's own cost; fast elements cost O(log N).
+
+        Raises:
+            BackendError: a page call failed for good (bounded by ``call_timeout_s``, resends
+                included); ``maybe_applied`` says whether it may have removed the element.
+        """
         self._bind_loop()
         return bool(await self._pending.remove([item], first_only=True))
 
     async def remove_all(self, items: Iterable[T]) -> bool:
-        """Cancel every pending element equal to any of ``items``; ``True`` if any was."""
+        """Cancel every pending element equal to any of ``items``; ``True`` if this call removed any.
+
+        One paged walk for all of ``items`` (see :meth:`remove`, also for costs and resends). Not a
+        snapshot: a match added during the walk may or may not be removed.
+        """
         self._bind_loop()
         return bool(await self._pending.remove(items, first_only=False))
 

@@ -38,7 +38,8 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
     may have been applied (it was sent and its reply lost).
 
     Raises:
-        BackendError: the last failure, once the bound is spent or the failure is final.
+        BackendError: the last failure, once the bound is spent or the failure is final
+            (``maybe_applied`` if any attempt may have been applied).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -51,6 +52,7 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
             failures += 1
             pause = RETRY_BACKOFF.compute(failures)
             if not may_resend(exc) or loop.time() + pause >= deadline:
+                exc.maybe_applied = exc.maybe_applied or resend  # any attempt may have been applied
                 raise
             resend = resend or exc.maybe_applied
             await asyncio.sleep(pause)

@@ -10,10 +10,11 @@ Time is always the **server** clock (``TIME``): producers and consumers with ske
 agree on when an item is due.
 
 Resends (see ``docs/design.md``, "Connections and resends"): the library never lets redis-py resend
-a call; where it resends one itself after a lost reply, the script makes the resend harmless: OFFER
-and RECEIVE carry a call id remembered for 60 s, POP records its items under its call id in the
-hand-off, FINISH and TRANSFER are idempotent, SETTLE is told it is a resend and the message's
-deadline, so it can tell "my first attempt applied it" from "it went to someone else".
+a call; where it resends one itself after a lost reply, the script makes the resend harmless: OFFER,
+RECEIVE and the pending walk's REMOVE_PAGE (in ``_pending.py``) carry a call id remembered for 60 s,
+POP records its items under its call id in the hand-off, FINISH and TRANSFER are idempotent, SETTLE is
+told it is a resend and the message's deadline, so it can tell "my first attempt applied it" from "it
+went to someone else".
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ from __future__ import annotations
 from ._connections import Script
 
 __all__ = [
-    "CONTAINS",
     "FINISH",
     "NATIVE_LONG",
     "OFFER",
     "POP",
-    "READ_ALL",
     "RECEIVE",
     "RELEASE_CALL",
-    "REMOVE",
     "SETTLE",
     "TRANSFER",
 ]
@@ -69,19 +67,6 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
--- Calls fn(element) for every element of a list or zset, 1000 at a time (in list order / score
--- order); stops when fn returns true. count and range are the type's commands (llen/lrange or
--- zcard/zrange).
-local function each(key, count, range, fn)
-  local n = redis.call(count, key)
-  for start = 0, n - 1, 1000 do
-    for _, v in ipairs(redis.call(range, key, start, start + 999)) do
-      if fn(v) then return end
-    end
-  end
-end
-local function each_entry(key, fn) each(key, 'llen', 'lrange', fn) end
-local function each_member(key, fn) each(key, 'zcard', 'zrange', fn) end
 -- Pushes a list of values in chunks (Lua's unpack has a stack limit). 'lpush' of a reversed list
 -- puts the values at the head in their original order.
 local function push_all(cmd, key, values)
@@ -288,85 +273,6 @@ end
 return #items
 """
 FINISH = Script("finish", _FINISH)
-
-_READ_ALL = _PRELUDE + """
--- KEYS[1] delay list, KEYS[2] timeout zset
--- returns: the payloads of the pending elements: first those in the insertion-order list (in list
--- order), then fast elements ordered by their insertion stamp. Malformed elements are skipped.
-local result = {}
-each_entry(KEYS[1], function(v)
-  local payload = parse(v)
-  if payload then result[#result + 1] = payload end
-end)
-local fast = {}
-each_member(KEYS[2], function(v)
-  local payload, is_fast = parse(v)
-  if is_fast then fast[#fast + 1] = v end
-end)
--- The stamp (bytes 6..13, big-endian) then the random part sort as plain strings.
-table.sort(fast, function(a, b) return string.sub(a, 6, 21) < string.sub(b, 6, 21) end)
-for _, v in ipairs(fast) do result[#result + 1] = (parse(v)) end
-return result
-"""
-READ_ALL = Script("read_all", _READ_ALL)
-
-_CONTAINS = _PRELUDE + """
--- KEYS[1] delay list, KEYS[2] timeout zset
--- ARGV[1] payload
--- returns: 1 if a pending element carries this payload, else 0
-local found = 0
-each_entry(KEYS[1], function(v)
-  if parse(v) == ARGV[1] then found = 1; return true end
-end)
-if found == 0 then
-  each_member(KEYS[2], function(v)
-    local payload, is_fast = parse(v)
-    if is_fast and payload == ARGV[1] then found = 1; return true end
-  end)
-end
-return found
-"""
-CONTAINS = Script("contains", _CONTAINS)
-
-_REMOVE = _PRELUDE + """
--- KEYS[1] delay list, KEYS[2] timeout zset
--- ARGV[1] '1' = remove only the first match, '0' = every match
--- ARGV[2..] payloads
--- returns: how many pending elements were removed.
--- "First" is insertion order as read_all() reports it: list entries first, then fast elements by
--- stamp. List entries are removed from the zset and the list (as Redisson's remove does).
-local wanted = {}
-for i = 2, #ARGV do wanted[ARGV[i]] = true end
-local first_only = ARGV[1] == '1'
-local listed = {}
-each_entry(KEYS[1], function(v)
-  local payload = parse(v)
-  if payload and wanted[payload] then
-    listed[#listed + 1] = v
-    return first_only
-  end
-end)
-local fast = {}
-if not (first_only and #listed > 0) then
-  each_member(KEYS[2], function(v)
-    local payload, is_fast = parse(v)
-    if is_fast and wanted[payload] then fast[#fast + 1] = v end
-  end)
-  if first_only and #fast > 1 then
-    table.sort(fast, function(a, b) return string.sub(a, 6, 21) < string.sub(b, 6, 21) end)
-    fast = {fast[1]}
-  end
-end
-for _, v in ipairs(listed) do
-  redis.call('zrem', KEYS[2], v)
-  redis.call('lrem', KEYS[1], 1, v)
-end
-for i = 1, #fast, 1000 do
-  redis.call('zrem', KEYS[2], unpack(fast, i, math.min(i + 999, #fast)))
-end
-return #listed + #fast
-"""
-REMOVE = Script("remove", _REMOVE)
 
 
 NATIVE_LONG = Script("native_long", """

@@ -8,8 +8,6 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from ._retry import RETRY_BACKOFF as RETRY_BACKOFF  # transitional: _pending.py moves to _retry
-
 __all__ = ["shielded", "stop_task", "within"]
 
 log = logging.getLogger("aiodelayq")

@@ -330,8 +330,8 @@ ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
              "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
              "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
              "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
-             "+zcard", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget", "+hset", "+hdel",
-             "+publish", "+subscribe", "+unsubscribe", "+ping", "+unlink"]
+             "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget",
+             "+hset", "+hdel", "+publish", "+subscribe", "+unsubscribe", "+ping", "+unlink"]
 
 
 def acl_rules(name: str) -> list[str]:
@@ -355,6 +355,13 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(own
             assert sorted(got + [m.value for m in msgs]) == list(range(20))
             assert await q.size() == 0
             assert await q.read_all() == []
+            await q.offer_many([(100, 60), (101, 60)])
+            assert await q.contains(100)
+            assert await q.remove(100)
+            assert await q.remove_all([101])
+            assert await q.ready_size() == 0
+            assert await q.dead_letters() == []
+            await q.clear()
             loop = asyncio.get_running_loop()
             taker = asyncio.create_task(q.take())
             await asyncio.sleep(0.1)

@@ -177,7 +177,7 @@ async def test_offer_many_is_one_round_trip_and_keeps_order(client: Redis, make_
     assert len(dues) == 100
     assert dues == sorted(dues, reverse=True)
     assert await q.size() == 100
-    assert await q.read_all() == list(range(100))
+    assert await q.read_all() == list(range(99, -1, -1))  # due order: item i is due in 100 - i s
     assert await q.offer_many([]) == []
 
 

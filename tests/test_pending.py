@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
+
+from aiodelayq import DelayedQueue
+from aiodelayq._connections import run_script
+from aiodelayq._pending import READ_PAGE, REMOVE_PAGE
+from tests.faults import FaultProxy
+from tests.helpers import server_ms, until
 
 
 async def test_duplicates_stay_distinct(make_queue: Any) -> None:
@@ -15,11 +25,13 @@ async def test_duplicates_stay_distinct(make_queue: Any) -> None:
     assert await q.read_all() == ["same", "same"]
 
 
-async def test_read_all_is_insertion_order_not_due_order(make_queue: Any) -> None:
+async def test_read_all_is_due_order(make_queue: Any) -> None:
+    # Was insertion order (one server-blocking scan of the list, then fast elements sorted by stamp);
+    # read_all() now pages over the timeout zset, the one key that holds every pending element.
     q = make_queue()
     for i, delay in enumerate([50, 10, 30, 20]):
         await q.offer(i, delay)
-    assert await q.read_all() == [0, 1, 2, 3]
+    assert await q.read_all() == [1, 3, 2, 0]
 
 
 async def test_contains_and_remove_first_match_only(make_queue: Any) -> None:
@@ -73,7 +85,12 @@ async def test_offer_many_longer_than_one_script_call(make_queue: Any) -> None:
     dues = await q.offer_many([(i, 60) for i in range(2500)])
     assert len(dues) == 2500
     assert await q.size() == 2500
-    assert await q.read_all() == list(range(2500))  # insertion order across script calls
+    # Due order: the three calls run concurrently, so a later chunk may get the earlier server time.
+    # Within one call the items share their due time and come in insertion order (the stamp).
+    got = await q.read_all()
+    assert sorted(got) == list(range(2500))
+    for chunk in (range(0, 1000), range(1000, 2000), range(2000, 2500)):
+        assert [i for i in got if i in chunk] == list(chunk)
 
 
 async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:
@@ -85,3 +102,237 @@ async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queu
     assert sorted(got) == list(range(30))
     assert await client.llen(q.keys.delay_list) == 0  # LREMed as Redisson's transfer does
     assert await client.zcard(q.keys.timeout_set) == 0
+
+
+# -- paged walks (contains / read_all / remove page over the timeout zset) --------------------------
+
+
+async def _zset(client: Redis, q: Any) -> list[tuple[bytes, float]]:
+    return list(await client.zrange(q.keys.timeout_set, 0, -1, withscores=True))
+
+
+async def test_walks_span_many_pages(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    q._pending.page_size = 3
+    delays = random.Random(1).sample(range(1000, 60000), 50)
+    await q.offer_many([(i, d / 1000) for i, d in enumerate(delays)])
+    by_due = [i for _, i in sorted((d, i) for i, d in enumerate(delays))]
+    assert await q.read_all() == by_due
+    assert await q.contains(by_due[-1])  # found on the last page
+    assert not await q.contains(-1)  # a full walk
+    assert await q.remove(by_due[-1])
+    assert await q.remove_all([by_due[0], by_due[10], by_due[20]])
+    assert await q.read_all() == [i for i in by_due[1:-1] if i not in (by_due[10], by_due[20])]
+
+
+async def test_remove_takes_the_first_match_in_due_order(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    q._pending.page_size = 2
+    await q.offer_many([("x", 60), ("dup", 50), ("y", 60), ("dup", 10), ("dup", 30), ("z", 5)])
+    before = {m: s for m, s in await _zset(client, q)}
+    assert await q.remove("dup")
+    after = {m: s for m, s in await _zset(client, q)}
+    [(gone, score)] = [(m, s) for m, s in before.items() if m not in after]
+    assert gone.endswith(b'"dup"')
+    assert score == min(s for m, s in before.items() if m.endswith(b'"dup"'))  # the one due in 10 s
+    assert await q.size() == 5
+    assert await q.read_all() == ["z", "dup", "dup", "x", "y"]
+
+
+async def test_remove_all_matches_across_pages_including_page_ends(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    q._pending.page_size = 3
+    items = [("a" if i % 3 == 2 else "b" if i % 5 == 0 else f"k{i}", 60 + i) for i in range(40)]
+    await q.offer_many(items)
+    # Every third element, a page's last one (its cursor), goes: the next page starts after a gone cursor.
+    assert await q.remove_all(["a", "b", "missing"])
+    assert await q.read_all() == [item for item, _ in items if item not in ("a", "b")]
+    assert not await q.remove_all(["a", "b"])
+    assert await client.llen(q.keys.delay_list) == 0
+
+
+async def test_cursor_survives_removal_of_its_element_among_equal_scores(client: Redis, make_queue: Any) -> None:
+    fast, strict = make_queue(codec="str"), make_queue(codec="str", strict=True)
+    legacy = make_queue(codec="str", wire_format="redisson-legacy")
+    for i in range(20):
+        await fast.offer(f"f{i}", 60)
+        await strict.offer(f"s{i}", 60)
+        await legacy.offer(f"l{i}", 60)
+    await fast.offer_many([("before", 30), ("after", 90)])
+    members = await client.zrange(fast.keys.timeout_set, 0, -1)
+    # 60 elements of three formats (random ids: member-byte order is unrelated to insertion) get one score.
+    tied = [m for m in members if not m.endswith((b"before", b"after"))]
+    await client.zadd(fast.keys.timeout_set, dict.fromkeys(tied, int(await server_ms(client)) + 60000), xx=True)
+    ordered = await client.zrange(fast.keys.timeout_set, 0, -1)
+    assert ordered[0].endswith(b"before")
+    assert ordered[-1].endswith(b"after")
+    payloads = [_payload_of(m) for m in ordered]
+    # A walk of one element per page reports each element once, in zset order.
+    fast._pending.page_size = 1
+    assert await fast.read_all() == payloads
+    # A page whose cursor element is gone starts at the first element after it.
+    for i, m in enumerate(ordered):
+        score = await client.zscore(fast.keys.timeout_set, m)
+        await client.zrem(fast.keys.timeout_set, m)
+        reply = await run_script(client, READ_PAGE, [fast.keys.timeout_set], [repr(score), m, 1000],
+                                 timeout_s=5)
+        assert [p.decode() for p in reply[2:]] == payloads[i + 1:], i
+        await client.zadd(fast.keys.timeout_set, {m: score})
+
+
+_KNOWN = {"before", "after"} | {f"{p}{i}" for p in "fsl" for i in range(20)}
+
+
+def _payload_of(member: bytes) -> str:
+    # The codec is "str": a member ends with its payload (none of these is a suffix of another).
+    [payload] = [p for p in _KNOWN if member.endswith(p.encode()) and not any(
+        q != p and q.endswith(p) and member.endswith(q.encode()) for q in _KNOWN)]
+    return payload
+
+
+@pytest.mark.parametrize("options", [{"strict": True}, {"wire_format": "redisson-legacy"}],
+                         ids=["strict", "legacy"])
+async def test_listed_elements_are_removed_from_zset_and_delay_list(client: Redis, make_queue: Any,
+                                                                   options: dict[str, Any]) -> None:
+    q = make_queue(codec="str", **options)
+    fast = make_queue(codec="str")
+    q._pending.page_size = 2
+    await q.offer_many([(x, 60 + i) for i, x in enumerate(["a", "b", "c", "a", "d", "c", "e"])])
+    await fast.offer_many([("a", 61.5), ("c", 70)])
+    assert await client.llen(q.keys.delay_list) == 7
+
+    async def keys_agree() -> None:
+        listed = set(await client.lrange(q.keys.delay_list, 0, -1))
+        zset = {m for m, _ in await _zset(client, q)}
+        assert listed == {m for m in zset if not m.startswith(b"\x14adq\x01")}
+
+    assert await q.remove("b")
+    await keys_agree()
+    assert await q.remove_all(["a", "c"])
+    await keys_agree()
+    assert await client.llen(q.keys.delay_list) == 2
+    assert await q.read_all() == ["d", "e"]
+    assert not await q.contains("a")
+
+
+async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str", safety_poll_s=0.05)
+    q._pending.page_size = 3
+    rng = random.Random(5)
+    soon = [f"s{i}" for i in range(300)]
+    far = [f"far{i}" for i in range(40)]
+    await q.offer_many([(x, rng.uniform(0.05, 0.8)) for x in soon] + [(x, 60) for x in far])
+    cancel_soon, cancel_far = rng.sample(soon, 60), far[::4]
+    removed: dict[str, bool] = {}
+    delivered: list[str] = []
+
+    async def consume() -> None:
+        while True:
+            delivered.append(await q.take())
+
+    async with q:
+        consumer = asyncio.get_running_loop().create_task(consume())
+        try:
+            walks = 0
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 0.9
+            while loop.time() < deadline or walks < 3:
+                got = await q.read_all()
+                assert len(got) == len(set(got)), "an element reported twice"
+                assert set(got) <= set(soon) | set(far)
+                assert set(far) - set(cancel_far) <= set(got)  # pending through the whole walk
+                assert await q.contains(far[1])
+                assert not await q.contains("absent")
+                if walks < len(cancel_soon) // 10:
+                    for x in cancel_soon[10 * walks:10 * walks + 10]:
+                        removed[x] = await q.remove(x)
+                walks += 1
+            for x in cancel_far:
+                removed[x] = await q.remove(x)
+            await until(lambda: len(delivered) + sum(removed.values()) >= len(soon), timeout_s=10)
+            await asyncio.sleep(0.1)
+        finally:
+            consumer.cancel()
+    assert len(delivered) == len(set(delivered))
+    for x in cancel_soon:  # each was either cancelled (True) or delivered, never both, never neither
+        assert removed[x] != (x in delivered), x
+    assert all(removed[x] for x in cancel_far)
+    assert set(delivered) == set(soon) - {x for x in cancel_soon if removed[x]}
+    assert 0 < sum(removed[x] for x in cancel_soon) < len(cancel_soon)  # both outcomes happened
+    assert sorted(await q.read_all()) == sorted(set(far) - set(cancel_far))
+
+
+async def test_a_resent_remove_page_reports_the_removal_it_made(own_server: Any) -> None:
+    server = own_server()
+    direct = Redis.from_url(server.url)
+    with FaultProxy(server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        q: DelayedQueue[str] = DelayedQueue(client, "lost-remove", codec="str", call_timeout_s=5.0)
+        try:
+            await q.offer_many([("t", 60), ("t", 61), ("other", 62)] + [(f"x{i}", 63) for i in range(10)])
+            await direct.script_load(REMOVE_PAGE.text)  # so the killed call is the removal itself
+            calls = await direct.zcard(q.keys.calls)
+            proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+            assert await q.remove("t") is True  # applied, reply lost, resent: still the truth
+            assert proxy.killed == 1
+            assert await q.read_all() == ["t", "other"] + [f"x{i}" for i in range(10)]  # exactly one went
+            assert await direct.zcard(q.keys.calls) == calls + 1  # the page remembered its reply
+            # A lost reply on every page of a multi-page remove_all: each page counted once.
+            q._pending.page_size = 2
+            await q.offer_many([("t", 64), ("t", 65)])
+            proxy.kill_after_send(REMOVE_PAGE.sha.encode(), times=4)
+            assert await q._pending.remove(["t", "x3"], first_only=False) == 4
+            assert proxy.killed == 5
+            assert await q.read_all() == ["other"] + [f"x{i}" for i in range(10) if i != 3]
+            # A resent page that found nothing reports nothing.
+            proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+            assert await q.remove("absent") is False
+            assert proxy.killed == 6
+        finally:
+            await client.aclose()
+            await direct.aclose()
+
+
+async def test_malformed_elements_are_skipped_by_every_walk(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str")
+    q._pending.page_size = 2
+    await q.offer_many([("a", 60), ("b", 61)])
+    now = await server_ms(client)
+    garbage = [b"", b"x", b"\x08" + b"\x00" * 20, os.urandom(64), b"\x14adq\x01" + b"\xff" * 30]
+    await client.zadd(q.keys.timeout_set, {g: now + 60500 + i for i, g in enumerate(garbage)})
+    assert await q.read_all() == ["a", "b"]
+    assert await q.contains("b")
+    assert not await q.remove("x")
+    assert await q.remove_all(["a", "b"])
+    assert await q.size() == len(garbage)
+
+
+async def test_a_remove_page_runs_once_per_call_id(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str")
+    k = q.keys
+    keys = [k.timeout_set, k.delay_list, k.calls, k.call_replies]
+    await q.offer_many([("t", 60), ("t", 61)])
+
+    async def page(call_id: bytes, resend: str) -> Any:
+        return await run_script(client, REMOVE_PAGE, keys, [call_id, "", "", 1000, "1", resend, "t"], timeout_s=5)
+
+    # A first attempt that removed one: its resend repeats the reply and removes nothing more.
+    first = await page(b"A" * 16, "0")
+    assert first[0] == 1
+    assert await page(b"A" * 16, "1") == first
+    assert await q.size() == 1
+    # A resend that ran before its first attempt (which arrived late, on a dropped connection): the
+    # late attempt repeats the resend's reply, whether that removed one or found nothing.
+    assert (await page(b"B" * 16, "1"))[0] == 1
+    await q.offer("t", 60)
+    assert (await page(b"B" * 16, "0"))[0] == 1
+    assert await q.size() == 1
+    await q.clear()
+    assert (await page(b"C" * 16, "1"))[0] == 0
+    await q.offer("t", 60)
+    assert (await page(b"C" * 16, "0"))[0] == 0
+    assert await q.size() == 1
+    # A first attempt that found nothing leaves no trace: a walk for an absent item writes nothing.
+    calls = await client.zcard(k.calls)
+    assert (await run_script(client, REMOVE_PAGE, keys, [b"D" * 16, "", "", 1000, "1", "0", "x"], timeout_s=5))[0] == 0
+    assert await client.zcard(k.calls) == calls
