@@ -25,6 +25,7 @@ from ._delays import delay_to_ms
 from ._keys import QueueKeys
 from ._retry import RETRY_BACKOFF, resend_within
 from ._scripts import RECEIVE, RELEASE_CALL, SETTLE
+from ._tasks import run_through_cancellation
 from .exceptions import BackendError, DecodeError, QueueClosedError
 
 __all__ = ["Message", "MessageIterator", "ReliableConsumer", "parse_message"]
@@ -37,6 +38,8 @@ _MAGIC = b"adq\x02"
 _HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
 # Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
 _RECHECK_S = 5.0
+# How long a cancelled receive() spends undoing its call before the cancellation propagates.
+_UNDO_BOUND_S = 0.5
 
 
 def parse_message(element: bytes) -> tuple[str, int, int | None, bytes]:
@@ -145,9 +148,13 @@ class ReliableConsumer(Generic[T]):
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a
-            # late arrival of it receive nothing), without counting a delivery.
+            # late arrival of it receive nothing), without counting a delivery. This caller waits
+            # for it, at most _UNDO_BOUND_S and through further cancellations (a forced shutdown
+            # cancels every task again, the undo's too), so asyncio.run does not close the loop
+            # under it. Then the cancellation propagates.
             call.cancel()
-            self._spawn(self._release_call(call_id))
+            if not await self._undo_within(call_id, _UNDO_BOUND_S):
+                self._spawn(self._release_call(call_id))  # keeps trying unless the loop is going away
             raise
         except BackendError as exc:
             if exc.maybe_applied:
@@ -197,6 +204,23 @@ class ReliableConsumer(Generic[T]):
             lambda remaining_s, _resend: run_script(self._client, script, keys, args, timeout_s=remaining_s,
                                                     what=f"{what} on {self._keys.destination!r}"),
             timeout_s=self._call_timeout_s)
+
+    async def _undo_within(self, call_id: bytes, timeout_s: float) -> bool:
+        """RELEASE_CALL within ``timeout_s``, through cancellations; returns whether it was applied."""
+        k = self._keys
+        done = False
+
+        async def release() -> None:
+            nonlocal done
+            await resend_within(
+                lambda remaining_s, _resend: run_script(
+                    self._client, RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies], [call_id],
+                    timeout_s=remaining_s, what=f"undo a cancelled receive on {k.destination!r}"),
+                timeout_s=timeout_s)
+            done = True
+
+        await run_through_cancellation(release, timeout_s)
+        return done
 
     async def _release_call(self, call_id: bytes) -> None:
         k = self._keys

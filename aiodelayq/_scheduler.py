@@ -25,6 +25,8 @@ log = logging.getLogger("aiodelayq")
 
 # Concurrent transfer calls per client (see TransferScheduler._slots).
 _TRANSFER_SLOTS = 8
+# Least delay before the next timed transfer after one that moved nothing.
+_AFTER_EMPTY_S = 0.002
 
 
 @dataclass
@@ -63,9 +65,9 @@ class TransferScheduler:
     earlier one; while a whole batch was due, transfers run back to back; Redis errors are logged
     and retried with jittered exponential backoff.
 
-    After every successful transfer, whether or not it moved anything, the listeners run: items
-    may have been moved by another process's (or Redisson's) transfer at the same due time, so
-    consumers look at the destination then.
+    After every successful transfer that leaves items in the destination list, whether or not it
+    moved them itself, the listeners run: items may have been moved by another process's (or
+    Redisson's) transfer at the same due time, so consumers look at the destination then.
     """
 
     def __init__(self, client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
@@ -222,8 +224,11 @@ class TransferScheduler:
             if next_due is not None:
                 due_at = self._server_ms_to_loop(next_due)
                 if moved + dead == 0:
-                    # Nothing was due yet: the anchor fired us a hair early; never spin.
-                    due_at = max(due_at, self._loop.time() + 0.0005)
+                    # Nothing moved: the anchor fired us a hair early, or another process (or
+                    # Redisson) moved the items at the same due time. Never spin, and leave the
+                    # race to the others for a moment (2 ms): with several consuming processes
+                    # each would otherwise run a transfer for every item.
+                    due_at = max(due_at, self._loop.time() + _AFTER_EMPTY_S)
                 when = min(when, due_at)
             self.arm_at(when)
 
@@ -237,7 +242,7 @@ class TransferScheduler:
                  keys.handoff_leases],
                 [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
             received = self._loop.time()
-        moved, dead, next_due, seconds, micros, recovered, lease_due = reply
+        moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.stats.transfers += 1
         self.stats.moved += int(moved)
@@ -250,7 +255,10 @@ class TransferScheduler:
             log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
                         "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
-        for listener in list(self.listeners):
-            listener()
+        if int(ready) > 0:
+            # Items wait in the destination (moved by us, by another process at the same due time,
+            # or put there by others): consumers look. An empty list wakes nobody.
+            for listener in list(self.listeners):
+                listener()
         return (int(moved), int(dead), float(next_due) if next_due is not None else None,
                 float(lease_due) if lease_due is not None else None)

@@ -177,7 +177,8 @@ _TRANSFER = _PRELUDE + """
 -- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset
 -- ARGV[1] at most this many elements are moved
 -- returns: {moved, dead_lettered, next due score (epoch ms, text) or false, TIME seconds,
---           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false}
+--           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false,
+--           length of the destination list (consumers need not look when it is 0)}
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
 -- list, so one bad element can never stall the queue. Only elements that are in the insertion-
@@ -214,7 +215,7 @@ for _, id in ipairs(redis.call('zrangebyscore', KEYS[6], '-inf', now, 'LIMIT', 0
 end
 local nxt = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local lease = redis.call('zrange', KEYS[6], 0, 0, 'WITHSCORES')
-return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}
+return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false, redis.call('llen', KEYS[1])}
 """
 TRANSFER = Script("transfer", _TRANSFER)
 
@@ -320,7 +321,8 @@ _RECEIVE = _MESSAGE_PRELUDE + """
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index)
--- returns: {now ms, earliest in-flight deadline (ms, text) or false, dead-lettered count, messages...}
+-- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
+--           dead-lettered count, messages...}
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
 -- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
@@ -329,8 +331,11 @@ _RECEIVE = _MESSAGE_PRELUDE + """
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead = {}, 0
-if first_run(KEYS[4], ARGV[4]) then
+local first = first_run(KEYS[4], ARGV[4])
+if first then
   out = received(KEYS[2], redis.call('hget', KEYS[5], ARGV[4]))
+  -- Reply with the first run's time: the client computes each message's deadline from it.
+  now = first
 else
   local expired = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
   for _, e in ipairs(expired) do

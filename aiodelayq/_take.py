@@ -33,8 +33,9 @@ from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
-from ._retry import RETRY_BACKOFF
+from ._retry import RETRY_BACKOFF, resend_within
 from ._scripts import FINISH, POP
+from ._tasks import wait_through_cancellation
 from .exceptions import BackendError, DecodeError
 
 __all__ = ["HANDOFF_LEASE_MS", "TakePump"]
@@ -58,15 +59,24 @@ class _Pop:
 
     call_id: bytes
     size: int = -1  # -1 until the reply is read: the outcome is unknown
+    finish_attempts: int = 0
     plan: list[str | None] = field(default_factory=list)
+    undecided: int = 0
     finishing: asyncio.Future[Any] | None = None
 
+    def received(self, count: int) -> None:
+        self.size = count
+        self.plan = [None] * count
+        self.undecided = count
+
     def settle(self, index: int, verdict: str) -> None:
+        if self.plan[index] is None:
+            self.undecided -= 1
         self.plan[index] = verdict
 
     @property
     def settled(self) -> bool:
-        return self.size >= 0 and all(v is not None for v in self.plan)
+        return self.size >= 0 and self.undecided == 0
 
 
 @dataclass(eq=False)
@@ -129,6 +139,7 @@ class TakePump:
         entries = waiter.future.result()  # raises fail_waiters' exception
         for pop, index, _ in entries:
             pop.settle(index, "d")
+        for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._maybe_finish(pop)
         return [value for _, _, value in entries]
 
@@ -179,7 +190,8 @@ class TakePump:
             # the same deadline, so closing never waits for a stalled server longer than asked.
             task.cancel()
             await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
-        await self._flush(deadline)
+        if await self._flush(deadline):
+            raise asyncio.CancelledError
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -205,6 +217,7 @@ class TakePump:
         for pop, index, _ in entries[start:]:
             pop.settle(index, "r")
             self.returned += 1
+        for pop in {id(pop): pop for pop, _, _ in entries[start:]}.values():
             self._maybe_finish(pop)
 
     def _wanted(self) -> int:
@@ -259,15 +272,14 @@ class TakePump:
                 self._end_once_waiters()
         except asyncio.CancelledError:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
-            # we hold within the close deadline, or briefly; a second cancellation abandons it.
+            # we hold within the close deadline, or briefly, through further cancellations.
             loop = asyncio.get_running_loop()
             self._closed = self._closed or ConnectionError("pump cancelled")
             await self._flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
 
     def _received(self, pop: _Pop, raws: list[bytes]) -> None:
-        pop.size = len(raws)
-        pop.plan = [None] * len(raws)
+        pop.received(len(raws))
         entries: list[tuple[_Pop, int, Any]] = []
         for index, raw in enumerate(raws):
             try:
@@ -288,24 +300,24 @@ class TakePump:
                 waiter.future.exception()
 
     async def _pop(self, pop: _Pop, wanted: int) -> list[bytes]:
-        """POP with ``pop.call_id``; a lost reply is resent with the same id (same items back)."""
-        loop = asyncio.get_running_loop()
-        horizon = loop.time() + _RESEND_HORIZON_S
-        attempt = 0
+        """POP with ``pop.call_id``; after a lost reply (or a failure before sending) it is resent
+        with the same id, which returns the same items, for up to ``_RESEND_HORIZON_S``.
+
+        Raises:
+            BackendError: still failing at the horizon, or a final error; ``maybe_applied`` if any
+                attempt may have been applied (then FINISH '*' must return what it got).
+        """
         k = self._keys
-        while True:
-            try:
-                async with self._slots:
-                    raws: list[bytes] = await run_script(
-                        self._client, POP, [k.destination, k.handoff, k.handoff_leases],
-                        [pop.call_id, wanted, HANDOFF_LEASE_MS], timeout_s=self._call_timeout_s,
-                        what=f"pop from {k.destination!r}")
-                return raws
-            except BackendError as exc:
-                attempt += 1
-                if not exc.maybe_applied or is_permanent(exc) or loop.time() >= horizon or self._closed:
-                    raise
-                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
+
+        async def attempt(remaining_s: float, _resend: bool) -> list[bytes]:
+            async with self._slots:
+                raws: list[bytes] = await run_script(
+                    self._client, POP, [k.destination, k.handoff, k.handoff_leases],
+                    [pop.call_id, wanted, HANDOFF_LEASE_MS], timeout_s=min(remaining_s, self._call_timeout_s),
+                    what=f"pop from {k.destination!r}")
+            return raws
+
+        return await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
 
     def _maybe_finish(self, pop: _Pop, *, unknown: bool = False) -> None:
         """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
@@ -323,11 +335,14 @@ class TakePump:
         attempt = 0
         k = self._keys
         while True:
+            timeout_s = self._call_timeout_s if deadline is None else max(0.001, min(self._call_timeout_s,
+                                                                                     deadline - loop.time()))
             try:
                 async with self._slots:
+                    pop.finish_attempts += 1
                     done = await run_script(
                         self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
-                        [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=self._call_timeout_s,
+                        [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
                         what=f"finish a pop from {k.destination!r}")
             except BackendError as exc:
                 attempt += 1
@@ -338,36 +353,37 @@ class TakePump:
                 await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
                 continue
             self._pops.discard(pop)
-            if not done and not attempt and "d" in plan:
-                # Found nothing on the first try: the lease ran out and the items went back.
+            if not done and pop.finish_attempts == 1 and "d" in plan:
+                # Found nothing, and no earlier FINISH of this pop may have been applied: the lease
+                # ran out and the items went back.
                 log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the "
                             "queue and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
             return
 
-    async def _flush(self, deadline: float) -> None:
-        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``.
-        A FINISH task that was cancelled meanwhile (a forced shutdown cancels every task) is started
-        again. A second cancellation of the caller abandons the flush (the lease covers the rest)."""
+    async def _flush(self, deadline: float) -> bool:
+        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``,
+        through cancellations (a forced shutdown cancels every task, perhaps twice): a FINISH task
+        cancelled meanwhile is started again. Returns whether this task was cancelled meanwhile
+        (the caller raises it). What is left at the deadline goes back through the lease."""
         loop = asyncio.get_running_loop()
         started: set[asyncio.Future[Any]] = set()
-        try:
-            while self._pops and loop.time() < deadline:
-                pending: set[asyncio.Future[Any]] = set()
-                for pop in list(self._pops):
-                    for index, verdict in enumerate(pop.plan):
-                        if verdict is None:
-                            pop.settle(index, "r")
-                    if pop.finishing is None or pop.finishing.done():
-                        pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
-                    pending.add(pop.finishing)
-                started |= pending
-                await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
-        finally:
-            left = {task for task in started if not task.done()}
-            for task in left:
-                task.cancel()
-            if left:
-                # Cancelled exchanges drop their connections within a loop turn or two; wait for
-                # that, so no task outlives the loop.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait(left, timeout=0.1)
+        cancelled = False
+        while self._pops and loop.time() < deadline:
+            pending: set[asyncio.Future[Any]] = set()
+            for pop in list(self._pops):
+                for index, verdict in enumerate(pop.plan):
+                    if verdict is None:
+                        pop.settle(index, "r")
+                if pop.finishing is None or pop.finishing.done():
+                    pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
+                pending.add(pop.finishing)
+            started |= pending
+            cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled
+        left = {task for task in started if not task.done()}
+        for task in left:
+            task.cancel()
+        if left:
+            # Cancelled exchanges drop their connections within a loop turn or two; wait for that,
+            # so no task outlives the loop.
+            cancelled = await wait_through_cancellation(left, 0.1) or cancelled
+        return cancelled

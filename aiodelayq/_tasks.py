@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["shielded", "stop_task", "within"]
+__all__ = ["run_through_cancellation", "shielded", "stop_task", "wait_through_cancellation", "within"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -70,3 +70,47 @@ async def within(work: Awaitable[Any], timeout_s: float) -> bool:
         task.result()  # re-raise its error, if any
         return True
     return False
+
+
+async def wait_through_cancellation(futures: set[asyncio.Future[Any]], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``futures`` even if this task is cancelled meanwhile:
+    bounded cleanup that must not be cut short (returning popped items, undoing a receive).
+
+    A forced shutdown cancels a task that is already cancelling (``asyncio.run`` cancels every task,
+    after the caller's own cancel): without this, the cleanup it started would be abandoned and
+    destroyed with the loop. The cancellation is never swallowed: the return value says whether one
+    arrived, and the caller raises it once the bounded wait is over.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while True:
+        pending = {f for f in futures if not f.done()}
+        remaining = deadline - loop.time()
+        if not pending or remaining <= 0:
+            return cancelled
+        try:
+            await asyncio.wait(pending, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+
+
+async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s: float) -> bool:
+    """Run ``make()`` as a task and wait for it through cancellations, for at most ``timeout_s``;
+    if a forced shutdown cancelled that task (even before its first step, when its own handlers
+    cannot run), start it again while time remains. Returns whether this task was cancelled
+    meanwhile (the caller raises it); the work is cancelled if it is still running at the bound.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while True:
+        task = asyncio.ensure_future(make())
+        cancelled = await wait_through_cancellation({task}, deadline - loop.time()) or cancelled
+        if not task.done():
+            task.cancel()
+            return await wait_through_cancellation({task}, 0.1) or cancelled
+        if not task.cancelled() or loop.time() >= deadline:
+            if not task.cancelled():
+                task.exception()  # retrieved: the work logs its own failures
+            return cancelled

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.backoff import ConstantBackoff
 
+import aiodelayq._retry as retry_module
 from aiodelayq import (
     AccessDeniedError,
     CallTimeoutError,
@@ -20,7 +22,7 @@ from aiodelayq import (
     WrongEventLoopError,
     delay_to_ms,
 )
-from aiodelayq._scripts import OFFER, RECEIVE, SETTLE
+from aiodelayq._scripts import OFFER, POP, RECEIVE, SETTLE
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server
 from tests.helpers import until
 
@@ -111,6 +113,48 @@ async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
         in_handoff += _count_packed(blob)
     assert not set(consumed) & set(left)
     assert len(consumed) + len(left) + pending + in_handoff == 3000
+    for key in keys.all:
+        await client.delete(key)
+
+
+FORCED_SHUTDOWN_RELIABLE = r"""
+import asyncio, sys
+from redis.asyncio import Redis
+from aiodelayq import DelayedQueue
+
+url, name, cancel_after = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+async def main():
+    q = DelayedQueue(Redis.from_url(url), name, codec="str")
+    await q.offer_many([(str(i), (i % 100) / 100) for i in range(2000)])
+
+    async def consume():
+        async with q:
+            async for msg in q.messages(30):
+                print("got", msg.value, flush=True)
+                await msg.ack()
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(cancel_after)
+    task.cancel()
+
+asyncio.run(main())
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("cancel_after", [0.05, 0.3, 0.6])
+async def test_a_forced_shutdown_counts_no_delivery_nobody_saw(redis_server: Any, qname: str, client: Redis,
+                                                               cancel_after: float) -> None:
+    with SubprocessConsumer(FORCED_SHUTDOWN_RELIABLE, args=[redis_server.url, qname, str(cancel_after)]) as child:
+        assert await child.await_exit(30) == 0, child.stderr
+    assert "Task was destroyed" not in child.stderr
+    seen = {line.split()[1] for line in child.lines if line.startswith("got ")}
+    keys = DelayedQueue(client, qname).keys
+    in_flight = [m[32:].decode() for m in await client.zrange(keys.in_flight, 0, -1)]
+    assert set(in_flight) <= seen  # in flight only what a consumer saw (at most the one not yet acked)
+    left = await client.llen(qname) + await client.zcard(keys.timeout_set)
+    assert len(seen) + left == 2000
     for key in keys.all:
         await client.delete(key)
 
@@ -206,6 +250,69 @@ async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any) -
         finally:
             await q.aclose()
             await client.aclose()
+
+
+async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
+        own_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # First POP applied and its reply lost; the resend then fails before reaching the server. The
+    # items must come from the resend that finally gets through, not wait out the 20 s lease.
+    monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.3))
+    server = own_server()
+    with FaultProxy(server.port) as proxy:
+        client, admin = Redis.from_url(proxy.url), Redis.from_url(server.url)
+        q: DelayedQueue[str] = DelayedQueue(client, "r3", codec="str", call_timeout_s=1.0)
+        try:
+            async with q:
+                await q.offer("warm", 0)
+                assert await asyncio.wait_for(q.take(), 5) == "warm"  # POP and FINISH loaded
+                proxy.kill_after_send(POP.sha.encode())
+                await admin.rpush("r3", "x")
+                loop = asyncio.get_running_loop()
+                start = loop.time()
+                taker = asyncio.ensure_future(q.take())
+                assert await proxy.wait_killed_async(1, 5)
+                proxy.pause()
+                await asyncio.sleep(2.0)  # resends time out unsent
+                proxy.resume()
+                assert await asyncio.wait_for(taker, 10) == "x"
+                assert loop.time() - start < 10
+                assert q.stats.recovered == 0
+        finally:
+            await client.aclose()
+            await admin.aclose()
+
+
+async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.6))
+    server = own_server()
+    with FaultProxy(server.port) as proxy:
+        client, admin, direct = Redis.from_url(proxy.url), Redis.from_url(server.url), Redis.from_url(server.url)
+        q: DelayedQueue[str] = DelayedQueue(client, "r2", codec="str")
+        other: DelayedQueue[str] = DelayedQueue(direct, "r2", codec="str")
+        try:
+            async with q, other:
+                await q.offer("warm", 0)
+                warm = await q.receive(1.0, timeout=5)
+                assert warm is not None
+                assert await warm.ack()  # RECEIVE and SETTLE loaded
+                await q.offer("m", 0)
+                await asyncio.sleep(0.3)
+                proxy.kill_after_send(RECEIVE.sha.encode())
+                msg = await q.receive(visibility_timeout=1.0, timeout=5)  # resent 0.6 s after the loss
+                assert msg is not None
+                [(_, score)] = await admin.zrange(q.keys.in_flight, 0, -1, withscores=True)
+                assert msg.deadline_ms == int(score)
+                again = await other.receive(visibility_timeout=30, timeout=3)  # after the true deadline
+                assert again is not None
+                assert again.delivery_count == 2
+                monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
+                proxy.kill_after_send(SETTLE.sha.encode())
+                assert await msg.ack() is False  # superseded: never claims a settle it did not make
+                assert await admin.zcard(q.keys.in_flight) == 1
+        finally:
+            await client.aclose()
+            await admin.aclose()
+            await direct.aclose()
 
 
 # -- 6, 7, 9, 13: lifecycle ------------------------------------------------------------------------------
