@@ -58,6 +58,8 @@ class QueueStats:
         returned: popped items handed back to the list because their caller had gone.
         recovered: popped items whose consumer did not finish with them within the hand-off lease,
             returned to the head of the list by this process's transfers.
+        exhausted: messages this queue object moved to the dead-letter list because they ran out
+            of deliveries (``max_deliveries``), or were not message elements.
     """
 
     transfers: int
@@ -67,6 +69,7 @@ class QueueStats:
     transfer_errors: int
     returned: int
     recovered: int = 0
+    exhausted: int = 0
 
 
 class DelayedQueue(AsyncResource, Generic[T]):
@@ -208,6 +211,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             transfer_errors=s.errors if s else 0,
             returned=pump.returned if pump else 0,
             recovered=s.recovered if s else 0,
+            exhausted=reliable.exhausted if reliable else 0,
         )
 
     def __repr__(self) -> str:

@@ -110,6 +110,7 @@ class ReliableConsumer(Generic[T]):
         self._side_tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
         self.undecodable = 0
+        self.exhausted = 0
 
     def __repr__(self) -> str:
         return f"<ReliableConsumer {self._keys.destination!r} side_tasks={len(self._side_tasks)}>"
@@ -162,6 +163,7 @@ class ReliableConsumer(Generic[T]):
             raise
         now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
         if dead:
+            self.exhausted += dead
             log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
                       dead, k.destination, self._max_deliveries, k.dead_letter)
         wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))
@@ -194,7 +196,9 @@ class ReliableConsumer(Generic[T]):
 
         result = await asyncio.shield(self._spawn(resend_within(attempt, timeout_s=self._call_timeout_s)))
         if int(result) == 2:
-            log.error("aiodelayq: a message of %r was nacked on its last allowed delivery (max_deliveries=%d); "
+            # Per message: counted (stats.exhausted) and visible in the dead-letter list, logged at DEBUG.
+            self.exhausted += 1
+            log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery (max_deliveries=%d); "
                       "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
         return bool(int(result))
 

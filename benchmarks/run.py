@@ -21,7 +21,11 @@ Method
   N due items in random due order: rate to empty the zset, worst script time), ``lateness`` (10k items/s
   falling due, consumer in a separate process), ``e2e`` (offer -> due -> consumed in one process),
   ``idle`` (1,000 open queues: commands/s, pub/sub connections, client RSS) and ``memory`` (``MEMORY
-  USAGE`` of the pending keys per item).
+  USAGE`` of the pending keys per item); ours only (no reference: Redisson's delayed queue has no
+  reliable consumption): ``reliable_lateness`` (2k items/s falling due, three consumer processes on
+  ``messages()`` + ``ack()``, with a PING reference and the machine's load) and, only when asked for
+  (``--only big_item_stall`` or ``--big-item-stall``), ``big_item_stall`` (how long one offer of a
+  1/10/50 MB item blocks the event loop).
 - **Bounds.** Every loop is bounded in time. The reference transfer is O(backlog) per item (``LREM``)
   and is stopped after ``--ref-bound`` seconds; its rate is then the rate measured over that window and
   is flagged ``bounded``.
@@ -50,7 +54,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -59,14 +63,23 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from lateness import measure_clock_offset_ms, percentile, redact, server_identity, summarize  # noqa: E402
+from lateness import (  # noqa: E402
+    client_ping_rtts_ms,
+    measure_clock_offset_ms,
+    percentile,
+    raw_ping_rtts_ms,
+    redact,
+    server_identity,
+    summarize,
+)
 from reference import ReferenceQueue, ReferenceSubscriber, ScriptShas, encode_item  # noqa: E402
 
-from aiodelayq import DelayedQueue  # noqa: E402
+from aiodelayq import BytesCodec, DelayedQueue, JsonCodec  # noqa: E402
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 
 RESULTS = HERE / "results"
-SCENARIOS = ("offer", "offer_many", "transfer", "lateness", "e2e", "idle", "memory")
+SCENARIOS = ("offer", "offer_many", "transfer", "lateness", "reliable_lateness", "e2e", "idle", "memory")
+EXTRA_SCENARIOS = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
 FAR_S = 3600.0  # delay of items that must not fall due during a scenario
 
 
@@ -82,6 +95,11 @@ class Sizes:
     ref_bound_s: float = 15.0
     lateness_rate: float = 10_000.0
     lateness_seconds: float = 10.0
+    reliable_rate: float = 2000.0
+    reliable_seconds: float = 10.0
+    reliable_consumers: int = 3
+    reliable_vt_s: float = 30.0
+    big_item_mbs: tuple[int, ...] = (1, 10, 50)
     e2e_seconds: float = 5.0
     e2e_backlog: int = 20_000
     idle_queues: int = 1000
@@ -91,7 +109,7 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(rounds=1, offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
-              lateness_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000)
+              lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000)
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -279,6 +297,100 @@ async def _lateness_consume(conn: Any, url: str, name: str, impl: str, total: in
     return {"ids": ids, "times": times, "stats": extra}
 
 
+# -- the reliable-lateness consumers (separate processes) -------------------------------------------
+
+
+def reliable_consumer_main(conn: Any, url: str, name: str, vt_s: float, bound_s: float) -> None:
+    """Child process: open the queue and run ``async for msg in q.messages(vt_s): await msg.ack()`` until
+    the parent sends ``"stop"`` (or ``bound_s`` passed); send back ids, receipt times (local epoch ms),
+    delivery counts, failed acks, the queue's stats and this process's CPU time."""
+    try:
+        result = asyncio.run(_reliable_consume(conn, url, name, vt_s, bound_s))
+    except BaseException as exc:
+        conn.send({"error": repr(exc)})
+        raise
+    conn.send(result)
+    conn.close()
+
+
+def _wait_for_stop(conn: Any, bound_s: float) -> None:
+    """(In a thread.) Return when the parent sends something or after ``bound_s``."""
+    if conn.poll(bound_s):
+        conn.recv()
+
+
+async def _reliable_consume(conn: Any, url: str, name: str, vt_s: float, bound_s: float) -> dict[str, Any]:
+    client = Redis.from_url(url, decode_responses=False)
+    ids: list[int] = []
+    times: list[float] = []
+    redelivered = 0
+    ack_false = 0
+    try:
+        queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
+        async with queue:
+            conn.send("ready")
+            # The parent says when everything was delivered and acked: closing the queue ends the loop.
+            stopper = asyncio.ensure_future(asyncio.to_thread(_wait_for_stop, conn, bound_s))
+            closing: list[asyncio.Future[None]] = []  # referenced until it ends
+            stopper.add_done_callback(lambda _: closing.append(asyncio.ensure_future(queue.aclose())))
+            async for msg in queue.messages(vt_s):
+                now = time.time() * 1000.0
+                ids.append(msg.value["order"])
+                times.append(now)
+                if msg.delivery_count > 1:
+                    redelivered += 1
+                if not await msg.ack():
+                    ack_false += 1
+            await stopper
+            stats = asdict(queue.stats)
+    finally:
+        await client.aclose()
+    return {"ids": ids, "times": times, "redelivered": redelivered, "ack_false": ack_false, "stats": stats,
+            "cpu_s": sum(os.times()[:2])}
+
+
+async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Callable[[], float],
+                         due: dict[int, float], *, total: int, rate: float, start_offset_s: float, lead_s: float,
+                         tick_s: float, bound_s: float, label: str) -> int:
+    """Make ``total`` items fall due at ``rate`` per second: item ``i`` targets ``start + start_offset_s +
+    i / rate`` (``now_ms`` clock); every ``tick_s`` every item whose target is within ``lead_s`` is sent
+    (``send``: a batch of at most 1000 ``(payload, delay s)``, returning due times). The due times go
+    into ``due`` (by id); returns how many items were sent late (delay clamped to 0)."""
+    loop = asyncio.get_running_loop()
+    start_ms = now_ms()
+    t0 = loop.time()
+    tick = t0
+    next_id = 0
+    clamped = 0
+    next_print = t0 + 2.0
+    while next_id < total and loop.time() < t0 + bound_s:
+        horizon = now_ms() + lead_s * 1000.0
+        batch: list[tuple[Any, float]] = []
+        now = now_ms()
+        while next_id < total and len(batch) < 1000:
+            target = start_ms + start_offset_s * 1000.0 + next_id * 1000.0 / rate
+            if target > horizon:
+                break
+            delay_s = (target - now) / 1000.0
+            if delay_s <= 0:
+                clamped += 1
+                delay_s = 0.0
+            batch.append((payload(next_id), delay_s))
+            next_id += 1
+        if batch:
+            dues = await send(batch)
+            for (item, _), d in zip(batch, dues, strict=True):
+                due[item["order"]] = float(d)
+            if len(batch) == 1000:
+                continue
+        if loop.time() >= next_print:
+            log(f"      {label}: offered {next_id:,}/{total:,}")
+            next_print += 2.0
+        tick += tick_s
+        await asyncio.sleep(max(0.0, tick - loop.time()))
+    return clamped
+
+
 # -- the suite --------------------------------------------------------------------------------------
 
 
@@ -312,8 +424,7 @@ class Bench:
         """Delete every key of the given queues (ours and the reference use the same key names)."""
         keys: list[str] = []
         for n in names:
-            k = DelayedQueue(self.ctl, n).keys
-            keys += [k.destination, k.timeout_set, k.delay_list, k.dead_letter]
+            keys += DelayedQueue(self.ctl, n).keys.all
         for i in range(0, len(keys), 1000):
             await self.ctl.unlink(*keys[i:i + 1000])
 
@@ -628,7 +739,6 @@ class Bench:
                            name=f"lateness-consumer-{impl}", daemon=True)
         client = self.client()
         due: dict[int, float] = {}
-        clamped = 0
         try:
             proc.start()
             if not await asyncio.to_thread(parent.poll, 60.0):
@@ -644,37 +754,9 @@ class Bench:
                 ref = await ReferenceQueue(client, name).prepare()
                 now_ms = lambda: time.time() * 1000.0  # noqa: E731 - the reference's own clock
                 send = ref.offer_pipeline
-            loop = asyncio.get_running_loop()
-            start_ms = now_ms()
-            t0 = loop.time()
-            tick = t0
-            next_id = 0
-            next_print = t0 + 2.0
-            while next_id < total and loop.time() < t0 + bound_s:
-                horizon = now_ms() + lead_s * 1000.0
-                batch: list[tuple[Any, float]] = []
-                now = now_ms()
-                while next_id < total and len(batch) < 1000:
-                    target = start_ms + start_offset_s * 1000.0 + next_id * 1000.0 / s.lateness_rate
-                    if target > horizon:
-                        break
-                    delay_s = (target - now) / 1000.0
-                    if delay_s <= 0:
-                        clamped += 1
-                        delay_s = 0.0
-                    batch.append((payload(next_id), delay_s))
-                    next_id += 1
-                if batch:
-                    dues = await send(batch)
-                    for (item, _), d in zip(batch, dues, strict=True):
-                        due[item["order"]] = float(d)
-                    if len(batch) == 1000:
-                        continue
-                if loop.time() >= next_print:
-                    log(f"      {impl}: offered {next_id:,}/{total:,}")
-                    next_print += 2.0
-                tick += tick_s
-                await asyncio.sleep(max(0.0, tick - loop.time()))
+            clamped = await produce_spread(send, now_ms, due, total=total, rate=s.lateness_rate,
+                                           start_offset_s=start_offset_s, lead_s=lead_s, tick_s=tick_s,
+                                           bound_s=bound_s, label=impl)
             if not await asyncio.to_thread(parent.poll, bound_s + 30.0):
                 raise RuntimeError("lateness consumer sent no result")
             res = parent.recv()
@@ -697,6 +779,177 @@ class Bench:
                   "histogram": _log_histogram(lat), "consumer_stats": res["stats"]}
         log(f"    {impl:9}: delivered {len(received):,}/{total:,}, lateness p50={_ms(summary['p50'])} "
             f"p99={_ms(summary['p99'])} max={_ms(summary['max'])}")
+        return result
+
+    # scenario: reliable lateness (ours only) ----------------------------------------------------------
+
+    async def scenario_reliable_lateness(self) -> dict[str, Any]:
+        """``reliable_rate`` items/s falling due for ``reliable_seconds`` s, consumed reliably by
+        ``reliable_consumers`` separate (spawned) processes, each opening the queue on its own client and
+        running ``async for msg in q.messages(30): await msg.ack()``. This process produces as in
+        ``lateness`` (every 50 ms, ``offer_many`` of every item due within 0.5 s). Lateness = server clock at
+        receipt (local clock + the offset measured with ``TIME``) - due time, per item at its first receipt.
+        The run ends when the zset, the destination and the in-flight zset are all empty (or at window end
+        + 5 s); then the consumers are told to close. Lost = offered, never received; duplicates = receipts
+        beyond the first. Reference round trip, same run: 500 ``PING``s on a raw socket and 500 through
+        ``redis.asyncio`` just before the window (consumers already open and idle), and one ``redis.asyncio``
+        ``PING`` every 20 ms during it. Load: ``os.getloadavg()`` before and after, CPU busy share over the
+        window from ``/proc/stat``, CPU seconds of each consumer process. No reference implementation:
+        Redisson's ``RDelayedQueue`` has no reliable consumption."""
+        s = self.sizes
+        total = round(s.reliable_rate * s.reliable_seconds)
+        name = self.name("reliable_lateness", "ours")
+        start_offset_s, lead_s, tick_s, grace_s = 0.5, 0.5, 0.05, 5.0
+        bound_s = start_offset_s + s.reliable_seconds + lead_s + grace_s
+        ctx = multiprocessing.get_context("spawn")
+        procs: list[Any] = []
+        pipes: list[Any] = []
+        client = self.client()
+        due: dict[int, float] = {}
+        keys = DelayedQueue(self.ctl, name).keys
+        results: list[dict[str, Any]] = []
+        during: list[float] = []
+        try:
+            for n in range(s.reliable_consumers):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=reliable_consumer_main,
+                                   args=(child, self.url, name, s.reliable_vt_s, bound_s + 30.0),
+                                   name=f"reliable-consumer-{n}", daemon=True)
+                proc.start()
+                procs.append(proc)
+                pipes.append(parent)
+            for parent in pipes:
+                if not await asyncio.to_thread(parent.poll, 60.0):
+                    raise RuntimeError("reliable consumer did not start within 60 s")
+                msg = parent.recv()
+                if msg != "ready":
+                    raise RuntimeError(f"reliable consumer failed: {msg}")
+            raw = await asyncio.to_thread(raw_ping_rtts_ms, self.url, 500)
+            ping_client = self.client()
+            try:
+                idle_rtts = await client_ping_rtts_ms(ping_client, 500)
+                q: DelayedQueue[Any] = DelayedQueue(client, name)
+                loop = asyncio.get_running_loop()
+                load_before = os.getloadavg()
+                cpu_before = _cpu_times()
+                server_before = await _server_counters(self.ctl)
+                t0 = loop.time()
+                pinger = asyncio.ensure_future(_ping_every(ping_client, 0.02, during))
+                try:
+                    clamped = await produce_spread(q.offer_many, self.server_now_ms, due, total=total,
+                                                   rate=s.reliable_rate, start_offset_s=start_offset_s, lead_s=lead_s,
+                                                   tick_s=tick_s, bound_s=bound_s, label="ours (reliable)")
+                    # Done when nothing is pending, ready or in flight (every message acked).
+                    while loop.time() < t0 + bound_s:
+                        left = [await self.ctl.zcard(keys.timeout_set), await self.ctl.llen(keys.destination),
+                                await self.ctl.zcard(keys.in_flight)]
+                        if not any(left):
+                            break
+                        await asyncio.sleep(0.05)
+                    elapsed = loop.time() - t0
+                finally:
+                    pinger.cancel()
+                    await asyncio.wait({pinger})
+                cpu_after = _cpu_times()
+                load_after = os.getloadavg()
+                server_after = await _server_counters(self.ctl)
+            finally:
+                await ping_client.aclose()
+            for parent in pipes:
+                parent.send("stop")
+            for parent in pipes:
+                if not await asyncio.to_thread(parent.poll, 30.0):
+                    raise RuntimeError("reliable consumer sent no result")
+                res = parent.recv()
+                if "error" in res:
+                    raise RuntimeError(f"reliable consumer failed: {res['error']}")
+                results.append(res)
+            # Not received by the end of the bound but still queued (ready list, in flight, pending) is
+            # "undelivered", not lost: lost = offered and nowhere.
+            in_flight_left = await self.ctl.zcard(keys.in_flight)
+            still_queued: set[int] = set()
+            for raw_item in await self.ctl.lrange(keys.destination, 0, -1):
+                still_queued.add(json.loads(raw_item)["order"])
+            in_flight = cast(list[bytes], await self.ctl.zrange(keys.in_flight, 0, -1))
+            for element in in_flight:
+                still_queued.add(json.loads(element[32:])["order"])  # message header: 32 bytes
+            pending_left = await self.ctl.zcard(keys.timeout_set)
+            pending = cast(list[bytes], await self.ctl.zrange(keys.timeout_set, 0, -1))
+            for element in pending:
+                still_queued.add(_fast_element_order(element))
+        finally:
+            for proc in procs:
+                await asyncio.to_thread(proc.join, 15.0)
+                if proc.is_alive():
+                    proc.terminate()
+                    await asyncio.to_thread(proc.join, 5.0)
+            await client.aclose()
+            await self.drop(name)
+        first: dict[int, float] = {}
+        receipts = 0
+        for res in results:
+            receipts += len(res["ids"])
+            for i, t in zip(res["ids"], res["times"], strict=True):
+                if i not in first or t < first[i]:
+                    first[i] = t
+        lat = [t + self.offset_ms - due[i] for i, t in first.items() if i in due]
+        summary = summarize(lat)
+        raw_sorted, idle_sorted, during_sorted = sorted(raw or []), sorted(idle_rtts), sorted(during)
+        busy = _busy_share(cpu_before, cpu_after)
+        window_start = min(due.values(), default=0.0)
+        buckets: dict[int, list[float]] = {}
+        for i, t in first.items():
+            if i in due:
+                buckets.setdefault(int((due[i] - window_start) // 1000), []).append(t + self.offset_ms - due[i])
+        timeline = []
+        for sec in sorted(buckets):
+            b = sorted(buckets[sec])
+            timeline.append({"due_second": sec, "count": len(b), "p50": percentile(b, 50), "p99": percentile(b, 99),
+                             "max": b[-1]})
+        calls = {k: server_after["calls"].get(k, 0) - server_before["calls"].get(k, 0)
+                 for k in server_after["calls"]}
+        calls = {k: v for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v > 0}
+        server = {"cpu_s": server_after["cpu_s"] - server_before["cpu_s"],
+                  "commands": server_after["commands"] - server_before["commands"], "calls": calls,
+                  "evalsha_per_item": calls.get("evalsha", 0) / total if total else None,
+                  "commands_per_item": (server_after["commands"] - server_before["commands"]) / total
+                  if total else None}
+        result = {
+            "rate": s.reliable_rate, "seconds": s.reliable_seconds, "consumers": s.reliable_consumers,
+            "visibility_timeout_s": s.reliable_vt_s, "count": total, "offered": len(due), "delivered": len(first),
+            "lost": sum(1 for i in due if i not in first and i not in still_queued),
+            "undelivered_still_queued": sum(1 for i in due if i not in first and i in still_queued),
+            "pending_left": pending_left, "duplicates": receipts - len(first),
+            "unexpected": sum(1 for i in first if i not in due),
+            "redelivered": sum(r["redelivered"] for r in results), "ack_false": sum(r["ack_false"] for r in results),
+            "in_flight_left": in_flight_left, "producer_clamped": clamped, "elapsed_s": elapsed,
+            "lateness_ms": summary, "late_over_5ms": sum(1 for v in lat if v > 5),
+            "late_over_50ms": sum(1 for v in lat if v > 50), "histogram": _log_histogram(lat),
+            "ping": {"raw_p50_ms": percentile(raw_sorted, 50), "raw_p99_ms": percentile(raw_sorted, 99),
+                     "client_p50_ms": percentile(idle_sorted, 50), "client_p99_ms": percentile(idle_sorted, 99),
+                     "during_client_p50_ms": percentile(during_sorted, 50),
+                     "during_client_p99_ms": percentile(during_sorted, 99),
+                     "during_client_max_ms": during_sorted[-1] if during_sorted else None,
+                     "during_samples": len(during_sorted)},
+            "load": {"loadavg_before": list(load_before), "loadavg_after": list(load_after),
+                     "cpu_busy_pct": busy, "nproc": os.cpu_count()},
+            "server": server, "timeline": timeline,
+            "per_consumer": [{"received": len(r["ids"]), "cpu_s": r["cpu_s"], "transfers": r["stats"]["transfers"],
+                              "moved": r["stats"]["moved"], "transfer_errors": r["stats"]["transfer_errors"]}
+                             for r in results],
+        }
+        p = result["ping"]
+        log(f"    ours     : delivered {len(first):,}/{total:,} to {len(results)} processes "
+            f"({', '.join(str(c['received']) for c in result['per_consumer'])}), lost {result['lost']}, "
+            f"undelivered within the bound but still queued {result['undelivered_still_queued']}, "
+            f"duplicates {result['duplicates']}; lateness p50={_ms(summary['p50'])} p99={_ms(summary['p99'])} "
+            f"max={_ms(summary['max'])}")
+        log(f"      PING raw p50 {_ms(p['raw_p50_ms'])}, redis.asyncio p50 {_ms(p['client_p50_ms'])} before / "
+            f"{_ms(p['during_client_p50_ms'])} (p99 {_ms(p['during_client_p99_ms'])}) during; load "
+            f"{load_before[0]:.2f} -> {load_after[0]:.2f} (1 min), CPU busy {_pct(busy)} of {os.cpu_count()} CPUs")
+        log(f"      server: {server['cpu_s']:.2f} CPU s, {server['commands_per_item']:.1f} commands and "
+            f"{server['evalsha_per_item']:.2f} script calls per item; per due second p50/p99/max ms: "
+            + ", ".join(f"{t['p50']:.1f}/{t['p99']:.1f}/{t['max']:.1f}" for t in timeline))
         return result
 
     # scenario: end-to-end ---------------------------------------------------------------------------
@@ -950,6 +1203,102 @@ class Bench:
         out["ratio"] = o / r if o and r else None
         return out
 
+    # scenario: big_item_stall (only when asked for) ---------------------------------------------------
+
+    async def scenario_big_item_stall(self) -> dict[str, Any]:
+        """How long one big item blocks the event loop. For each size in ``big_item_mbs`` (MB = 10^6 bytes)
+        and codec (``json``: a str of that many ASCII characters; ``bytes``: that many bytes), ``rounds`` times
+        (at least 3): ``await q.offer(item, 1 h)`` on a fresh queue while a ticker task loops on
+        ``asyncio.sleep(0.001)`` and records the gaps between its wake-ups; stall = largest gap - 1 ms. Also:
+        the offer's wall time, ``codec.encode`` alone (timed synchronously, no loop involved) and the server
+        time of the offer script (``SLOWLOG``). Then once per case the consumer side: the item offered with
+        delay 0, a queue opened on another client, ``await q.take()`` under the same ticker (open + transfer +
+        pop reply + decode). Baseline: the ticker's largest gap over 1 s with nothing else running."""
+        s = self.sizes
+        rounds = max(3, s.rounds)
+        out: dict[str, Any] = {"mbs": list(s.big_item_mbs), "rounds": rounds, "tick_ms": 1.0, "cases": {}}
+        async with _StallMeter(0.001) as meter:
+            await asyncio.sleep(1.0)
+            out["baseline_stall_ms"] = meter.stall_ms()
+            for mb in s.big_item_mbs:
+                n = mb * 1_000_000
+                for codec_name in ("json", "bytes"):
+                    item: Any = "x" * n if codec_name == "json" else b"x" * n
+                    codec = JsonCodec() if codec_name == "json" else BytesCodec()
+                    encode_ms: list[float] = []
+                    stalls: list[float] = []
+                    walls: list[float] = []
+                    server_ms: list[float] = []
+                    for _ in range(rounds):
+                        t0 = time.perf_counter()
+                        encoded = codec.encode(item)
+                        encode_ms.append((time.perf_counter() - t0) * 1000.0)
+                        del encoded
+                        client = self.client()
+                        name = self.name("big_item_stall", "ours")
+                        keys = DelayedQueue(self.ctl, name).keys
+                        try:
+                            q: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec_name)
+                            await q.offer(0 if codec_name == "json" else b"0", FAR_S)  # warm: connection, script
+                            await self.slowlog.begin()
+                            await asyncio.sleep(0.01)
+                            meter.reset()
+                            t0 = time.perf_counter()
+                            await q.offer(item, FAR_S)
+                            walls.append((time.perf_counter() - t0) * 1000.0)
+                            await asyncio.sleep(0.005)  # the ticker closes its last gap
+                            stalls.append(meter.stall_ms())
+                            times = await self.slowlog.end(
+                                lambda a, k=keys: a[0] == b"EVALSHA" and k.channel.encode() in a)
+                            if times:
+                                server_ms.append(max(times))
+                        finally:
+                            await client.aclose()
+                            await self.drop(name)
+                    take_stall = await self._big_item_take_stall(meter, item, codec_name)
+                    stall, encoded_ms = statistics.median(stalls), statistics.median(encode_ms)
+                    case: dict[str, Any] = {
+                            "mb": mb, "codec": codec_name, "payload_bytes": len(codec.encode(item)),
+                            "offer_stall_ms": stall, "offer_stall_ms_rounds": stalls,
+                            "offer_stall_ms_per_mb": stall / mb,
+                            "offer_wall_ms": median(walls), "encode_ms": encoded_ms,
+                            "encode_ms_per_mb": encoded_ms / mb,
+                            "server_script_ms": median(server_ms) if server_ms else None,
+                            "take_stall_ms": take_stall,
+                            "take_stall_ms_per_mb": take_stall / mb if take_stall is not None else None}
+                    out["cases"][f"{codec_name}_{mb}"] = case
+                    del item
+                    log(f"    {codec_name:5} {mb:3} MB: offer stalls the loop {_ms(case['offer_stall_ms'])} "
+                        f"({case['offer_stall_ms_per_mb']:.2f} ms/MB; rounds "
+                        f"{', '.join(f'{x:.1f}' for x in stalls)}), offer wall {_ms(case['offer_wall_ms'])}, "
+                        f"encode alone {_ms(case['encode_ms'])}, server script {_ms(case['server_script_ms'])}; "
+                        f"take stalls {_ms(take_stall)}")
+        return out
+
+    async def _big_item_take_stall(self, meter: _StallMeter, item: Any, codec_name: str) -> float | None:
+        producer, consumer = self.client(), self.client()
+        name = self.name("big_item_stall", "take")
+        try:
+            q: DelayedQueue[Any] = DelayedQueue(producer, name, codec=codec_name)
+            await q.offer(item, 0)
+            cq: DelayedQueue[Any] = DelayedQueue(consumer, name, codec=codec_name)
+            await asyncio.sleep(0.01)
+            meter.reset()
+            try:
+                await cq.open()
+                got = await asyncio.wait_for(cq.take(), 30.0)
+            finally:
+                await cq.aclose()
+            await asyncio.sleep(0.005)
+            stall = meter.stall_ms()
+            if len(got) != len(item):
+                raise RuntimeError("big item came back altered")
+            return stall
+        finally:
+            await producer.aclose()
+            await consumer.aclose()
+            await self.drop(name)
+
     # driver -----------------------------------------------------------------------------------------
 
     async def run(self, only: list[str]) -> dict[str, Any]:
@@ -964,7 +1313,7 @@ class Bench:
             f"redis-py {machine['redis_py']}, hiredis {machine['hiredis']}; SLOWLOG "
             f"{'on' if self.slowlog.enabled else 'off'}")
         try:
-            for scenario in SCENARIOS:
+            for scenario in SCENARIOS + EXTRA_SCENARIOS:
                 if scenario not in only:
                     continue
                 log(f"== {scenario}")
@@ -981,6 +1330,41 @@ class Bench:
         return {"machine": machine, "config": {**asdict(self.sizes), "quick": self.args.quick, "seed": self.args.seed,
                                                "clock_offset_ms": self.offset_ms, "slowlog": self.slowlog.enabled},
                 "scenarios": self.results, "total_s": time.perf_counter() - t_start}
+
+
+class _StallMeter:
+    """A task that sleeps ``tick_s`` in a loop and keeps the largest gap between its wake-ups: the longest
+    time the event loop was busy elsewhere (stall = gap - tick)."""
+
+    def __init__(self, tick_s: float) -> None:
+        self.tick_s = tick_s
+        self.max_gap = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _StallMeter:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        await asyncio.sleep(0.01)
+        self.reset()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.wait({self._task})
+
+    def reset(self) -> None:
+        self.max_gap = 0.0
+
+    def stall_ms(self) -> float:
+        return max(0.0, self.max_gap - self.tick_s) * 1000.0
+
+    async def _run(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = time.perf_counter()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
 
 
 class _CountingHandler(logging.Handler):
@@ -1045,6 +1429,56 @@ def _log_histogram(values: list[float]) -> dict[str, Any]:
     return {"edges_ms": edges, "counts": counts, "below_first_edge": sum(1 for v in values if v < edges[0])}
 
 
+def _fast_element_order(element: bytes) -> int:
+    """The ``order`` of a pending fast element (``Bc0Lc0``: 20, 20-byte id, native length, payload); -1 if
+    it cannot be read."""
+    for size in (8, 4):  # the server's native 'L'
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(element[21 + size:])["order"])
+    return -1
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from ``/proc/stat`` (Linux); ``None`` elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Percent of all CPUs busy between two :func:`_cpu_times` samples."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
+async def _server_counters(ctl: Redis) -> dict[str, Any]:
+    """The server's CPU seconds (``INFO cpu``), commands processed and calls per command."""
+    cpu = await ctl.info("cpu")
+    stats = await ctl.info("stats")
+    cs = await ctl.info("commandstats")
+    return {"cpu_s": float(cpu.get("used_cpu_sys", 0)) + float(cpu.get("used_cpu_user", 0)),
+            "commands": int(stats["total_commands_processed"]),
+            "calls": {k.removeprefix("cmdstat_"): int(v.get("calls", 0)) for k, v in cs.items()}}
+
+
+async def _ping_every(client: Redis, interval_s: float, out: list[float]) -> None:
+    """Append one ``PING`` round trip (ms) every ``interval_s`` until cancelled."""
+    while True:
+        t0 = time.perf_counter()
+        await client.ping()
+        out.append((time.perf_counter() - t0) * 1000.0)
+        await asyncio.sleep(interval_s)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}%"
+
+
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} ms"
 
@@ -1090,6 +1524,16 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
         lat = sc["lateness"]["ours"]["lateness_ms"]
         bar("lateness p99 <= 5 ms", lat["p99"], 5.0, False, "ms")
         bar("lateness max <= 50 ms", lat["max"], 50.0, False, "ms")
+    if "reliable_lateness" in sc:
+        rl = sc["reliable_lateness"]
+        lat, ping, load = rl["lateness_ms"], rl["ping"], rl["load"]
+        note = (f"PING raw p50 {_ms(ping['raw_p50_ms'])}, redis.asyncio p50 {_ms(ping['client_p50_ms'])}; "
+                f"load {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f}, "
+                f"CPU busy {_pct(load['cpu_busy_pct'])}")
+        n = rl["consumers"]
+        bar(f"reliable lateness, {n} consumer processes: p99 <= 5 ms", lat["p99"], 5.0, False, "ms", note)
+        bar(f"reliable lateness, {n} consumer processes: max <= 50 ms", lat["max"], 50.0, False, "ms")
+        bar("reliable lateness: 0 lost", rl["lost"], 0, False, "items", f"duplicates {rl['duplicates']}")
     if "e2e" in sc:
         bar("end-to-end >= 30k msgs/s", sc["e2e"]["ours"]["msgs_per_s"], 30_000, True, "msgs/s")
     if "idle" in sc:
@@ -1141,6 +1585,15 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         for k in ("p50", "p99", "max"):
             row(f"lateness {k} (ms)", la["ratio"][k], False, _ms(la["ours"]["lateness_ms"][k]),
                 _ms(la["reference"]["lateness_ms"][k]))
+    if "reliable_lateness" in sc:
+        rl = sc["reliable_lateness"]
+        for k in ("p50", "p99", "max"):
+            row(f"reliable lateness {k} (ms), {rl['consumers']} processes", None, False, _ms(rl["lateness_ms"][k]),
+                "(no reference)")
+        row("reliable lateness: lost / duplicates / redelivered", None, False,
+            f"{rl['lost']} / {rl['duplicates']} / {rl['redelivered']}", "")
+        row("reliable lateness: undelivered in the bound, still queued", None, False,
+            str(rl["undelivered_still_queued"]), "")
     if "e2e" in sc:
         e = sc["e2e"]
         row("end-to-end (msgs/s)", e["ratio"], True, fmt_num(e["ours"]["msgs_per_s"]),
@@ -1170,6 +1623,25 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     lines += ["", "absolute numbers", f"  {'scenario':{width}}  {'ours':>14}  {'reference':>22}"]
     for name, _, _, ours, ref in rows:
         lines.append(f"  {name:{width}}  {ours:>14}  {ref:>22}")
+    if "reliable_lateness" in sc:
+        rl = sc["reliable_lateness"]
+        ping, load = rl["ping"], rl["load"]
+        cpu_s = ", ".join(f"{c['cpu_s']:.1f}" for c in rl["per_consumer"])
+        lines.append(f"  (reliable lateness: PING raw p50 {_ms(ping['raw_p50_ms'])}, redis.asyncio p50 "
+                     f"{_ms(ping['client_p50_ms'])} before the window, {_ms(ping['during_client_p50_ms'])} "
+                     f"(p99 {_ms(ping['during_client_p99_ms'])}) during it; loadavg 1/5/15 min "
+                     f"{'/'.join(f'{x:.2f}' for x in load['loadavg_before'])} before, "
+                     f"{'/'.join(f'{x:.2f}' for x in load['loadavg_after'])} after; CPU busy "
+                     f"{_pct(load['cpu_busy_pct'])} of {load['nproc']} CPUs; consumer CPU s {cpu_s})")
+    if "big_item_stall" in sc:
+        b = sc["big_item_stall"]
+        lines.append(f"  big items, event-loop stall (median of {b['rounds']}; ticker baseline "
+                     f"{_ms(b['baseline_stall_ms'])}):")
+        for c in b["cases"].values():
+            lines.append(f"    {c['codec']:5} {c['mb']:3} MB: offer stall {_ms(c['offer_stall_ms'])} "
+                         f"({c['offer_stall_ms_per_mb']:.2f} ms/MB), offer wall {_ms(c['offer_wall_ms'])}, encode "
+                         f"alone {_ms(c['encode_ms'])} ({c['encode_ms_per_mb']:.2f} ms/MB), server script "
+                         f"{_ms(c['server_script_ms'])}; take stall {_ms(c['take_stall_ms'])}")
     if "memory" in sc and "ours_strict" in sc["memory"]:
         lines.append(f"  (ours with strict=True: {fmt_num(sc['memory']['ours_strict']['bytes_per_item'], 1)} bytes per "
                      "pending item)")
@@ -1196,16 +1668,27 @@ def plot(res: dict[str, Any], path: Path) -> bool:
     colors = {"ours": "tab:blue", "reference": "tab:orange"}
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     ax = axes[0][0]
+    curves: list[tuple[str, dict[str, Any], dict[str, Any], str]] = []  # label, histogram, lateness, color
+    titles: list[str] = []
     if "lateness" in sc:
         for impl in ("ours", "reference"):
-            h = sc["lateness"][impl]["histogram"]
-            lat = sc["lateness"][impl]["lateness_ms"]
-            ax.stairs(h["counts"], h["edges_ms"], color=colors[impl], fill=False, linewidth=1.8,
-                      label=f"{impl}: p50 {lat['p50']:.2f}, p99 {lat['p99']:.2f}, max {lat['max']:.1f} ms")
+            curves.append((impl, sc["lateness"][impl]["histogram"], sc["lateness"][impl]["lateness_ms"], colors[impl]))
+        titles.append(f"{sc['lateness']['rate']:,.0f} items/s for {sc['lateness']['seconds']:g} s")
+    if "reliable_lateness" in sc:
+        rl = sc["reliable_lateness"]
+        curves.append((f"ours, receive+ack in {rl['consumers']} processes", rl["histogram"], rl["lateness_ms"],
+                       "tab:green"))
+        titles.append(f"reliable {rl['rate']:,.0f}/s for {rl['seconds']:g} s")
+    for label, h, lat, color in curves:
+        if lat["p50"] is None:
+            continue
+        ax.stairs(h["counts"], h["edges_ms"], color=color, fill=False, linewidth=1.8,
+                  label=f"{label}: p50 {lat['p50']:.2f}, p99 {lat['p99']:.2f}, max {lat['max']:.1f} ms")
+    if curves:
         ax.set_xscale("log")
         ax.set_xlabel("lateness: delivered - due (ms, log)")
         ax.set_ylabel("items")
-        ax.set_title(f"lateness, {sc['lateness']['rate']:,.0f} items/s for {sc['lateness']['seconds']:g} s")
+        ax.set_title("lateness, " + "; ".join(titles), fontsize=10)
         ax.legend(fontsize=8)
     ax = axes[0][1]
     if "transfer" in sc:
@@ -1291,7 +1774,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="aiodelayq vs a Redisson-design reference, every scenario in one run.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios to run")
+    p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios to run (also: "
+                   f"{', '.join(EXTRA_SCENARIOS)}, which run only when named)")
+    p.add_argument("--big-item-stall", action="store_true", help="also run big_item_stall (one offer of a 1, 10, "
+                   "50 MB item: how long the event loop stalls)")
     p.add_argument("--rounds", type=int, help="rounds of the cheap scenarios (default 3, quick 1)")
     p.add_argument("--ref-bound", type=float, help="seconds after which the reference transfer is stopped "
                    "(default 15, quick 4)")
@@ -1305,9 +1791,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="where results.json and results.png go")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in only if s not in SCENARIOS]
+    if args.big_item_stall and "big_item_stall" not in only:
+        only.append("big_item_stall")
+    unknown = [s for s in only if s not in SCENARIOS + EXTRA_SCENARIOS]
     if unknown:
-        p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+        p.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS + EXTRA_SCENARIOS)}")
     args.only = only
     if sum(bool(x) for x in (args.redis_url, args.docker, args.server_kind)) > 1:
         p.error("--redis-url, --docker and --server-kind are exclusive")

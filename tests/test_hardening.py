@@ -428,6 +428,7 @@ async def test_nack_of_the_last_allowed_delivery_dead_letters_at_once(client: Re
             assert await msg.nack() is True
         assert await q.dead_letters() == [b"poison"]
         assert await client.zcard(q.keys.in_flight) == 0
+        assert q.stats.exhausted == 1
 
 
 # -- 12. restricted users -----------------------------------------------------------------------------
