@@ -119,6 +119,14 @@ async def _exchange(client: Redis, args: Sequence[Any], sent: list[bool]) -> Any
         await pool.release(conn)
 
 
+def _child_done(child: asyncio.Task[Any]) -> None:
+    _children.discard(child)
+    # An abandoned exchange (its caller timed out or left) may end with the error of a connection
+    # dropped under it, e.g. by the client's own aclose(): its caller already got its answer.
+    if not child.cancelled():
+        child.exception()
+
+
 async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
     """Send one command and return its reply, within ``timeout_s`` seconds. Never resent.
 
@@ -131,7 +139,7 @@ async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
     sent = [False]
     child = asyncio.get_running_loop().create_task(_exchange(client, args, sent))
     _children.add(child)
-    child.add_done_callback(_children.discard)
+    child.add_done_callback(_child_done)
     try:
         done, _ = await asyncio.wait({child}, timeout=timeout_s)
     except asyncio.CancelledError:
