@@ -244,6 +244,14 @@ def _text(value: Any) -> str:
 # -- the lateness consumer (a separate process) -----------------------------------------------------
 
 
+
+async def _join_or_terminate(proc: Any) -> None:
+    """Wait up to 15 s for a consumer process, then terminate it (bounded)."""
+    await asyncio.to_thread(proc.join, 15.0)
+    if proc.is_alive():
+        proc.terminate()
+        await asyncio.to_thread(proc.join, 5.0)
+
 def lateness_consumer_main(conn: Any, url: str, name: str, impl: str, total: int, bound_s: float) -> None:
     """Child process: open the queue (ours) or start the reference scheduler, then take until ``total``
     items arrived or ``bound_s`` passed; send back ``(ids, receipt times in local epoch ms)``."""
@@ -763,10 +771,7 @@ class Bench:
             if "error" in res:
                 raise RuntimeError(f"lateness consumer failed: {res['error']}")
         finally:
-            await asyncio.to_thread(proc.join, 15.0)
-            if proc.is_alive():
-                proc.terminate()
-                await asyncio.to_thread(proc.join, 5.0)
+            await _join_or_terminate(proc)
             await client.aclose()
             await self.drop(name)
         shift = self.offset_ms if impl == "ours" else 0.0
@@ -879,10 +884,7 @@ class Bench:
                 still_queued.add(_fast_element_order(element))
         finally:
             for proc in procs:
-                await asyncio.to_thread(proc.join, 15.0)
-                if proc.is_alive():
-                    proc.terminate()
-                    await asyncio.to_thread(proc.join, 5.0)
+                await _join_or_terminate(proc)
             await client.aclose()
             await self.drop(name)
         first: dict[int, float] = {}
