@@ -25,7 +25,7 @@ class QueueKeys:
     """The Redis keys and channel of the delayed queue whose destination list is ``name``.
 
     Attributes:
-        destination: list of due payloads, consumed with ``BLPOP`` (Redisson: the queue's raw name).
+        destination: list of due payloads (Redisson: the queue's raw name; its consumers ``BLPOP`` it).
         timeout_set: zset of pending packed elements scored by due time in epoch milliseconds.
         delay_list: list of the same packed elements in insertion order.
         channel: pub/sub channel carrying a new earliest due time (epoch ms, decimal text).
