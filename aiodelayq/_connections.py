@@ -32,11 +32,8 @@ from redis.exceptions import (
     AuthorizationError,
     NoPermissionError,
     NoScriptError,
-    RedisError,
     ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
 
@@ -87,9 +84,8 @@ def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
         # The server answered with an error: the call did not complete (a script that failed
         # midway may have applied its first writes; the scripts order their writes for that).
         return BackendError(f"{what} failed: {text}", maybe_applied=False)
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, RedisError)):
-        return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
-    # redis-py can raise non-Redis errors while a connection is torn down under it.
+    # A dropped connection, a timeout, or a non-Redis error raised while redis-py tears a
+    # connection down under the call: the outcome is unknown if the command was sent.
     return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
 
 

@@ -142,18 +142,16 @@ class ReliableConsumer(Generic[T]):
     async def _receive_once(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], float]:
         k = self._keys
         call_id = os.urandom(16)
-        call = asyncio.ensure_future(self._call(
-            RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
-            [max_items, vt_ms, self._max_deliveries, call_id], "receive"))
         try:
-            reply = await asyncio.shield(call)
+            # A cancellation here drops the exchange's connection (see _connections.call).
+            reply = await self._call(RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
+                                     [max_items, vt_ms, self._max_deliveries, call_id], "receive")
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a
             # late arrival of it receive nothing), without counting a delivery. This caller waits
             # for it, at most _UNDO_BOUND_S and through further cancellations (a forced shutdown
             # cancels every task again, the undo's too), so asyncio.run does not close the loop
             # under it. Then the cancellation propagates.
-            call.cancel()
             if not await self._undo_within(call_id, _UNDO_BOUND_S):
                 self._spawn(self._release_call(call_id))  # keeps trying unless the loop is going away
             raise
@@ -202,25 +200,28 @@ class ReliableConsumer(Generic[T]):
                       "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
         return bool(int(result))
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any], what: str) -> Any:
-        """A call with a call id: resent with the same id after a lost reply, within the bound."""
+    async def _call(self, script: Any, keys: list[str], args: list[Any], what: str,
+                    timeout_s: float | None = None) -> Any:
+        """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
+        (default ``call_timeout_s``)."""
         return await resend_within(
             lambda remaining_s, _resend: run_script(self._client, script, keys, args, timeout_s=remaining_s,
                                                     what=f"{what} on {self._keys.destination!r}"),
-            timeout_s=self._call_timeout_s)
+            timeout_s=self._call_timeout_s if timeout_s is None else timeout_s)
+
+    async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
+        """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""
+        k = self._keys
+        await self._call(RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies], [call_id],
+                         "undo a cancelled receive", timeout_s)
 
     async def _undo_within(self, call_id: bytes, timeout_s: float) -> bool:
         """RELEASE_CALL within ``timeout_s``, through cancellations; returns whether it was applied."""
-        k = self._keys
         done = False
 
         async def release() -> None:
             nonlocal done
-            await resend_within(
-                lambda remaining_s, _resend: run_script(
-                    self._client, RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies], [call_id],
-                    timeout_s=remaining_s, what=f"undo a cancelled receive on {k.destination!r}"),
-                timeout_s=timeout_s)
+            await self._release(call_id, timeout_s)
             done = True
 
         await run_through_cancellation(release, timeout_s)
@@ -231,8 +232,7 @@ class ReliableConsumer(Generic[T]):
         attempt = 0
         while True:
             try:
-                await self._call(RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies],
-                                 [call_id], "release a cancelled receive")
+                await self._release(call_id)
                 return
             except BackendError as exc:
                 attempt += 1

@@ -23,8 +23,6 @@ __all__ = ["SchedulerStats", "TransferScheduler"]
 
 log = logging.getLogger("aiodelayq")
 
-# Concurrent transfer calls per client (see TransferScheduler._slots).
-_TRANSFER_SLOTS = 8
 # Least delay before the next timed transfer after one that moved nothing.
 _AFTER_EMPTY_S = 0.002
 
@@ -71,7 +69,7 @@ class TransferScheduler:
     """
 
     def __init__(self, client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
-                 call_timeout_s: float, slots: asyncio.Semaphore | None = None) -> None:
+                 call_timeout_s: float, slots: asyncio.Semaphore) -> None:
         self._client = client
         self._keys = keys
         self._batch = batch
@@ -79,7 +77,7 @@ class TransferScheduler:
         self._call_timeout_s = call_timeout_s
         # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
-        self._slots = slots or asyncio.Semaphore(_TRANSFER_SLOTS)
+        self._slots = slots
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._transferred = asyncio.Event()

@@ -80,7 +80,7 @@ class Subscriber:
         failed = self._failed
         if self._task is None or self._task.done():
             self._start_reader()  # the reader subscribes every listener when it connects
-        subscribing: asyncio.Future[Any] = asyncio.ensure_future(within(self._subscribe(key, confirmed), timeout_s))
+        subscribing: asyncio.Future[Any] = asyncio.ensure_future(self._subscribe(key, confirmed))
         waits: set[asyncio.Future[Any]] = {subscribing, failed}
         try:
             await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

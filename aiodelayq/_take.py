@@ -170,11 +170,7 @@ class TakePump:
         """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
         self._closed = exc
         self._wake.set()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.future.done():
-                waiter.future.set_exception(exc)
-                waiter.future.exception()  # retrieved: the caller may be gone
+        self._fail_current(exc)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop popping and settle everything popped (given back or finished), within ``timeout_s``;
@@ -291,13 +287,13 @@ class TakePump:
         self._hand_out(entries)
         self._maybe_finish(pop)
 
-    def _fail_current(self, exc: BackendError) -> None:
-        """A permanent error: the callers waiting now get it (later callers try again)."""
+    def _fail_current(self, exc: BaseException) -> None:
+        """The callers waiting now get ``exc`` (a permanent error: later callers try again)."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
-                waiter.future.exception()
+                waiter.future.exception()  # retrieved: the caller may be gone
 
     async def _pop(self, pop: _Pop, wanted: int) -> list[bytes]:
         """POP with ``pop.call_id``; after a lost reply (or a failure before sending) it is resent
