@@ -6,7 +6,7 @@ redis-py's defaults break delivery guarantees in three ways, so library calls by
 - **Resends.** redis-py retries a command whose connection failed, even when the server had already
   applied it and only the reply was lost. A resent pop loses items, a resent offer delivers twice.
   Here nothing is resent behind the caller's back; the callers resend only calls that carry a call
-  id the scripts deduplicate (see ``_scripts.py``), or that are idempotent.
+  id the scripts deduplicate (see ``_scripts/``), or that are idempotent.
 - **Half-read connections.** ``read_response(timeout=...)`` returns ``None`` on timeout and keeps
   the connection, so the late reply answers the next command (redis/redis-py#2624). Here a call
   that times out, fails or is cancelled always drops its connection before it goes back to the
@@ -35,14 +35,10 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from ._tasks import keep
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
 
 __all__ = ["Script", "call", "classify", "is_permanent", "run_script"]
-
-# Exchanges whose caller left: kept referenced until they end (a cancelled child needs a few loop
-# turns to close its connection).
-_children: set[asyncio.Task[Any]] = set()
-
 
 class Script:
     """A Lua script: its text and SHA1, shared by every client of the process.
@@ -115,14 +111,6 @@ async def _exchange(client: Redis, args: Sequence[Any], sent: list[bool]) -> Any
         await pool.release(conn)
 
 
-def _child_done(child: asyncio.Task[Any]) -> None:
-    _children.discard(child)
-    # An abandoned exchange (its caller timed out or left) may end with the error of a connection
-    # dropped under it, e.g. by the client's own aclose(): its caller already got its answer.
-    if not child.cancelled():
-        child.exception()
-
-
 async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
     """Send one command and return its reply, within ``timeout_s`` seconds. Never resent.
 
@@ -133,9 +121,9 @@ async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
         asyncio.CancelledError: the caller's cancellation (the command may have been applied).
     """
     sent = [False]
-    child = asyncio.get_running_loop().create_task(_exchange(client, args, sent))
-    _children.add(child)
-    child.add_done_callback(_child_done)
+    # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
+    # connection, and an abandoned one may end with the error of a connection dropped under it.
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent)))
     try:
         done, _ = await asyncio.wait({child}, timeout=timeout_s)
     except asyncio.CancelledError:

@@ -1,13 +1,13 @@
-"""Delays and timeouts given by users: parsing, rounding and limits (pure functions)."""
+"""Delays, timeouts and counts given by users: parsing, rounding and limits (pure functions)."""
 
 from __future__ import annotations
 
 import math
 from datetime import timedelta
 
-from .exceptions import InvalidDelayError
+from .exceptions import ConfigurationError, InvalidDelayError
 
-__all__ = ["MAX_DELAY_MS", "check_timeout", "delay_to_ms"]
+__all__ = ["MAX_DELAY_MS", "check_max_items", "check_timeout", "delay_to_ms", "visibility_ms"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
@@ -56,3 +56,26 @@ def check_timeout(timeout: float | None, label: str = "timeout") -> None:
     if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                                 or math.isnan(timeout) or timeout < 0):
         raise InvalidDelayError(f"{label} must be None or seconds >= 0, got {timeout!r}")
+
+
+def check_max_items(max_items: object) -> int:
+    """Accept an ``int`` >= 1 (a batch size).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
+        raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
+    return max_items
+
+
+def visibility_ms(visibility_timeout: float | timedelta) -> int:
+    """A visibility timeout (seconds or ``timedelta``) in whole ms, at least 1.
+
+    Raises:
+        InvalidDelayError: a bad value (as :func:`delay_to_ms`) or zero.
+    """
+    vt_ms = delay_to_ms(visibility_timeout)
+    if vt_ms < 1:
+        raise InvalidDelayError("visibility_timeout must be at least 1 ms")
+    return vt_ms

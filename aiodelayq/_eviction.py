@@ -11,32 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from typing import Any
 
 from redis.asyncio import Redis
 
 from ._connections import call
+from ._runtime import facts_for
+from ._tasks import keep
 from .exceptions import BackendError
 
-__all__ = ["SAFE_POLICIES", "check_eviction_policy"]
+__all__ = ["SAFE_POLICIES", "check_eviction_policy", "parse_policy"]
 
 log = logging.getLogger("aiodelayq")
 
 SAFE_POLICIES = frozenset({"noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"})
 
-_checked: weakref.WeakSet[Redis] = weakref.WeakSet()
-_tasks: set[asyncio.Task[Any]] = set()
-
 
 def check_eviction_policy(client: Redis) -> None:
     """Start the check for ``client`` unless it ran already (returns at once)."""
-    if client in _checked:
+    facts = facts_for(client)
+    if facts.eviction_checked:
         return
-    _checked.add(client)
-    task = asyncio.get_running_loop().create_task(_check(client), name="aiodelayq-eviction-check")
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    facts.eviction_checked = True
+    keep(asyncio.get_running_loop().create_task(_check(client), name="aiodelayq-eviction-check"))
 
 
 async def _check(client: Redis) -> None:

@@ -1,4 +1,4 @@
-"""Producing: validate, encode and pack items, then add them with the OFFER script.
+"""Producing: validate and encode items, pack them (``_elements``), then add them with OFFER.
 
 Offers carry a call id (16 random bytes) that OFFER remembers for 60 s: after a lost reply the
 producer resends the same call within ``call_timeout_s`` and the server applies it once. Calls are
@@ -8,12 +8,7 @@ capped by count and by bytes, so one large item never fails small ones sent with
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-import secrets
-import struct
-import time
-import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -24,57 +19,39 @@ from ._batcher import OfferBatcher
 from ._codec import Codec, encode_item
 from ._connections import run_script
 from ._delays import delay_to_ms
+from ._elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
+from ._eviction import check_eviction_policy
 from ._keys import QueueKeys
 from ._retry import resend_within
-from ._scripts import NATIVE_LONG, OFFER
+from ._runtime import facts_for
+from ._scripts.producer import NATIVE_LONG, OFFER
+from ._tasks import keep
 
 __all__ = ["MAX_CALL_ITEMS", "Producer"]
 
 MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
 
-# Fast elements: 20-byte id = marker | insertion stamp | 8 random bytes (see _scripts.py).
-_FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
-_FRAME = struct.Struct(">dI")  # delay ms, element length: one frame of the OFFER script's blob
-
-
-@functools.lru_cache(maxsize=4)
-def _long_struct(fmt: str) -> struct.Struct:
-    return struct.Struct(fmt)
-
-
-class _Stamps:
-    """Insertion stamps: µs since the epoch, strictly increasing within this process."""
-
-    last = 0
-
-    @classmethod
-    def reserve(cls, count: int) -> int:
-        """Reserve ``count`` consecutive stamps; returns the first."""
-        first = max(cls.last + 1, time.time_ns() // 1000)
-        cls.last = first + count - 1
-        return first
-
-
-# The server's native 'L' layout, asked once per client (values are str: the client stays collectable).
-_long_formats: weakref.WeakKeyDictionary[Redis, str] = weakref.WeakKeyDictionary()
-_long_format_asks: weakref.WeakKeyDictionary[Redis, asyncio.Future[str]] = weakref.WeakKeyDictionary()
-
 
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, kind: str, call_timeout_s: float,
+    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, kind: ElementKind, call_timeout_s: float,
                  max_call_bytes: int) -> None:
         self._client = client
         self._keys = keys
         self._codec = codec
-        self._kind = kind  # 'fast', 'current' (strict) or 'legacy'
+        self._kind = kind
         self._call_timeout_s = call_timeout_s
         self._max_call_bytes = max_call_bytes
         self._batcher: OfferBatcher | None = None
 
     def __repr__(self) -> str:
-        return f"<Producer {self._keys.destination!r} kind={self._kind}>"
+        return f"<Producer {self._keys.destination!r} kind={self._kind} batcher={self._batcher!r}>"
+
+    @property
+    def kind(self) -> ElementKind:
+        """The element kind this producer writes."""
+        return self._kind
 
     def rebind(self) -> None:
         """Forget the batcher of a previous event loop."""
@@ -82,102 +59,79 @@ class Producer:
 
     async def offer(self, item: Any, delay: float | timedelta) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock)."""
+        check_eviction_policy(self._client)
         [fragment] = await self.prepare([(item, delay)])
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send, max_items=MAX_CALL_ITEMS, max_bytes=self._max_call_bytes,
-                                         size=_fragment_size)
+                                         size=fragment_size)
         return await self._batcher.submit(fragment)
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[int]:
         """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
-        sent at once; returns due times in input order."""
+        sent at once; returns due times in input order. When one call fails, the others are still
+        awaited (none is left running unowned), then the first failure is raised."""
+        if not pairs:
+            return []
+        check_eviction_policy(self._client)
         fragments = await self.prepare(pairs)
-        chunks: list[list[list[Any]]] = [[]]
+        chunks: list[list[Fragment]] = [[]]
         size = 0
         for fragment in fragments:
-            fragment_size = _fragment_size(fragment)
-            if chunks[-1] and (len(chunks[-1]) >= MAX_CALL_ITEMS or size + fragment_size > self._max_call_bytes):
+            size_of = fragment_size(fragment)
+            if chunks[-1] and (len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
                 chunks.append([])
                 size = 0
             chunks[-1].append(fragment)
-            size += fragment_size
+            size += size_of
         if len(chunks) == 1:
             return await self._send(chunks[0])
+        results = await asyncio.gather(*(self._send(chunk) for chunk in chunks), return_exceptions=True)
         dues: list[int] = []
-        for chunk_dues in await asyncio.gather(*(self._send(chunk) for chunk in chunks)):
-            dues.extend(chunk_dues)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            dues.extend(result)
         return dues
 
-    async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[list[Any]]:
-        """Validate, encode and (fast kind) pack every pair; raises before anything is sent.
-
-        Returns one argument fragment per item whose first element is its delay in ms: fast
-        ``[delay_ms, element]``, strict ``[delay_ms, id, payload]`` (packed by the script).
+    async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[Fragment]:
+        """Validate, encode and pack every pair (see ``_elements.pack_fragments``); raises before
+        anything is sent.
 
         Raises:
             InvalidDelayError, EncodeError: bad input (nothing is sent).
             BackendError: the server's long layout could not be read.
         """
         codec = self._codec
-        if self._kind == "fast":
-            # Packed here with the server's own 'L' layout, so the script only has to ZADD them.
-            pack_len = _long_struct(await self._native_long_format()).pack
-            randomness = os.urandom(8 * len(pairs))  # one syscall for the whole batch
-            first = _Stamps.reserve(len(pairs))
-            fragments = []
-            for i, (item, delay) in enumerate(pairs):
-                delay_ms = delay_to_ms(delay)
-                payload = encode_item(codec, item)
-                element = b"".join((_FAST_HEADER, (first + i).to_bytes(8, "big"), randomness[8 * i:8 * i + 8],
-                                    pack_len(len(payload)), payload))
-                fragments.append([delay_ms, element])
-            return fragments
-        if self._kind == "current":
-            return [[delay_to_ms(d), os.urandom(8), encode_item(codec, item)] for item, d in pairs]
-        return [[delay_to_ms(d), secrets.randbits(64) - 2**63, encode_item(codec, item)] for item, d in pairs]
+        items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
+        fmt = await self._native_long_format() if self._kind == "fast" else None
+        return pack_fragments(self._kind, items, stamps=facts_for(self._client).stamps, long_fmt=fmt)
 
-    async def _send(self, fragments: list[list[Any]]) -> list[int]:
+    async def _send(self, fragments: list[Fragment]) -> list[int]:
         """One OFFER call (resent with the same call id after a lost reply, within the bound)."""
         k = self._keys
         keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies]
-        call_id = os.urandom(16)
-        if self._kind == "fast":
-            blob = b"".join(_FRAME.pack(d, len(e)) + e for d, e in fragments)
-            args: list[Any] = [call_id, "packed", blob, len(fragments)]
-        else:
-            args = [call_id, self._kind]
-            for fragment in fragments:
-                args.extend(fragment)
+        args = [os.urandom(16), *offer_args(self._kind, fragments)]
         reply = await resend_within(
             lambda remaining_s, _resend: run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
                                                     what=f"offer to {k.destination!r}"),
             timeout_s=self._call_timeout_s)
         now = int(reply[0])
-        return [now + int(fragment[0]) for fragment in fragments]
+        return [now + fragment[0] for fragment in fragments]
 
     async def _native_long_format(self) -> str:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
         client; concurrent first callers share one request (shielded: one caller's cancellation does
         not fail the others)."""
-        client = self._client
-        fmt = _long_formats.get(client)
-        if fmt is not None:
-            return fmt
-        ask = _long_format_asks.get(client)
+        facts = facts_for(self._client)
+        if facts.long_format is not None:
+            return facts.long_format
+        ask = facts.long_format_ask
         if ask is None or (ask.done() and (ask.cancelled() or ask.exception() is not None)):
-            ask = _long_format_asks[client] = asyncio.ensure_future(
-                _ask_native_long(client, self._call_timeout_s))
+            ask = facts.long_format_ask = keep(asyncio.ensure_future(self._ask_native_long()))
         return await asyncio.shield(ask)
 
-
-async def _ask_native_long(client: Redis, timeout_s: float) -> str:
-    one: bytes = await run_script(client, NATIVE_LONG, [], [], timeout_s=timeout_s, what="read the server's long size")
-    fmt = _long_formats[client] = ("<" if one[0] == 1 else ">") + {4: "I", 8: "Q"}[len(one)]
-    return fmt
-
-
-def _fragment_size(fragment: list[Any]) -> int:
-    """Bytes a prepared item adds to a call (the framing of fast elements included)."""
-    if len(fragment) == 2:
-        return _FRAME.size + len(fragment[1])
-    return 24 + len(fragment[2])
+    async def _ask_native_long(self) -> str:
+        one: bytes = await run_script(self._client, NATIVE_LONG, [], [], timeout_s=self._call_timeout_s,
+                                      what="read the server's long size")
+        fmt = facts_for(self._client).long_format = long_format(one)
+        return fmt

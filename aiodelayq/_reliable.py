@@ -13,41 +13,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from redis.asyncio import Redis
 
 from ._codec import Codec, decode_item
-from ._connections import is_permanent, run_script
+from ._connections import Script, run_script
 from ._delays import delay_to_ms
+from ._elements import parse_message
 from ._keys import QueueKeys
-from ._retry import RETRY_BACKOFF, resend_within
-from ._scripts import RECEIVE, RELEASE_CALL, SETTLE
-from ._tasks import run_through_cancellation
+from ._retry import resend_within, retry_until_done
+from ._scripts.reliable import RECEIVE, RELEASE_CALL, SETTLE
+from ._tasks import keep, run_through_cancellation
 from .exceptions import BackendError, DecodeError, QueueClosedError
 
-__all__ = ["Message", "MessageIterator", "ReliableConsumer", "parse_message"]
+__all__ = ["Message", "MessageIterator", "ReliableConsumer", "SettleMode"]
 
 log = logging.getLogger("aiodelayq")
 
 T = TypeVar("T")
 
-_MAGIC = b"adq\x02"
-_HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
+SettleMode = Literal["ack", "nack", "dead", "release"]
+"""What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
+move its payload to the dead-letter list (dead), or undo it as if never received (release)."""
+
 # Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
 _RECHECK_S = 5.0
 # How long a cancelled receive() spends undoing its call before the cancellation propagates.
 _UNDO_BOUND_S = 0.5
-
-
-def parse_message(element: bytes) -> tuple[str, int, int | None, bytes]:
-    """Split a message element into (id hex, delivery count, due ms or None, payload)."""
-    if element[:4] != _MAGIC:
-        raise ValueError("not a message element")
-    count, due = _HEADER.unpack_from(element, 20)
-    return element[4:20].hex(), count, (int(due) if due else None), element[32:]
 
 
 @dataclass(eq=False)
@@ -91,7 +85,7 @@ class Message(Generic[T]):
             InvalidDelayError: a negative, NaN or infinite delay.
             BackendError: as :meth:`ack`.
         """
-        return await self._consumer.settle(self, "nack", delay_to_ms(delay))
+        return await self._consumer.settle(self, "nack", delay_ms=delay_to_ms(delay))
 
 
 class ReliableConsumer(Generic[T]):
@@ -182,8 +176,13 @@ class ReliableConsumer(Generic[T]):
             messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self, element))
         return messages, wait_s
 
-    async def settle(self, message: Message[Any], mode: str, delay_ms: int = 0) -> bool:
-        """ack / nack / dead / release one delivery; ``True`` if it was still in flight as it."""
+    async def settle(self, message: Message[Any], mode: SettleMode, *, delay_ms: int = 0) -> bool:
+        """Settle one delivery (see :data:`SettleMode`; ``delay_ms`` for a nack); ``True`` if it was
+        still in flight as this delivery.
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (``maybe_applied`` as usual).
+        """
         k = self._keys
         keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
         async def attempt(remaining_s: float, resend: bool) -> Any:
@@ -192,6 +191,7 @@ class ReliableConsumer(Generic[T]):
             return await run_script(self._client, SETTLE, keys, args, timeout_s=remaining_s,
                                     what=f"{mode} on {k.destination!r}")
 
+        # Shielded: a caller that leaves does not cut the settle off half-way (it completes, bounded).
         result = await asyncio.shield(self._spawn(resend_within(attempt, timeout_s=self._call_timeout_s)))
         if int(result) == 2:
             # Per message: counted (stats.exhausted) and visible in the dead-letter list, logged at DEBUG.
@@ -200,7 +200,7 @@ class ReliableConsumer(Generic[T]):
                       "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
         return bool(int(result))
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any], what: str,
+    async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,
                     timeout_s: float | None = None) -> Any:
         """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
         (default ``call_timeout_s``)."""
@@ -228,22 +228,17 @@ class ReliableConsumer(Generic[T]):
         return done
 
     async def _release_call(self, call_id: bytes) -> None:
-        k = self._keys
-        attempt = 0
-        while True:
-            try:
-                await self._release(call_id)
-                return
-            except BackendError as exc:
-                attempt += 1
-                if is_permanent(exc) or self._closed:
-                    log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come "
-                                "back after their visibility timeout", k.destination, exc)
-                    return
-                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
+        """RELEASE_CALL in the background until done (it is idempotent), or the queue closes."""
+        try:
+            await retry_until_done(lambda timeout_s: self._release(call_id, timeout_s),
+                                   per_try_s=self._call_timeout_s, stopped=lambda: self._closed)
+        except BackendError as exc:
+            log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come back "
+                        "after their visibility timeout", self._keys.destination, exc)
 
     def _spawn(self, work: Any) -> asyncio.Future[Any]:
-        task: asyncio.Future[Any] = asyncio.ensure_future(work)
+        """A side task this consumer owns: :meth:`aclose` waits for it (bounded), then cancels it."""
+        task: asyncio.Future[Any] = keep(asyncio.ensure_future(work))
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
         return task
@@ -256,8 +251,11 @@ class ReliableConsumer(Generic[T]):
         loop = asyncio.get_running_loop()
         if self._side_tasks:
             await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
-        for task in list(self._side_tasks):
+        left = set(self._side_tasks)
+        for task in left:
             task.cancel()
+        if left:  # cancelled calls drop their connections within a loop turn or two
+            await asyncio.wait(left, timeout=0.1)
 
 
 class MessageIterator(Generic[T]):

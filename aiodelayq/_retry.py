@@ -1,14 +1,22 @@
-"""Retry policy: the backoff, and the one "resend within a bound" loop.
+"""Retry policy: the backoff, and the one retry loop behind both ways the library tries again.
 
-A call is resent only after a failure that may be transient (a dropped connection, a pool without
-a free connection), never after the server refused it (an error reply: OOM, a script error) or a
-permanent error (permission, wrong node), and only while its bound lasts. The callers make a resend
-harmless (call ids, or the resend flag below): see docs/design.md, "Connections and resends".
+- :func:`resend_within` (a caller waits): a call is resent only after a failure that may be transient
+  (a dropped connection, a timeout), never after the server refused it (an error reply: OOM, a script
+  error) or a permanent error (permission, wrong node), and only while the caller's bound lasts. The
+  callers make a resend harmless (call ids, or the resend flag): see docs/design.md, "Connections and
+  resends".
+- :func:`retry_until_done` (background cleanup of idempotent calls: FINISH of a pop, RELEASE_CALL of a
+  cancelled receive): tried again after any non-permanent failure, refusals included (memory may be
+  freed), until it succeeds, a deadline passes or the owner stops.
+
+Background loops that are driven by events rather than by one call (the scheduler's transfers, the
+pump's pops, the subscriber's reconnects) pace themselves with a :class:`Backoff`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,7 +26,7 @@ from redis.exceptions import ResponseError
 from ._connections import is_permanent
 from .exceptions import BackendError
 
-__all__ = ["RETRY_BACKOFF", "resend_within"]
+__all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_within", "retry_until_done"]
 
 T = TypeVar("T")
 
@@ -27,9 +35,46 @@ T = TypeVar("T")
 RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
 
 
+class Backoff:
+    """Consecutive failures of one background loop, and the pause before its next try."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        return f"<Backoff failures={self.failures}>"
+
+    def failed(self) -> float:
+        """Count a failure; returns the pause (seconds) before the next try."""
+        self.failures += 1
+        return RETRY_BACKOFF.compute(self.failures)
+
+    def succeeded(self) -> None:
+        """The next failure starts a fresh backoff."""
+        self.failures = 0
+
+
 def may_resend(exc: BackendError) -> bool:
     """Whether a failed call may be tried again: not refused by the server, not permanent."""
     return not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
+
+
+async def _retry(attempt: Callable[[float, bool], Awaitable[T]], *, deadline: float, per_try_s: float,
+                 retry_refused: bool, stopped: Callable[[], bool]) -> T:
+    loop = asyncio.get_running_loop()
+    backoff = Backoff()
+    resend = False
+    while True:
+        try:
+            return await attempt(max(0.001, min(per_try_s, deadline - loop.time())), resend)
+        except BackendError as exc:
+            pause = backoff.failed()
+            retryable = not is_permanent(exc) if retry_refused else may_resend(exc)
+            if not retryable or stopped() or loop.time() + pause >= deadline:
+                exc.maybe_applied = exc.maybe_applied or resend  # any attempt may have been applied
+                raise
+            resend = resend or exc.maybe_applied
+            await asyncio.sleep(pause)
 
 
 async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeout_s: float) -> T:
@@ -41,18 +86,20 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
         BackendError: the last failure, once the bound is spent or the failure is final
             (``maybe_applied`` if any attempt may have been applied).
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    failures = 0
-    resend = False
-    while True:
-        try:
-            return await attempt(max(0.001, deadline - loop.time()), resend)
-        except BackendError as exc:
-            failures += 1
-            pause = RETRY_BACKOFF.compute(failures)
-            if not may_resend(exc) or loop.time() + pause >= deadline:
-                exc.maybe_applied = exc.maybe_applied or resend  # any attempt may have been applied
-                raise
-            resend = resend or exc.maybe_applied
-            await asyncio.sleep(pause)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    return await _retry(attempt, deadline=deadline, per_try_s=math.inf, retry_refused=False,
+                        stopped=lambda: False)
+
+
+async def retry_until_done(attempt: Callable[[float], Awaitable[T]], *, per_try_s: float,
+                           deadline: float = math.inf, stopped: Callable[[], bool] = lambda: False) -> T:
+    """Run ``attempt(timeout_s)`` (an idempotent call, each try bounded by ``per_try_s`` seconds)
+    until it succeeds, with backoff between tries, until ``deadline`` (loop time; default: forever)
+    or until ``stopped()``.
+
+    Raises:
+        BackendError: a permanent failure, or the last failure once the deadline passed or the owner
+            stopped.
+    """
+    return await _retry(lambda timeout_s, _resend: attempt(timeout_s), deadline=deadline, per_try_s=per_try_s,
+                        retry_refused=True, stopped=stopped)

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
-from ._retry import RETRY_BACKOFF
-from ._scripts import TRANSFER
-from ._tasks import stop_task, within
+from ._retry import Backoff
+from ._scripts.transfer import TRANSFER
+from ._tasks import Supervised
 from .exceptions import BackendError
 
 __all__ = ["SchedulerStats", "TransferScheduler"]
@@ -85,8 +86,8 @@ class TransferScheduler:
         self._timer_at = math.inf
         # (loop.time(), server epoch ms) measured at the same instant.
         self._anchor: tuple[float, float] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
+        self._task = Supervised(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
+                                on_crash=self._crashed)
         self._permanent: BackendError | None = None
         self.stats = SchedulerStats()
         # Called after every successful transfer (reliable receivers re-check the destination).
@@ -99,7 +100,7 @@ class TransferScheduler:
 
     def __repr__(self) -> str:
         return (f"<TransferScheduler {self._keys.destination!r} transfers={self.stats.transfers} "
-                f"armed_at={self._timer_at:.3f}>")
+                f"armed_at={self._timer_at:.3f} task={self._task!r}>")
 
     @property
     def armed_at(self) -> float:
@@ -108,26 +109,14 @@ class TransferScheduler:
 
     def start(self) -> None:
         """Start the worker task; the first transfer runs at once."""
-        if self._task is None:
-            self._task = self._loop.create_task(self._run(), name=f"aiodelayq-transfer:{self._keys.destination}")
-            self._task.add_done_callback(self._worker_done)
-            self._wake.set()
+        self._task.start()
+        self._wake.set()
 
-    def _worker_done(self, task: asyncio.Task[None]) -> None:
-        # The worker only ends by cancellation; anything else is a bug that would stall the queue,
-        # so it is logged and the worker restarted after a pause.
-        if task.cancelled() or task is not self._task:
-            return
-        exc = task.exception()
-        log.error("aiodelayq: transfer worker of %r died; restarting in 1 s", self._keys.destination, exc_info=exc)
+    def _crashed(self, exc: BaseException) -> None:
+        # A bug in the worker: counted like a failed transfer; the restarted worker transfers at once.
         self.stats.errors += 1
         self.stats.last_error = repr(exc)
-        self._task = None
-        self._loop.call_later(1.0, self._restart)
-
-    def _restart(self) -> None:
-        if self._task is None and not self._closed:
-            self.start()
+        self._wake.set()
 
     async def wait_transferred(self, timeout_s: float) -> bool:
         """Wait until one transfer has succeeded since start; return whether it did within the bound.
@@ -135,17 +124,16 @@ class TransferScheduler:
         Raises:
             AccessDeniedError, WrongNodeError: the transfer failed with a permanent error.
         """
-        await within(self._transferred.wait(), timeout_s)
+        with anyio.move_on_after(timeout_s):
+            await self._transferred.wait()
         if not self._transferred.is_set() and self._permanent is not None:
             raise self._permanent
         return self._transferred.is_set()
 
     async def aclose(self, timeout_s: float) -> None:
         """Cancel the timer and stop the worker (idempotent)."""
-        self._closed = True
         self._cancel_timer()
-        task, self._task = self._task, None
-        await stop_task(task, timeout_s)
+        await self._task.stop(timeout_s)
 
     # -- wake-up sources -------------------------------------------------------------------------
 
@@ -191,26 +179,25 @@ class TransferScheduler:
     # -- the worker ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0
+        backoff = Backoff()
         while True:
             await self._wake.wait()
             self._wake.clear()
             try:
                 reply = await self._transfer()
             except BackendError as exc:
-                failures += 1
                 self.stats.errors += 1
                 self.stats.last_error = str(exc)
                 if is_permanent(exc):
                     self._permanent = exc
                     self._transferred.set()  # wakes open(), which raises it
                     self._transferred.clear()
-                delay = RETRY_BACKOFF.compute(failures)
+                delay = backoff.failed()
                 log.warning("aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
                             self._keys.destination, exc, delay)
                 self.arm_at(self._loop.time() + delay)
                 continue
-            failures = 0
+            backoff.succeeded()
             moved, dead, next_due, lease_due = reply
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)

@@ -6,12 +6,13 @@ import asyncio
 import logging
 from typing import Any, Protocol, cast
 
+import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from ._connections import classify, is_permanent
-from ._retry import RETRY_BACKOFF
-from ._tasks import shielded, stop_task, within
+from ._retry import Backoff
+from ._tasks import Supervised, detached, keep, stop_task
 from .exceptions import BackendError
 
 __all__ = ["ChannelListener", "Subscriber"]
@@ -48,7 +49,8 @@ class Subscriber:
         # Serialises (un)subscribe calls: PubSub connects lazily and two concurrent first calls
         # could each take a connection from the pool.
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._task = Supervised("aiodelayq-subscriber", self._run, restart_after_s=1.0,
+                                wanted=lambda: bool(self._listeners))
         self._unsubscribes: set[asyncio.Future[Any]] = set()
         # Set (and replaced) when a subscribe fails for good (e.g. no permission for the channel),
         # so open() raises it instead of waiting out its timeout.
@@ -57,7 +59,7 @@ class Subscriber:
         self.last_error: str | None = None
 
     def __repr__(self) -> str:
-        return f"<Subscriber channels={len(self._listeners)} reconnects={self.reconnects}>"
+        return f"<Subscriber channels={len(self._listeners)} reconnects={self.reconnects} task={self._task!r}>"
 
     @property
     def channels(self) -> int:
@@ -78,15 +80,13 @@ class Subscriber:
         if self._failed.done():
             self._failed = asyncio.get_running_loop().create_future()
         failed = self._failed
-        if self._task is None or self._task.done():
-            self._start_reader()  # the reader subscribes every listener when it connects
-        subscribing: asyncio.Future[Any] = asyncio.ensure_future(self._subscribe(key, confirmed))
+        self._task.start()  # unless running; the reader subscribes every listener when it connects
+        subscribing = asyncio.ensure_future(self._subscribe(key, confirmed))
         waits: set[asyncio.Future[Any]] = {subscribing, failed}
         try:
             await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not subscribing.done():
-                subscribing.cancel()
+            await stop_task(subscribing, 0.1, report=False)  # its subscribe call is detached
         if confirmed.is_set():
             return True
         if failed.done():
@@ -98,7 +98,7 @@ class Subscriber:
             async with self._lock:
                 if self._pubsub is not None and not confirmed.is_set():
                     try:
-                        await shielded(self._pubsub.subscribe(key))
+                        await detached(self._pubsub.subscribe(key))
                     # As in _unsubscribe: redis-py may raise non-Redis errors mid-reconnect.
                     except Exception as exc:
                         # The reader sees the same broken connection, reconnects and resubscribes all.
@@ -114,46 +114,37 @@ class Subscriber:
         self._confirmed.pop(key, None)
         if not self._listeners:
             return  # the owner closes the whole subscriber next
-        task = asyncio.ensure_future(within(self._unsubscribe(key), timeout_s))
+        task = keep(asyncio.ensure_future(self._unsubscribe(key, timeout_s)))
         self._unsubscribes.add(task)
         task.add_done_callback(self._unsubscribes.discard)
 
-    async def _unsubscribe(self, key: bytes) -> None:
+    async def _unsubscribe(self, key: bytes, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s):
+            await self._unsubscribe_now(key)
+
+    async def _unsubscribe_now(self, key: bytes) -> None:
         async with self._lock:
             if self._pubsub is not None:
                 try:
-                    await shielded(self._pubsub.unsubscribe(key))
+                    await detached(self._pubsub.unsubscribe(key))
                 # redis-py can also fail here with non-Redis errors while its connection is being
                 # re-established (AttributeError on a closed writer); nothing else runs in this try.
                 except Exception as exc:
                     log.debug("aiodelayq: unsubscribe %r failed: %r", key, exc)
 
-    def _reader_done(self, task: asyncio.Task[None]) -> None:
-        # The reader only ends by cancellation; anything else is a bug that would leave every queue
-        # of this client on its safety poll, so it is logged and the reader restarted.
-        if task.cancelled() or task is not self._task:
-            return
-        log.error("aiodelayq: pub/sub reader died; restarting in 1 s", exc_info=task.exception())
-        self._task = None
-        asyncio.get_running_loop().call_later(1.0, self._restart)
-
-    def _restart(self) -> None:
-        if self._task is None and self._listeners:
-            self._start_reader()
-
-    def _start_reader(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="aiodelayq-subscriber")
-        self._task.add_done_callback(self._reader_done)
-
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
-        task, self._task = self._task, None
-        for unsubscribe in list(self._unsubscribes):
-            unsubscribe.cancel()
-        await stop_task(task, timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        unsubscribes = set(self._unsubscribes)
+        for unsubscribe in unsubscribes:
+            unsubscribe.cancel()  # the connection goes with the reader anyway
+        if unsubscribes:
+            await asyncio.wait(unsubscribes, timeout=timeout_s)
+        await self._task.stop(max(0.0, deadline - loop.time()))
 
     async def _run(self) -> None:
-        failures = 0
+        backoff = Backoff()
         while True:
             pubsub = self._client.pubsub()
             try:
@@ -161,16 +152,15 @@ class Subscriber:
                     self._pubsub = pubsub
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
-                failures = 0  # connected and subscribed: the next loss starts a fresh backoff
+                backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
                 await self._read(pubsub)
             except (RedisError, OSError) as exc:
-                failures += 1
                 self.reconnects += 1
                 error = classify("subscribe", exc, sent=True)
                 self.last_error = str(error)
                 if is_permanent(error) and not self._failed.done():
                     self._failed.set_result(error)
-                delay = RETRY_BACKOFF.compute(failures)
+                delay = backoff.failed()
                 log.warning("aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
             finally:

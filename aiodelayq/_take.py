@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,9 +34,9 @@ from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
-from ._retry import RETRY_BACKOFF, resend_within
-from ._scripts import FINISH, POP
-from ._tasks import wait_through_cancellation
+from ._retry import Backoff, resend_within, retry_until_done
+from ._scripts.take import FINISH, POP
+from ._tasks import Supervised, keep, wait_through_cancellation
 from .exceptions import BackendError, DecodeError
 
 __all__ = ["HANDOFF_LEASE_MS", "TakePump"]
@@ -99,7 +100,9 @@ class TakePump:
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._wake = asyncio.Event()
         self._maybe_ready = True
-        self._task: asyncio.Task[None] | None = None
+        # Started by the first caller; restarted after a crash while callers wait.
+        self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
+                                wanted=lambda: self._closed is None and bool(self._waiters))
         self._pops: set[_Pop] = set()  # popped and not yet finished in Redis
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
@@ -108,7 +111,7 @@ class TakePump:
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} "
-                f"unfinished={len(self._pops)} closed={self._closed is not None}>")
+                f"unfinished={len(self._pops)} closed={self._closed is not None} task={self._task!r}>")
 
     # -- callers -----------------------------------------------------------------------------------
 
@@ -126,8 +129,7 @@ class TakePump:
         waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
         self._waiters.append(waiter)
         self.notify()
-        if self._task is None:
-            self._start()
+        self._task.start()
         try:
             await asyncio.wait({waiter.future}, timeout=timeout_s)
         except asyncio.CancelledError:
@@ -142,24 +144,6 @@ class TakePump:
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._maybe_finish(pop)
         return [value for _, _, value in entries]
-
-    def _start(self) -> None:
-        name = f"aiodelayq-take:{self._keys.destination}"
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
-        self._task.add_done_callback(self._pump_done)
-
-    def _pump_done(self, task: asyncio.Task[None]) -> None:
-        # The pump ends by closing or cancellation; anything else is a bug that would leave the
-        # waiters hanging: log it and start again.
-        if task.cancelled() or task is not self._task or self._closed is not None or task.exception() is None:
-            return
-        log.error("aiodelayq: take pump of %r died; restarting", self._keys.destination, exc_info=task.exception())
-        self._task = None
-        asyncio.get_running_loop().call_later(0.1, self._restart)
-
-    def _restart(self) -> None:
-        if self._task is None and self._closed is None and self._waiters:
-            self._start()
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
@@ -180,12 +164,10 @@ class TakePump:
         self._flush_deadline = deadline
         if self._closed is None:
             self.fail_waiters(ConnectionError("pump closed"))
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            # A pop in flight is abandoned at once: the task's flush settles it (FINISH '*') within
-            # the same deadline, so closing never waits for a stalled server longer than asked.
-            task.cancel()
-            await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+        # A pop in flight is abandoned at once: the task's flush settles it (FINISH '*') within the
+        # same deadline, so closing never waits for a stalled server longer than asked (what is
+        # left then goes back through the lease: no error to report).
+        await self._task.stop(max(0.0, deadline - loop.time()), report=False)
         if await self._flush(deadline):
             raise asyncio.CancelledError
 
@@ -228,7 +210,7 @@ class TakePump:
                 waiter.future.set_result([])
 
     async def _run(self) -> None:
-        failures = 0
+        backoff = Backoff()
         try:
             while self._closed is None:
                 wanted = self._wanted()
@@ -246,18 +228,17 @@ class TakePump:
                         self._maybe_finish(pop, unknown=True)  # return whatever it got
                     else:
                         self._pops.discard(pop)
-                    failures += 1
+                    delay = backoff.failed()
                     if is_permanent(exc):
                         self._fail_current(exc)
                         continue
-                    delay = RETRY_BACKOFF.compute(failures)
                     log.warning("aiodelayq: pop from %r failed (%s); retrying in %.2f s",
                                 self._keys.destination, exc, delay)
                     self._end_once_waiters()
                     await asyncio.sleep(delay)
                     self._maybe_ready = True
                     continue
-                failures = 0
+                backoff.succeeded()
                 if not raws:
                     self._pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
@@ -319,42 +300,36 @@ class TakePump:
         """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
         came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing)."""
         if pop.finishing is None and (unknown or pop.settled) and pop in self._pops:
-            pop.finishing = asyncio.ensure_future(self._finish(pop))
+            pop.finishing = keep(asyncio.ensure_future(self._finish(pop)))
 
-    async def _finish(self, pop: _Pop, deadline: float | None = None) -> None:
-        """FINISH ``pop`` with retries (it is idempotent) until done or ``deadline`` (loop time)."""
+    async def _finish(self, pop: _Pop, deadline: float = math.inf) -> None:
+        """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""
         plan = "*" if pop.size < 0 else "".join(v or "r" for v in pop.plan)
         if not plan:  # an empty pop records nothing
             self._pops.discard(pop)
             return
-        loop = asyncio.get_running_loop()
-        attempt = 0
         k = self._keys
-        while True:
-            timeout_s = self._call_timeout_s if deadline is None else max(0.001, min(self._call_timeout_s,
-                                                                                     deadline - loop.time()))
-            try:
-                async with self._slots:
-                    pop.finish_attempts += 1
-                    done = await run_script(
-                        self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
-                        [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
-                        what=f"finish a pop from {k.destination!r}")
-            except BackendError as exc:
-                attempt += 1
-                if deadline is not None and loop.time() >= deadline:
-                    log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
-                                k.destination, exc)
-                    return
-                await asyncio.sleep(RETRY_BACKOFF.compute(attempt))
-                continue
-            self._pops.discard(pop)
-            if not done and pop.finish_attempts == 1 and "d" in plan:
-                # Found nothing, and no earlier FINISH of this pop may have been applied: the lease
-                # ran out and the items went back.
-                log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the "
-                            "queue and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
+
+        async def attempt(timeout_s: float) -> Any:
+            async with self._slots:
+                pop.finish_attempts += 1
+                return await run_script(
+                    self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
+                    [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
+                    what=f"finish a pop from {k.destination!r}")
+
+        try:
+            done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)
+        except BackendError as exc:
+            log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
+                        k.destination, exc)
             return
+        self._pops.discard(pop)
+        if not done and pop.finish_attempts == 1 and "d" in plan:
+            # Found nothing, and no earlier FINISH of this pop may have been applied: the lease ran
+            # out and the items went back.
+            log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the queue "
+                        "and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
 
     async def _flush(self, deadline: float) -> bool:
         """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``,
@@ -371,7 +346,7 @@ class TakePump:
                     if verdict is None:
                         pop.settle(index, "r")
                 if pop.finishing is None or pop.finishing.done():
-                    pop.finishing = asyncio.ensure_future(self._finish(pop, deadline))
+                    pop.finishing = keep(asyncio.ensure_future(self._finish(pop, deadline)))
                 pending.add(pop.finishing)
             started |= pending
             cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled

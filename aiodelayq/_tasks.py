@@ -1,20 +1,29 @@
-"""Small helpers for owned background tasks: stop them within a bound, never swallow the caller's
-cancellation."""
+"""Owned background tasks: supervise them, stop them within a bound, wait through a forced shutdown,
+and never swallow the caller's cancellation.
+
+Deadlines and waits that anyio expresses well use anyio (``move_on_after`` in the scheduler and the
+subscriber). What stays here is what anyio's cancel scopes cannot do on asyncio: leave a redis-py
+call behind instead of waiting for it (:func:`detached`), re-deliver a cancellation that redis-py
+swallowed (:func:`stop_task`), and keep bounded cleanup going when ``asyncio.run`` cancels every
+task at shutdown, which is a native cancellation no shielded scope holds off
+(:func:`wait_through_cancellation`, :func:`run_through_cancellation`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["run_through_cancellation", "shielded", "stop_task", "wait_through_cancellation", "within"]
+__all__ = ["Supervised", "detached", "keep", "run_through_cancellation", "stop_task", "wait_through_cancellation"]
 
 log = logging.getLogger("aiodelayq")
 
 
-async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool:
-    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished.
+async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report: bool = True) -> bool:
+    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished
+    (``report``: log an error if it did not, or if it failed).
 
     ``asyncio.wait`` does not raise the child's ``CancelledError``, so a ``CancelledError`` that
     escapes here is always the caller's own cancellation, and it propagates.
@@ -31,45 +40,102 @@ async def stop_task(task: asyncio.Task[object] | None, timeout_s: float) -> bool
         task.cancel()
         await asyncio.wait({task}, timeout=min(0.02, max(0.0, deadline - loop.time())))
     if not task.done():
-        log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
+        if report:
+            log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
         return False
-    if not task.cancelled() and task.exception() is not None:
+    if not task.cancelled() and task.exception() is not None and report:
         log.error("aiodelayq: background task %s failed", task.get_name(), exc_info=task.exception())
     return True
 
 
 T = TypeVar("T")
-_in_flight: set[asyncio.Future[Any]] = set()
+
+# Tasks nobody awaits to the end (exchanges whose caller left, detached redis-py calls, one-time
+# checks): asyncio keeps only weak references to tasks, so they are held here until they end.
+_detached: set[asyncio.Future[Any]] = set()
 
 
-async def shielded(work: Awaitable[T]) -> T:
-    """Await a Redis call in a task of its own, so the caller's cancellation always propagates.
+def _forget(task: asyncio.Future[Any]) -> None:
+    _detached.discard(task)
+    # Whoever still waits gets the outcome; for an abandoned task it is retrieved here, so asyncio
+    # does not log "exception was never retrieved" for an answer nobody wanted any more.
+    if not task.cancelled():
+        task.exception()
+
+
+def keep(task: asyncio.Future[T]) -> asyncio.Future[T]:
+    """Hold a strong reference to ``task`` until it ends; returns it."""
+    _detached.add(task)
+    task.add_done_callback(_forget)
+    return task
+
+
+async def detached(work: Awaitable[T]) -> T:
+    """Await ``work`` in a task of its own, so the caller's cancellation always propagates.
 
     redis-py can swallow a ``CancelledError`` that lands inside a command (redis/redis-py#2028,
     #2551); here the caller stops waiting at once and the command completes in the background
-    (bounded by the connection's own timeouts), leaving its connection in a clean state.
+    (bounded by the connection's own timeouts), leaving its connection in a clean state. anyio's
+    shielding cannot do this: it would wait for the command instead of leaving it.
     """
-    task = asyncio.ensure_future(work)
-    _in_flight.add(task)
-    task.add_done_callback(_in_flight.discard)
-    return await asyncio.shield(task)
+    return await asyncio.shield(keep(asyncio.ensure_future(work)))
 
 
-async def within(work: Awaitable[Any], timeout_s: float) -> bool:
-    """Await ``work`` for at most ``timeout_s`` seconds; return whether it finished (it is cancelled
-    if not). Unlike ``asyncio.wait_for`` before Python 3.12, the caller's own cancellation is never
-    swallowed when ``work`` completes in the same instant.
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.wait({task}, timeout=timeout_s)
-    finally:
-        if not task.done():
-            task.cancel()
-    if task.done() and not task.cancelled():
-        task.result()  # re-raise its error, if any
-        return True
-    return False
+class Supervised:
+    """One owned background task whose body only ends by cancellation: if it dies of anything else
+    (a bug), the error is logged and the body started again after ``restart_after_s``, while
+    ``wanted()`` says it is still needed. :meth:`stop` ends it for good."""
+
+    def __init__(self, name: str, body: Callable[[], Coroutine[Any, Any, None]], *, restart_after_s: float,
+                 wanted: Callable[[], bool] = lambda: True,
+                 on_crash: Callable[[BaseException], None] | None = None) -> None:
+        self.name = name
+        self._body = body
+        self._restart_after_s = restart_after_s
+        self._wanted = wanted
+        self._on_crash = on_crash
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.crashes = 0
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else ("running" if self.running else "idle")
+        return f"<Supervised {self.name} {state} crashes={self.crashes}>"
+
+    @property
+    def running(self) -> bool:
+        """Whether the body runs now."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the body unless it runs or the task was stopped."""
+        if not self._stopped and not self.running:
+            self._task = asyncio.get_running_loop().create_task(self._body(), name=self.name)
+            self._task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task is not self._task or self._stopped:
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        self.crashes += 1
+        log.error("aiodelayq: background task %s died; restarting in %.1f s", self.name,
+                  self._restart_after_s, exc_info=exc)
+        if self._on_crash is not None:
+            self._on_crash(exc)
+        self._task = None
+        asyncio.get_running_loop().call_later(self._restart_after_s, self._restart)
+
+    def _restart(self) -> None:
+        if self._wanted():
+            self.start()
+
+    async def stop(self, timeout_s: float, *, report: bool = True) -> bool:
+        """Stop the body for good (see :func:`stop_task`); idempotent."""
+        self._stopped = True
+        task, self._task = self._task, None
+        return await stop_task(task, timeout_s, report=report)
 
 
 async def wait_through_cancellation(futures: set[asyncio.Future[Any]], timeout_s: float) -> bool:

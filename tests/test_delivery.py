@@ -18,7 +18,7 @@ from aiodelayq import (
     QueueClosedError,
     QueueNotOpenError,
 )
-from aiodelayq._registry import runtime_for
+from aiodelayq._runtime import runtime_for
 from tests.helpers import server_ms, until
 
 

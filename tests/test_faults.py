@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from aiodelayq._registry import runtime_for
+from aiodelayq._runtime import runtime_for
 from tests.helpers import server_ms, until
 
 

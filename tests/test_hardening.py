@@ -22,7 +22,9 @@ from aiodelayq import (
     WrongEventLoopError,
     delay_to_ms,
 )
-from aiodelayq._scripts import OFFER, POP, RECEIVE, SETTLE
+from aiodelayq._scripts.producer import OFFER
+from aiodelayq._scripts.reliable import RECEIVE, SETTLE
+from aiodelayq._scripts.take import POP
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server
 from tests.helpers import until
 

@@ -12,15 +12,15 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, QueueClosedError
 from aiodelayq._connections import run_script
-from aiodelayq._registry import runtime_for
-from aiodelayq._scripts import OFFER
+from aiodelayq._runtime import runtime_for
+from aiodelayq._scripts.producer import OFFER
 
 
 async def test_a_resent_offer_call_writes_nothing_twice_even_after_transfer(client: Redis, make_queue: Any) -> None:
     q = make_queue()
     k = q.keys
     keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies]
-    args = [os.urandom(16), "current", 0, os.urandom(8), b'"job"']
+    args = [os.urandom(16), "strict", 0, os.urandom(8), b'"job"']
     first = await run_script(client, OFFER, keys, args, timeout_s=5)
     async with q:  # the element falls due and is transferred
         assert await asyncio.wait_for(q.take(), 5) == "job"
@@ -40,15 +40,15 @@ async def test_absurd_published_due_times_do_not_kill_the_subscriber(client: Red
             await client.publish(q.keys.channel, junk)
         await q.offer("on-time", 0.2)
         assert await asyncio.wait_for(q.take(), 3) == "on-time"
-        assert runtime.subscriber._task is not None
-        assert not runtime.subscriber._task.done()
+        assert runtime.subscriber._task.running
+        assert runtime.subscriber._task.crashes == 0
 
 
 async def test_takes_after_close_fail_instead_of_hanging(client: Redis, make_queue: Any) -> None:
     q = make_queue()
     await client.rpush(q.keys.destination, b"{undecodable")
     async with q:
-        pump = q._pump
+        pump = q._life.pump()
     with pytest.raises(QueueClosedError):
         await asyncio.wait_for(pump.get(None), 2)
     with pytest.raises(QueueClosedError):

@@ -1,4 +1,10 @@
-"""Per event loop and client: the shared subscriber and one refcounted scheduler per queue name.
+"""The library's only registry of shared state, kept weakly by client (and event loop):
+
+- :class:`ClientFacts`, per client, for producers and consumers alike: the server's native long
+  layout (asked once), whether the eviction policy was checked, the insertion stamps;
+- :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
+  pub/sub subscriber, one refcounted transfer scheduler per queue name, and the slots that cap the
+  client's concurrent background calls.
 
 No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
 and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
@@ -9,22 +15,52 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from ._elements import InsertionStamps
 from ._keys import QueueKeys
 from ._scheduler import TransferScheduler
 from ._subscriber import Subscriber
 from ._tasks import stop_task
 from .exceptions import BackendError
 
-__all__ = ["TRANSFER_SLOTS", "ClientRuntime", "acquire_scheduler", "release_scheduler", "runtime_for"]
+__all__ = ["TRANSFER_SLOTS", "ClientFacts", "ClientRuntime", "acquire_scheduler", "facts_for", "release_scheduler",
+           "runtime_for"]
 
 # Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
 # connections a client's queues use stay below this plus the pub/sub connection, however many
 # queues are open.
 TRANSFER_SLOTS = 8
+
+
+@dataclass(eq=False)
+class ClientFacts:
+    """What the library learns once per client (it holds no reference to the client).
+
+    Attributes:
+        long_format: ``struct`` format of the server's native ``L`` (``None`` until asked).
+        long_format_ask: the request in flight, shared by concurrent first producers.
+        eviction_checked: whether the ``maxmemory-policy`` check was started.
+        stamps: insertion stamps of this client's fast elements.
+    """
+
+    long_format: str | None = None
+    long_format_ask: asyncio.Future[str] | None = None
+    eviction_checked: bool = False
+    stamps: InsertionStamps = field(default_factory=InsertionStamps)
+
+
+_facts: weakref.WeakKeyDictionary[Redis, ClientFacts] = weakref.WeakKeyDictionary()
+
+
+def facts_for(client: Redis) -> ClientFacts:
+    """The facts of ``client`` (made on first use)."""
+    facts = _facts.get(client)
+    if facts is None:
+        facts = _facts[client] = ClientFacts()
+    return facts
 
 
 @dataclass(eq=False)
