@@ -178,8 +178,7 @@ class Lifecycle:
         self._scheduler = scheduler
         self._pump = TakePump(self._client, keys, decode=lambda raw: decode_item(o.codec, raw),
                               slots=scheduler.slots, call_timeout_s=o.call_timeout_s)
-        self._reliable = ReliableConsumer(self._client, keys, o.codec, max_deliveries=o.max_deliveries,
-                                          call_timeout_s=o.call_timeout_s)
+        self._reliable = ReliableConsumer(self._client, keys, o)
         scheduler.listeners.extend((self._pump.notify, self._reliable.notify))
         self.state = "open"
 

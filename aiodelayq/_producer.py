@@ -16,12 +16,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from ._batcher import OfferBatcher
-from ._codec import Codec, encode_item
+from ._codec import encode_item
 from ._connections import run_script
 from ._delays import delay_to_ms
 from ._elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
 from ._eviction import check_eviction_policy
 from ._keys import QueueKeys
+from ._options import QueueOptions
 from ._retry import resend_within
 from ._runtime import facts_for
 from ._scripts.producer import NATIVE_LONG, OFFER
@@ -35,14 +36,10 @@ MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, kind: ElementKind, call_timeout_s: float,
-                 max_call_bytes: int) -> None:
-        self._client = client
-        self._keys = keys
-        self._codec = codec
-        self._kind = kind
-        self._call_timeout_s = call_timeout_s
-        self._max_call_bytes = max_call_bytes
+    def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions) -> None:
+        self._client, self._keys = client, keys
+        self._codec, self._kind = options.codec, options.kind
+        self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._batcher: OfferBatcher | None = None
 
     def __repr__(self) -> str:

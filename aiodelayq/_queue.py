@@ -71,8 +71,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes)
-        self._producer = Producer(client, keys, o.codec, kind=o.kind, call_timeout_s=o.call_timeout_s,
-                                  max_call_bytes=o.max_call_bytes)
+        self._producer = Producer(client, keys, o)
         self._pending = PendingView(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
         self._life = Lifecycle(client, keys, o, on_new_loop=self._producer.rebind)
 

@@ -18,11 +18,12 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from redis.asyncio import Redis
 
-from ._codec import Codec, decode_item
+from ._codec import decode_item
 from ._connections import Script, run_script
 from ._delays import delay_to_ms
 from ._elements import parse_message
 from ._keys import QueueKeys
+from ._options import QueueOptions
 from ._retry import resend_within, retry_until_done
 from ._scripts.reliable import RECEIVE, RELEASE_CALL, SETTLE
 from ._tasks import keep, run_through_cancellation
@@ -91,13 +92,9 @@ class Message(Generic[T]):
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, max_deliveries: int,
-                 call_timeout_s: float) -> None:
-        self._client = client
-        self._keys = keys
-        self._codec = codec
-        self._max_deliveries = max_deliveries
-        self._call_timeout_s = call_timeout_s
+    def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions) -> None:
+        self._client, self._keys, self._codec = client, keys, options.codec
+        self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
