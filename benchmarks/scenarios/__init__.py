@@ -1,0 +1,25 @@
+"""The scenarios, one module each; every module's ``run(bench)`` says in its docstring what it measures.
+
+:data:`REGISTRY` is the order they run in; the ones in :data:`EXTRA` run only when asked for
+(``--only NAME`` or their own option), the others by default.
+"""
+
+from __future__ import annotations
+
+from _harness import Scenario
+
+from . import big_item_stall, e2e, idle, lateness, memory, offer, offer_many, reliable_lateness, transfer
+
+REGISTRY: dict[str, Scenario] = {
+    "offer": offer.run,
+    "offer_many": offer_many.run,
+    "transfer": transfer.run,
+    "lateness": lateness.run,
+    "reliable_lateness": reliable_lateness.run,
+    "e2e": e2e.run,
+    "idle": idle.run,
+    "memory": memory.run,
+    "big_item_stall": big_item_stall.run,
+}
+EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
+DEFAULT = tuple(name for name in REGISTRY if name not in EXTRA)

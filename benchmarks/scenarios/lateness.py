@@ -1,0 +1,85 @@
+"""Scenario ``lateness``: items falling due at a steady rate, taken by a consumer process."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from _harness import Bench, join_or_terminate, lateness_consumer_main, log, log_histogram, produce_spread
+from lateness import summarize  # benchmarks/lateness.py, the older ours-only study
+from reference import ReferenceQueue
+from report import fmt_ms
+
+from aiodelayq import DelayedQueue
+
+
+async def run(bench: Bench) -> dict[str, Any]:
+    """``lateness_rate`` items/s falling due for ``lateness_seconds`` s. A consumer in a separate process
+    (spawned) opens the queue and takes: ours with ``take_many(1000)``, the reference with a ``BLPOP``
+    loop (its transfer scheduler runs in that process too). This process produces: every 50 ms it offers
+    every item whose target due time is within 0.5 s (ours: ``offer_many``; reference: a pipeline of offer
+    scripts). Lateness = receipt time - due time, on the server clock for ours (due times are server
+    ms; the offset between the clocks is measured once with ``TIME``) and on the client clock for the
+    reference (its due times are client ms)."""
+    s = bench.sizes
+    out: dict[str, Any] = {"rate": s.lateness_rate, "seconds": s.lateness_seconds}
+    for impl in ("ours", "reference"):
+        out[impl] = await _lateness(bench, impl)
+    o, r = out["ours"]["lateness_ms"], out["reference"]["lateness_ms"]
+    out["ratio"] = {k: (o[k] / r[k] if o.get(k) is not None and r.get(k) else None) for k in ("p50", "p99", "max")}
+    return out
+
+
+async def _lateness(bench: Bench, impl: str) -> dict[str, Any]:
+    s = bench.sizes
+    total = round(s.lateness_rate * s.lateness_seconds)
+    name = bench.name("lateness", impl)
+    start_offset_s, lead_s, tick_s, grace_s = 0.5, 0.5, 0.05, 5.0
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    bound_s = start_offset_s + s.lateness_seconds + lead_s + grace_s
+    proc = ctx.Process(target=lateness_consumer_main, args=(child, bench.url, name, impl, total, bound_s),
+                       name=f"lateness-consumer-{impl}", daemon=True)
+    client = bench.client()
+    due: dict[int, float] = {}
+    try:
+        proc.start()
+        if not await asyncio.to_thread(parent.poll, 60.0):
+            raise RuntimeError("lateness consumer did not start within 60 s")
+        msg = parent.recv()
+        if msg != "ready":
+            raise RuntimeError(f"lateness consumer failed: {msg}")
+        if impl == "ours":
+            q: DelayedQueue[Any] = DelayedQueue(client, name)
+            now_ms: Callable[[], float] = bench.server_now_ms
+            send: Callable[[Any], Awaitable[list[int]]] = q.offer_many
+        else:
+            ref = await ReferenceQueue(client, name).prepare()
+            now_ms = lambda: time.time() * 1000.0  # noqa: E731 - the reference's own clock
+            send = ref.offer_pipeline
+        clamped = await produce_spread(send, now_ms, due, total=total, rate=s.lateness_rate,
+                                       start_offset_s=start_offset_s, lead_s=lead_s, tick_s=tick_s,
+                                       bound_s=bound_s, label=impl)
+        if not await asyncio.to_thread(parent.poll, bound_s + 30.0):
+            raise RuntimeError("lateness consumer sent no result")
+        res = parent.recv()
+        if "error" in res:
+            raise RuntimeError(f"lateness consumer failed: {res['error']}")
+    finally:
+        await join_or_terminate(proc)
+        await client.aclose()
+        await bench.drop(name)
+    shift = bench.offset_ms if impl == "ours" else 0.0
+    lat = [t + shift - due[i] for i, t in zip(res["ids"], res["times"], strict=True) if i in due]
+    received = set(res["ids"])
+    summary = summarize(lat)
+    result = {"count": total, "delivered": len(received), "lost": sum(1 for i in due if i not in received),
+              "duplicates": len(res["ids"]) - len(received), "producer_clamped": clamped,
+              "lateness_ms": summary, "late_over_50ms": sum(1 for v in lat if v > 50),
+              "histogram": log_histogram(lat), "consumer_stats": res["stats"]}
+    log(f"    {impl:9}: delivered {len(received):,}/{total:,}, lateness p50={fmt_ms(summary['p50'])} "
+        f"p99={fmt_ms(summary['p99'])} max={fmt_ms(summary['max'])}")
+    return result
