@@ -15,7 +15,7 @@ import secrets
 import statistics
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,25 +35,36 @@ FAR_S = 3600.0  # delay of items that must not fall due during a scenario
 
 @dataclass(frozen=True)
 class Sizes:
-    rounds: int = 3
+    """How big and how long each scenario is (:data:`FULL`, ``--quick``: :data:`QUICK`)."""
+
+    rounds: int = 3  # of the cheap scenarios
+    # offer
     offer_callers: int = 64
     offer_seconds: float = 2.0
+    # offer_many
     offer_many_items: int = 100_000
     offer_many_batch: int = 1000
+    # transfer
     transfer_ns: tuple[int, ...] = (10_000, 100_000, 1_000_000)
     transfer_rounds_upto: int = 100_000  # N up to this size run --rounds times, larger ones once
     ref_bound_s: float = 15.0
+    # lateness
     lateness_rate: float = 10_000.0
     lateness_seconds: float = 10.0
+    # reliable_lateness
     reliable_rate: float = 2000.0
     reliable_seconds: float = 10.0
     reliable_consumers: int = 3
     reliable_vt_s: float = 30.0
+    # big_item_stall
     big_item_mbs: tuple[int, ...] = (1, 10, 50)
+    # e2e
     e2e_seconds: float = 5.0
     e2e_backlog: int = 20_000
+    # idle
     idle_queues: int = 1000
     idle_seconds: float = 20.0
+    # memory
     memory_items: int = 100_000
 
 
@@ -282,6 +293,14 @@ async def _reliable_consume(conn: Any, url: str, name: str, vt_s: float, bound_s
             "cpu_s": sum(os.times()[:2])}
 
 
+async def stop_reference(ref: ReferenceQueue | None, sub: ReferenceSubscriber | None) -> None:
+    """Stop a reference scheduler and close its subscriber, those of the two that were started."""
+    if ref is not None:
+        await ref.stop()
+    if sub is not None:
+        await sub.aclose()
+
+
 # -- measuring helpers ---------------------------------------------------------------------------------
 
 
@@ -407,6 +426,17 @@ class Bench:
     def client(self) -> Redis:
         return Redis.from_url(self.url, decode_responses=False)
 
+    @contextlib.asynccontextmanager
+    async def fresh_queue(self, scenario: str, impl: str) -> AsyncIterator[tuple[Redis, str]]:
+        """A client of its own and a new queue name; on the way out the client is closed and the queue's
+        keys are deleted."""
+        client = self.client()
+        name = self.name(scenario, impl)
+        try:
+            yield client, name
+        finally:
+            await client.aclose()
+            await self.drop(name)
 
     async def drop(self, *names: str) -> None:
         """Delete every key of the given queues (ours and the reference use the same key names)."""

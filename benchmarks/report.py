@@ -120,14 +120,16 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     def row(name: str, ratio: float | None, higher_better: bool, ours: str, ref: str) -> None:
         rows.append((name, ratio, higher_better, ours, ref))
 
+    def paired(scenario: str, name: str, metric: str, higher_better: bool, digits: int = 0) -> None:
+        """The row of a scenario with one ``metric`` for ``ours`` and ``reference`` and one ``ratio``."""
+        x = sc[scenario]
+        row(name, x["ratio"], higher_better, fmt_num(x["ours"][metric], digits),
+            fmt_num(x["reference"][metric], digits))
+
     if "offer" in sc:
-        o = sc["offer"]
-        row("offer, 64 awaiting callers (items/s)", o["ratio"], True, fmt_num(o["ours"]["items_per_s"]),
-            fmt_num(o["reference"]["items_per_s"]))
+        paired("offer", "offer, 64 awaiting callers (items/s)", "items_per_s", True)
     if "offer_many" in sc:
-        o = sc["offer_many"]
-        row("offer_many, batches of 1000 (items/s)", o["ratio"], True, fmt_num(o["ours"]["items_per_s"]),
-            fmt_num(o["reference"]["items_per_s"]))
+        paired("offer_many", "offer_many, batches of 1000 (items/s)", "items_per_s", True)
     if "transfer" in sc:
         t = sc["transfer"]
         for n in t["ours"]:
@@ -155,13 +157,10 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         row("reliable lateness: undelivered in the bound, still queued", None, False,
             str(rl["undelivered_still_queued"]), "")
     if "e2e" in sc:
-        e = sc["e2e"]
-        row("end-to-end (msgs/s)", e["ratio"], True, fmt_num(e["ours"]["msgs_per_s"]),
-            fmt_num(e["reference"]["msgs_per_s"]))
+        paired("e2e", "end-to-end (msgs/s)", "msgs_per_s", True)
     if "memory" in sc:
-        mm = sc["memory"]
-        row(f"memory per pending item (bytes, {mm['items']:,} items)", mm["ratio"], False,
-            fmt_num(mm["ours"]["bytes_per_item"], 1), fmt_num(mm["reference"]["bytes_per_item"], 1))
+        items = sc["memory"]["items"]
+        paired("memory", f"memory per pending item (bytes, {items:,} items)", "bytes_per_item", False, 1)
     if "idle" in sc:
         i = sc["idle"]
         o, r = i["ours"], i["reference"]

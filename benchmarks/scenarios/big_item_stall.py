@@ -42,10 +42,8 @@ async def run(bench: Bench) -> dict[str, Any]:
                     encoded = codec.encode(item)
                     encode_ms.append((time.perf_counter() - t0) * 1000.0)
                     del encoded
-                    client = bench.client()
-                    name = bench.name("big_item_stall", "ours")
-                    keys = DelayedQueue(bench.ctl, name).keys
-                    try:
+                    async with bench.fresh_queue("big_item_stall", "ours") as (client, name):
+                        keys = DelayedQueue(bench.ctl, name).keys
                         q: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec_name)
                         await q.offer(0 if codec_name == "json" else b"0", FAR_S)  # warm: connection, script
                         await bench.slowlog.begin()
@@ -60,9 +58,6 @@ async def run(bench: Bench) -> dict[str, Any]:
                             lambda a, k=keys: a[0] == b"EVALSHA" and k.channel.encode() in a)
                         if times:
                             server_ms.append(max(times))
-                    finally:
-                        await client.aclose()
-                        await bench.drop(name)
                 take_stall = await _big_item_take_stall(bench, meter, item, codec_name)
                 stall, encoded_ms = statistics.median(stalls), statistics.median(encode_ms)
                 case: dict[str, Any] = {

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _harness import Bench, log, median, payload
+from _harness import Bench, log, median, payload, stop_reference
 from reference import ReferenceQueue, ReferenceSubscriber
 
 from aiodelayq import DelayedQueue
@@ -92,10 +92,7 @@ async def _e2e(bench: Bench, impl: str) -> float:
         return consumed / elapsed
     finally:
         await cq.aclose()
-        if ref_c is not None:
-            await ref_c.stop()
-        if sub is not None:
-            await sub.aclose()
+        await stop_reference(ref_c, sub)
         await producer.aclose()
         await consumer.aclose()
         await bench.drop(name)

@@ -20,9 +20,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     avg = statistics.fmean(len(encode_item(payload(i))) for i in range(0, s.memory_items, 97))
     out["payload_bytes_avg"] = avg
     for impl in ("ours", "reference", "ours_strict"):
-        client = bench.client()
-        name = bench.name("memory", impl)
-        try:
+        async with bench.fresh_queue("memory", impl) as (client, name):
             if impl == "reference":
                 ref = await ReferenceQueue(client, name).prepare()
                 for b in range(0, s.memory_items, 1000):
@@ -39,9 +37,6 @@ async def run(bench: Bench) -> dict[str, Any]:
                          "bytes_per_item": (zset + lst) / n if n else None}
             log(f"    {impl:11}: {n:,} items, zset {zset / 2**20:.1f} MiB + list {lst / 2**20:.1f} MiB = "
                 f"{(zset + lst) / n:.1f} B/item")
-        finally:
-            await client.aclose()
-            await bench.drop(name)
     o, r = out["ours"]["bytes_per_item"], out["reference"]["bytes_per_item"]
     out["ratio"] = o / r if o and r else None
     return out

@@ -22,9 +22,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"ours": [], "reference": []}
     for rnd in range(s.rounds):
         for impl in ("ours", "reference"):
-            client = bench.client()
-            name = bench.name("offer", impl)
-            try:
+            async with bench.fresh_queue("offer", impl) as (client, name):
                 if impl == "ours":
                     q: DelayedQueue[Any] = DelayedQueue(client, name)
                     await q.offer(payload(0), FAR_S)  # warm-up: script load, connection
@@ -54,9 +52,6 @@ async def run(bench: Bench) -> dict[str, Any]:
                 rates[impl].append(rate)
                 log(f"    round {rnd + 1} {impl:9}: {done:,} offers in {elapsed:.2f} s = {rate:,.0f} items/s "
                     f"(zset {pending - 1:,})")
-            finally:
-                await client.aclose()
-                await bench.drop(name)
     ours, ref = median(rates["ours"]), median(rates["reference"])
     return {"callers": s.offer_callers, "seconds": s.offer_seconds,
             "ours": {"items_per_s": ours, "rounds": rates["ours"]},

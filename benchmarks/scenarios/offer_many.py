@@ -24,9 +24,7 @@ async def run(bench: Bench) -> dict[str, Any]:
                for b in range(0, s.offer_many_items, s.offer_many_batch)]
     for rnd in range(s.rounds):
         for impl in ("ours", "reference"):
-            client = bench.client()
-            name = bench.name("offer_many", impl)
-            try:
+            async with bench.fresh_queue("offer_many", impl) as (client, name):
                 if impl == "ours":
                     q: DelayedQueue[Any] = DelayedQueue(client, name)
                     await q.offer(payload(0), FAR_S)
@@ -51,9 +49,6 @@ async def run(bench: Bench) -> dict[str, Any]:
                 rates[impl].append(rate)
                 log(f"    round {rnd + 1} {impl:9}: {s.offer_many_items:,} items in {elapsed:.2f} s = "
                     f"{rate:,.0f} items/s (zset {pending:,})")
-            finally:
-                await client.aclose()
-                await bench.drop(name)
     ours, ref = median(rates["ours"]), median(rates["reference"])
     return {"items": s.offer_many_items, "batch": s.offer_many_batch,
             "ours": {"items_per_s": ours, "rounds": rates["ours"],

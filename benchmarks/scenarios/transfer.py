@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from _harness import Bench, log, median, payload
+from _harness import Bench, log, median, payload, stop_reference
 from lateness import percentile
 from reference import ReferenceQueue, ReferenceSubscriber
 from report import fmt_ms, fmt_num
@@ -147,10 +147,7 @@ async def _transfer_reference(bench: Bench, n: int) -> dict[str, Any]:
             f"{ref_c.stats.transfers} script calls, worst {fmt_ms(result['worst_script_ms'])} (fill {fill_s:.1f} s)")
         return result
     finally:
-        if ref_c is not None:
-            await ref_c.stop()
-        if sub is not None:
-            await sub.aclose()
+        await stop_reference(ref_c, sub)
         await producer.aclose()
         await consumer.aclose()
         await bench.drop(name)
