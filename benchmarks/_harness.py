@@ -385,15 +385,6 @@ async def server_counters(ctl: Redis) -> dict[str, Any]:
             "calls": {k.removeprefix("cmdstat_"): int(v.get("calls", 0)) for k, v in cs.items()}}
 
 
-async def ping_every(client: Redis, interval_s: float, out: list[float]) -> None:
-    """Append one ``PING`` round trip (ms) every ``interval_s`` until cancelled."""
-    while True:
-        t0 = time.perf_counter()
-        await client.ping()
-        out.append((time.perf_counter() - t0) * 1000.0)
-        await asyncio.sleep(interval_s)
-
-
 # -- the context the scenarios share ----------------------------------------------------------------
 
 

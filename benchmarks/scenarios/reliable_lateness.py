@@ -7,6 +7,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import time
 from typing import Any, cast
 
 from _harness import (
@@ -16,12 +17,12 @@ from _harness import (
     join_or_terminate,
     log,
     log_histogram,
-    ping_every,
     produce_spread,
     reliable_consumer_main,
     server_counters,
 )
 from lateness import client_ping_rtts_ms, percentile, raw_ping_rtts_ms, summarize
+from redis.asyncio import Redis
 from report import fmt_ms, fmt_pct
 
 from aiodelayq import DelayedQueue
@@ -78,7 +79,7 @@ async def run(bench: Bench) -> dict[str, Any]:
             cpu_before = cpu_times()
             server_before = await server_counters(bench.ctl)
             t0 = loop.time()
-            pinger = asyncio.ensure_future(ping_every(ping_client, 0.02, during))
+            pinger = asyncio.ensure_future(_ping_every(ping_client, 0.02, during))
             try:
                 clamped = await produce_spread(q.offer_many, bench.server_now_ms, due, total=total,
                                                rate=s.reliable_rate, start_offset_s=start_offset_s, lead_s=lead_s,
@@ -201,3 +202,12 @@ def _fast_element_order(element: bytes) -> int:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return int(json.loads(element[21 + size:])["order"])
     return -1
+
+
+async def _ping_every(client: Redis, interval_s: float, out: list[float]) -> None:
+    """Append one ``PING`` round trip (ms) every ``interval_s`` until cancelled."""
+    while True:
+        t0 = time.perf_counter()
+        await client.ping()
+        out.append((time.perf_counter() - t0) * 1000.0)
+        await asyncio.sleep(interval_s)
