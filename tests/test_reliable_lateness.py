@@ -1,7 +1,7 @@
 """Reliable consumption stays punctual with several consumer processes.
 
 2,000 items/s fall due for 4 s (offered 0.5 s ahead, due times spread evenly, as in
-``benchmarks/run.py``'s ``reliable_lateness`` scenario) while three separate processes each run
+``benchmarks/scenarios/reliable_lateness.py``) while three separate processes each run
 ``async for msg in q.messages(30): await msg.ack()`` on the queue. Lateness is the server clock at
 receipt minus the due time ``offer_many`` returned. The bounds are generous (the benchmark's bars
 are p99 <= 5 ms and max <= 50 ms): the test runs on a small shared machine next to other work.
