@@ -123,7 +123,7 @@ async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
     sent = [False]
     # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
     # connection, and an abandoned one may end with the error of a connection dropped under it.
-    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent)))
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent)), quiet=True)
     try:
         done, _ = await asyncio.wait({child}, timeout=timeout_s)
     except asyncio.CancelledError:

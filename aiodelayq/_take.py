@@ -102,7 +102,8 @@ class TakePump:
         self._maybe_ready = True
         # Started by the first caller; restarted after a crash while callers wait.
         self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
-                                wanted=lambda: self._closed is None and bool(self._waiters))
+                                wanted=lambda: self._closed is None and bool(self._waiters),
+                                on_crash=lambda _exc: self.notify())
         self._pops: set[_Pop] = set()  # popped and not yet finished in Redis
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
@@ -321,6 +322,8 @@ class TakePump:
         try:
             done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)
         except BackendError as exc:
+            # Given up for good (a permanent error, or the close deadline): not tried again.
+            self._pops.discard(pop)
             log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
                         k.destination, exc)
             return

@@ -12,9 +12,12 @@ task at shutdown, which is a native cancellation no shielded scope holds off
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+from .exceptions import BackendError
 
 __all__ = ["Supervised", "detached", "keep", "run_through_cancellation", "stop_task", "wait_through_cancellation"]
 
@@ -22,8 +25,8 @@ log = logging.getLogger("aiodelayq")
 
 
 async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report: bool = True) -> bool:
-    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished
-    (``report``: log an error if it did not, or if it failed).
+    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished.
+    A failure of the task is logged; so is overrunning the bound, if ``report``.
 
     ``asyncio.wait`` does not raise the child's ``CancelledError``, so a ``CancelledError`` that
     escapes here is always the caller's own cancellation, and it propagates.
@@ -43,7 +46,7 @@ async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report:
         if report:
             log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
         return False
-    if not task.cancelled() and task.exception() is not None and report:
+    if not task.cancelled() and task.exception() is not None:
         log.error("aiodelayq: background task %s failed", task.get_name(), exc_info=task.exception())
     return True
 
@@ -55,18 +58,24 @@ T = TypeVar("T")
 _detached: set[asyncio.Future[Any]] = set()
 
 
-def _forget(task: asyncio.Future[Any]) -> None:
+def _forget(task: asyncio.Future[Any], *, quiet: bool) -> None:
     _detached.discard(task)
     # Whoever still waits gets the outcome; for an abandoned task it is retrieved here, so asyncio
-    # does not log "exception was never retrieved" for an answer nobody wanted any more.
-    if not task.cancelled():
-        task.exception()
+    # does not log "exception was never retrieved" for an answer nobody wanted any more. A failure
+    # that is not a Redis failure the library reports (BackendError) is a bug: logged.
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not quiet and not isinstance(exc, BackendError):
+        log.error("aiodelayq: background task failed", exc_info=exc)
 
 
-def keep(task: asyncio.Future[T]) -> asyncio.Future[T]:
-    """Hold a strong reference to ``task`` until it ends; returns it."""
+def keep(task: asyncio.Future[T], *, quiet: bool = False) -> asyncio.Future[T]:
+    """Hold a strong reference to ``task`` until it ends; returns it. Its failures other than
+    :class:`BackendError` are logged as bugs unless ``quiet`` (raw redis-py calls, whose errors
+    their caller classifies, or which nobody waits for any more)."""
     _detached.add(task)
-    task.add_done_callback(_forget)
+    task.add_done_callback(functools.partial(_forget, quiet=quiet))
     return task
 
 
@@ -78,7 +87,7 @@ async def detached(work: Awaitable[T]) -> T:
     (bounded by the connection's own timeouts), leaving its connection in a clean state. anyio's
     shielding cannot do this: it would wait for the command instead of leaving it.
     """
-    return await asyncio.shield(keep(asyncio.ensure_future(work)))
+    return await asyncio.shield(keep(asyncio.ensure_future(work), quiet=True))
 
 
 class Supervised:
@@ -114,7 +123,7 @@ class Supervised:
             self._task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task is not self._task or self._stopped:
+        if task.cancelled() or self._stopped:  # stopped: stop_task reports a failure
             return
         exc = task.exception()
         if exc is None:
@@ -124,8 +133,9 @@ class Supervised:
                   self._restart_after_s, exc_info=exc)
         if self._on_crash is not None:
             self._on_crash(exc)
-        self._task = None
-        asyncio.get_running_loop().call_later(self._restart_after_s, self._restart)
+        if task is self._task:  # else a caller already started the body again in the same turn
+            self._task = None
+            asyncio.get_running_loop().call_later(self._restart_after_s, self._restart)
 
     def _restart(self) -> None:
         if self._wanted():
