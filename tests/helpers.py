@@ -1,18 +1,30 @@
-"""Helpers shared by the tests: bounded waits and the server clock."""
+"""Helpers shared by the tests: bounded waits, the server clock, a queue for code that runs its own
+event loop, and a child's first line."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
+
+from aiodelayq import DelayedQueue
+
+if TYPE_CHECKING:
+    from tests.faults import SubprocessConsumer
 
 
 async def server_ms(r: Redis) -> float:
     """The server's clock in epoch milliseconds."""
     seconds, micros = await r.time()
     return seconds * 1000 + micros / 1000
+
+
+async def server_past(r: Redis, due_ms: int) -> bool:
+    """Whether the server's clock is past ``due_ms``."""
+    return await server_ms(r) > due_ms
 
 
 async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, interval_s: float = 0.01) -> None:
@@ -28,3 +40,23 @@ async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, interval_s
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+async def first_line(child: SubprocessConsumer, timeout_s: float = 60.0) -> str:
+    """The first line the child printed (waiting for it, bounded)."""
+    return await child.await_line(lambda _line: True, timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def queue_on(url: str, name: str, **options: Any) -> AsyncIterator[tuple[Redis, DelayedQueue[Any]]]:
+    """A new client on ``url`` and a queue on it; after, the queue and the client are closed and the
+    queue's keys deleted. For tests that run their own event loop per example (hypothesis), which the
+    fixtures, bound to the test's loop, cannot serve."""
+    client = Redis.from_url(url)
+    q: DelayedQueue[Any] = DelayedQueue(client, name, **options)
+    try:
+        yield client, q
+    finally:
+        await q.aclose()
+        await client.delete(*q.keys.all)
+        await client.aclose()
