@@ -19,7 +19,7 @@ from aiodelayq import (
     QueueNotOpenError,
 )
 from aiodelayq._runtime import runtime_for
-from tests.helpers import server_ms, until
+from tests.helpers import server_ms, server_past, until
 
 
 async def test_items_come_out_in_due_order(make_queue: Any) -> None:
@@ -109,31 +109,24 @@ async def test_startup_compensation_moves_items_that_fell_due_while_nobody_ran(c
                                                                                make_queue: Any) -> None:
     producer = make_queue()
     dues = await producer.offer_many([(i, 0.05) for i in range(20)])
-    await until(lambda: _server_past(client, max(dues)))
+    await until(lambda: server_past(client, max(dues)))
     assert await producer.ready_size() == 0  # nothing moves without a scheduler
     async with make_queue() as consumer:
         assert await consumer.ready_size() == 20  # moved by the transfer that open() runs
         assert sorted([await consumer.take() for _ in range(20)]) == list(range(20))
 
 
-async def _server_past(client: Redis, due_ms: int) -> bool:
-    return await server_ms(client) > due_ms
-
-
-async def test_earlier_item_from_another_client_re_arms_the_timer(redis_server: Any, make_queue: Any) -> None:
-    other = Redis.from_url(redis_server.url)
-    try:
-        q = make_queue(safety_poll_s=300)
-        async with q:
-            await q.offer("late", 120)
-            scheduler = runtime_for(q._client).scheduler(q.name)
-            assert scheduler is not None
-            loop = asyncio.get_running_loop()
-            await until(lambda: scheduler.armed_at - loop.time() > 100)
-            await DelayedQueue(other, q.name).offer("early", 0.2)
-            assert await asyncio.wait_for(q.take(), 5) == "early"
-    finally:
-        await other.aclose()
+async def test_earlier_item_from_another_client_re_arms_the_timer(make_client: Any, make_queue: Any) -> None:
+    other = make_client()
+    q = make_queue(safety_poll_s=300)
+    async with q:
+        await q.offer("late", 120)
+        scheduler = runtime_for(q._client).scheduler(q.name)
+        assert scheduler is not None
+        loop = asyncio.get_running_loop()
+        await until(lambda: scheduler.armed_at - loop.time() > 100)
+        await make_queue(redis=other).offer("early", 0.2)
+        assert await asyncio.wait_for(q.take(), 5) == "early"
 
 
 async def test_a_later_wake_up_never_replaces_an_earlier_one(client: Redis, make_queue: Any) -> None:
@@ -214,28 +207,24 @@ async def test_open_fails_clearly_when_redis_is_unreachable() -> None:
     await client.aclose()
 
 
-async def test_redis_errors_are_retried_with_backoff_and_logged(own_server: Any,
+async def test_redis_errors_are_retried_with_backoff_and_logged(own_server: Any, make_client: Any, make_queue: Any,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    server = own_server()
-    client = Redis.from_url(server.url)
-    try:
-        q = DelayedQueue(client, "errors", safety_poll_s=300)
-        async with q:
-            await client.config_set("maxmemory", "1")
-            await client.config_set("maxmemory-policy", "noeviction")
-            with caplog.at_level(logging.WARNING, logger="aiodelayq"), pytest.raises(BackendError):
-                await q.offer("x", 0)  # a write under OOM: clear error
-            assert await q.size() == 0
-            await client.config_set("maxmemory", "0")
-            await q.offer("x", 0.1)
-            await client.config_set("maxmemory", "1")
-            with caplog.at_level(logging.WARNING, logger="aiodelayq"):
-                await until(lambda: q.stats.transfer_errors >= 2, timeout_s=5)
-            assert "transfer" in caplog.text
-            await client.config_set("maxmemory", "0")
-            assert await asyncio.wait_for(q.take(), 10) == "x"
-    finally:
-        await client.aclose()
+    client = make_client(own_server())
+    q = make_queue("errors", redis=client, safety_poll_s=300)
+    async with q:
+        await client.config_set("maxmemory", "1")
+        await client.config_set("maxmemory-policy", "noeviction")
+        with caplog.at_level(logging.WARNING, logger="aiodelayq"), pytest.raises(BackendError):
+            await q.offer("x", 0)  # a write under OOM: clear error
+        assert await q.size() == 0
+        await client.config_set("maxmemory", "0")
+        await q.offer("x", 0.1)
+        await client.config_set("maxmemory", "1")
+        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
+            await until(lambda: q.stats.transfer_errors >= 2, timeout_s=5)
+        assert "transfer" in caplog.text
+        await client.config_set("maxmemory", "0")
+        assert await asyncio.wait_for(q.take(), 10) == "x"
 
 
 async def test_aclose_while_opening_leaves_nothing_running(client: Redis, make_queue: Any) -> None:

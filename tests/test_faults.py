@@ -16,50 +16,44 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq._runtime import runtime_for
-from tests.helpers import server_ms, until
+from tests.helpers import queue_on, server_ms, until
 
 
 async def _pubsub_clients(admin: Redis) -> int:
     return len(await admin.client_list(_type="pubsub"))
 
 
-async def test_killed_pubsub_connection_resubscribes_and_delivery_goes_on(own_server: Any) -> None:
+async def test_killed_pubsub_connection_resubscribes_and_delivery_goes_on(own_server: Any, make_client: Any,
+                                                                          make_queue: Any) -> None:
     server = own_server()
-    client, admin = Redis.from_url(server.url), Redis.from_url(server.url)
-    try:
-        q = DelayedQueue(client, "orders", safety_poll_s=300)  # the safety poll must not be what saves us
-        async with q:
-            subscriber = runtime_for(client).subscriber
-            for round_ in range(3):
-                before = subscriber.reconnects
-                await q.offer("far", 600)  # arms a timer far away
-                killed = await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-                assert killed == 1
-                await until(lambda: _pubsub_clients(admin), timeout_s=10)
-                # Offered after the resubscription: only the re-established channel can re-arm us.
-                await q.offer(f"after-kill-{round_}", 0.2)
-                assert await asyncio.wait_for(q.take(), 10) == f"after-kill-{round_}"
-                assert subscriber.reconnects >= before  # redis-py may reconnect before we notice
-            await q.clear()
-    finally:
-        await client.aclose()
-        await admin.aclose()
+    client, admin = make_client(server), make_client(server)
+    q = make_queue("orders", redis=client, safety_poll_s=300)  # the safety poll must not be what saves us
+    async with q:
+        subscriber = runtime_for(client).subscriber
+        for round_ in range(3):
+            before = subscriber.reconnects
+            await q.offer("far", 600)  # arms a timer far away
+            killed = await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            assert killed == 1
+            await until(lambda: _pubsub_clients(admin), timeout_s=10)
+            # Offered after the resubscription: only the re-established channel can re-arm us.
+            await q.offer(f"after-kill-{round_}", 0.2)
+            assert await asyncio.wait_for(q.take(), 10) == f"after-kill-{round_}"
+            assert subscriber.reconnects >= before  # redis-py may reconnect before we notice
+        await q.clear()
 
 
-async def test_items_offered_while_pubsub_is_down_are_compensated(own_server: Any) -> None:
+async def test_items_offered_while_pubsub_is_down_are_compensated(own_server: Any, make_client: Any,
+                                                                  make_queue: Any) -> None:
     server = own_server()
-    client, admin = Redis.from_url(server.url), Redis.from_url(server.url)
-    try:
-        q = DelayedQueue(client, "orders", safety_poll_s=300)
-        async with q:
-            await q.offer("far", 600)
-            # Offer, then kill right away: the PUBLISH may be lost, the resubscribe must compensate.
-            await q.offer("soon", 0)
-            await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-            assert await asyncio.wait_for(q.take(), 10) == "soon"
-    finally:
-        await client.aclose()
-        await admin.aclose()
+    client, admin = make_client(server), make_client(server)
+    q = make_queue("orders", redis=client, safety_poll_s=300)
+    async with q:
+        await q.offer("far", 600)
+        # Offer, then kill right away: the PUBLISH may be lost, the resubscribe must compensate.
+        await q.offer("soon", 0)
+        await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        assert await asyncio.wait_for(q.take(), 10) == "soon"
 
 
 async def test_malformed_elements_go_to_dead_letters_and_the_rest_is_delivered(
@@ -105,11 +99,8 @@ async def _dead_count(q: DelayedQueue[Any]) -> bool:
 def test_any_payload_name_and_delay_round_trip(redis_server: Any, payloads: list[bytes], delays: list[float],
                                               name: str, legacy: bool) -> None:
     async def run() -> None:
-        client = Redis.from_url(redis_server.url)
-        q: DelayedQueue[bytes] = DelayedQueue(client, f"aiodelayq-test:{os.urandom(4).hex()}:{name}",
-                                              codec="bytes",
-                                              wire_format="redisson-legacy" if legacy else "redisson")
-        try:
+        async with queue_on(redis_server.url, f"aiodelayq-test:{os.urandom(4).hex()}:{name}", codec="bytes",
+                            wire_format="redisson-legacy" if legacy else "redisson") as (_, q):
             await q.offer_many(list(zip(payloads, delays, strict=False)))
             assert sorted(await q.read_all()) == sorted(payloads)
             assert all([await q.contains(p) for p in payloads])
@@ -117,10 +108,6 @@ def test_any_payload_name_and_delay_round_trip(redis_server: Any, payloads: list
                 got = [await asyncio.wait_for(q.take(), 5) for _ in payloads]
             assert sorted(got) == sorted(payloads)
             assert await q.dead_letters() == []
-        finally:
-            k = q.keys
-            await client.delete(k.destination, k.timeout_set, k.delay_list, k.dead_letter)
-            await client.aclose()
 
     asyncio.run(run())
 
@@ -132,9 +119,7 @@ def test_any_payload_name_and_delay_round_trip(redis_server: Any, payloads: list
 def test_garbage_in_the_queue_keys_never_stops_the_queue(redis_server: Any, garbage: list[bytes],
                                                         scores: list[float], list_garbage: list[bytes]) -> None:
     async def run() -> None:
-        client = Redis.from_url(redis_server.url)
-        q: DelayedQueue[str] = DelayedQueue(client, f"aiodelayq-test:{os.urandom(6).hex()}", codec="str")
-        try:
+        async with queue_on(redis_server.url, f"aiodelayq-test:{os.urandom(6).hex()}", codec="str") as (client, q):
             await client.zadd(q.keys.timeout_set, dict(zip(garbage, scores, strict=False)))
             if list_garbage:
                 await client.rpush(q.keys.delay_list, *list_garbage)
@@ -153,9 +138,5 @@ def test_garbage_in_the_queue_keys_never_stops_the_queue(redis_server: Any, garb
             await q.contains("x")
             await q.remove("x")
             await q.size()
-        finally:
-            k = q.keys
-            await client.delete(k.destination, k.timeout_set, k.delay_list, k.dead_letter)
-            await client.aclose()
 
     asyncio.run(run())

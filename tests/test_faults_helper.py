@@ -7,7 +7,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # only for annotations: pytest owns the conftest module
     from tests.conftest import ServerInfo
 
 OwnServer = Callable[..., ThrowawayServer]
+MakeClient = Callable[..., Redis]
+MakeProxy = Callable[[ThrowawayServer], FaultProxy]
 
 
 def _no_retry() -> Retry:
@@ -44,65 +46,55 @@ def server(own_server: OwnServer) -> ThrowawayServer:
 
 
 @pytest.fixture
-def proxy(server: ThrowawayServer) -> Iterator[FaultProxy]:
-    with FaultProxy(server.port) as p:
-        yield p
+def proxy(server: ThrowawayServer, make_proxy: MakeProxy) -> FaultProxy:
+    return make_proxy(server)
 
 
 @pytest.fixture
-async def direct(server: ThrowawayServer) -> AsyncIterator[Redis]:
-    r = Redis.from_url(server.url)
-    yield r
-    await r.aclose()
+def direct(server: ThrowawayServer, make_client: MakeClient) -> Redis:
+    return make_client(server)
 
 
-async def test_proxy_forwards_normal_traffic(proxy: FaultProxy, direct: Redis, key: str) -> None:
-    r = Redis.from_url(proxy.url)
-    try:
-        assert proxy.url == f"redis://127.0.0.1:{proxy.port}/0"
-        assert await r.set(key, "v")
-        assert await r.get(key) == b"v"
-        assert await direct.get(key) == b"v"  # really reached the server behind
-        assert proxy.connections == 1
-        assert proxy.bytes_up > 0
-        assert proxy.bytes_down > 0
-    finally:
-        await r.aclose()
+async def test_proxy_forwards_normal_traffic(proxy: FaultProxy, direct: Redis, key: str,
+                                             make_client: MakeClient) -> None:
+    r = make_client(proxy)
+    assert proxy.url == f"redis://127.0.0.1:{proxy.port}/0"
+    assert await r.set(key, "v")
+    assert await r.get(key) == b"v"
+    assert await direct.get(key) == b"v"  # really reached the server behind
+    assert proxy.connections == 1
+    assert proxy.bytes_up > 0
+    assert proxy.bytes_down > 0
 
 
 async def test_kill_after_send_applies_the_command_and_loses_the_reply(
-        proxy: FaultProxy, direct: Redis, key: str) -> None:
-    r = Redis.from_url(proxy.url, retry=_no_retry())
-    try:
-        await r.ping()  # the handshake passes before the fault is armed
-        proxy.kill_after_send(b"INCR")
+        proxy: FaultProxy, direct: Redis, key: str, make_client: MakeClient) -> None:
+    r = make_client(proxy, retry=_no_retry())
+    await r.ping()  # the handshake passes before the fault is armed
+    proxy.kill_after_send(b"INCR")
+    with pytest.raises(RedisConnectionError):
+        await r.incr(key)
+    assert await direct.get(key) == b"1"  # applied, though the client saw only an error
+    assert proxy.killed == 1
+    assert await proxy.wait_killed_async(1, 1.0)
+    # The fault fired once: the next INCR goes through on a fresh connection.
+    assert await r.incr(key) == 2
+    assert proxy.killed == 1
+
+
+async def test_kill_after_send_times_and_disarm(proxy: FaultProxy, direct: Redis, key: str,
+                                                make_client: MakeClient) -> None:
+    r = make_client(proxy, retry=_no_retry())
+    proxy.kill_after_send(b"INCR", times=2)
+    for _ in range(2):
         with pytest.raises(RedisConnectionError):
             await r.incr(key)
-        assert await direct.get(key) == b"1"  # applied, though the client saw only an error
-        assert proxy.killed == 1
-        assert await proxy.wait_killed_async(1, 1.0)
-        # The fault fired once: the next INCR goes through on a fresh connection.
-        assert await r.incr(key) == 2
-        assert proxy.killed == 1
-    finally:
-        await r.aclose()
-
-
-async def test_kill_after_send_times_and_disarm(proxy: FaultProxy, direct: Redis, key: str) -> None:
-    r = Redis.from_url(proxy.url, retry=_no_retry())
-    try:
-        proxy.kill_after_send(b"INCR", times=2)
-        for _ in range(2):
-            with pytest.raises(RedisConnectionError):
-                await r.incr(key)
-        assert await r.incr(key) == 3
-        assert proxy.killed == 2
-        proxy.kill_after_send(b"INCR", times=5)
-        assert proxy.disarm() == 5
-        assert await r.incr(key) == 4
-        assert await direct.get(key) == b"4"
-    finally:
-        await r.aclose()
+    assert await r.incr(key) == 3
+    assert proxy.killed == 2
+    proxy.kill_after_send(b"INCR", times=5)
+    assert proxy.disarm() == 5
+    assert await r.incr(key) == 4
+    assert await direct.get(key) == b"4"
 
 
 def _recv_or_reset(sock: socket.socket) -> bytes:
@@ -131,64 +123,52 @@ def test_kill_after_send_matches_a_pattern_split_across_chunks(proxy: FaultProxy
         assert direct_sock.recv(64) == b"$1\r\n1\r\n"
 
 
-async def test_kill_all_drops_connections_and_clients_reconnect(proxy: FaultProxy, key: str) -> None:
+async def test_kill_all_drops_connections_and_clients_reconnect(proxy: FaultProxy, key: str,
+                                                                make_client: MakeClient) -> None:
     # With a retry, redis-py reconnects inside the call that met the dead connection.
-    r1 = Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 2))
-    r2 = Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 2))
-    try:
-        await r1.set(key, "v")
-        await r2.ping()
-        assert proxy.connections == 2
-        assert proxy.kill_all() == 2
-        assert proxy.connections == 0
-        assert proxy.killed == 0  # only armed faults count as kills
-        assert await r1.get(key) == b"v"
-        assert proxy.connections == 1
-    finally:
-        await r1.aclose()
-        await r2.aclose()
+    r1 = make_client(proxy, retry=Retry(NoBackoff(), 2))
+    r2 = make_client(proxy, retry=Retry(NoBackoff(), 2))
+    await r1.set(key, "v")
+    await r2.ping()
+    assert proxy.connections == 2
+    assert proxy.kill_all() == 2
+    assert proxy.connections == 0
+    assert proxy.killed == 0  # only armed faults count as kills
+    assert await r1.get(key) == b"v"
+    assert proxy.connections == 1
 
 
-async def test_kill_all_fails_a_client_without_retries(proxy: FaultProxy) -> None:
-    r = Redis.from_url(proxy.url, retry=_no_retry())
-    try:
+async def test_kill_all_fails_a_client_without_retries(proxy: FaultProxy, make_client: MakeClient) -> None:
+    r = make_client(proxy, retry=_no_retry())
+    await r.ping()
+    assert proxy.kill_all() == 1
+    with pytest.raises(RedisConnectionError):
         await r.ping()
-        assert proxy.kill_all() == 1
-        with pytest.raises(RedisConnectionError):
-            await r.ping()
-        assert await r.ping()  # the failed connection was discarded; a new one works
-    finally:
-        await r.aclose()
+    assert await r.ping()  # the failed connection was discarded; a new one works
 
 
-async def test_pause_holds_traffic_until_resume(proxy: FaultProxy, key: str) -> None:
-    r = Redis.from_url(proxy.url)
-    try:
-        await r.set(key, "v")
-        proxy.pause()
-        get = asyncio.ensure_future(r.get(key))
-        done, _ = await asyncio.wait({get}, timeout=0.3)
-        assert not done  # held by the proxy, not failed
-        proxy.resume()
-        assert await asyncio.wait_for(get, 5) == b"v"
-    finally:
-        await r.aclose()
+async def test_pause_holds_traffic_until_resume(proxy: FaultProxy, key: str, make_client: MakeClient) -> None:
+    r = make_client(proxy)
+    await r.set(key, "v")
+    proxy.pause()
+    get = asyncio.ensure_future(r.get(key))
+    done, _ = await asyncio.wait({get}, timeout=0.3)
+    assert not done  # held by the proxy, not failed
+    proxy.resume()
+    assert await asyncio.wait_for(get, 5) == b"v"
 
 
-async def test_stall_resumes_by_itself(proxy: FaultProxy, key: str) -> None:
-    r = Redis.from_url(proxy.url)
-    try:
-        await r.ping()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        proxy.stall(0.5)
-        assert await asyncio.wait_for(r.ping(), 5)
-        assert loop.time() - started >= 0.4
-        started = loop.time()
-        assert await r.ping()
-        assert loop.time() - started < 0.4  # flowing again
-    finally:
-        await r.aclose()
+async def test_stall_resumes_by_itself(proxy: FaultProxy, key: str, make_client: MakeClient) -> None:
+    r = make_client(proxy)
+    await r.ping()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    proxy.stall(0.5)
+    assert await asyncio.wait_for(r.ping(), 5)
+    assert loop.time() - started >= 0.4
+    started = loop.time()
+    assert await r.ping()
+    assert loop.time() - started < 0.4  # flowing again
 
 
 def test_proxy_serves_a_subprocess_client_while_the_test_thread_blocks(proxy: FaultProxy, server: ThrowawayServer,
@@ -206,59 +186,44 @@ def test_proxy_serves_a_subprocess_client_while_the_test_thread_blocks(proxy: Fa
         assert direct.get(key) == b"from-child"
 
 
-async def test_close_is_bounded_with_connections_open(server: ThrowawayServer) -> None:
-    proxy = FaultProxy(server.port).start()
-    r = Redis.from_url(proxy.url, retry=_no_retry())
-    try:
-        await r.ping()
-        proxy.pause()
-        ping = asyncio.ensure_future(r.ping())
-        started = time.monotonic()
-        proxy.close()
-        assert time.monotonic() - started < 2.0
-        with pytest.raises(RedisConnectionError):
-            await asyncio.wait_for(ping, 5)
-        with pytest.raises(RuntimeError):
-            proxy.kill_all()
-        proxy.close()  # idempotent
-    finally:
-        await r.aclose()
-        proxy.close()
+async def test_close_is_bounded_with_connections_open(server: ThrowawayServer, make_proxy: MakeProxy,
+                                                      make_client: MakeClient) -> None:
+    proxy = make_proxy(server)
+    r = make_client(proxy, retry=_no_retry())
+    await r.ping()
+    proxy.pause()
+    ping = asyncio.ensure_future(r.ping())
+    started = time.monotonic()
+    proxy.close()
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(RedisConnectionError):
+        await asyncio.wait_for(ping, 5)
+    with pytest.raises(RuntimeError):
+        proxy.kill_all()
+    proxy.close()  # idempotent
 
 
-async def test_proxy_survives_a_server_restart(server: ThrowawayServer, proxy: FaultProxy) -> None:
-    r = Redis.from_url(proxy.url)
-    try:
-        await r.ping()
-        server.kill()
-        with pytest.raises(RedisConnectionError):
-            await r.ping()  # the proxy closes a client it cannot connect upstream
-        server.start()  # same port
-        assert await r.ping()
-    finally:
-        await r.aclose()
+async def test_proxy_survives_a_server_restart(server: ThrowawayServer, proxy: FaultProxy,
+                                               make_client: MakeClient) -> None:
+    r = make_client(proxy)
+    await r.ping()
+    server.kill()
+    with pytest.raises(RedisConnectionError):
+        await r.ping()  # the proxy closes a client it cannot connect upstream
+    server.start()  # same port
+    assert await r.ping()
 
 
-def _debug_server(redis_server: ServerInfo, own_server: OwnServer) -> ThrowawayServer:
-    if redis_server.kind is None:
-        pytest.skip("needs a server process the tests own")
-    return own_server(**debug_args(redis_server.kind))
-
-
-async def test_stall_server_blocks_other_clients(redis_server: ServerInfo, own_server: OwnServer) -> None:
-    server = _debug_server(redis_server, own_server)
-    r = Redis.from_url(server.url)
-    try:
-        await r.ping()  # connected beforehand: the handshake must not be what waits
-        seconds = 1.0
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        thread = stall_server(server.url, seconds)
-        assert await asyncio.wait_for(r.ping(), seconds + 10)
-        assert loop.time() - started >= 0.8 * seconds
-        await asyncio.to_thread(thread.result, 10)
-    finally:
-        await r.aclose()
+async def test_stall_server_blocks_other_clients(debug_server: ThrowawayServer, make_client: MakeClient) -> None:
+    r = make_client(debug_server)
+    await r.ping()  # connected beforehand: the handshake must not be what waits
+    seconds = 1.0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    thread = stall_server(debug_server.url, seconds)
+    assert await asyncio.wait_for(r.ping(), seconds + 10)
+    assert loop.time() - started >= 0.8 * seconds
+    await asyncio.to_thread(thread.result, 10)
 
 
 async def test_stall_server_without_the_debug_option_fails_clearly(own_server: OwnServer,
@@ -272,17 +237,14 @@ async def test_stall_server_without_the_debug_option_fails_clearly(own_server: O
         stall_server(server.url, 1.0)
 
 
-async def test_pause_server_holds_commands(server: ThrowawayServer) -> None:
-    r = Redis.from_url(server.url)
-    try:
-        await r.ping()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        pause_server(server.url, 500)
-        assert await asyncio.wait_for(r.ping(), 10)
-        assert loop.time() - started >= 0.4
-    finally:
-        await r.aclose()
+async def test_pause_server_holds_commands(server: ThrowawayServer, make_client: MakeClient) -> None:
+    r = make_client(server)
+    await r.ping()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pause_server(server.url, 500)
+    assert await asyncio.wait_for(r.ping(), 10)
+    assert loop.time() - started >= 0.4
 
 
 def test_subprocess_consumer_waits_for_ready_and_is_killed() -> None:

@@ -19,45 +19,42 @@ from aiodelayq import (
     CallTimeoutError,
     DelayedQueue,
     QueueClosedError,
+    QueueKeys,
     WrongEventLoopError,
     delay_to_ms,
 )
 from aiodelayq._scripts.producer import OFFER
 from aiodelayq._scripts.reliable import RECEIVE, SETTLE
 from aiodelayq._scripts.take import POP
-from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server
+from aiodelayq.testing import ThrowawayServer
+from tests.faults import stall_server
 from tests.helpers import until
 
 # -- 1. a stall longer than every timeout ------------------------------------------------------------
 
 
-async def test_a_stall_longer_than_every_timeout_neither_loses_nor_invents_items(own_server: Any,
-                                                                                 redis_server: Any) -> None:
-    server = own_server(**debug_args(redis_server.kind))
-    client, admin = Redis.from_url(server.url), Redis.from_url(server.url)
-    q: DelayedQueue[str] = DelayedQueue(client, "stall", codec="str", call_timeout_s=0.5, safety_poll_s=0.2)
-    try:
-        async with q:
-            got: list[str] = []
+async def test_a_stall_longer_than_every_timeout_neither_loses_nor_invents_items(
+        debug_server: ThrowawayServer, make_client: Any, make_queue: Any) -> None:
+    client, admin = make_client(debug_server), make_client(debug_server)
+    q: DelayedQueue[str] = make_queue("stall", redis=client, codec="str", call_timeout_s=0.5, safety_poll_s=0.2)
+    async with q:
+        got: list[str] = []
 
-            async def consume() -> None:
-                while len(got) < 10:
-                    got.extend(await q.take_many(10))
+        async def consume() -> None:
+            while len(got) < 10:
+                got.extend(await q.take_many(10))
 
-            consumer = asyncio.create_task(consume())
-            await asyncio.sleep(0.3)  # the consumer waits; transfers and pops run every ~0.2 s
-            stall = stall_server(server.url, 2.0)
-            await asyncio.sleep(1.0)  # calls time out during the stall and drop their connections
-            stall.result(10)
-            await admin.rpush("stall", *"abcde")  # straight to the destination, as in the report
-            await until(lambda: len(got) >= 5, timeout_s=10)
-            await q.offer_many([(x, 0) for x in "fghij"])
-            await asyncio.wait_for(consumer, 10)
-            assert got == list("abcdefghij")
-            assert await q.poll(0.3) is None
-    finally:
-        await client.aclose()
-        await admin.aclose()
+        consumer = asyncio.create_task(consume())
+        await asyncio.sleep(0.3)  # the consumer waits; transfers and pops run every ~0.2 s
+        stall = stall_server(debug_server.url, 2.0)
+        await asyncio.sleep(1.0)  # calls time out during the stall and drop their connections
+        stall.result(10)
+        await admin.rpush("stall", *"abcde")  # straight to the destination, as in the report
+        await until(lambda: len(got) >= 5, timeout_s=10)
+        await q.offer_many([(x, 0) for x in "fghij"])
+        await asyncio.wait_for(consumer, 10)
+        assert got == list("abcdefghij")
+        assert await q.poll(0.3) is None
 
 
 # -- 2. forced shutdown -----------------------------------------------------------------------------
@@ -95,10 +92,11 @@ print("returned", time.monotonic(), flush=True)
 
 @pytest.mark.parametrize(("cancel_after", "during_close"), [(0.3, False), (0.05, False), (0.7, False), (0.3, True)])
 async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
-        redis_server: Any, qname: str, client: Redis, cancel_after: float, during_close: bool) -> None:
-    with SubprocessConsumer(FORCED_SHUTDOWN, args=[redis_server.url, qname, str(cancel_after),
-                                                   "1" if during_close else "0"]) as child:
-        assert await child.await_exit(30) == 0, child.stderr
+        redis_server: Any, qname: str, client: Redis, make_queue: Any, spawn_consumer: Any, cancel_after: float,
+        during_close: bool) -> None:
+    child = spawn_consumer(FORCED_SHUTDOWN, args=[redis_server.url, qname, str(cancel_after),
+                                                  "1" if during_close else "0"])
+    assert await child.await_exit(30) == 0, child.stderr
     lines = child.lines
     cancelled = next(float(line.split()[1]) for line in lines if line.startswith("cancelled"))
     returned = next(float(line.split()[1]) for line in lines if line.startswith("returned"))
@@ -107,7 +105,7 @@ async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
     assert "Unclosed" not in child.stderr
     consumed = [line.split()[1] for line in lines if line.startswith("got ")]
     assert len(consumed) == len(set(consumed))
-    keys = DelayedQueue(client, qname).keys
+    keys = make_queue().keys  # deleted after the test
     left = [x.decode() for x in await client.lrange(qname, 0, -1)]
     pending = await client.zcard(keys.timeout_set)
     in_handoff = 0
@@ -115,8 +113,6 @@ async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
         in_handoff += _count_packed(blob)
     assert not set(consumed) & set(left)
     assert len(consumed) + len(left) + pending + in_handoff == 3000
-    for key in keys.all:
-        await client.delete(key)
 
 
 FORCED_SHUTDOWN_RELIABLE = r"""
@@ -147,18 +143,17 @@ print("returned", flush=True)
 
 @pytest.mark.parametrize("cancel_after", [0.05, 0.3, 0.6])
 async def test_a_forced_shutdown_counts_no_delivery_nobody_saw(redis_server: Any, qname: str, client: Redis,
+                                                               make_queue: Any, spawn_consumer: Any,
                                                                cancel_after: float) -> None:
-    with SubprocessConsumer(FORCED_SHUTDOWN_RELIABLE, args=[redis_server.url, qname, str(cancel_after)]) as child:
-        assert await child.await_exit(30) == 0, child.stderr
+    child = spawn_consumer(FORCED_SHUTDOWN_RELIABLE, args=[redis_server.url, qname, str(cancel_after)])
+    assert await child.await_exit(30) == 0, child.stderr
     assert "Task was destroyed" not in child.stderr
     seen = {line.split()[1] for line in child.lines if line.startswith("got ")}
-    keys = DelayedQueue(client, qname).keys
+    keys = make_queue().keys  # deleted after the test
     in_flight = [m[32:].decode() for m in await client.zrange(keys.in_flight, 0, -1)]
     assert set(in_flight) <= seen  # in flight only what a consumer saw (at most the one not yet acked)
     left = await client.llen(qname) + await client.zcard(keys.timeout_set)
     assert len(seen) + left == 2000
-    for key in keys.all:
-        await client.delete(key)
 
 
 def _count_packed(blob: bytes) -> int:
@@ -186,144 +181,128 @@ async def test_an_abandoned_handoff_comes_back_within_its_lease(client: Redis, m
 # -- 3. many consumed queues on one client -------------------------------------------------------------
 
 
-async def test_two_thousand_consumed_queues_keep_the_client_to_a_few_connections(redis_server: Any, qname: str,
-                                                                                 client: Redis) -> None:
-    consumer = Redis.from_url(redis_server.url, max_connections=100, client_name="adq-many")
-    queues: list[DelayedQueue[int]] = [DelayedQueue(consumer, f"{qname}:{i}") for i in range(2000)]
+async def test_two_thousand_consumed_queues_keep_the_client_to_a_few_connections(
+        qname: str, client: Redis, make_client: Any, make_queue: Any) -> None:
+    consumer = make_client(max_connections=100, client_name="adq-many")
+    queues: list[DelayedQueue[int]] = [make_queue(f"{qname}:{i}", redis=consumer) for i in range(2000)]
+    for start in range(0, 2000, 500):
+        await asyncio.gather(*(q.open() for q in queues[start:start + 500]))
+    takers = [asyncio.create_task(q.take()) for q in queues]
     try:
-        for start in range(0, 2000, 500):
-            await asyncio.gather(*(q.open() for q in queues[start:start + 500]))
-        takers = [asyncio.create_task(q.take()) for q in queues]
         await asyncio.sleep(0.5)
-        producer = DelayedQueue(consumer, f"{qname}:7")
+        producer = make_queue(f"{qname}:7", redis=consumer)
         await producer.offer(7, 0)
         assert await asyncio.wait_for(takers[7], 10) == 7
         clients = [c for c in await client.client_list() if c.get("name") == "adq-many"]
         assert len(clients) <= 12, len(clients)
         assert sum(q.stats.transfer_errors for q in queues) == 0
     finally:
-        for t in takers:
+        for t in takers:  # before the queues close (after the test): no taker is left failing unseen
             t.cancel()
-        await asyncio.gather(*(q.aclose() for q in queues))
-        await consumer.aclose()
 
 
 # -- 4. replies lost after the command was applied ------------------------------------------------------
 
 
-async def test_a_resent_offer_whose_reply_was_lost_is_delivered_once(own_server: Any) -> None:
-    server = own_server()
-    with FaultProxy(server.port) as proxy:
-        client = Redis.from_url(proxy.url)
-        q: DelayedQueue[int] = DelayedQueue(client, "lost", call_timeout_s=5.0)
-        try:
-            async with q:
-                for i in range(10):
-                    proxy.kill_after_send(OFFER.sha.encode())
-                    await q.offer(i, 0)  # the first send is applied, its reply lost, then resent
-                    assert await proxy.wait_killed_async(i + 1, 5)
-                got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
-                assert sorted(got) == list(range(10))
-                assert await q.poll(0.5) is None
-        finally:
-            await q.aclose()
-            await client.aclose()
+async def test_a_resent_offer_whose_reply_was_lost_is_delivered_once(own_server: Any, make_proxy: Any,
+                                                                     make_client: Any, make_queue: Any) -> None:
+    proxy = make_proxy(own_server())
+    q: DelayedQueue[int] = make_queue("lost", redis=make_client(proxy), call_timeout_s=5.0)
+    async with q:
+        for i in range(10):
+            proxy.kill_after_send(OFFER.sha.encode())
+            await q.offer(i, 0)  # the first send is applied, its reply lost, then resent
+            assert await proxy.wait_killed_async(i + 1, 5)
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+        assert sorted(got) == list(range(10))
+        assert await q.poll(0.5) is None
 
 
-async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any) -> None:
-    server = own_server()
-    with FaultProxy(server.port) as proxy:
-        client = Redis.from_url(proxy.url)
-        q: DelayedQueue[str] = DelayedQueue(client, "lost-r", codec="str", max_deliveries=1)
-        try:
-            async with q:
-                await q.offer_many([(x, 0) for x in "abc"])
-                for expected in range(3):
-                    proxy.kill_after_send(RECEIVE.sha.encode())
-                    msg = await q.receive(30, timeout=5)
-                    assert msg is not None
-                    assert msg.delivery_count == 1
-                    proxy.kill_after_send(SETTLE.sha.encode())
-                    assert await msg.ack() is True  # applied, reply lost, resent: still the truth
-                    assert proxy.killed == 2 * (expected + 1)
-                assert await q.receive(0.1, timeout=0.3) is None
-                assert await q.dead_letters() == []
-                assert await client.zcard(q.keys.in_flight) == 0
-        finally:
-            await q.aclose()
-            await client.aclose()
+async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any, make_proxy: Any, make_client: Any,
+                                                              make_queue: Any) -> None:
+    proxy = make_proxy(own_server())
+    client = make_client(proxy)
+    q: DelayedQueue[str] = make_queue("lost-r", redis=client, codec="str", max_deliveries=1)
+    async with q:
+        await q.offer_many([(x, 0) for x in "abc"])
+        for expected in range(3):
+            proxy.kill_after_send(RECEIVE.sha.encode())
+            msg = await q.receive(30, timeout=5)
+            assert msg is not None
+            assert msg.delivery_count == 1
+            proxy.kill_after_send(SETTLE.sha.encode())
+            assert await msg.ack() is True  # applied, reply lost, resent: still the truth
+            assert proxy.killed == 2 * (expected + 1)
+        assert await q.receive(0.1, timeout=0.3) is None
+        assert await q.dead_letters() == []
+        assert await client.zcard(q.keys.in_flight) == 0
 
 
 async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
-        own_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # First POP applied and its reply lost; the resend then fails before reaching the server. The
     # items must come from the resend that finally gets through, not wait out the 20 s lease.
     monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.3))
     server = own_server()
-    with FaultProxy(server.port) as proxy:
-        client, admin = Redis.from_url(proxy.url), Redis.from_url(server.url)
-        q: DelayedQueue[str] = DelayedQueue(client, "r3", codec="str", call_timeout_s=1.0)
-        try:
-            async with q:
-                await q.offer("warm", 0)
-                assert await asyncio.wait_for(q.take(), 5) == "warm"  # POP and FINISH loaded
-                proxy.kill_after_send(POP.sha.encode())
-                await admin.rpush("r3", "x")
-                loop = asyncio.get_running_loop()
-                start = loop.time()
-                taker = asyncio.ensure_future(q.take())
-                assert await proxy.wait_killed_async(1, 5)
-                proxy.pause()
-                await asyncio.sleep(2.0)  # resends time out unsent
-                proxy.resume()
-                assert await asyncio.wait_for(taker, 10) == "x"
-                assert loop.time() - start < 10
-                assert q.stats.recovered == 0
-        finally:
-            await client.aclose()
-            await admin.aclose()
+    proxy = make_proxy(server)
+    client, admin = make_client(proxy), make_client(server)
+    q: DelayedQueue[str] = make_queue("r3", redis=client, codec="str", call_timeout_s=1.0)
+    async with q:
+        await q.offer("warm", 0)
+        assert await asyncio.wait_for(q.take(), 5) == "warm"  # POP and FINISH loaded
+        proxy.kill_after_send(POP.sha.encode())
+        await admin.rpush("r3", "x")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        taker = asyncio.ensure_future(q.take())
+        assert await proxy.wait_killed_async(1, 5)
+        proxy.pause()
+        await asyncio.sleep(2.0)  # resends time out unsent
+        proxy.resume()
+        assert await asyncio.wait_for(taker, 10) == "x"
+        assert loop.time() - start < 10
+        assert q.stats.recovered == 0
 
 
-async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_proxy: Any, make_client: Any,
+                                                        make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.6))
     server = own_server()
-    with FaultProxy(server.port) as proxy:
-        client, admin, direct = Redis.from_url(proxy.url), Redis.from_url(server.url), Redis.from_url(server.url)
-        q: DelayedQueue[str] = DelayedQueue(client, "r2", codec="str")
-        other: DelayedQueue[str] = DelayedQueue(direct, "r2", codec="str")
-        try:
-            async with q, other:
-                await q.offer("warm", 0)
-                warm = await q.receive(1.0, timeout=5)
-                assert warm is not None
-                assert await warm.ack()  # RECEIVE and SETTLE loaded
-                await q.offer("m", 0)
-                await asyncio.sleep(0.3)
-                proxy.kill_after_send(RECEIVE.sha.encode())
-                msg = await q.receive(visibility_timeout=1.0, timeout=5)  # resent 0.6 s after the loss
-                assert msg is not None
-                [(_, score)] = await admin.zrange(q.keys.in_flight, 0, -1, withscores=True)
-                assert msg.deadline_ms == int(score)
-                again = await other.receive(visibility_timeout=30, timeout=3)  # after the true deadline
-                assert again is not None
-                assert again.delivery_count == 2
-                monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
-                proxy.kill_after_send(SETTLE.sha.encode())
-                assert await msg.ack() is False  # superseded: never claims a settle it did not make
-                assert await admin.zcard(q.keys.in_flight) == 1
-        finally:
-            await client.aclose()
-            await admin.aclose()
-            await direct.aclose()
+    proxy = make_proxy(server)
+    client, admin, direct = make_client(proxy), make_client(server), make_client(server)
+    q: DelayedQueue[str] = make_queue("r2", redis=client, codec="str")
+    other: DelayedQueue[str] = make_queue("r2", redis=direct, codec="str")
+    async with q, other:
+        await q.offer("warm", 0)
+        warm = await q.receive(1.0, timeout=5)
+        assert warm is not None
+        assert await warm.ack()  # RECEIVE and SETTLE loaded
+        await q.offer("m", 0)
+        await asyncio.sleep(0.3)
+        proxy.kill_after_send(RECEIVE.sha.encode())
+        msg = await q.receive(visibility_timeout=1.0, timeout=5)  # resent 0.6 s after the loss
+        assert msg is not None
+        [(_, score)] = await admin.zrange(q.keys.in_flight, 0, -1, withscores=True)
+        assert msg.deadline_ms == int(score)
+        again = await other.receive(visibility_timeout=30, timeout=3)  # after the true deadline
+        assert again is not None
+        assert again.delivery_count == 2
+        monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
+        proxy.kill_after_send(SETTLE.sha.encode())
+        assert await msg.ack() is False  # superseded: never claims a settle it did not make
+        assert await admin.zcard(q.keys.in_flight) == 1
 
 
 # -- 6, 7, 9, 13: lifecycle ------------------------------------------------------------------------------
 
 
-async def test_clients_handed_to_queues_can_be_garbage_collected(redis_server: Any, qname: str) -> None:
+async def test_clients_handed_to_queues_can_be_garbage_collected(redis_server: Any, qname: str,
+                                                                  drop_keys: Any) -> None:
+    for i in range(3):
+        drop_keys(*QueueKeys.for_name(f"{qname}:{i}").all)
     refs = []
     for i in range(50):
-        c = Redis.from_url(redis_server.url)
+        c = Redis.from_url(redis_server.url)  # not make_client: the factory would keep it alive
         q = DelayedQueue(c, f"{qname}:{i % 3}")
         await q.offer(i, 3600)
         if i % 5 == 0:
@@ -335,10 +314,6 @@ async def test_clients_handed_to_queues_can_be_garbage_collected(redis_server: A
     gc.collect()
     alive = sum(1 for r in refs if r() is not None)
     assert alive == 0
-    admin = Redis.from_url(redis_server.url)
-    for i in range(3):
-        await admin.delete(*DelayedQueue(admin, f"{qname}:{i}").keys.all)
-    await admin.aclose()
 
 
 async def test_cancelling_one_opener_does_not_cancel_the_others(make_queue: Any) -> None:
@@ -353,33 +328,27 @@ async def test_cancelling_one_opener_does_not_cancel_the_others(make_queue: Any)
 
 
 async def test_aclose_stays_within_its_bound_while_another_queue_opens_during_a_stall(
-        own_server: Any, redis_server: Any) -> None:
-    server = own_server(**debug_args(redis_server.kind))
-    client = Redis.from_url(server.url)
-    a = DelayedQueue(client, "a", close_timeout_s=1.0, call_timeout_s=5.0)
-    b = DelayedQueue(client, "b", open_timeout_s=10.0)
-    try:
-        await a.open()
-        taker = asyncio.create_task(a.take())
-        stall = stall_server(server.url, 3.0)
-        opening = asyncio.create_task(b.open())
-        await asyncio.sleep(0.2)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await a.aclose()
-        assert loop.time() - start <= 1.0 + 0.05
-        with pytest.raises(QueueClosedError):
-            await taker
-        stall.result(10)
-        await asyncio.wait_for(opening, 15)
-    finally:
-        await b.aclose()
-        await client.aclose()
+        debug_server: ThrowawayServer, make_client: Any, make_queue: Any) -> None:
+    client = make_client(debug_server)
+    a = make_queue("a", redis=client, close_timeout_s=1.0, call_timeout_s=5.0)
+    b = make_queue("b", redis=client, open_timeout_s=10.0)
+    await a.open()
+    taker = asyncio.create_task(a.take())
+    stall = stall_server(debug_server.url, 3.0)
+    opening = asyncio.create_task(b.open())
+    await asyncio.sleep(0.2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await a.aclose()
+    assert loop.time() - start <= 1.0 + 0.05
+    with pytest.raises(QueueClosedError):
+        await taker
+    stall.result(10)
+    await asyncio.wait_for(opening, 15)
 
 
-async def test_a_queue_used_from_another_event_loop_says_so(redis_server: Any, qname: str) -> None:
-    client = Redis.from_url(redis_server.url)
-    q: DelayedQueue[int] = DelayedQueue(client, qname)
+async def test_a_queue_used_from_another_event_loop_says_so(make_client: Any, make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue(redis=make_client())  # a client of its own: another loop will touch it
     await q.offer(1, 3600)
 
     def other_loop() -> BaseException | None:
@@ -394,26 +363,20 @@ async def test_a_queue_used_from_another_event_loop_says_so(redis_server: Any, q
 
     error = await asyncio.to_thread(other_loop)
     assert isinstance(error, WrongEventLoopError)
-    await client.delete(*q.keys.all)
-    await client.aclose()
 
 
 # -- 8. big offers do not fail small ones --------------------------------------------------------------
 
 
-async def test_one_big_offer_does_not_fail_small_ones(own_server: Any) -> None:
-    server = own_server(**{"proto-max-bulk-len": "1mb"})
-    client = Redis.from_url(server.url)
-    q: DelayedQueue[str] = DelayedQueue(client, "big", codec="str")
-    try:
-        big = "x" * 100_000
-        results = await asyncio.gather(*[q.offer(big, 60) for _ in range(11)],
-                                       *[q.offer("tiny", 60) for _ in range(11)])
-        assert len(results) == 22
-        await q.offer_many([(big, 60)] * 12)
-        assert await q.size() == 34
-    finally:
-        await client.aclose()
+async def test_one_big_offer_does_not_fail_small_ones(own_server: Any, make_client: Any, make_queue: Any) -> None:
+    client = make_client(own_server(**{"proto-max-bulk-len": "1mb"}))
+    q: DelayedQueue[str] = make_queue("big", redis=client, codec="str")
+    big = "x" * 100_000
+    results = await asyncio.gather(*[q.offer(big, 60) for _ in range(11)],
+                                   *[q.offer("tiny", 60) for _ in range(11)])
+    assert len(results) == 22
+    await q.offer_many([(big, 60)] * 12)
+    assert await q.size() == 34
 
 
 # -- 11. nack of the last allowed delivery ----------------------------------------------------------
@@ -449,76 +412,56 @@ def acl_rules(name: str) -> list[str]:
     return [rule.replace("NAME", name) for rule in ACL_RULES]
 
 
-async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(own_server: Any) -> None:
-    server = own_server()
-    admin = Redis.from_url(server.url)
-    await admin.execute_command("ACL", "SETUSER", "queue-user", *acl_rules("orders"))
-    client = Redis.from_url(server.url, username="queue-user", password="secret")
-    try:
-        q: DelayedQueue[int] = DelayedQueue(client, "orders", max_deliveries=3)
-        await q.offer_many([(i, 0.05) for i in range(20)])
-        async with q:
-            got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
-            msgs = await q.receive_many(10, 30, timeout=5)
-            for m in msgs:
-                assert await m.ack()
-            assert sorted(got + [m.value for m in msgs]) == list(range(20))
-            assert await q.size() == 0
-            assert await q.read_all() == []
-            await q.offer_many([(100, 60), (101, 60)])
-            assert await q.contains(100)
-            assert await q.remove(100)
-            assert await q.remove_all([101])
-            assert await q.ready_size() == 0
-            assert await q.dead_letters() == []
-            await q.clear()
-            loop = asyncio.get_running_loop()
-            taker = asyncio.create_task(q.take())
-            await asyncio.sleep(0.1)
-            start = loop.time()
-        assert loop.time() - start <= 0.1
-        with pytest.raises(QueueClosedError):
-            await taker
-    finally:
-        await client.aclose()
-        await admin.aclose()
-
-
-async def test_missing_permissions_are_clear_permanent_errors(own_server: Any) -> None:
-    server = own_server()
-    admin = Redis.from_url(server.url)
-    await admin.execute_command("ACL", "SETUSER", "reader", "on", ">pw", "~*", "&*", "+@read", "+ping", "+hello",
-                                "+subscribe", "+evalsha", "+script|load")
-    client = Redis.from_url(server.url, username="reader", password="pw")
-    try:
-        q: DelayedQueue[int] = DelayedQueue(client, "orders", open_timeout_s=30)
+async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl_client: Any,
+                                                                             make_queue: Any) -> None:
+    client = await acl_client("queue-user", "secret", acl_rules("orders"))
+    q: DelayedQueue[int] = make_queue("orders", redis=client, max_deliveries=3)
+    await q.offer_many([(i, 0.05) for i in range(20)])
+    async with q:
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+        msgs = await q.receive_many(10, 30, timeout=5)
+        for m in msgs:
+            assert await m.ack()
+        assert sorted(got + [m.value for m in msgs]) == list(range(20))
+        assert await q.size() == 0
+        assert await q.read_all() == []
+        await q.offer_many([(100, 60), (101, 60)])
+        assert await q.contains(100)
+        assert await q.remove(100)
+        assert await q.remove_all([101])
+        assert await q.ready_size() == 0
+        assert await q.dead_letters() == []
+        await q.clear()
         loop = asyncio.get_running_loop()
+        taker = asyncio.create_task(q.take())
+        await asyncio.sleep(0.1)
         start = loop.time()
-        with pytest.raises(AccessDeniedError):
-            await q.offer(1, 0)
-        with pytest.raises(AccessDeniedError):
-            await q.open()
-        assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
-    finally:
-        await client.aclose()
-        await admin.aclose()
+    assert loop.time() - start <= 0.1
+    with pytest.raises(QueueClosedError):
+        await taker
 
 
-async def test_the_first_take_without_permission_to_pop_raises_it(own_server: Any) -> None:
-    server = own_server()
-    admin = Redis.from_url(server.url)
-    await admin.execute_command("ACL", "SETUSER", "nopop", *[r for r in acl_rules("orders") if r != "+lpop"])
-    client = Redis.from_url(server.url, username="nopop", password="secret")
-    try:
-        async with DelayedQueue(client, "orders") as q:
-            await q.offer(1, 0)
-            with pytest.raises(AccessDeniedError):
-                await asyncio.wait_for(q.take(), 5)
-            with pytest.raises(AccessDeniedError):
-                await asyncio.wait_for(q.receive(30), 5)
-    finally:
-        await client.aclose()
-        await admin.aclose()
+async def test_missing_permissions_are_clear_permanent_errors(acl_client: Any, make_queue: Any) -> None:
+    client = await acl_client("reader", "pw", ["on", ">pw", "~*", "&*", "+@read", "+ping", "+hello", "+subscribe",
+                                               "+evalsha", "+script|load"])
+    q: DelayedQueue[int] = make_queue("orders", redis=client, open_timeout_s=30)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(AccessDeniedError):
+        await q.offer(1, 0)
+    with pytest.raises(AccessDeniedError):
+        await q.open()
+    assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
+
+
+async def test_the_first_take_without_permission_to_pop_raises_it(acl_client: Any, make_queue: Any) -> None:
+    client = await acl_client("nopop", "secret", [r for r in acl_rules("orders") if r != "+lpop"])
+    async with make_queue("orders", redis=client) as q:
+        await q.offer(1, 0)
+        with pytest.raises(AccessDeniedError):
+            await asyncio.wait_for(q.take(), 5)
+        with pytest.raises(AccessDeniedError):
+            await asyncio.wait_for(q.receive(30), 5)
 
 
 # -- 14. small ones ------------------------------------------------------------------------------------
@@ -534,34 +477,28 @@ def test_a_tiny_positive_delay_rounds_up_to_one_ms() -> None:
 # -- 15. evicting servers --------------------------------------------------------------------------------
 
 
-async def test_an_evicting_server_is_named_as_a_risk(own_server: Any, caplog: pytest.LogCaptureFixture) -> None:
-    server = own_server(**{"maxmemory": "100mb", "maxmemory-policy": "allkeys-lru"})
-    client = Redis.from_url(server.url)
-    try:
-        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
-            await DelayedQueue(client, "evict").offer(1, 60)
-            await until(lambda: "allkeys-lru" in caplog.text, timeout_s=5)
-    finally:
-        await client.aclose()
+async def test_an_evicting_server_is_named_as_a_risk(own_server: Any, make_client: Any, make_queue: Any,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    client = make_client(own_server(**{"maxmemory": "100mb", "maxmemory-policy": "allkeys-lru"}))
+    with caplog.at_level(logging.WARNING, logger="aiodelayq"):
+        await make_queue("evict", redis=client).offer(1, 60)
+        await until(lambda: "allkeys-lru" in caplog.text, timeout_s=5)
 
 
 # -- 16. a producer that cannot hang --------------------------------------------------------------------
 
 
-async def test_an_offer_during_a_stall_fails_within_its_bound(own_server: Any, redis_server: Any) -> None:
-    server = own_server(**debug_args(redis_server.kind))
-    client = Redis.from_url(server.url)  # socket_timeout=None: redis-py alone would wait forever
-    q: DelayedQueue[int] = DelayedQueue(client, "hang", call_timeout_s=0.5)
-    try:
-        await q.offer(0, 60)  # connected and warmed up
-        stall = stall_server(server.url, 2.0)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        with pytest.raises(CallTimeoutError) as caught:
-            await q.offer(1, 60)
-        assert loop.time() - start < 1.0
-        assert caught.value.maybe_applied
-        stall.result(10)
-        assert await q.offer(2, 60) > 0
-    finally:
-        await client.aclose()
+async def test_an_offer_during_a_stall_fails_within_its_bound(debug_server: ThrowawayServer, make_client: Any,
+                                                             make_queue: Any) -> None:
+    client = make_client(debug_server)  # socket_timeout=None: redis-py alone would wait forever
+    q: DelayedQueue[int] = make_queue("hang", redis=client, call_timeout_s=0.5)
+    await q.offer(0, 60)  # connected and warmed up
+    stall = stall_server(debug_server.url, 2.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(CallTimeoutError) as caught:
+        await q.offer(1, 60)
+    assert loop.time() - start < 1.0
+    assert caught.value.maybe_applied
+    stall.result(10)
+    assert await q.offer(2, 60) > 0

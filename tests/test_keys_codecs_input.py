@@ -89,7 +89,7 @@ async def test_unencodable_item_raises_codec_error_and_writes_nothing(client: Re
     assert await client.exists(q.keys.timeout_set, q.keys.delay_list) == 0
 
 
-async def test_bad_options_raise_configuration_error(client: Redis, redis_server: Any) -> None:
+async def test_bad_options_raise_configuration_error(client: Redis, make_client: Any) -> None:
     with pytest.raises(ConfigurationError):
         DelayedQueue(client, "q", codec="pickle")
     with pytest.raises(ConfigurationError):
@@ -100,10 +100,9 @@ async def test_bad_options_raise_configuration_error(client: Redis, redis_server
         DelayedQueue(client, "q", transfer_batch=0)
     with pytest.raises(ConfigurationError):
         DelayedQueue(client, "q", safety_poll_s=math.nan)
-    decoding = Redis.from_url(redis_server.url, decode_responses=True)
+    decoding = make_client(decode_responses=True)
     with pytest.raises(ConfigurationError):
         DelayedQueue(decoding, "q")
-    await decoding.aclose()
 
 
 class UpperCodec:

@@ -13,7 +13,6 @@ from redis.asyncio import Redis
 from aiodelayq import DelayedQueue
 from aiodelayq._connections import run_script
 from aiodelayq._scripts.pending import READ_PAGE, REMOVE_PAGE
-from tests.faults import FaultProxy
 from tests.helpers import server_ms, until
 
 
@@ -262,35 +261,31 @@ async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: 
     assert sorted(await q.read_all()) == sorted(set(far) - set(cancel_far))
 
 
-async def test_a_resent_remove_page_reports_the_removal_it_made(own_server: Any) -> None:
+async def test_a_resent_remove_page_reports_the_removal_it_made(own_server: Any, make_proxy: Any, make_client: Any,
+                                                                 make_queue: Any) -> None:
     server = own_server()
-    direct = Redis.from_url(server.url)
-    with FaultProxy(server.port) as proxy:
-        client = Redis.from_url(proxy.url)
-        q: DelayedQueue[str] = DelayedQueue(client, "lost-remove", codec="str", call_timeout_s=5.0)
-        try:
-            await q.offer_many([("t", 60), ("t", 61), ("other", 62)] + [(f"x{i}", 63) for i in range(10)])
-            await direct.script_load(REMOVE_PAGE.text)  # so the killed call is the removal itself
-            calls = await direct.zcard(q.keys.calls)
-            proxy.kill_after_send(REMOVE_PAGE.sha.encode())
-            assert await q.remove("t") is True  # applied, reply lost, resent: still the truth
-            assert proxy.killed == 1
-            assert await q.read_all() == ["t", "other"] + [f"x{i}" for i in range(10)]  # exactly one went
-            assert await direct.zcard(q.keys.calls) == calls + 1  # the page remembered its reply
-            # A lost reply on every page of a multi-page remove_all: each page counted once.
-            q._pending.page_size = 2
-            await q.offer_many([("t", 64), ("t", 65)])
-            proxy.kill_after_send(REMOVE_PAGE.sha.encode(), times=4)
-            assert await q._pending.remove(["t", "x3"], first_only=False) == 4
-            assert proxy.killed == 5
-            assert await q.read_all() == ["other"] + [f"x{i}" for i in range(10) if i != 3]
-            # A resent page that found nothing reports nothing.
-            proxy.kill_after_send(REMOVE_PAGE.sha.encode())
-            assert await q.remove("absent") is False
-            assert proxy.killed == 6
-        finally:
-            await client.aclose()
-            await direct.aclose()
+    direct = make_client(server)
+    proxy = make_proxy(server)
+    q: DelayedQueue[str] = make_queue("lost-remove", redis=make_client(proxy), codec="str", call_timeout_s=5.0)
+    await q.offer_many([("t", 60), ("t", 61), ("other", 62)] + [(f"x{i}", 63) for i in range(10)])
+    await direct.script_load(REMOVE_PAGE.text)  # so the killed call is the removal itself
+    calls = await direct.zcard(q.keys.calls)
+    proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+    assert await q.remove("t") is True  # applied, reply lost, resent: still the truth
+    assert proxy.killed == 1
+    assert await q.read_all() == ["t", "other"] + [f"x{i}" for i in range(10)]  # exactly one went
+    assert await direct.zcard(q.keys.calls) == calls + 1  # the page remembered its reply
+    # A lost reply on every page of a multi-page remove_all: each page counted once.
+    q._pending.page_size = 2
+    await q.offer_many([("t", 64), ("t", 65)])
+    proxy.kill_after_send(REMOVE_PAGE.sha.encode(), times=4)
+    assert await q._pending.remove(["t", "x3"], first_only=False) == 4
+    assert proxy.killed == 5
+    assert await q.read_all() == ["other"] + [f"x{i}" for i in range(10) if i != 3]
+    # A resent page that found nothing reports nothing.
+    proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+    assert await q.remove("absent") is False
+    assert proxy.killed == 6
 
 
 async def test_malformed_elements_are_skipped_by_every_walk(client: Redis, make_queue: Any) -> None:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import subprocess
-import sys
+import signal
 import textwrap
 from typing import Any
 
@@ -14,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, Message
-from tests.helpers import server_ms
+from tests.helpers import first_line, server_ms
 
 
 async def test_receive_then_ack_removes_for_good(client: Redis, make_queue: Any) -> None:
@@ -130,19 +128,13 @@ CONSUMER = textwrap.dedent("""
 
 
 async def test_messages_of_a_killed_consumer_are_redelivered(redis_server: Any, make_queue: Any,
-                                                            qname: str) -> None:
+                                                            qname: str, spawn_consumer: Any) -> None:
     q = make_queue()
     await q.offer_many([(i, 0) for i in range(10)])
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, redis_server.url, qname],  # noqa: ASYNC220
-                            stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.to_thread(proc.stdout.readline)
-        assert line.strip() == "10"
-    finally:
-        proc.kill()
-        proc.wait(10)
+    child = spawn_consumer(CONSUMER, args=[redis_server.url, qname])
+    assert (await first_line(child)).strip() == "10"
+    child.send_signal(signal.SIGKILL)  # holding its 10 messages, never acking
+    await child.await_exit(10)
     async with q:
         got = []
         while len(got) < 10:

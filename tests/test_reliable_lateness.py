@@ -10,7 +10,6 @@ are p99 <= 5 ms and max <= 50 ms): the test runs on a small shared machine next 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -21,7 +20,6 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from tests.faults import SubprocessConsumer
 from tests.helpers import until
 
 RATE = 2000.0  # items falling due per second
@@ -121,37 +119,32 @@ def _percentile(sorted_values: list[float], p: float) -> float:
 
 
 @pytest.mark.slow
-async def test_three_consumer_processes_receive_and_ack_due_items_on_time(redis_server: Any, client: Redis,
-                                                                          qname: str) -> None:
+async def test_three_consumer_processes_receive_and_ack_due_items_on_time(
+        redis_server: Any, client: Redis, qname: str, make_queue: Any, drop_keys: Any, spawn_consumer: Any) -> None:
     total = round(RATE * SECONDS)
     stop_key = f"{qname}:stop"
-    q: DelayedQueue[int] = DelayedQueue(client, qname)
+    drop_keys(stop_key)
+    q: DelayedQueue[int] = make_queue()
     keys = q.keys
-    children = [SubprocessConsumer(CONSUMER, args=[redis_server.url, qname, stop_key]) for _ in range(CONSUMERS)]
-    try:
-        with contextlib.ExitStack() as stack:
-            for child in children:
-                stack.enter_context(child)
-            for child in children:
-                await child.await_line("ready", timeout_s=60)
-            offset_ms = await _clock_offset_ms(client)
-            load_before = os.getloadavg()
-            due = await _produce(q, offset_ms, total)
+    children = [spawn_consumer(CONSUMER, args=[redis_server.url, qname, stop_key]) for _ in range(CONSUMERS)]
+    for child in children:
+        await child.await_line("ready", timeout_s=60)
+    offset_ms = await _clock_offset_ms(client)
+    load_before = os.getloadavg()
+    due = await _produce(q, offset_ms, total)
 
-            async def all_acked() -> bool:
-                return not (await client.zcard(keys.timeout_set) or await client.llen(keys.destination)
-                            or await client.zcard(keys.in_flight))
+    async def all_acked() -> bool:
+        return not (await client.zcard(keys.timeout_set) or await client.llen(keys.destination)
+                    or await client.zcard(keys.in_flight))
 
-            await until(all_acked, timeout_s=30, interval_s=0.05)
-            load_after = os.getloadavg()
-            await client.set(stop_key, 1)
-            for child in children:
-                assert await child.await_exit(30) == 0, child.stderr
-            results = [json.loads(line.split(" ", 1)[1]) for child in children for line in child.lines
-                       if line.startswith("result ")]
-            assert len(results) == CONSUMERS, [child.stderr for child in children]
-    finally:
-        await client.delete(*keys.all, stop_key)
+    await until(all_acked, timeout_s=30, interval_s=0.05)
+    load_after = os.getloadavg()
+    await client.set(stop_key, 1)
+    for child in children:
+        assert await child.await_exit(30) == 0, child.stderr
+    results = [json.loads(line.split(" ", 1)[1]) for child in children for line in child.lines
+               if line.startswith("result ")]
+    assert len(results) == CONSUMERS, [child.stderr for child in children]
 
     first: dict[int, float] = {}
     receipts = 0

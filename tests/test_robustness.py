@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue, QueueClosedError
+from aiodelayq import QueueClosedError
 from aiodelayq._connections import run_script
 from aiodelayq._runtime import runtime_for
 from aiodelayq._scripts.producer import OFFER
@@ -55,10 +55,9 @@ async def test_takes_after_close_fail_instead_of_hanging(client: Redis, make_que
         await asyncio.wait_for(q.take(), 2)
 
 
-async def test_aclose_is_bounded_when_the_server_stalls(own_server: Any) -> None:
+async def test_aclose_is_bounded_when_the_server_stalls(own_server: Any, make_client: Any, make_queue: Any) -> None:
     server = own_server()
-    client = Redis.from_url(server.url, socket_timeout=None)
-    q = DelayedQueue(client, "stall", close_timeout_s=1.0)
+    q = make_queue("stall", redis=make_client(server, socket_timeout=None), close_timeout_s=1.0)
     await q.open()
     taker = asyncio.create_task(q.take())
     await asyncio.sleep(0.2)
@@ -70,9 +69,8 @@ async def test_aclose_is_bounded_when_the_server_stalls(own_server: Any) -> None
         assert loop.time() - start < 2.0
         with pytest.raises(QueueClosedError):
             await taker
-    finally:
+    finally:  # before the fixtures close the queue, the client and the server
         os.kill(server.pid, signal.SIGCONT)
-        await client.aclose()
 
 
 async def test_a_cancelled_aclose_still_closes_everything(client: Redis, make_queue: Any) -> None:
@@ -109,17 +107,14 @@ async def test_concurrent_opens_of_one_queue_object(make_queue: Any) -> None:
     assert q.is_open
 
 
-async def test_many_idle_queues_share_one_pubsub_and_few_connections(redis_server: Any, qname: str) -> None:
-    client = Redis.from_url(redis_server.url, max_connections=40)
-    queues = [DelayedQueue(client, f"{qname}:{i}", safety_poll_s=0.5) for i in range(300)]
-    try:
-        await asyncio.gather(*(q.open() for q in queues))
-        await asyncio.sleep(1.6)  # three safety-poll rounds of 300 queues
-        assert sum(q.stats.transfer_errors for q in queues) == 0  # the pool (40) was never exhausted
-        assert all(q.stats.transfers >= 3 for q in queues)
-        runtime = runtime_for(client)
-        assert runtime is not None
-        assert runtime.subscriber.channels == 300
-    finally:
-        await asyncio.gather(*(q.aclose() for q in queues))
-        await client.aclose()
+async def test_many_idle_queues_share_one_pubsub_and_few_connections(qname: str, make_client: Any,
+                                                                     make_queue: Any) -> None:
+    client = make_client(max_connections=40)
+    queues = [make_queue(f"{qname}:{i}", redis=client, safety_poll_s=0.5) for i in range(300)]
+    await asyncio.gather(*(q.open() for q in queues))
+    await asyncio.sleep(1.6)  # three safety-poll rounds of 300 queues
+    assert sum(q.stats.transfer_errors for q in queues) == 0  # the pool (40) was never exhausted
+    assert all(q.stats.transfers >= 3 for q in queues)
+    runtime = runtime_for(client)
+    assert runtime is not None
+    assert runtime.subscriber.channels == 300
