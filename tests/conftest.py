@@ -250,3 +250,26 @@ def spawn_consumer(make_queue: Callable[..., DelayedQueue[Any]]) -> Iterator[Cal
     yield factory
     for child in children:
         child.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say whether the real Java Redisson ran: its tests never skip silently."""
+    ran: dict[str, int] = {}
+    skipped: set[str] = set()
+    for status in ("passed", "failed", "skipped"):
+        for report in terminalreporter.stats.get(status, []):
+            if "test_redisson_java.py" not in getattr(report, "nodeid", ""):
+                continue
+            if status == "skipped":
+                longrepr = report.longrepr
+                skipped.add(longrepr[2] if isinstance(longrepr, tuple) else str(longrepr))
+            else:
+                build = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+                ran[build] = ran.get(build, 0) + 1
+    if not ran and not skipped:
+        return
+    terminalreporter.section("Java Redisson interop")
+    for build, count in sorted(ran.items()):
+        terminalreporter.write_line(f"Redisson {build}: {count} tests ran")
+    for reason in sorted(skipped):
+        terminalreporter.write_line(f"SKIPPED: {reason}")
