@@ -39,7 +39,8 @@ class QueueStats:
         dead_lettered: malformed pending elements moved to the dead-letter list.
         undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
         transfer_errors: failed transfer attempts (retried with backoff).
-        returned: popped items handed back to the list because their caller had gone.
+        returned: popped items handed back to the list because their caller had gone, or because
+            nobody came for prefetched items within a round trip.
         recovered: popped items whose consumer did not finish with them within the hand-off lease,
             returned to the head of the list by this process's transfers.
         exhausted: messages this queue object moved to the dead-letter list because they ran out

@@ -52,6 +52,14 @@ _RESEND_HORIZON_S = 10.0
 # How long a forced shutdown (the pump task cancelled) spends returning popped items before it
 # leaves them to the lease.
 _SHUTDOWN_FLUSH_S = 0.5
+# Prefetch: a pop asks for up to this many items even when the waiting callers want fewer, so a
+# caller that takes one item at a time (``async for``) gets the next one without a round trip. The
+# pump starts at 1 (no prefetch), doubles after a pop that came back full (more may be ready),
+# halves when prefetched items had to go back. Items nobody came for are kept at most one round
+# trip (the latest pop's, within the bounds below), then given back to the head of the list.
+MAX_PREFETCH = 100
+_HOLD_MIN_S = 0.001
+_HOLD_MAX_S = 0.05
 
 
 @dataclass(eq=False)
@@ -105,14 +113,20 @@ class TakePump:
                                 wanted=lambda: self._closed is None and bool(self._waiters),
                                 on_crash=lambda _exc: self.notify())
         self._pops: set[_Pop] = set()  # popped and not yet finished in Redis
+        # Prefetched items no caller has yet, in pop order; held at most one round trip.
+        self._buffer: collections.deque[tuple[_Pop, int, Any]] = collections.deque()
+        self._hold: asyncio.TimerHandle | None = None
+        self._prefetch = 1
+        self._round_trip_s = _HOLD_MIN_S
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
         self.returned = 0
         self.undecodable = 0
 
     def __repr__(self) -> str:
-        return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} "
-                f"unfinished={len(self._pops)} closed={self._closed is not None} task={self._task!r}>")
+        return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
+                f"prefetch={self._prefetch} unfinished={len(self._pops)} closed={self._closed is not None} "
+                f"task={self._task!r}>")
 
     # -- callers -----------------------------------------------------------------------------------
 
@@ -127,6 +141,8 @@ class TakePump:
         """
         if self._closed is not None:
             raise self._closed
+        if self._buffer and not self._waiters:
+            return self._deliver(self._from_buffer(max_items))  # prefetched: no round trip, no await
         waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
         self._waiters.append(waiter)
         self.notify()
@@ -139,12 +155,43 @@ class TakePump:
         if not waiter.future.done():
             self._leave(waiter)
             return []
-        entries = waiter.future.result()  # raises fail_waiters' exception
+        return self._deliver(waiter.future.result())  # raises fail_waiters' exception
+
+    def _deliver(self, entries: list[tuple[_Pop, int, Any]]) -> list[Any]:
+        """The caller has ``entries``: record them as taken ('d') and finish the pops they complete."""
         for pop, index, _ in entries:
             pop.settle(index, "d")
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._maybe_finish(pop)
         return [value for _, _, value in entries]
+
+    def _from_buffer(self, count: int) -> list[tuple[_Pop, int, Any]]:
+        taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
+        if not self._buffer:
+            self._cancel_hold()
+        return taken
+
+    def _cancel_hold(self) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+
+    def _give_back_buffer(self) -> None:
+        """Prefetched items nobody came for within a round trip (or at close) go back to the list."""
+        self._hold = None
+        if not self._buffer:
+            return
+        entries = list(self._buffer)
+        self._buffer.clear()
+        self._prefetch = max(1, self._prefetch // 2)
+        self._return(entries)
+
+    def _return(self, entries: list[tuple[_Pop, int, Any]]) -> None:
+        for pop, index, _ in entries:
+            pop.settle(index, "r")
+            self.returned += 1
+        for pop in {id(pop): pop for pop, _, _ in entries}.values():
+            self._maybe_finish(pop)
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
@@ -156,6 +203,8 @@ class TakePump:
         self._closed = exc
         self._wake.set()
         self._fail_current(exc)
+        self._cancel_hold()
+        self._give_back_buffer()
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop popping and settle everything popped (given back or finished), within ``timeout_s``;
@@ -185,7 +234,8 @@ class TakePump:
             future.cancel()
 
     def _hand_out(self, entries: list[tuple[_Pop, int, Any]]) -> None:
-        """Give ``entries`` to waiters in FIFO order; what nobody takes goes back to the list."""
+        """Give ``entries`` to waiters in FIFO order; what nobody takes waits in the prefetch buffer
+        for at most one round trip (goes back to the list at once when closing)."""
         start = 0
         while start < len(entries) and self._waiters:
             waiter = self._waiters.popleft()
@@ -193,11 +243,16 @@ class TakePump:
                 continue
             waiter.future.set_result(entries[start:start + waiter.capacity])
             start += waiter.capacity
-        for pop, index, _ in entries[start:]:
-            pop.settle(index, "r")
-            self.returned += 1
-        for pop in {id(pop): pop for pop, _, _ in entries[start:]}.values():
-            self._maybe_finish(pop)
+        left = entries[start:]
+        if not left:
+            return
+        if self._closed is not None:
+            self._return(left)
+            return
+        self._buffer.extend(left)
+        if self._hold is None:
+            hold_s = min(_HOLD_MAX_S, max(_HOLD_MIN_S, self._round_trip_s))
+            self._hold = asyncio.get_running_loop().call_later(hold_s, self._give_back_buffer)
 
     def _wanted(self) -> int:
         while self._waiters and self._waiters[0].future.done():
@@ -212,18 +267,28 @@ class TakePump:
 
     async def _run(self) -> None:
         backoff = Backoff()
+        loop = asyncio.get_running_loop()
         try:
             while self._closed is None:
                 wanted = self._wanted()
+                if wanted and self._buffer:  # not expected (callers take from the buffer first)
+                    self._cancel_hold()
+                    entries = list(self._buffer)
+                    self._buffer.clear()
+                    self._hand_out(entries)
+                    continue
                 if wanted == 0 or not self._maybe_ready:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 self._maybe_ready = False
+                count = max(wanted, self._prefetch)
                 pop = _Pop(os.urandom(16))
                 self._pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
                 try:
-                    raws = await self._pop(pop, wanted)
+                    sent = loop.time()
+                    raws = await self._pop(pop, count)
+                    self._round_trip_s = loop.time() - sent
                 except BackendError as exc:
                     if exc.maybe_applied:
                         self._maybe_finish(pop, unknown=True)  # return whatever it got
@@ -244,15 +309,17 @@ class TakePump:
                     self._pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
-                if len(raws) >= wanted:
-                    self._maybe_ready = True  # there may be more
+                if len(raws) >= count:
+                    self._maybe_ready = True  # there may be more: prefetch more next time
+                    self._prefetch = min(MAX_PREFETCH, self._prefetch * 2)
                 self._received(pop, raws)
                 self._end_once_waiters()
         except asyncio.CancelledError:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
             # we hold within the close deadline, or briefly, through further cancellations.
-            loop = asyncio.get_running_loop()
             self._closed = self._closed or ConnectionError("pump cancelled")
+            self._cancel_hold()
+            self._give_back_buffer()
             await self._flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
 

@@ -1,0 +1,81 @@
+"""The take pump's prefetch: one item at a time at batch speed, without holding items nobody waits for."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio import Redis
+
+from aiodelayq._take import MAX_PREFETCH
+from tests.helpers import until
+
+
+async def _ready(client: Redis, q: Any, n: int) -> None:
+    await q.offer_many([(i, 0) for i in range(n)])
+    await until(lambda: _llen_is(client, q, n), timeout_s=5)
+
+
+async def _llen_is(client: Redis, q: Any, n: int) -> bool:
+    return int(await client.llen(q.keys.destination)) == n
+
+
+async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    n = 3 * MAX_PREFETCH
+    async with q:
+        await _ready(client, q, n)
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(n)]
+        assert got == list(range(n))  # list order, one by one, none twice
+        assert q._life.pump()._prefetch == MAX_PREFETCH  # it grew to the cap
+        assert await client.llen(q.keys.destination) == 0
+        assert await client.hlen(q.keys.handoff) == 0
+
+
+async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    n = 200
+    async with q:
+        await _ready(client, q, n)
+        taken = [await asyncio.wait_for(q.take(), 5) for _ in range(20)]  # the prefetch grows meanwhile
+        pump = q._life.pump()
+        # Pops of 1, 2, 4, 8, 16 items served 20 takes: at least 11 were prefetched for nobody. Within a
+        # round trip (at most 50 ms) they go back to the head of the list, in order, and their hand-off
+        # entries are finished.
+        await until(lambda: _llen_is(client, q, n - len(taken)), timeout_s=1)
+        await until(lambda: _handoff_empty(client, q), timeout_s=1)
+        assert not pump._buffer
+        assert pump.returned >= 11
+        rest = await client.lrange(q.keys.destination, 0, -1)
+        assert [int(x) for x in rest] == list(range(len(taken), n))
+        assert taken == list(range(len(taken)))
+        # Another consumer gets them.
+        assert await asyncio.wait_for(q.take(), 5) == len(taken)
+
+
+async def _handoff_empty(client: Redis, q: Any) -> bool:
+    return int(await client.hlen(q.keys.handoff)) == 0
+
+
+async def test_close_with_a_full_prefetch_buffer_loses_nothing(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json", safety_poll_s=300)
+    n = 300
+    async with q:
+        await _ready(client, q, n)
+        taken = [await asyncio.wait_for(q.take(), 5) for _ in range(40)]
+    # Closed at once, items perhaps still prefetched: all of them are back in the list, none twice.
+    rest = [int(x) for x in await client.lrange(q.keys.destination, 0, -1)]
+    assert sorted(taken + rest) == list(range(n))
+    assert await client.hlen(q.keys.handoff) == 0
+
+
+async def test_concurrent_takers_keep_their_order_with_a_prefetch(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    n = 100
+    async with q:
+        await _ready(client, q, n)
+        first = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+        # Five takers that start waiting in order get items in that order.
+        results = await asyncio.gather(*(asyncio.wait_for(q.take(), 5) for _ in range(5)))
+        assert results == sorted(results)
+        assert first + results == list(range(15))
