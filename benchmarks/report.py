@@ -105,6 +105,10 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
             if idle["rss_growth_mb"] is not None else None, 1.0, False, "MiB")
     if "memory" in sc:
         bar("memory: ours <= reference + 10%", sc["memory"]["ratio"], 1.10, False, "x")
+    if "drain" in sc:
+        d = sc["drain"]["ratio"]
+        bar("drain: async for >= 50% of take_many(100)", d["async_for"], 0.5, True, "x")
+        bar("drain: messages() + ack() >= 10% of take_many(100)", d["messages_ack"], 0.1, True, "x")
     return bars
 
 
@@ -173,6 +177,11 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
             str(r["transfer_errors"]))
         row("idle: client RSS growth over the window", None, False, fmt_mb(o["rss_growth_mb"]),
             fmt_mb(r["rss_growth_mb"]))
+    if "drain" in sc:
+        d = sc["drain"]
+        for mode, label in (("async_for", "async for"), ("messages_ack", "messages() + ack()")):
+            row(f"drain: {label} / take_many(100)", d["ratio"][mode], True,
+                fmt_num(d["ours"][mode]["items_per_s"]), fmt_num(d["ours"]["take_many"]["items_per_s"]))
     width = max((len(r[0]) for r in rows), default=10)
     for name, ratio, higher_better, _, _ in rows:
         if ratio is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from _harness import Scenario
 
-from . import big_item_stall, e2e, idle, lateness, memory, offer, offer_many, reliable_lateness, transfer
+from . import big_item_stall, drain, e2e, idle, lateness, memory, offer, offer_many, reliable_lateness, transfer
 
 REGISTRY: dict[str, Scenario] = {
     "offer": offer.run,
@@ -19,6 +19,7 @@ REGISTRY: dict[str, Scenario] = {
     "e2e": e2e.run,
     "idle": idle.run,
     "memory": memory.run,
+    "drain": drain.run,
     "big_item_stall": big_item_stall.run,
 }
 EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
