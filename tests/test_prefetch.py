@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
@@ -11,9 +13,19 @@ from aiodelayq._take import MAX_PREFETCH
 from tests.helpers import until
 
 
-async def _ready(client: Redis, q: Any, n: int) -> None:
-    await q.offer_many([(i, 0) for i in range(n)])
-    await until(lambda: _llen_is(client, q, n), timeout_s=5)
+@contextlib.asynccontextmanager
+async def _open_with_ready(client: Redis, make_queue: Any, n: int, **options: Any) -> AsyncIterator[Any]:
+    """An open queue whose list holds items ``0..n-1``, due and moved."""
+    q = make_queue(codec="json", **options)
+    async with q:
+        await q.offer_many([(i, 0) for i in range(n)])
+        await until(lambda: _llen_is(client, q, n), timeout_s=5)
+        yield q
+
+
+async def _take(q: Any, count: int) -> list[int]:
+    """``count`` items, one ``take()`` at a time (the prefetch grows meanwhile)."""
+    return [await asyncio.wait_for(q.take(), 5) for _ in range(count)]
 
 
 async def _llen_is(client: Redis, q: Any, n: int) -> bool:
@@ -21,11 +33,9 @@ async def _llen_is(client: Redis, q: Any, n: int) -> bool:
 
 
 async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: Redis, make_queue: Any) -> None:
-    q = make_queue(codec="json")
     n = 3 * MAX_PREFETCH
-    async with q:
-        await _ready(client, q, n)
-        got = [await asyncio.wait_for(q.take(), 5) for _ in range(n)]
+    async with _open_with_ready(client, make_queue, n) as q:
+        got = await _take(q, n)
         assert got == list(range(n))  # list order, one by one, none twice
         assert q._life.pump()._prefetch == MAX_PREFETCH  # it grew to the cap
         assert await client.llen(q.keys.destination) == 0
@@ -33,11 +43,9 @@ async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: R
 
 
 async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client: Redis, make_queue: Any) -> None:
-    q = make_queue(codec="json")
     n = 200
-    async with q:
-        await _ready(client, q, n)
-        taken = [await asyncio.wait_for(q.take(), 5) for _ in range(20)]  # the prefetch grows meanwhile
+    async with _open_with_ready(client, make_queue, n) as q:
+        taken = await _take(q, 20)
         pump = q._life.pump()
         # Pops of 1, 2, 4, 8, 16 items served 20 takes: at least 11 were prefetched for nobody. Within a
         # round trip (at most 50 ms) they go back to the head of the list, in order, and their hand-off
@@ -58,11 +66,9 @@ async def _handoff_empty(client: Redis, q: Any) -> bool:
 
 
 async def test_close_with_a_full_prefetch_buffer_loses_nothing(client: Redis, make_queue: Any) -> None:
-    q = make_queue(codec="json", safety_poll_s=300)
     n = 300
-    async with q:
-        await _ready(client, q, n)
-        taken = [await asyncio.wait_for(q.take(), 5) for _ in range(40)]
+    async with _open_with_ready(client, make_queue, n, safety_poll_s=300) as q:
+        taken = await _take(q, 40)
     # Closed at once, items perhaps still prefetched: all of them are back in the list, none twice.
     rest = [int(x) for x in await client.lrange(q.keys.destination, 0, -1)]
     assert sorted(taken + rest) == list(range(n))
@@ -70,11 +76,9 @@ async def test_close_with_a_full_prefetch_buffer_loses_nothing(client: Redis, ma
 
 
 async def test_concurrent_takers_keep_their_order_with_a_prefetch(client: Redis, make_queue: Any) -> None:
-    q = make_queue(codec="json")
     n = 100
-    async with q:
-        await _ready(client, q, n)
-        first = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+    async with _open_with_ready(client, make_queue, n) as q:
+        first = await _take(q, 10)
         # Five takers that start waiting in order get items in that order.
         results = await asyncio.gather(*(asyncio.wait_for(q.take(), 5) for _ in range(5)))
         assert results == sorted(results)
