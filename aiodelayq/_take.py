@@ -122,6 +122,7 @@ class TakePump:
         self._flush_deadline: float | None = None
         self.returned = 0
         self.undecodable = 0
+        self.pops = 0  # POP calls that returned items
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
@@ -309,6 +310,7 @@ class TakePump:
                     self._pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
+                self.pops += 1
                 if len(raws) >= count:
                     self._maybe_ready = True  # there may be more: prefetch more next time
                     self._prefetch = min(MAX_PREFETCH, self._prefetch * 2)
