@@ -66,6 +66,8 @@ class Sizes:
     idle_seconds: float = 20.0
     # memory
     memory_items: int = 100_000
+    # lateness_async_for
+    async_for_rate: float = 20_000.0
     # drain
     drain_items: int = 100_000
     drain_messages: int = 10_000
@@ -214,8 +216,23 @@ async def _lateness_consume(conn: Any, url: str, name: str, impl: str, total: in
     times: list[float] = []
     extra: dict[str, Any] = {}
     try:
-        if impl == "ours":
+        if impl == "ours_async_for":
             queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
+            async with queue:
+                conn.send("ready")
+
+                async def consume() -> None:
+                    async for item in queue:  # one item per iteration: the way most users consume
+                        ids.append(item["order"])
+                        times.append(time.time() * 1000.0)
+                        if len(ids) >= total:
+                            return
+
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(consume(), bound_s)
+                extra = asdict(queue.stats)
+        elif impl == "ours":
+            queue = DelayedQueue(client, name)
             async with queue:
                 conn.send("ready")
                 deadline = loop.time() + bound_s

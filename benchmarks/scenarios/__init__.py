@@ -8,13 +8,26 @@ from __future__ import annotations
 
 from _harness import Scenario
 
-from . import big_item_stall, drain, e2e, idle, lateness, memory, offer, offer_many, reliable_lateness, transfer
+from . import (
+    big_item_stall,
+    drain,
+    e2e,
+    idle,
+    lateness,
+    lateness_async_for,
+    memory,
+    offer,
+    offer_many,
+    reliable_lateness,
+    transfer,
+)
 
 REGISTRY: dict[str, Scenario] = {
     "offer": offer.run,
     "offer_many": offer_many.run,
     "transfer": transfer.run,
     "lateness": lateness.run,
+    "lateness_async_for": lateness_async_for.run,
     "reliable_lateness": reliable_lateness.run,
     "e2e": e2e.run,
     "idle": idle.run,

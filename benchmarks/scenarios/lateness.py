@@ -27,20 +27,21 @@ async def run(bench: Bench) -> dict[str, Any]:
     s = bench.sizes
     out: dict[str, Any] = {"rate": s.lateness_rate, "seconds": s.lateness_seconds}
     for impl in ("ours", "reference"):
-        out[impl] = await _lateness(bench, impl)
+        out[impl] = await lateness(bench, impl, s.lateness_rate, s.lateness_seconds)
     o, r = out["ours"]["lateness_ms"], out["reference"]["lateness_ms"]
     out["ratio"] = {k: (o[k] / r[k] if o.get(k) is not None and r.get(k) else None) for k in ("p50", "p99", "max")}
     return out
 
 
-async def _lateness(bench: Bench, impl: str) -> dict[str, Any]:
-    s = bench.sizes
-    total = round(s.lateness_rate * s.lateness_seconds)
+async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict[str, Any]:
+    """One consumer process of ``impl`` (``ours``: ``take_many(1000)``; ``ours_async_for``: ``async for``;
+    ``reference``) and this process producing ``rate`` items/s due over ``seconds`` s."""
+    total = round(rate * seconds)
     name = bench.name("lateness", impl)
     start_offset_s, lead_s, tick_s, grace_s = 0.5, 0.5, 0.05, 5.0
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    bound_s = start_offset_s + s.lateness_seconds + lead_s + grace_s
+    bound_s = start_offset_s + seconds + lead_s + grace_s
     proc = ctx.Process(target=lateness_consumer_main, args=(child, bench.url, name, impl, total, bound_s),
                        name=f"lateness-consumer-{impl}", daemon=True)
     client = bench.client()
@@ -52,7 +53,7 @@ async def _lateness(bench: Bench, impl: str) -> dict[str, Any]:
         msg = parent.recv()
         if msg != "ready":
             raise RuntimeError(f"lateness consumer failed: {msg}")
-        if impl == "ours":
+        if impl.startswith("ours"):
             q: DelayedQueue[Any] = DelayedQueue(client, name)
             now_ms: Callable[[], float] = bench.server_now_ms
             send: Callable[[Any], Awaitable[list[int]]] = q.offer_many
@@ -60,7 +61,7 @@ async def _lateness(bench: Bench, impl: str) -> dict[str, Any]:
             ref = await ReferenceQueue(client, name).prepare()
             now_ms = lambda: time.time() * 1000.0  # noqa: E731 - the reference's own clock
             send = ref.offer_pipeline
-        clamped = await produce_spread(send, now_ms, due, total=total, rate=s.lateness_rate,
+        clamped = await produce_spread(send, now_ms, due, total=total, rate=rate,
                                        start_offset_s=start_offset_s, lead_s=lead_s, tick_s=tick_s,
                                        bound_s=bound_s, label=impl)
         if not await asyncio.to_thread(parent.poll, bound_s + 30.0):
@@ -72,7 +73,7 @@ async def _lateness(bench: Bench, impl: str) -> dict[str, Any]:
         await join_or_terminate(proc)
         await client.aclose()
         await bench.drop(name)
-    shift = bench.offset_ms if impl == "ours" else 0.0
+    shift = bench.offset_ms if impl.startswith("ours") else 0.0
     lat = [t + shift - due[i] for i, t in zip(res["ids"], res["times"], strict=True) if i in due]
     received = set(res["ids"])
     summary = summarize(lat)
