@@ -159,12 +159,16 @@ class TakePump:
         return self._deliver(waiter.future.result())  # raises fail_waiters' exception
 
     def _deliver(self, entries: list[tuple[_Pop, int, Any]]) -> list[Any]:
-        """The caller has ``entries``: record them as taken ('d') and finish the pops they complete."""
+        """The caller has ``entries``: record them as taken; returns their values."""
+        self._settle(entries, "d")
+        return [value for _, _, value in entries]
+
+    def _settle(self, entries: list[tuple[_Pop, int, Any]], verdict: str) -> None:
+        """Record ``verdict`` for ``entries`` and finish the pops that are now settled."""
         for pop, index, _ in entries:
-            pop.settle(index, "d")
+            pop.settle(index, verdict)
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._maybe_finish(pop)
-        return [value for _, _, value in entries]
 
     def _from_buffer(self, count: int) -> list[tuple[_Pop, int, Any]]:
         taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
@@ -179,7 +183,7 @@ class TakePump:
 
     def _give_back_buffer(self) -> None:
         """Prefetched items nobody came for within a round trip (or at close) go back to the list."""
-        self._hold = None
+        self._cancel_hold()  # a no-op when the hold timer itself called this
         if not self._buffer:
             return
         entries = list(self._buffer)
@@ -188,11 +192,9 @@ class TakePump:
         self._return(entries)
 
     def _return(self, entries: list[tuple[_Pop, int, Any]]) -> None:
-        for pop, index, _ in entries:
-            pop.settle(index, "r")
-            self.returned += 1
-        for pop in {id(pop): pop for pop, _, _ in entries}.values():
-            self._maybe_finish(pop)
+        """Nobody takes ``entries``: back to the head of the list."""
+        self.returned += len(entries)
+        self._settle(entries, "r")
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
@@ -204,7 +206,6 @@ class TakePump:
         self._closed = exc
         self._wake.set()
         self._fail_current(exc)
-        self._cancel_hold()
         self._give_back_buffer()
 
     async def aclose(self, timeout_s: float) -> None:
@@ -320,7 +321,6 @@ class TakePump:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
             # we hold within the close deadline, or briefly, through further cancellations.
             self._closed = self._closed or ConnectionError("pump cancelled")
-            self._cancel_hold()
             self._give_back_buffer()
             await self._flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
