@@ -40,6 +40,7 @@ class Producer:
         self._client, self._keys = client, keys
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
+        self._facts = facts_for(client)  # looked up once: every offer reads it
         self._batcher: OfferBatcher | None = None
 
     def __repr__(self) -> str:
@@ -101,7 +102,7 @@ class Producer:
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
         fmt = await self._native_long_format() if self._kind == "fast" else None
-        return pack_fragments(self._kind, items, stamps=facts_for(self._client).stamps, long_fmt=fmt)
+        return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt)
 
     async def _send(self, fragments: list[Fragment]) -> list[int]:
         """One OFFER call (resent with the same call id after a lost reply, within the bound)."""
@@ -119,7 +120,7 @@ class Producer:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
         client; concurrent first callers share one request (shielded: one caller's cancellation does
         not fail the others)."""
-        facts = facts_for(self._client)
+        facts = self._facts
         if facts.long_format is not None:
             return facts.long_format
         ask = facts.long_format_ask
@@ -130,5 +131,5 @@ class Producer:
     async def _ask_native_long(self) -> str:
         one: bytes = await run_script(self._client, NATIVE_LONG, [], [], timeout_s=self._call_timeout_s,
                                       what="read the server's long size")
-        fmt = facts_for(self._client).long_format = long_format(one)
+        fmt = self._facts.long_format = long_format(one)
         return fmt
