@@ -12,9 +12,10 @@ from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
 from ._delays import delay_to_ms
 from ._keys import QueueKeys, prefix_name
 from ._lifecycle import QueueStats
+from ._messages import Message
 from ._options import WireFormat
 from ._queue import DelayedQueue
-from ._reliable import Message, MessageIterator
+from ._reliable import MessageIterator
 from ._scheduler import SchedulerStats
 from .exceptions import (
     AccessDeniedError,

@@ -45,6 +45,11 @@ class QueueStats:
             returned to the head of the list by this process's transfers.
         exhausted: messages this queue object moved to the dead-letter list because they ran out
             of deliveries (``max_deliveries``), or were not message elements.
+        released: prefetched messages nobody received within a round trip, released (as if never
+            received: their delivery count is not raised).
+        unconfirmed_settles: acks (and releases) sent without waiting that could not be confirmed
+            (each batch logged at WARNING): unless they landed, their messages are delivered again
+            after their visibility timeout.
     """
 
     transfers: int
@@ -55,6 +60,8 @@ class QueueStats:
     returned: int
     recovered: int = 0
     exhausted: int = 0
+    released: int = 0
+    unconfirmed_settles: int = 0
 
 
 class Lifecycle:
@@ -128,7 +135,9 @@ class Lifecycle:
             transfer_errors=s.errors if s else 0,
             returned=pump.returned if pump else 0,
             recovered=s.recovered if s else 0,
-            exhausted=reliable.exhausted if reliable else 0,
+            exhausted=reliable.exhausted + reliable.settler.exhausted if reliable else 0,
+            released=reliable.released if reliable else 0,
+            unconfirmed_settles=reliable.settler.unconfirmed if reliable else 0,
         )
 
     async def open(self) -> None:

@@ -15,10 +15,11 @@ from ._codec import Codec
 from ._delays import check_max_items, check_timeout, visibility_ms
 from ._keys import QueueKeys
 from ._lifecycle import Lifecycle, QueueStats
+from ._messages import Message
 from ._options import QueueOptions, WireFormat, check_client
 from ._pending import PendingView
 from ._producer import Producer
-from ._reliable import Message, MessageIterator
+from ._reliable import MessageIterator
 from .exceptions import QueueClosedError
 
 __all__ = ["DelayedQueue"]

@@ -6,87 +6,50 @@ nacked becomes visible again at its deadline. Each redelivery counts; past ``max
 payload goes to the dead-letter list. RECEIVE pops and registers in one atomic step, under a call
 id: a lost reply is resent and returns the same messages, and a cancelled caller's call is undone
 by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw.
+
+Prefetch (see _prefetch.py): a receive may ask for more messages than its caller wants; the rest
+are in flight already, under the visibility timeout of the call that fetched them, and wait in a
+local buffer for the next receive with the same visibility timeout. Nobody came for them within one
+round trip: they are released (SETTLE 'release': as if never received, the count not raised). Settles
+go through the :class:`~aiodelayq._settler.Settler`, many per round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from redis.asyncio import Redis
 
 from ._codec import decode_item
 from ._connections import Script, run_script
-from ._delays import delay_to_ms
 from ._elements import parse_message
 from ._keys import QueueKeys
+from ._messages import Message
 from ._options import QueueOptions
+from ._prefetch import Prefetch
 from ._retry import resend_within, retry_until_done
-from ._scripts.reliable import RECEIVE, RELEASE_CALL, SETTLE
+from ._scripts.reliable import RECEIVE, RELEASE_CALL
+from ._settler import Settle, Settler
 from ._tasks import keep, run_through_cancellation
 from .exceptions import BackendError, DecodeError, QueueClosedError
 
-__all__ = ["Message", "MessageIterator", "ReliableConsumer", "SettleMode"]
+__all__ = ["MessageIterator", "ReliableConsumer"]
 
 log = logging.getLogger("aiodelayq")
 
 T = TypeVar("T")
 
-SettleMode = Literal["ack", "nack", "dead", "release"]
-"""What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
-move its payload to the dead-letter list (dead), or undo it as if never received (release)."""
-
 # Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
 _RECHECK_S = 5.0
 # How long a cancelled receive() spends undoing its call before the cancellation propagates.
 _UNDO_BOUND_S = 0.5
-
-
-@dataclass(eq=False)
-class Message(Generic[T]):
-    """One delivery of a queue item, in flight until :meth:`ack` or :meth:`nack`.
-
-    Attributes:
-        value: the decoded item.
-        id: the message id (hex), stable across redeliveries.
-        delivery_count: 1 for the first delivery, then +1 per redelivery.
-        due_ms: when this delivery became due, epoch ms of the server clock: the end of the previous
-            visibility timeout or nack delay; ``None`` for a first delivery (the destination list
-            carries only the payload, as Redisson's does).
-        deadline_ms: the end of this delivery's visibility timeout, epoch ms of the server clock.
-    """
-
-    value: T
-    id: str
-    delivery_count: int
-    due_ms: int | None
-    deadline_ms: int
-    _consumer: ReliableConsumer[Any] = field(repr=False)
-    _element: bytes = field(repr=False)
-
-    async def ack(self) -> bool:
-        """Done: remove the message for good. ``False`` if it was no longer in flight as this delivery
-        (already settled, or its visibility timeout ended and it was delivered again).
-
-        Raises:
-            BackendError: the Redis call failed within ``call_timeout_s`` (the message then stays in
-                flight until its deadline; ``maybe_applied`` tells whether the ack may have landed).
-        """
-        return await self._consumer.settle(self, "ack")
-
-    async def nack(self, delay: float = 0.0) -> bool:
-        """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If
-        this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
-        once. ``False`` as for :meth:`ack`.
-
-        Raises:
-            InvalidDelayError: a negative, NaN or infinite delay.
-            BackendError: as :meth:`ack`.
-        """
-        return await self._consumer.settle(self, "nack", delay_ms=delay_to_ms(delay))
+# Prefetch only when the visibility timeout leaves room for it: a held message must not spend a
+# noticeable part of its timeout waiting for a caller.
+_PREFETCH_MIN_VT_MS = 1000
 
 
 class ReliableConsumer(Generic[T]):
@@ -95,16 +58,26 @@ class ReliableConsumer(Generic[T]):
     def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions) -> None:
         self._client, self._keys, self._codec = client, keys, options.codec
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
+        self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
+                               call_timeout_s=options.call_timeout_s)
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._side_tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
+        # Prefetched messages nobody has yet, in receive order, all of one visibility timeout.
+        self._buffer: collections.deque[Message[T]] = collections.deque()
+        self._buffer_vt_ms = 0
+        self._hold: asyncio.TimerHandle | None = None
+        self._prefetch = Prefetch()
         self.undecodable = 0
         self.exhausted = 0
+        self.released = 0  # prefetched messages nobody came for, released
+        self.receives = 0  # RECEIVE calls that returned messages
 
     def __repr__(self) -> str:
-        return f"<ReliableConsumer {self._keys.destination!r} side_tasks={len(self._side_tasks)}>"
+        return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
+                f"prefetch={self._prefetch.size} side_tasks={len(self._side_tasks)} closed={self._closed}>")
 
     def notify(self) -> None:
         """Items may be due now: every waiting receiver looks again."""
@@ -119,10 +92,17 @@ class ReliableConsumer(Generic[T]):
         while True:
             if self._closed:
                 raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
+            if self._buffer and self._buffer_vt_ms == vt_ms:
+                return self._from_buffer(max_items)  # prefetched: no round trip, no await
             signal = self._signal
-            messages, wait_s = await self._receive_once(max_items, vt_ms)
+            asked = max(max_items, self._prefetch.size) if vt_ms >= _PREFETCH_MIN_VT_MS else max_items
+            sent = loop.time()
+            messages, wait_s = await self._receive_once(asked, vt_ms, sent)
+            self._prefetch.fetched(asked, len(messages), loop.time() - sent)
             if messages:
-                return messages
+                self.receives += 1
+                self._keep(messages[max_items:], vt_ms)
+                return messages[:max_items]
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -130,7 +110,42 @@ class ReliableConsumer(Generic[T]):
                 wait_s = min(wait_s, remaining)
             await asyncio.wait({signal}, timeout=wait_s)
 
-    async def _receive_once(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], float]:
+    def _from_buffer(self, count: int) -> list[Message[T]]:
+        taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
+        if not self._buffer:
+            self._cancel_hold()
+        return taken
+
+    def _keep(self, extra: list[Message[T]], vt_ms: int) -> None:
+        """Prefetched ``extra`` waits for the next receiver, at most one round trip."""
+        if not extra:
+            return
+        if self._buffer_vt_ms != vt_ms:
+            self._give_back_buffer()  # another timeout's messages: a receiver of this one won't take them
+        self._buffer.extend(extra)
+        self._buffer_vt_ms = vt_ms
+        if self._hold is None:
+            self._hold = asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._give_back_buffer)
+        self.notify()  # a receiver waiting meanwhile takes them now
+
+    def _cancel_hold(self) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+
+    def _give_back_buffer(self) -> None:
+        """Release the prefetched messages nobody came for (in reverse: first deliveries go back
+        to the head of the list with LPUSH, and must keep their order)."""
+        self._cancel_hold()
+        if not self._buffer:
+            return
+        self._prefetch.gave_back()
+        self.released += len(self._buffer)
+        self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(self._buffer)])
+        self._buffer.clear()
+
+    async def _receive_once(self, max_items: int, vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
+        """One RECEIVE call (sent at loop time ``sent``): its messages, and how long to wait for more."""
         k = self._keys
         call_id = os.urandom(16)
         try:
@@ -163,39 +178,15 @@ class ReliableConsumer(Generic[T]):
                 value = decode_item(self._codec, payload)
             except DecodeError as exc:
                 self.undecodable += 1
-                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, k.dead_letter)
-                raw: Message[Any] = Message(None, message_id, count, due_ms, now_ms + vt_ms, self, element)
-                try:
-                    await self.settle(raw, "dead")  # atomic: out of flight and into the list
-                except BackendError as err:
-                    log.warning("aiodelayq: could not dead-letter it now (%s); it stays in flight", err)
+                log.error("aiodelayq: %s; moving it to dead-letter list %r", exc, k.dead_letter)
+                # Atomic: out of flight and into the list. Written behind, so nothing here awaits
+                # after the call (a cancelled caller cannot strand the other messages); if it fails,
+                # the message comes back after its timeout and is tried again.
+                self.settler.behind([Settle(element, "dead", now_ms + vt_ms)])
                 continue
-            messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self, element))
+            messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self.settler, element,
+                                    sent + vt_ms / 1000))
         return messages, wait_s
-
-    async def settle(self, message: Message[Any], mode: SettleMode, *, delay_ms: int = 0) -> bool:
-        """Settle one delivery (see :data:`SettleMode`; ``delay_ms`` for a nack); ``True`` if it was
-        still in flight as this delivery.
-
-        Raises:
-            BackendError: the call failed within ``call_timeout_s`` (``maybe_applied`` as usual).
-        """
-        k = self._keys
-        keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
-        async def attempt(remaining_s: float, resend: bool) -> Any:
-            # A resend names the message's deadline: the script can tell "my first try applied it".
-            args = [message._element, mode, delay_ms, self._max_deliveries, str(message.deadline_ms) if resend else ""]
-            return await run_script(self._client, SETTLE, keys, args, timeout_s=remaining_s,
-                                    what=f"{mode} on {k.destination!r}")
-
-        # Shielded: a caller that leaves does not cut the settle off half-way (it completes, bounded).
-        result = await asyncio.shield(self._spawn(resend_within(attempt, timeout_s=self._call_timeout_s)))
-        if int(result) == 2:
-            # Per message: counted (stats.exhausted) and visible in the dead-letter list, logged at DEBUG.
-            self.exhausted += 1
-            log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery (max_deliveries=%d); "
-                      "moved to dead-letter list %r", k.destination, self._max_deliveries, k.dead_letter)
-        return bool(int(result))
 
     async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,
                     timeout_s: float | None = None) -> Any:
@@ -241,10 +232,12 @@ class ReliableConsumer(Generic[T]):
         return task
 
     async def aclose(self, deadline: float) -> None:
-        """Wake receivers (they raise :class:`QueueClosedError`) and wait for side tasks (undoing
-        cancelled receives) until ``deadline`` (loop time); then cancel what is left."""
+        """Wake receivers (they raise :class:`QueueClosedError`), release prefetched messages, and
+        wait for side tasks (undoing cancelled receives) and pending settles until ``deadline``
+        (loop time); then cancel what is left."""
         self._closed = True
         self.notify()
+        self._give_back_buffer()
         loop = asyncio.get_running_loop()
         if self._side_tasks:
             await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
@@ -253,6 +246,7 @@ class ReliableConsumer(Generic[T]):
             task.cancel()
         if left:  # cancelled calls drop their connections within a loop turn or two
             await asyncio.wait(left, timeout=0.1)
+        await self.settler.aclose(deadline)
 
 
 class MessageIterator(Generic[T]):

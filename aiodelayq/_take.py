@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
 from ._keys import QueueKeys
+from ._prefetch import Prefetch
 from ._retry import Backoff, resend_within, retry_until_done
 from ._scripts.take import FINISH, POP
 from ._tasks import Supervised, keep, wait_through_cancellation
@@ -52,14 +53,7 @@ _RESEND_HORIZON_S = 10.0
 # How long a forced shutdown (the pump task cancelled) spends returning popped items before it
 # leaves them to the lease.
 _SHUTDOWN_FLUSH_S = 0.5
-# Prefetch: a pop asks for up to this many items even when the waiting callers want fewer, so a
-# caller that takes one item at a time (``async for``) gets the next one without a round trip. The
-# pump starts at 1 (no prefetch), doubles after a pop that came back full (more may be ready),
-# halves when prefetched items had to go back. Items nobody came for are kept at most one round
-# trip (the latest pop's, within the bounds below), then given back to the head of the list.
-MAX_PREFETCH = 100
-_HOLD_MIN_S = 0.001
-_HOLD_MAX_S = 0.05
+# Prefetch (see _prefetch.py): items popped for nobody yet wait in a buffer at most one round trip.
 
 
 @dataclass(eq=False)
@@ -116,8 +110,7 @@ class TakePump:
         # Prefetched items no caller has yet, in pop order; held at most one round trip.
         self._buffer: collections.deque[tuple[_Pop, int, Any]] = collections.deque()
         self._hold: asyncio.TimerHandle | None = None
-        self._prefetch = 1
-        self._round_trip_s = _HOLD_MIN_S
+        self._prefetch = Prefetch()
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
         self.returned = 0
@@ -126,7 +119,7 @@ class TakePump:
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
-                f"prefetch={self._prefetch} unfinished={len(self._pops)} closed={self._closed is not None} "
+                f"prefetch={self._prefetch.size} unfinished={len(self._pops)} closed={self._closed is not None} "
                 f"task={self._task!r}>")
 
     # -- callers -----------------------------------------------------------------------------------
@@ -188,7 +181,7 @@ class TakePump:
             return
         entries = list(self._buffer)
         self._buffer.clear()
-        self._prefetch = max(1, self._prefetch // 2)
+        self._prefetch.gave_back()
         self._return(entries)
 
     def _return(self, entries: list[tuple[_Pop, int, Any]]) -> None:
@@ -253,8 +246,7 @@ class TakePump:
             return
         self._buffer.extend(left)
         if self._hold is None:
-            hold_s = min(_HOLD_MAX_S, max(_HOLD_MIN_S, self._round_trip_s))
-            self._hold = asyncio.get_running_loop().call_later(hold_s, self._give_back_buffer)
+            self._hold = asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._give_back_buffer)
 
     def _wanted(self) -> int:
         while self._waiters and self._waiters[0].future.done():
@@ -284,13 +276,13 @@ class TakePump:
                     await self._wake.wait()
                     continue
                 self._maybe_ready = False
-                count = max(wanted, self._prefetch)
+                count = max(wanted, self._prefetch.size)
                 pop = _Pop(os.urandom(16))
                 self._pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
                 try:
                     sent = loop.time()
                     raws = await self._pop(pop, count)
-                    self._round_trip_s = loop.time() - sent
+                    self._prefetch.fetched(count, len(raws), loop.time() - sent)
                 except BackendError as exc:
                     if exc.maybe_applied:
                         self._maybe_finish(pop, unknown=True)  # return whatever it got
@@ -313,8 +305,7 @@ class TakePump:
                     continue
                 self.pops += 1
                 if len(raws) >= count:
-                    self._maybe_ready = True  # there may be more: prefetch more next time
-                    self._prefetch = min(MAX_PREFETCH, self._prefetch * 2)
+                    self._maybe_ready = True  # there may be more
                 self._received(pop, raws)
                 self._end_once_waiters()
         except asyncio.CancelledError:

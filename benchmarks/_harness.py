@@ -70,13 +70,13 @@ class Sizes:
     async_for_rate: float = 20_000.0
     # drain
     drain_items: int = 100_000
-    drain_messages: int = 10_000
+    drain_messages: int = 100_000
 
 
 FULL = Sizes()
 QUICK = Sizes(rounds=1, offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
-              drain_items=20_000, drain_messages=3_000)
+              drain_items=20_000, drain_messages=20_000)
 
 
 def payload(i: int) -> dict[str, Any]:

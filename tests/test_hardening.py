@@ -224,14 +224,14 @@ async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any, m
     client = make_client(proxy)
     q: DelayedQueue[str] = make_queue("lost-r", redis=client, codec="str", max_deliveries=1)
     async with q:
-        await q.offer_many([(x, 0) for x in "abc"])
-        for expected in range(3):
+        for expected, x in enumerate("abc"):
+            await q.offer(x, 0)  # one at a time: each receive makes its own call (no prefetched message)
             proxy.kill_after_send(RECEIVE.sha.encode())
             msg = await q.receive(30, timeout=5)
             assert msg is not None
-            assert msg.delivery_count == 1
+            assert (msg.value, msg.delivery_count) == (x, 1)
             proxy.kill_after_send(SETTLE.sha.encode())
-            assert await msg.ack() is True  # applied, reply lost, resent: still the truth
+            assert await msg.ack(confirm=True) is True  # applied, reply lost, resent: still the truth
             assert proxy.killed == 2 * (expected + 1)
         assert await q.receive(0.1, timeout=0.3) is None
         assert await q.dead_letters() == []
@@ -276,7 +276,7 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         await q.offer("warm", 0)
         warm = await q.receive(1.0, timeout=5)
         assert warm is not None
-        assert await warm.ack()  # RECEIVE and SETTLE loaded
+        assert await warm.ack(confirm=True)  # RECEIVE and SETTLE loaded
         await q.offer("m", 0)
         await asyncio.sleep(0.3)
         proxy.kill_after_send(RECEIVE.sha.encode())
@@ -289,7 +289,7 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         assert again.delivery_count == 2
         monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
         proxy.kill_after_send(SETTLE.sha.encode())
-        assert await msg.ack() is False  # superseded: never claims a settle it did not make
+        assert await msg.ack() is False  # superseded (and too late to write behind): never claims a settle
         assert await admin.zcard(q.keys.in_flight) == 1
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from aiodelayq._take import MAX_PREFETCH
+from aiodelayq._prefetch import MAX_PREFETCH
 from tests.helpers import until
 
 

@@ -25,8 +25,8 @@ async def test_receive_then_ack_removes_for_good(client: Redis, make_queue: Any)
         assert msg.delivery_count == 1
         assert msg.due_ms is None
         assert await client.zcard(q.keys.in_flight) == 1
-        assert await msg.ack()
-        assert not await msg.ack()
+        assert await msg.ack(confirm=True)
+        assert not await msg.ack(confirm=True)
         assert await client.zcard(q.keys.in_flight) == 0
         assert await q.receive(visibility_timeout=0.1, timeout=0.3) is None
 

@@ -129,40 +129,48 @@ return n
 
 SETTLE = Script("settle", _MESSAGES + """
 -- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel
--- ARGV[1] message element, ARGV[2] 'ack' | 'nack' | 'dead' (its payload to the dead-letter list) |
---         'release' (undo this delivery: a receiver cancelled before it saw the message)
--- ARGV[3] nack delay ms, ARGV[4] max deliveries (0 = unlimited)
--- ARGV[5] '' for a first attempt; for a resend after a lost reply, the message's visibility
---         deadline (ms): a message gone before its deadline can only have been settled by the
---         first attempt (nobody else touches it before then)
--- returns: 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it; 0 the
--- message was not in flight as this delivery (already settled, or redelivered after its deadline).
+-- ARGV[1] max deliveries (0 = unlimited), ARGV[2] '' for a first attempt, '1' for a resend after a
+--         lost reply
+-- then per settle, 4 arguments: the message element; 'ack' | 'nack' | 'dead' (its payload to the
+--         dead-letter list) | 'release' (undo this delivery: nobody saw the message); the nack delay
+--         ms; the message's visibility deadline ms. On a resend, a message gone before its deadline
+--         can only have been settled by the first attempt (nobody else touches it before then).
+-- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
+-- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
+-- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()
-if not redis.call('zscore', KEYS[1], ARGV[1]) then
-  if ARGV[5] ~= '' and now < tonumber(ARGV[5]) then return 1 end
-  return 0
-end
-local mode = ARGV[2]
-if mode == 'ack' then
-  redis.call('zrem', KEYS[1], ARGV[1])
-elseif mode == 'dead' then
-  redis.call('rpush', KEYS[2], string.sub(ARGV[1], 33))
-  redis.call('zrem', KEYS[1], ARGV[1])
-elseif mode == 'release' then
-  release(KEYS[1], KEYS[3], ARGV[1], now)
-else
-  local count = struct.unpack('>I4', ARGV[1], 21)
-  local max = tonumber(ARGV[4])
-  if max > 0 and count >= max then
-    -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
-    redis.call('rpush', KEYS[2], string.sub(ARGV[1], 33))
-    redis.call('zrem', KEYS[1], ARGV[1])
-    return 2
+local max, resend = tonumber(ARGV[1]), ARGV[2] ~= ''
+local results, earliest = {}, false
+for i = 3, #ARGV, 4 do
+  local m, mode = ARGV[i], ARGV[i + 1]
+  local result = 1
+  if not redis.call('zscore', KEYS[1], m) then
+    if not (resend and now < tonumber(ARGV[i + 3])) then result = 0 end
+  elseif mode == 'ack' then
+    redis.call('zrem', KEYS[1], m)
+  elseif mode == 'dead' then
+    redis.call('rpush', KEYS[2], string.sub(m, 33))
+    redis.call('zrem', KEYS[1], m)
+  elseif mode == 'release' then
+    release(KEYS[1], KEYS[3], m, now)
+  else
+    local count = struct.unpack('>I4', m, 21)
+    if max > 0 and count >= max then
+      -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
+      redis.call('rpush', KEYS[2], string.sub(m, 33))
+      redis.call('zrem', KEYS[1], m)
+      result = 2
+    else
+      local due = now + tonumber(ARGV[i + 2])
+      redis.call('zadd', KEYS[1], 'XX', due, m)
+      if not earliest or due < earliest then earliest = due end
+    end
   end
-  local due = now + tonumber(ARGV[3])
-  redis.call('zadd', KEYS[1], 'XX', due, ARGV[1])
-  -- Every process's scheduler wakes at that time, and its receivers look again.
-  redis.call('publish', KEYS[4], string.format('%d', due))
+  results[#results + 1] = result
 end
-return 1
+if earliest then
+  -- Every process's scheduler wakes at that time, and its receivers look again.
+  redis.call('publish', KEYS[4], string.format('%d', earliest))
+end
+return results
 """)

@@ -1,0 +1,92 @@
+"""A delivery of the reliable consumer (:class:`Message`) and how it is settled."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from ._delays import delay_to_ms
+from ._settler import Settle, Settler
+
+__all__ = ["Message"]
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Message(Generic[T]):
+    """One delivery of a queue item, in flight until :meth:`ack` or :meth:`nack`.
+
+    Attributes:
+        value: the decoded item.
+        id: the message id (hex), stable across redeliveries.
+        delivery_count: 1 for the first delivery, then +1 per redelivery.
+        due_ms: when this delivery became due, epoch ms of the server clock: the end of the previous
+            visibility timeout or nack delay; ``None`` for a first delivery (the destination list
+            carries only the payload, as Redisson's does).
+        deadline_ms: the end of this delivery's visibility timeout, epoch ms of the server clock.
+    """
+
+    value: T
+    id: str
+    delivery_count: int
+    due_ms: int | None
+    deadline_ms: int
+    _settler: Settler = field(repr=False)
+    _element: bytes = field(repr=False)
+    # deadline_ms on this process's loop clock, never later than the true one (counted from when
+    # the receive call was sent, which is before the server read its clock).
+    _expires: float = field(repr=False, default=0.0)
+    _settled: bool = field(repr=False, default=False)
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left of this delivery's visibility timeout, as this process can tell (a lower
+        bound); negative once it has passed."""
+        return self._expires - asyncio.get_running_loop().time()
+
+    async def ack(self, *, confirm: bool = False) -> bool:
+        """Done: remove the message for good. ``False`` if it was no longer in flight as this
+        delivery (already settled, or its visibility timeout ended and it was delivered again).
+
+        By default the ack is sent with the next settle call, without waiting for its answer, when
+        its outcome is already known: nobody else can settle this delivery before its deadline, and
+        more than ``call_timeout_s`` of it is left, so it lands in time unless Redis cannot be
+        reached at all. Then ``True`` comes back at once, and if the write does fail, that is logged
+        (WARNING), counted in ``stats.unconfirmed_settles``, and the message is delivered again
+        after its visibility timeout: at-least-once, never a loss. Closer to the deadline, after
+        the queue was closed, or with ``confirm=True``, the call waits for Redis's answer.
+
+        Raises:
+            BackendError: (waiting for the answer) the call failed within ``call_timeout_s``: the
+                message stays in flight until its deadline; ``maybe_applied`` tells whether the ack
+                may have landed.
+        """
+        if self._settled:
+            return False
+        if not confirm and self._settler.may_write_behind(self._expires):
+            self._settled = True
+            self._settler.behind([Settle(self._element, "ack", self.deadline_ms)])
+            return True
+        return await self._settle(Settle(self._element, "ack", self.deadline_ms))
+
+    async def nack(self, delay: float = 0.0) -> bool:
+        """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If
+        this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
+        once. ``False`` as for :meth:`ack`. Always waits for Redis's answer.
+
+        Raises:
+            InvalidDelayError: a negative, NaN or infinite delay.
+            BackendError: as :meth:`ack` when it waits.
+        """
+        delay_ms = delay_to_ms(delay)
+        if self._settled:
+            return False
+        return await self._settle(Settle(self._element, "nack", self.deadline_ms, delay_ms))
+
+    async def _settle(self, settle: Settle) -> bool:
+        result = await self._settler.confirmed(settle)
+        if result:
+            self._settled = True
+        return bool(result)

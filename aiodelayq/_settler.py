@@ -1,0 +1,176 @@
+"""Settles (ack, nack, dead, release) of one queue's messages, coalesced into SETTLE calls.
+
+While one SETTLE call is in flight, the settles that arrive wait and go out together in the next,
+so concurrent handlers and prefetched messages share round trips. A settle is either *confirmed*
+(its caller awaits the script's answer, errors included) or *written behind* (nobody waits: an
+``ack()`` the consumer knows must apply if it reaches Redis, or the release of prefetched messages
+nobody came for). A written-behind settle that cannot be confirmed is logged and counted; its
+message is then delivered again after its visibility timeout (at-least-once: never a loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from ._connections import run_script
+from ._keys import QueueKeys
+from ._retry import resend_within
+from ._scripts.reliable import SETTLE
+from ._tasks import keep
+from .exceptions import BackendError
+
+__all__ = ["Settle", "SettleMode", "Settler"]
+
+log = logging.getLogger("aiodelayq")
+
+SettleMode = Literal["ack", "nack", "dead", "release"]
+"""What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
+move its payload to the dead-letter list (dead), or undo it as if never received (release)."""
+
+# Settles per SETTLE call: a bounded script run (each settle is one or two O(log N) zset writes).
+MAX_SETTLES_PER_CALL = 500
+
+
+@dataclass(eq=False)
+class Settle:
+    """One settle: ``mode`` of the delivery ``element`` whose visibility deadline is
+    ``deadline_ms`` (server ms); ``delay_ms`` for a nack."""
+
+    element: bytes
+    mode: SettleMode
+    deadline_ms: int
+    delay_ms: int = 0
+    future: asyncio.Future[int] | None = None  # None: written behind
+
+
+class Settler:
+    """Sends the settles of one queue, many per round trip (see the module docstring)."""
+
+    def __init__(self, client: Redis, keys: QueueKeys, *, max_deliveries: int, call_timeout_s: float) -> None:
+        self._client, self._keys = client, keys
+        self._max_deliveries, self._call_timeout_s = max_deliveries, call_timeout_s
+        self._pending: list[Settle] = []
+        self._flusher: asyncio.Future[None] | None = None
+        self.closed = False
+        self.calls = 0
+        self.unconfirmed = 0  # written-behind settles that could not be confirmed
+        self.exhausted = 0  # nacks of a last allowed delivery (dead-lettered)
+
+    def __repr__(self) -> str:
+        return (f"<Settler {self._keys.destination!r} pending={len(self._pending)} "
+                f"flushing={self._flusher is not None} calls={self.calls} unconfirmed={self.unconfirmed}>")
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be sent and no call is in flight."""
+        return self._flusher is None
+
+    def may_write_behind(self, expires: float) -> bool:
+        """Whether a settle of a delivery whose deadline is ``expires`` (loop time) may be written
+        behind: the queue is open and more than ``call_timeout_s`` is left, the bound of the call
+        that carries it, so it lands before the deadline unless Redis cannot be reached."""
+        return not self.closed and expires - asyncio.get_running_loop().time() > self._call_timeout_s
+
+    async def confirmed(self, settle: Settle) -> int:
+        """Send ``settle`` with the next call and return the script's answer for it (1, 2 or 0, see
+        SETTLE). The call is not cut off half-way when the caller leaves: it completes, bounded.
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (``maybe_applied`` as usual).
+        """
+        settle.future = asyncio.get_running_loop().create_future()
+        self._submit([settle])
+        return await asyncio.shield(settle.future)
+
+    def behind(self, settles: Sequence[Settle]) -> None:
+        """Send ``settles`` with the next call; nobody waits for them (see the module docstring)."""
+        self._submit(settles)
+
+    def _submit(self, settles: Sequence[Settle]) -> None:
+        self._pending.extend(settles)
+        if self._flusher is None:
+            self._flusher = keep(asyncio.get_running_loop().create_task(self._flush(), name="aiodelayq-settle"))
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[:MAX_SETTLES_PER_CALL]
+                del self._pending[:MAX_SETTLES_PER_CALL]
+                await self._send(batch)
+        finally:
+            self._flusher = None
+            left, self._pending = self._pending, []
+            self._give_up(left, BackendError(f"settle on {self._keys.destination!r} not sent: cancelled"))
+
+    async def _send(self, batch: list[Settle]) -> None:
+        k = self._keys
+        keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
+        body: list[Any] = []
+        for s in batch:
+            body += [s.element, s.mode, s.delay_ms, s.deadline_ms]
+
+        async def attempt(remaining_s: float, resend: bool) -> Any:
+            # A resend says so: the script then tells "my first try applied it" per message.
+            return await run_script(self._client, SETTLE, keys, [self._max_deliveries, "1" if resend else "", *body],
+                                    timeout_s=remaining_s, what=f"settle on {k.destination!r}")
+
+        try:
+            self.calls += 1
+            results = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        except BaseException as exc:
+            self._give_up(batch, exc)
+            if not isinstance(exc, BackendError):
+                raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
+            return
+        superseded = 0
+        for s, result in zip(batch, results, strict=True):
+            if s.future is not None:
+                if int(result) == 2:
+                    # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
+                    self.exhausted += 1
+                    log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery "
+                              "(max_deliveries=%d); moved to dead-letter list %r", k.destination,
+                              self._max_deliveries, k.dead_letter)
+                if not s.future.done():
+                    s.future.set_result(int(result))
+            elif int(result) == 0 and s.mode == "ack":
+                superseded += 1
+        if superseded:
+            self.unconfirmed += superseded
+            log.warning("aiodelayq: %d ack(s) on %r arrived after the visibility timeout and the message(s) had "
+                        "been delivered again", superseded, k.destination)
+
+    def _give_up(self, settles: list[Settle], exc: BaseException) -> None:
+        behind = 0
+        for s in settles:
+            if s.future is None:
+                behind += 1
+            elif not s.future.done():
+                s.future.set_exception(exc if isinstance(exc, BackendError) else
+                                       BackendError(f"{s.mode} on {self._keys.destination!r} not confirmed: "
+                                                    "the queue was closing", maybe_applied=True))
+                s.future.exception()  # retrieved: its caller may have left
+        if behind:
+            self.unconfirmed += behind
+            log.warning("aiodelayq: %d settle(s) on %r not confirmed (%s); unless they landed, their messages are "
+                        "delivered again after their visibility timeout", behind, self._keys.destination,
+                        exc if isinstance(exc, BackendError) else "cancelled")
+
+    async def aclose(self, deadline: float) -> None:
+        """Send what is pending until ``deadline`` (loop time); then cancel the call in flight (its
+        written-behind settles are counted as unconfirmed). Later settles wait for their answer."""
+        self.closed = True
+        flusher = self._flusher
+        if flusher is None:
+            return
+        loop = asyncio.get_running_loop()
+        await asyncio.wait({flusher}, timeout=max(0.0, deadline - loop.time()))
+        if not flusher.done():
+            flusher.cancel()
+            await asyncio.wait({flusher}, timeout=0.1)  # a cancelled call drops its connection at once
