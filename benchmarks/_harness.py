@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import random
+import resource
 import secrets
 import statistics
 import subprocess
@@ -199,9 +200,20 @@ async def join_or_terminate(proc: Any) -> None:
 
 def lateness_consumer_main(conn: Any, url: str, name: str, impl: str, total: int, bound_s: float) -> None:
     """Child process: open the queue (ours) or start the reference scheduler, then take until ``total``
-    items arrived or ``bound_s`` passed; send back ``(ids, receipt times in local epoch ms)``."""
+    items arrived or ``bound_s`` passed; send back ``(ids, receipt times in local epoch ms)`` and the
+    process's CPU seconds (``cpu_s``: how close the consumer came to saturating its core)."""
     try:
-        result = asyncio.run(_lateness_consume(conn, url, name, impl, total, bound_s))
+        profile = os.environ.get("AIODELAYQ_PROFILE_CONSUMER")
+        if profile:  # a developer's tool: cProfile of the consumer, written to that path
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                result = asyncio.run(_lateness_consume(conn, url, name, impl, total, bound_s))
+            prof.dump_stats(profile)
+        else:
+            result = asyncio.run(_lateness_consume(conn, url, name, impl, total, bound_s))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        result["cpu_s"] = usage.ru_utime + usage.ru_stime
     except BaseException as exc:
         conn.send({"error": repr(exc)})
         raise

@@ -80,7 +80,8 @@ async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict
     result = {"count": total, "delivered": len(received), "lost": sum(1 for i in due if i not in received),
               "duplicates": len(res["ids"]) - len(received), "producer_clamped": clamped,
               "lateness_ms": summary, "late_over_50ms": sum(1 for v in lat if v > 50),
-              "histogram": log_histogram(lat), "consumer_stats": res["stats"]}
+              "histogram": log_histogram(lat), "consumer_stats": res["stats"],
+              "consumer_cpu_s": res.get("cpu_s")}
     log(f"    {impl:9}: delivered {len(received):,}/{total:,}, lateness p50={fmt_ms(summary['p50'])} "
-        f"p99={fmt_ms(summary['p99'])} max={fmt_ms(summary['max'])}")
+        f"p99={fmt_ms(summary['p99'])} max={fmt_ms(summary['max'])}, consumer CPU {res.get('cpu_s', 0):.1f} s")
     return result
