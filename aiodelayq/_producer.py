@@ -8,10 +8,11 @@ capped by count and by bytes, so one large item never fails small ones sent with
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -57,12 +58,13 @@ class Producer:
 
     async def offer(self, item: Any, delay: float | timedelta) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock)."""
+        issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._client)
         [fragment] = await self.prepare([(item, delay)])
         if self._batcher is None:
-            self._batcher = OfferBatcher(self._send, max_items=MAX_CALL_ITEMS, max_bytes=self._max_call_bytes,
-                                         size=fragment_size)
-        return await self._batcher.submit(fragment)
+            self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
+                                         max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
+        return await self._batcher.submit((fragment, issued))
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[int]:
         """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
@@ -70,6 +72,7 @@ class Producer:
         awaited (none is left running unowned), then the first failure is raised."""
         if not pairs:
             return []
+        issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._client)
         fragments = await self.prepare(pairs)
         chunks: list[list[Fragment]] = [[]]
@@ -82,8 +85,8 @@ class Producer:
             chunks[-1].append(fragment)
             size += size_of
         if len(chunks) == 1:
-            return await self._send(chunks[0])
-        results = await asyncio.gather(*(self._send(chunk) for chunk in chunks), return_exceptions=True)
+            return await self._send(chunks[0], issued)
+        results = await asyncio.gather(*(self._send(chunk, issued) for chunk in chunks), return_exceptions=True)
         dues: list[int] = []
         for result in results:
             if isinstance(result, BaseException):
@@ -104,17 +107,36 @@ class Producer:
         fmt = await self._native_long_format() if self._kind == "fast" else None
         return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt)
 
-    async def _send(self, fragments: list[Fragment]) -> list[int]:
-        """One OFFER call (resent with the same call id after a lost reply, within the bound)."""
+    async def _send_issued(self, batch: list[tuple[Fragment, float]]) -> list[int]:
+        """Coalesced offers in one call: it is issued when the first of them was; each later one's
+        delay grows by how much later it was issued, so every item is due at its own issue time
+        plus its delay (rounded up to the ms: never early)."""
+        first = min(issued for _, issued in batch)
+        fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
+                     for fragment, issued in batch]
+        return await self._send(fragments, first)
+
+    async def _send(self, fragments: list[Fragment], issued: float) -> list[int]:
+        """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
+        reply, within the bound); returns the items' due times."""
         k = self._keys
         keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies]
-        args = [os.urandom(16), *offer_args(self._kind, fragments)]
-        reply = await resend_within(
-            lambda remaining_s, _resend: run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
-                                                    what=f"offer to {k.destination!r}"),
-            timeout_s=self._call_timeout_s)
-        now = int(reply[0])
-        return [now + fragment[0] for fragment in fragments]
+        clock = self._facts.clock
+        issued_ms = clock.server_ms(issued)
+        args = [os.urandom(16), "" if issued_ms is None else issued_ms, *offer_args(self._kind, fragments)]
+        loop = asyncio.get_running_loop()
+
+        async def attempt(remaining_s: float, _resend: bool) -> Any:
+            sent = loop.time()
+            reply = await run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
+                                     what=f"offer to {k.destination!r}")
+            if len(reply) > 1:  # a fresh run read the server clock between sent and now
+                clock.observe(sent, loop.time(), int(reply[1]))
+            return reply
+
+        reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        base = int(reply[0])
+        return [base + fragment[0] for fragment in fragments]
 
     async def _native_long_format(self) -> str:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
@@ -133,3 +155,9 @@ class Producer:
                                       what="read the server's long size")
         fmt = self._facts.long_format = long_format(one)
         return fmt
+
+
+def _later(fragment: Fragment, extra_ms: int) -> Fragment:
+    """``fragment`` with its delay grown by ``extra_ms``."""
+    delay_ms, *rest = fragment
+    return cast(Fragment, (delay_ms + extra_ms, *rest))

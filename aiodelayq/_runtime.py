@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from ._clock import ServerClock
 from ._elements import InsertionStamps
 from ._keys import QueueKeys
 from ._scheduler import TransferScheduler
@@ -44,12 +45,15 @@ class ClientFacts:
         long_format_ask: the request in flight, shared by concurrent first producers.
         eviction_checked: whether the ``maxmemory-policy`` check was started.
         stamps: insertion stamps of this client's fast elements.
+        clock: the estimate of the server's clock that producers send as the issue time of offers
+            (one server per plain client; see ``_clock.py``).
     """
 
     long_format: str | None = None
     long_format_ask: asyncio.Future[str] | None = None
     eviction_checked: bool = False
     stamps: InsertionStamps = field(default_factory=InsertionStamps)
+    clock: ServerClock = field(default_factory=ServerClock)
 
 
 _facts: weakref.WeakKeyDictionary[Redis, ClientFacts] = weakref.WeakKeyDictionary()

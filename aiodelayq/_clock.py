@@ -1,0 +1,54 @@
+"""An estimate of a Redis server's clock on this process's loop clock (pure state, no I/O).
+
+Producers use it to tell the OFFER script when a call was *issued*, in server milliseconds, so that
+an item's due time is "server time at the call + delay" and not "server time when the script ran +
+delay" (a large or coalesced offer can wait for a round trip or more before its script runs).
+
+Each reply that carries the server's ``TIME`` (a fresh OFFER run) bounds the offset between the two
+clocks: the server read its clock after the call was sent and before the reply came back, so
+``server_ms - sent * 1000`` is an upper bound and ``server_ms - received * 1000`` a lower bound of
+``server ms - loop ms``. The estimate is the smallest upper bound seen recently: never behind the
+server (a due time computed from it is never early), and as tight as the fastest recent round trip.
+A reply whose *lower* bound is above the estimate means the server clock moved ahead (a clock step,
+or a failover to a node with another clock): the estimate starts again from that reply. An estimate
+without a reply for ``STALE_S`` is not used (clocks drift; the script's own clock is used instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["STALE_S", "ServerClock"]
+
+# An estimate this old (seconds since the last reply that bounded it) is not used: at the 500 ppm
+# an NTP slew may reach, 10 s is 5 ms of drift at most.
+STALE_S = 10.0
+
+
+class ServerClock:
+    """The offset between one server's clock (epoch ms) and this loop's clock (see the module)."""
+
+    def __init__(self) -> None:
+        self._offset_ms: float | None = None
+        self._at = -math.inf  # loop time of the last reply that bounded it
+
+    def __repr__(self) -> str:
+        return f"<ServerClock offset_ms={self._offset_ms} at={self._at:.3f}>"
+
+    def observe(self, sent: float, received: float, server_ms: float) -> None:
+        """A reply received at loop time ``received`` to a call sent at ``sent`` read the server
+        clock as ``server_ms``."""
+        upper = server_ms - sent * 1000.0
+        lower = server_ms - received * 1000.0
+        if self._offset_ms is None or lower > self._offset_ms or received - self._at > STALE_S:
+            self._offset_ms = upper
+        else:
+            self._offset_ms = min(self._offset_ms, upper)
+        self._at = received
+
+    def server_ms(self, at: float) -> int | None:
+        """The server clock (epoch ms, rounded up) at loop time ``at``; ``None`` without a fresh
+        estimate."""
+        if self._offset_ms is None or at - self._at > STALE_S:
+            return None
+        return math.ceil(at * 1000.0 + self._offset_ms)
