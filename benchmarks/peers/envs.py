@@ -47,7 +47,8 @@ class Peer:
 
 def _tail(text: str, lines: int = 3) -> str:
     kept = [line for line in text.strip().splitlines() if line.strip() and "WARNING: Location" not in line]
-    return " | ".join(kept[-lines:]) or "(no output)"
+    text = " | ".join(kept[-lines:]) or "(no output)"
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = INSTALL_TIMEOUT_S,
