@@ -122,5 +122,13 @@ def soak(session: nox.Session) -> None:
     session.run("python", "benchmarks/soak.py", *session.posargs)
 
 
+@nox.session
+def peers(session: nox.Session) -> None:
+    """aiodelayq vs BullMQ, arq and saq (``benchmarks/peers/``; ``-- --quick``, ``-- --help``). Installs the
+    peers (PyPI, npm) into ``benchmarks/peers/.envs`` and ``.node``, so it is not part of ``tests``."""
+    session.install("-e", ".[server,bench]")
+    session.run("python", "benchmarks/peers/run.py", *session.posargs)
+
+
 if __name__ == "__main__":
     nox.main()
