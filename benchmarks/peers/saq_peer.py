@@ -6,7 +6,7 @@
   the results).
 - consumer: ``Worker(queue, functions=[job]).start()`` with every default: ``concurrency=10``, timers
   ``schedule=1`` s (how often scheduled jobs are moved to the queue), ``sweep=60``, ``abort=1``,
-  ``worker_info=10``; dequeue by ``BLMOVE`` + pub/sub notification. ``startup`` tells ``run.py`` the
+  ``worker_info=10``; dequeue by a blocking ``BLMOVE``. ``startup`` tells ``run.py`` the
   worker is ready.
 
 Runs with ``.envs/saq/bin/python`` (saq pins ``redis<8``).
