@@ -111,6 +111,13 @@ class TakePump:
         self._buffer: collections.deque[tuple[_Pop, int, Any]] = collections.deque()
         self._hold: asyncio.TimerHandle | None = None
         self._prefetch = Prefetch()
+        # Pops whose every item was handed out: the next POP forgets them in its own call (one
+        # round trip less per pop); if no POP comes within a round trip, FINISH does.
+        self._done_pops: dict[_Pop, None] = {}
+        self._done_timer: asyncio.TimerHandle | None = None
+        # FINISHes that give items back to the list: a POP waits for them, so it cannot overtake
+        # them and pop later items first (list order).
+        self._returning: set[asyncio.Future[Any]] = set()
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
         self.returned = 0
@@ -276,14 +283,20 @@ class TakePump:
                     await self._wake.wait()
                     continue
                 self._maybe_ready = False
+                if self._returning:  # bounded: each FINISH try is bounded by call_timeout_s
+                    await asyncio.wait(set(self._returning), timeout=self._call_timeout_s)
                 count = max(wanted, self._prefetch.size)
                 pop = _Pop(os.urandom(16))
                 self._pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
+                done = self._take_done_pops()  # forgotten by this POP (a cancellation: the flush FINISHes them)
                 try:
                     sent = loop.time()
-                    raws = await self._pop(pop, count)
+                    raws = await self._pop(pop, count, done)
                     self._prefetch.fetched(count, len(raws), loop.time() - sent)
+                    self._pops.difference_update(done)
                 except BackendError as exc:
+                    for old in done:  # FINISH is idempotent: whether or not the POP forgot them
+                        old.finishing = keep(asyncio.ensure_future(self._finish(old)))
                     if exc.maybe_applied:
                         self._maybe_finish(pop, unknown=True)  # return whatever it got
                     else:
@@ -337,21 +350,25 @@ class TakePump:
                 waiter.future.set_exception(exc)
                 waiter.future.exception()  # retrieved: the caller may be gone
 
-    async def _pop(self, pop: _Pop, wanted: int) -> list[bytes]:
-        """POP with ``pop.call_id``; after a lost reply (or a failure before sending) it is resent
-        with the same id, which returns the same items, for up to ``_RESEND_HORIZON_S``.
+    async def _pop(self, pop: _Pop, wanted: int, done: list[_Pop]) -> list[bytes]:
+        """POP with ``pop.call_id``, forgetting the ``done`` pops; after a lost reply (or a failure
+        before sending) it is resent with the same id, which returns the same items, for up to
+        ``_RESEND_HORIZON_S``.
 
         Raises:
             BackendError: still failing at the horizon, or a final error; ``maybe_applied`` if any
                 attempt may have been applied (then FINISH '*' must return what it got).
         """
         k = self._keys
+        forget = [old.call_id for old in done]
+        for old in done:
+            old.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
 
         async def attempt(remaining_s: float, _resend: bool) -> list[bytes]:
             async with self._slots:
                 raws: list[bytes] = await run_script(
                     self._client, POP, [k.destination, k.handoff, k.handoff_leases],
-                    [pop.call_id, wanted, HANDOFF_LEASE_MS], timeout_s=min(remaining_s, self._call_timeout_s),
+                    [pop.call_id, wanted, HANDOFF_LEASE_MS, *forget], timeout_s=min(remaining_s, self._call_timeout_s),
                     what=f"pop from {k.destination!r}")
             return raws
 
@@ -359,8 +376,33 @@ class TakePump:
 
     def _maybe_finish(self, pop: _Pop, *, unknown: bool = False) -> None:
         """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
-        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing)."""
-        if pop.finishing is None and (unknown or pop.settled) and pop in self._pops:
+        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing). A pop whose
+        items were all handed out waits for the next POP to forget it instead (see ``_done_pops``)."""
+        if pop.finishing is not None or not (unknown or pop.settled) or pop not in self._pops:
+            return
+        if not unknown and self._closed is None and all(v == "d" for v in pop.plan):
+            if pop not in self._done_pops:
+                self._done_pops[pop] = None
+                if self._done_timer is None:
+                    self._done_timer = asyncio.get_running_loop().call_later(self._prefetch.hold_s,
+                                                                             self._finish_done_pops)
+            return
+        pop.finishing = keep(asyncio.ensure_future(self._finish(pop)))
+        if "r" in pop.plan or unknown:
+            self._returning.add(pop.finishing)
+            pop.finishing.add_done_callback(self._returning.discard)
+
+    def _take_done_pops(self) -> list[_Pop]:
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+            self._done_timer = None
+        done = list(self._done_pops)
+        self._done_pops.clear()
+        return done
+
+    def _finish_done_pops(self) -> None:
+        """No POP came within a round trip: FINISH the handed-out pops on their own."""
+        for pop in self._take_done_pops():
             pop.finishing = keep(asyncio.ensure_future(self._finish(pop)))
 
     async def _finish(self, pop: _Pop, deadline: float = math.inf) -> None:
@@ -402,6 +444,7 @@ class TakePump:
         loop = asyncio.get_running_loop()
         started: set[asyncio.Future[Any]] = set()
         cancelled = False
+        self._take_done_pops()  # still in self._pops: FINISHed below
         while self._pops and loop.time() < deadline:
             pending: set[asyncio.Future[Any]] = set()
             for pop in list(self._pops):

@@ -41,7 +41,8 @@ async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: R
         # when the machine stalls a take past the hold, so the bound leaves room for that).
         assert q._life.pump().pops <= n // 4
         assert await client.llen(q.keys.destination) == 0
-        assert await client.hlen(q.keys.handoff) == 0
+        # The last pop's hand-off entry is forgotten by the next POP, or by FINISH within a round trip.
+        await until(lambda: _handoff_empty(client, q), timeout_s=1)
 
 
 async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client: Redis, make_queue: Any) -> None:

@@ -9,11 +9,17 @@ __all__ = ["FINISH", "POP"]
 
 POP = Script("pop", PRELUDE + """
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset
--- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms
+-- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4..] call
+-- ids of earlier pops whose every item was handed out: forgotten here (FINISH with an all-'d' plan,
+-- without its round trip; idempotent)
 -- returns: the popped payloads, head first. They are recorded in the hand-off under the call id
--- until FINISH says what became of them; if FINISH never comes (the process died, or was cut off),
--- TRANSFER returns them to the head of the destination once the lease ends. A resend of the same
--- call id returns the same items (or none, after a FINISH '*' that overtook it).
+-- until FINISH (or a later POP) says what became of them; if neither comes (the process died, or was
+-- cut off), TRANSFER returns them to the head of the destination once the lease ends. A resend of
+-- the same call id returns the same items (or none, after a FINISH '*' that overtook it).
+for i = 4, #ARGV do
+  redis.call('hdel', KEYS[2], ARGV[i])
+  redis.call('zrem', KEYS[3], ARGV[i])
+end
 local got = redis.call('hget', KEYS[2], ARGV[1])
 if got then return unpack_list(got) end
 local items = redis.call('lpop', KEYS[1], tonumber(ARGV[2]))
