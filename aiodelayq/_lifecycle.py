@@ -190,6 +190,7 @@ class Lifecycle:
                               slots=scheduler.slots, call_timeout_s=o.call_timeout_s)
         self._reliable = ReliableConsumer(self._client, keys, o)
         scheduler.listeners.extend((self._pump.notify, self._reliable.notify))
+        scheduler.takers.append(self._pump.ask_transfer)
         self.state = "open"
 
     async def aclose(self) -> None:
@@ -217,6 +218,8 @@ class Lifecycle:
                 for listener in (pump.notify, reliable.notify):
                     if listener in scheduler.listeners:
                         scheduler.listeners.remove(listener)
+                if pump.ask_transfer in scheduler.takers:
+                    scheduler.takers.remove(pump.ask_transfer)
             if pump is not None:
                 pump.fail_waiters(QueueClosedError(f"queue {self._keys.destination!r} was closed"))
                 await pump.aclose(max(0.0, deadline - loop.time()) * 0.8)

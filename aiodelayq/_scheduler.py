@@ -92,6 +92,9 @@ class TransferScheduler:
         self.stats = SchedulerStats()
         # Called after every successful transfer (reliable receivers re-check the destination).
         self.listeners: list[Callable[[], None]] = []
+        # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
+        # callers waiting, its POP moves the due items and pops them in one round trip.
+        self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -219,14 +222,18 @@ class TransferScheduler:
 
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
         keys = self._keys
-        async with self._slots:
-            sent = self._loop.time()
-            reply: Any = await run_script(
-                self._client, TRANSFER,
-                [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
-                 keys.handoff_leases],
-                [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
-            received = self._loop.time()
+        delegated = await self._delegate()
+        if delegated is not None:
+            sent, received, reply = delegated
+        else:
+            async with self._slots:
+                sent = self._loop.time()
+                reply = await run_script(
+                    self._client, TRANSFER,
+                    [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
+                     keys.handoff_leases],
+                    [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
+                received = self._loop.time()
         moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.stats.transfers += 1
@@ -247,3 +254,19 @@ class TransferScheduler:
                 listener()
         return (int(moved), int(dead), float(next_due) if next_due is not None else None,
                 float(lease_due) if lease_due is not None else None)
+
+    async def _delegate(self) -> tuple[float, float, Any] | None:
+        """Let a consumer with waiting callers transfer in its next POP; its ``(sent, received,
+        reply)``, or ``None`` when none did (nobody waits, its POP failed or was a resend)."""
+        for ask in list(self.takers):
+            future = ask(self._batch)
+            if future is None:
+                continue
+            # The pump always answers (its POP is bounded; closing answers None); the bound here
+            # only guards the scheduler against a bug there.
+            done, _ = await asyncio.wait({future}, timeout=self._call_timeout_s * 3)
+            if not done or future.result() is None or future.result()[2] is None:
+                return None
+            result: tuple[float, float, Any] = future.result()
+            return result
+        return None

@@ -24,29 +24,26 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 
 from ._connections import is_permanent, run_script
+from ._handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from ._keys import QueueKeys
 from ._prefetch import Prefetch
-from ._retry import Backoff, resend_within, retry_until_done
-from ._scripts.take import FINISH, POP
-from ._tasks import Supervised, keep, wait_through_cancellation
+from ._retry import Backoff, resend_within
+from ._scripts.take import POP
+from ._tasks import Supervised
 from .exceptions import BackendError, DecodeError
 
-__all__ = ["HANDOFF_LEASE_MS", "TakePump"]
+__all__ = ["TakePump"]
 
 log = logging.getLogger("aiodelayq")
 
-# How long popped items may stay in the hand-off before any opener returns them to the queue. A
-# live pump finishes an entry within a round trip; a pump cut off for longer loses its claim.
-HANDOFF_LEASE_MS = 20_000
 # A pop whose reply was lost is resent with the same call id (which returns the same items) for at
 # most this long; then it is given up with FINISH '*', and the lease covers the rest.
 _RESEND_HORIZON_S = 10.0
@@ -57,34 +54,8 @@ _SHUTDOWN_FLUSH_S = 0.5
 
 
 @dataclass(eq=False)
-class _Pop:
-    """One POP call's items and what became of each (``plan``: ``d``/``x``/``r`` per item)."""
-
-    call_id: bytes
-    size: int = -1  # -1 until the reply is read: the outcome is unknown
-    finish_attempts: int = 0
-    plan: list[str | None] = field(default_factory=list)
-    undecided: int = 0
-    finishing: asyncio.Future[Any] | None = None
-
-    def received(self, count: int) -> None:
-        self.size = count
-        self.plan = [None] * count
-        self.undecided = count
-
-    def settle(self, index: int, verdict: str) -> None:
-        if self.plan[index] is None:
-            self.undecided -= 1
-        self.plan[index] = verdict
-
-    @property
-    def settled(self) -> bool:
-        return self.size >= 0 and self.undecided == 0
-
-
-@dataclass(eq=False)
 class _Waiter:
-    future: asyncio.Future[list[tuple[_Pop, int, Any]]]
+    future: asyncio.Future[list[tuple[Pop, int, Any]]]
     capacity: int
     once: bool  # poll without waiting: one pop attempt, then [] if nothing came
 
@@ -106,27 +77,24 @@ class TakePump:
         self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
                                 wanted=lambda: self._closed is None and bool(self._waiters),
                                 on_crash=lambda _exc: self.notify())
-        self._pops: set[_Pop] = set()  # popped and not yet finished in Redis
+        self._handoff = Handoff(client, keys, slots=slots, call_timeout_s=call_timeout_s,
+                                hold_s=lambda: self._prefetch.hold_s)
         # Prefetched items no caller has yet, in pop order; held at most one round trip.
-        self._buffer: collections.deque[tuple[_Pop, int, Any]] = collections.deque()
+        self._buffer: collections.deque[tuple[Pop, int, Any]] = collections.deque()
         self._hold: asyncio.TimerHandle | None = None
         self._prefetch = Prefetch()
-        # Pops whose every item was handed out: the next POP forgets them in its own call (one
-        # round trip less per pop); if no POP comes within a round trip, FINISH does.
-        self._done_pops: dict[_Pop, None] = {}
-        self._done_timer: asyncio.TimerHandle | None = None
-        # FINISHes that give items back to the list: a POP waits for them, so it cannot overtake
-        # them and pop later items first (list order).
-        self._returning: set[asyncio.Future[Any]] = set()
+        # The scheduler's request that the next POP transfer first (see ask_transfer).
+        self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
         self.returned = 0
         self.undecodable = 0
         self.pops = 0  # POP calls that returned items
+        self.transfers = 0  # POP calls that transferred for the scheduler
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
-                f"prefetch={self._prefetch.size} unfinished={len(self._pops)} closed={self._closed is not None} "
+                f"prefetch={self._prefetch.size} closed={self._closed is not None} {self._handoff!r} "
                 f"task={self._task!r}>")
 
     # -- callers -----------------------------------------------------------------------------------
@@ -158,19 +126,19 @@ class TakePump:
             return []
         return self._deliver(waiter.future.result())  # raises fail_waiters' exception
 
-    def _deliver(self, entries: list[tuple[_Pop, int, Any]]) -> list[Any]:
+    def _deliver(self, entries: list[tuple[Pop, int, Any]]) -> list[Any]:
         """The caller has ``entries``: record them as taken; returns their values."""
         self._settle(entries, "d")
         return [value for _, _, value in entries]
 
-    def _settle(self, entries: list[tuple[_Pop, int, Any]], verdict: str) -> None:
+    def _settle(self, entries: list[tuple[Pop, int, Any]], verdict: str) -> None:
         """Record ``verdict`` for ``entries`` and finish the pops that are now settled."""
         for pop, index, _ in entries:
             pop.settle(index, verdict)
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
-            self._maybe_finish(pop)
+            self._handoff.maybe_finish(pop)
 
-    def _from_buffer(self, count: int) -> list[tuple[_Pop, int, Any]]:
+    def _from_buffer(self, count: int) -> list[tuple[Pop, int, Any]]:
         taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
         if not self._buffer:
             self._cancel_hold()
@@ -191,7 +159,7 @@ class TakePump:
         self._prefetch.gave_back()
         self._return(entries)
 
-    def _return(self, entries: list[tuple[_Pop, int, Any]]) -> None:
+    def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
         self.returned += len(entries)
         self._settle(entries, "r")
@@ -201,10 +169,31 @@ class TakePump:
         self._maybe_ready = True
         self._wake.set()
 
+    def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
+        """The scheduler would transfer now. If callers are waiting, the next POP transfers first
+        (up to ``limit`` elements): one round trip instead of a TRANSFER and then a POP. Returns a
+        future of ``(sent, received, transfer reply)`` (loop times of the call; the reply is
+        ``None`` when the POP was a resend that did not transfer) or of ``None`` when the pump did
+        not do it (the scheduler then transfers itself); ``None`` at once when nobody waits."""
+        if self._closed is not None or self._transfer_ask is not None or not self._wanted():
+            return None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._transfer_ask = (limit, future)
+        self._wake.set()
+        return future
+
+    def _answer_ask(self) -> None:
+        """The pump will not transfer for the scheduler: it transfers itself."""
+        ask, self._transfer_ask = self._transfer_ask, None
+        if ask is not None:
+            _resolve(ask[1], None)
+
     def fail_waiters(self, exc: BaseException) -> None:
         """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
         self._closed = exc
+        self._handoff.closing = True
         self._wake.set()
+        self._answer_ask()
         self._fail_current(exc)
         self._give_back_buffer()
 
@@ -220,7 +209,7 @@ class TakePump:
         # same deadline, so closing never waits for a stalled server longer than asked (what is
         # left then goes back through the lease: no error to report).
         await self._task.stop(max(0.0, deadline - loop.time()), report=False)
-        if await self._flush(deadline):
+        if await self._handoff.flush(deadline):
             raise asyncio.CancelledError
 
     # -- internals ---------------------------------------------------------------------------------
@@ -235,7 +224,7 @@ class TakePump:
         else:
             future.cancel()
 
-    def _hand_out(self, entries: list[tuple[_Pop, int, Any]]) -> None:
+    def _hand_out(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Give ``entries`` to waiters in FIFO order; what nobody takes waits in the prefetch buffer
         for at most one round trip (goes back to the list at once when closing)."""
         start = 0
@@ -278,29 +267,39 @@ class TakePump:
                     self._buffer.clear()
                     self._hand_out(entries)
                     continue
-                if wanted == 0 or not self._maybe_ready:
+                if wanted == 0:
+                    self._answer_ask()  # the waiters left: the scheduler transfers itself
+                if wanted == 0 or not (self._maybe_ready or self._transfer_ask):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 self._maybe_ready = False
-                if self._returning:  # bounded: each FINISH try is bounded by call_timeout_s
-                    await asyncio.wait(set(self._returning), timeout=self._call_timeout_s)
+                await self._handoff.returns_landed()  # a POP must not overtake items given back
                 count = max(wanted, self._prefetch.size)
-                pop = _Pop(os.urandom(16))
-                self._pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
-                done = self._take_done_pops()  # forgotten by this POP (a cancellation: the flush FINISHes them)
+                pop = Pop(os.urandom(16))
+                self._handoff.pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
+                done = self._handoff.take_done()  # forgotten by this POP (cancelled: the flush FINISHes them)
+                limit, ask = self._transfer_ask or (0, None)
+                self._transfer_ask = None
                 try:
                     sent = loop.time()
-                    raws = await self._pop(pop, count, done)
-                    self._prefetch.fetched(count, len(raws), loop.time() - sent)
-                    self._pops.difference_update(done)
-                except BackendError as exc:
-                    for old in done:  # FINISH is idempotent: whether or not the POP forgot them
-                        old.finishing = keep(asyncio.ensure_future(self._finish(old)))
+                    moved, raws = await self._pop(pop, count, done, limit)
+                    received = loop.time()
+                    self._prefetch.fetched(count, len(raws), received - sent)
+                    self._handoff.forgot(done)
+                    if ask is not None:
+                        self.transfers += moved is not None
+                        _resolve(ask, (sent, received, moved))
+                except BaseException as exc:
+                    if ask is not None:  # the scheduler transfers itself (and reports its own failure)
+                        _resolve(ask, None)
+                    if not isinstance(exc, BackendError):
+                        raise
+                    self._handoff.refinish(done)
                     if exc.maybe_applied:
-                        self._maybe_finish(pop, unknown=True)  # return whatever it got
+                        self._handoff.maybe_finish(pop, unknown=True)  # return whatever it got
                     else:
-                        self._pops.discard(pop)
+                        self._handoff.pops.discard(pop)
                     delay = backoff.failed()
                     if is_permanent(exc):
                         self._fail_current(exc)
@@ -313,7 +312,7 @@ class TakePump:
                     continue
                 backoff.succeeded()
                 if not raws:
-                    self._pops.discard(pop)  # an empty pop records nothing
+                    self._handoff.pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
                 self.pops += 1
@@ -325,13 +324,15 @@ class TakePump:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
             # we hold within the close deadline, or briefly, through further cancellations.
             self._closed = self._closed or ConnectionError("pump cancelled")
+            self._handoff.closing = True
+            self._answer_ask()
             self._give_back_buffer()
-            await self._flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
+            await self._handoff.flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
 
-    def _received(self, pop: _Pop, raws: list[bytes]) -> None:
+    def _received(self, pop: Pop, raws: list[bytes]) -> None:
         pop.received(len(raws))
-        entries: list[tuple[_Pop, int, Any]] = []
+        entries: list[tuple[Pop, int, Any]] = []
         for index, raw in enumerate(raws):
             try:
                 entries.append((pop, index, self._decode(raw)))
@@ -340,7 +341,7 @@ class TakePump:
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
                 pop.settle(index, "x")
         self._hand_out(entries)
-        self._maybe_finish(pop)
+        self._handoff.maybe_finish(pop)
 
     def _fail_current(self, exc: BaseException) -> None:
         """The callers waiting now get ``exc`` (a permanent error: later callers try again)."""
@@ -350,117 +351,32 @@ class TakePump:
                 waiter.future.set_exception(exc)
                 waiter.future.exception()  # retrieved: the caller may be gone
 
-    async def _pop(self, pop: _Pop, wanted: int, done: list[_Pop]) -> list[bytes]:
-        """POP with ``pop.call_id``, forgetting the ``done`` pops; after a lost reply (or a failure
-        before sending) it is resent with the same id, which returns the same items, for up to
-        ``_RESEND_HORIZON_S``.
+    async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, list[bytes]]:
+        """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``transfer``
+        elements first (0: none); returns the transfer's reply (``None`` when none ran) and the
+        items. After a lost reply (or a failure before sending) it is resent with the same id,
+        which returns the same items without transferring again, for up to ``_RESEND_HORIZON_S``.
 
         Raises:
             BackendError: still failing at the horizon, or a final error; ``maybe_applied`` if any
                 attempt may have been applied (then FINISH '*' must return what it got).
         """
         k = self._keys
-        forget = [old.call_id for old in done]
-        for old in done:
-            old.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
+        forget = self._handoff.forgotten(done)
 
-        async def attempt(remaining_s: float, _resend: bool) -> list[bytes]:
+        async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, list[bytes]]:
             async with self._slots:
-                raws: list[bytes] = await run_script(
-                    self._client, POP, [k.destination, k.handoff, k.handoff_leases],
-                    [pop.call_id, wanted, HANDOFF_LEASE_MS, *forget], timeout_s=min(remaining_s, self._call_timeout_s),
-                    what=f"pop from {k.destination!r}")
-            return raws
+                reply: list[Any] = await run_script(
+                    self._client, POP, [k.destination, k.handoff, k.handoff_leases, k.timeout_set, k.delay_list,
+                                        k.dead_letter],
+                    [pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget],
+                    timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
+            return reply[0], reply[1:]
 
         return await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
 
-    def _maybe_finish(self, pop: _Pop, *, unknown: bool = False) -> None:
-        """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
-        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing). A pop whose
-        items were all handed out waits for the next POP to forget it instead (see ``_done_pops``)."""
-        if pop.finishing is not None or not (unknown or pop.settled) or pop not in self._pops:
-            return
-        if not unknown and self._closed is None and all(v == "d" for v in pop.plan):
-            if pop not in self._done_pops:
-                self._done_pops[pop] = None
-                if self._done_timer is None:
-                    self._done_timer = asyncio.get_running_loop().call_later(self._prefetch.hold_s,
-                                                                             self._finish_done_pops)
-            return
-        pop.finishing = keep(asyncio.ensure_future(self._finish(pop)))
-        if "r" in pop.plan or unknown:
-            self._returning.add(pop.finishing)
-            pop.finishing.add_done_callback(self._returning.discard)
 
-    def _take_done_pops(self) -> list[_Pop]:
-        if self._done_timer is not None:
-            self._done_timer.cancel()
-            self._done_timer = None
-        done = list(self._done_pops)
-        self._done_pops.clear()
-        return done
-
-    def _finish_done_pops(self) -> None:
-        """No POP came within a round trip: FINISH the handed-out pops on their own."""
-        for pop in self._take_done_pops():
-            pop.finishing = keep(asyncio.ensure_future(self._finish(pop)))
-
-    async def _finish(self, pop: _Pop, deadline: float = math.inf) -> None:
-        """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""
-        plan = "*" if pop.size < 0 else "".join(v or "r" for v in pop.plan)
-        if not plan:  # an empty pop records nothing
-            self._pops.discard(pop)
-            return
-        k = self._keys
-
-        async def attempt(timeout_s: float) -> Any:
-            async with self._slots:
-                pop.finish_attempts += 1
-                return await run_script(
-                    self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
-                    [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
-                    what=f"finish a pop from {k.destination!r}")
-
-        try:
-            done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)
-        except BackendError as exc:
-            # Given up for good (a permanent error, or the close deadline): not tried again.
-            self._pops.discard(pop)
-            log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
-                        k.destination, exc)
-            return
-        self._pops.discard(pop)
-        if not done and pop.finish_attempts == 1 and "d" in plan:
-            # Found nothing, and no earlier FINISH of this pop may have been applied: the lease ran
-            # out and the items went back.
-            log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the queue "
-                        "and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
-
-    async def _flush(self, deadline: float) -> bool:
-        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``,
-        through cancellations (a forced shutdown cancels every task, perhaps twice): a FINISH task
-        cancelled meanwhile is started again. Returns whether this task was cancelled meanwhile
-        (the caller raises it). What is left at the deadline goes back through the lease."""
-        loop = asyncio.get_running_loop()
-        started: set[asyncio.Future[Any]] = set()
-        cancelled = False
-        self._take_done_pops()  # still in self._pops: FINISHed below
-        while self._pops and loop.time() < deadline:
-            pending: set[asyncio.Future[Any]] = set()
-            for pop in list(self._pops):
-                for index, verdict in enumerate(pop.plan):
-                    if verdict is None:
-                        pop.settle(index, "r")
-                if pop.finishing is None or pop.finishing.done():
-                    pop.finishing = keep(asyncio.ensure_future(self._finish(pop, deadline)))
-                pending.add(pop.finishing)
-            started |= pending
-            cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled
-        left = {task for task in started if not task.done()}
-        for task in left:
-            task.cancel()
-        if left:
-            # Cancelled exchanges drop their connections within a loop turn or two; wait for that,
-            # so no task outlives the loop.
-            cancelled = await wait_through_cancellation(left, 0.1) or cancelled
-        return cancelled
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    """Settle ``future`` unless its waiter gave up on it."""
+    if not future.done():
+        future.set_result(result)

@@ -83,11 +83,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from aiodelayq import BackendError, DelayedQueue  # noqa: E402
+from aiodelayq._handoff import HANDOFF_LEASE_MS  # noqa: E402
 from aiodelayq._scripts.producer import OFFER  # noqa: E402
 from aiodelayq._scripts.reliable import RECEIVE, SETTLE  # noqa: E402
 from aiodelayq._scripts.take import FINISH, POP  # noqa: E402
 from aiodelayq._scripts.transfer import TRANSFER  # noqa: E402
-from aiodelayq._take import HANDOFF_LEASE_MS  # noqa: E402
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
 

@@ -86,3 +86,36 @@ async def test_concurrent_takers_keep_their_order_with_a_prefetch(client: Redis,
         results = await asyncio.gather(*(asyncio.wait_for(q.take(), 5) for _ in range(5)))
         assert results == sorted(results)
         assert first + results == list(range(15))
+
+
+async def test_a_waiting_taker_gets_due_items_in_the_pop_that_transfers_them(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json", safety_poll_s=300)
+    async with q:
+        pump = q._life.pump()
+        for i in range(5):
+            taker = asyncio.ensure_future(q.take())
+            await q.offer(i, 0.05)
+            assert await asyncio.wait_for(taker, 5) == i
+        # The scheduler's timer found a waiting taker each time: its POP moved the item and popped it.
+        assert pump.transfers >= 4
+        assert q.stats.moved == 5
+        await until(lambda: _handoff_empty(client, q), timeout_s=1)
+
+
+async def test_a_pop_that_transferred_and_lost_its_reply_delivers_once(
+        own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any) -> None:
+    from aiodelayq._scripts.take import POP
+
+    proxy = make_proxy(own_server())
+    q = make_queue("lost-tp", redis=make_client(proxy), codec="json", safety_poll_s=300)
+    async with q:
+        await q.offer("warm", 0)
+        assert await asyncio.wait_for(q.take(), 5) == "warm"  # POP loaded
+        for i in range(3):
+            taker = asyncio.ensure_future(q.take())
+            await asyncio.sleep(0.05)  # the taker waits
+            proxy.kill_after_send(POP.sha.encode())  # the transferring POP is applied, its reply lost
+            await q.offer(i, 0.1)
+            assert await asyncio.wait_for(taker, 10) == i  # the resend returns the same item
+        assert await q.poll(0.5) is None  # nothing twice
+        assert proxy.killed == 3

@@ -5,15 +5,15 @@ from __future__ import annotations
 from .._connections import Script
 from .prelude import PRELUDE
 
-__all__ = ["TRANSFER"]
+__all__ = ["TRANSFER", "TRANSFER_FN"]
 
-TRANSFER = Script("transfer", PRELUDE + """
--- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
--- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset
--- ARGV[1] at most this many elements are moved
+# The transfer itself, shared by TRANSFER and by POP (a pop that moves the due items first, sent by a
+# consumer that is waiting when the scheduler's timer fires: one round trip instead of two).
+TRANSFER_FN = """
+-- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
+--          leases zset, at most this many elements)
 -- returns: {moved, dead_lettered, next due score (epoch ms, text) or false, TIME seconds,
---           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false,
---           length of the destination list (consumers need not look when it is 0)}
+--           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false}
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
 -- list, so one bad element can never stall the queue. Only elements that are in the insertion-
@@ -21,32 +21,45 @@ TRANSFER = Script("transfer", PRELUDE + """
 -- O(log N).
 -- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
-local now, t = now_ms()
-local due = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local out, bad, listed = {}, {}, {}
-for _, v in ipairs(due) do
-  local payload, fast = parse(v)
-  if payload then out[#out + 1] = payload else bad[#bad + 1] = v end
-  if not fast then listed[#listed + 1] = v end
-end
--- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
--- removed before the items are safely in the destination (a script error does not roll back).
-chunked('rpush', KEYS[1], nil, out)
-chunked('rpush', KEYS[4], nil, bad)
-for _, v in ipairs(listed) do redis.call('lrem', KEYS[3], 1, v) end
-chunked('zrem', KEYS[2], nil, due)
-local recovered = 0
-for _, id in ipairs(redis.call('zrangebyscore', KEYS[6], '-inf', now, 'LIMIT', 0, 100)) do
-  local blob = redis.call('hget', KEYS[5], id)
-  if blob and blob ~= '' then
-    local items = unpack_list(blob)
-    chunked('lpush', KEYS[1], nil, reversed(items))
-    recovered = recovered + #items
+local function transfer(dest, zset, dlist, deadl, handoff, leases, limit)
+  local now, t = now_ms()
+  local due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
+  local out, bad, listed = {}, {}, {}
+  for _, v in ipairs(due) do
+    local payload, fast = parse(v)
+    if payload then out[#out + 1] = payload else bad[#bad + 1] = v end
+    if not fast then listed[#listed + 1] = v end
   end
-  redis.call('hdel', KEYS[5], id)
-  redis.call('zrem', KEYS[6], id)
+  -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
+  -- removed before the items are safely in the destination (a script error does not roll back).
+  chunked('rpush', dest, nil, out)
+  chunked('rpush', deadl, nil, bad)
+  for _, v in ipairs(listed) do redis.call('lrem', dlist, 1, v) end
+  chunked('zrem', zset, nil, due)
+  local recovered = 0
+  for _, id in ipairs(redis.call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)) do
+    local blob = redis.call('hget', handoff, id)
+    if blob and blob ~= '' then
+      local items = unpack_list(blob)
+      chunked('lpush', dest, nil, reversed(items))
+      recovered = recovered + #items
+    end
+    redis.call('hdel', handoff, id)
+    redis.call('zrem', leases, id)
+  end
+  local nxt = redis.call('zrange', zset, 0, 0, 'WITHSCORES')
+  local lease = redis.call('zrange', leases, 0, 0, 'WITHSCORES')
+  return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}
 end
-local nxt = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
-local lease = redis.call('zrange', KEYS[6], 0, 0, 'WITHSCORES')
-return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false, redis.call('llen', KEYS[1])}
+"""
+
+TRANSFER = Script("transfer", PRELUDE + TRANSFER_FN + """
+-- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
+-- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset
+-- ARGV[1] at most this many elements are moved
+-- returns: transfer()'s reply (above) and, last, the length of the destination list (consumers
+-- need not look when it is 0)
+local r = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[1]))
+r[#r + 1] = redis.call('llen', KEYS[1])
+return r
 """)
