@@ -39,8 +39,9 @@ class JsonCodec:
         return self._encoder.encode(obj).encode()
 
     def decode(self, data: bytes) -> Any:
-        """Decode JSON text."""
-        return json.loads(data)
+        """Decode UTF-8 JSON text (``json.loads`` of bytes would first guess among UTF-8/16/32 per
+        item; JSON exchanged between systems is UTF-8, RFC 8259)."""
+        return json.loads(data.decode())
 
 
 class StrCodec:

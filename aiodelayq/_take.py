@@ -110,8 +110,16 @@ class TakePump:
         """
         if self._closed is not None:
             raise self._closed
-        if self._buffer and not self._waiters:
-            return self._deliver(self._from_buffer(max_items))  # prefetched: no round trip, no await
+        if self._buffer and not self._waiters:  # prefetched: no round trip, no await
+            if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
+                pop, index, value = self._buffer.popleft()
+                if not self._buffer:
+                    self._cancel_hold()
+                pop.settle(index, "d")
+                if not pop.undecided:
+                    self._handoff.maybe_finish(pop)
+                return [value]
+            return self._deliver(self._from_buffer(max_items))
         waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
         self._waiters.append(waiter)
         self.notify()
