@@ -72,12 +72,14 @@ class Sizes:
     # drain
     drain_items: int = 100_000
     drain_messages: int = 100_000
+    # due_times
+    due_calls: int = 60
 
 
 FULL = Sizes()
 QUICK = Sizes(rounds=1, offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
-              drain_items=20_000, drain_messages=20_000)
+              drain_items=20_000, drain_messages=20_000, due_calls=15)
 
 
 def payload(i: int) -> dict[str, Any]:

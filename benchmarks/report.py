@@ -114,6 +114,10 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
         d = sc["drain"]["ratio"]
         bar("drain: async for >= 50% of take_many(100)", d["async_for"], 0.5, True, "x")
         bar("drain: messages() + ack() >= 10% of take_many(100)", d["messages_ack"], 0.1, True, "x")
+    if "due_times" in sc:
+        dt = sc["due_times"]
+        bar("due times of offer_many under load: p99 lag <= 5 ms", dt["ours"]["lag_ms"]["p99"], 5.0, False, "ms",
+            f"never early: {dt['ours']['early']} calls more than 1 ms early")
     return bars
 
 
@@ -192,6 +196,12 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         for mode, label in (("async_for", "async for"), ("messages_ack", "messages() + ack()")):
             row(f"drain: {label} / take_many(100)", d["ratio"][mode], True,
                 fmt_num(d["ours"][mode]["items_per_s"]), fmt_num(d["ours"]["take_many"]["items_per_s"]))
+    if "due_times" in sc:
+        dt = sc["due_times"]
+        for k in ("p50", "p99", "max"):
+            o, r = dt["ours"]["lag_ms"][k], dt["script_time"]["lag_ms"][k]
+            row(f"due-time lag {k} (ms), offer_many under load (vs script time)", o / r if r > 0 else None, False,
+                fmt_ms(o), fmt_ms(r))
     width = max((len(r[0]) for r in rows), default=10)
     for name, ratio, higher_better, _, _ in rows:
         if ratio is None:

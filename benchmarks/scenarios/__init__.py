@@ -11,6 +11,7 @@ from _harness import Scenario
 from . import (
     big_item_stall,
     drain,
+    due_times,
     e2e,
     idle,
     lateness,
@@ -33,6 +34,7 @@ REGISTRY: dict[str, Scenario] = {
     "idle": idle.run,
     "memory": memory.run,
     "drain": drain.run,
+    "due_times": due_times.run,
     "big_item_stall": big_item_stall.run,
 }
 EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
