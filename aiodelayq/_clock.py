@@ -4,14 +4,15 @@ Producers use it to tell the OFFER script when a call was *issued*, in server mi
 an item's due time is "server time at the call + delay" and not "server time when the script ran +
 delay" (a large or coalesced offer can wait for a round trip or more before its script runs).
 
-Each reply that carries the server's ``TIME`` (a fresh OFFER run) bounds the offset between the two
-clocks: the server read its clock after the call was sent and before the reply came back, so
-``server_ms - sent * 1000`` is an upper bound and ``server_ms - received * 1000`` a lower bound of
-``server ms - loop ms``. The estimate is the smallest upper bound seen recently: never behind the
-server (a due time computed from it is never early), and as tight as the fastest recent round trip.
-A reply whose *lower* bound is above the estimate means the server clock moved ahead (a clock step,
-or a failover to a node with another clock): the estimate starts again from that reply. An estimate
-without a reply for ``STALE_S`` is not used (clocks drift; the script's own clock is used instead).
+Each reply that carries the server's ``TIME`` (a fresh OFFER run, in whole ms, truncated) bounds the
+offset between the two clocks: the server read its clock after the call was sent and before the
+reply came back, so ``server_ms + 1 - sent * 1000`` is an upper bound and ``server_ms - received *
+1000`` a lower bound of ``server ms - loop ms``. The estimate is the smallest upper bound seen
+recently: never behind the server (a due time computed from it is never early), and as tight as the
+fastest recent round trip. A reply whose *lower* bound is above the estimate means the server clock
+moved ahead (a clock step, or a failover to a node with another clock): the estimate starts again
+from that reply. An estimate without a reply for ``STALE_S`` is not used (clocks drift; the
+script's own clock is used instead).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class ServerClock:
 
     def observe(self, sent: float, received: float, server_ms: float) -> None:
         """A reply received at loop time ``received`` to a call sent at ``sent`` read the server
-        clock as ``server_ms``."""
-        upper = server_ms - sent * 1000.0
+        clock as ``server_ms`` (whole ms, truncated)."""
+        upper = server_ms + 1.0 - sent * 1000.0
         lower = server_ms - received * 1000.0
         if self._offset_ms is None or lower > self._offset_ms or received - self._at > STALE_S:
             self._offset_ms = upper
@@ -47,8 +48,9 @@ class ServerClock:
         self._at = received
 
     def server_ms(self, at: float) -> int | None:
-        """The server clock (epoch ms, rounded up) at loop time ``at``; ``None`` without a fresh
-        estimate."""
+        """The server clock at loop time ``at``, in whole ms truncated as the server's own scripts
+        read it, never behind it; ``None`` without a fresh estimate."""
         if self._offset_ms is None or at - self._at > STALE_S:
             return None
-        return math.ceil(at * 1000.0 + self._offset_ms)
+        # The truth is strictly below the upper bound: the largest whole ms strictly below it.
+        return math.ceil(at * 1000.0 + self._offset_ms) - 1

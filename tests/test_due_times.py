@@ -22,13 +22,14 @@ DELAY_MS = 60_000
 def test_the_estimate_is_the_smallest_recent_upper_bound() -> None:
     clock = ServerClock()
     assert clock.server_ms(0.0) is None  # no reply yet: the script's clock is used
-    # The server read 1 000 002 somewhere between 10.000 and 10.004: at 10.000 it was at most that.
+    # The server read 1 000 002 (whole ms: 1 000 002.0 to 1 000 002.999) between 10.000 and 10.004:
+    # at 10.000 it was at most 1 000 002.999.
     clock.observe(sent=10.000, received=10.004, server_ms=1_000_002.0)
-    assert clock.server_ms(10.0) == 1_000_002  # the upper bound: never behind the server
-    clock.observe(sent=11.000, received=11.001, server_ms=1_001_000.5)  # a tighter bound, 1.5 ms lower
-    assert clock.server_ms(12.0) == 1_002_001
+    assert clock.server_ms(10.0) == 1_000_002  # truncated as the server reads it; never behind
+    clock.observe(sent=11.000, received=11.001, server_ms=1_000_999.0)  # a tighter bound, 3 ms lower
+    assert clock.server_ms(12.0) == 1_001_999
     clock.observe(sent=12.000, received=12.010, server_ms=1_002_005.0)  # looser: ignored
-    assert clock.server_ms(12.0) == 1_002_001
+    assert clock.server_ms(12.0) == 1_001_999
 
 
 def test_a_server_clock_that_moved_ahead_restarts_the_estimate() -> None:
