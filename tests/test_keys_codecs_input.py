@@ -57,6 +57,8 @@ async def test_bad_names_are_rejected(client: Redis, name: Any) -> None:
 @pytest.mark.parametrize(("delay", "expected"), [
     (0, 0), (1, 1000), (0.1, 100), (0.0015, 2), (timedelta(minutes=30), 1_800_000),
     (timedelta(microseconds=1), 1), (2.5, 2500),
+    # Long delays stay exact (a relative noise allowance made an hour 3 ms short, a day 86 ms).
+    (3600, 3_600_000), (1800.0, 1_800_000), (86_400, 86_400_000), (4e9, 4_000_000_000_000), (0.1 + 0.2, 300),
 ])
 def test_delay_conversion_rounds_up_to_ms(delay: Any, expected: int) -> None:
     assert delay_to_ms(delay) == expected
