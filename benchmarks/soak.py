@@ -42,7 +42,10 @@ Invariants (exit status 1 if one fails):
   explained by what became of the delivery before it (``duplicates_by_cause``): its settle raised
   (``settle_reply_lost``: the reply was lost and the library's resends within ``call_timeout_s`` did
   not get one either), it was abandoned by a crashed / shut down / killed consumer, or its ack came
-  after its visibility timeout (answered ``False``); none after a settle that answered ``True``.
+  after its visibility timeout (answered ``False``), or it was an ack written behind (``True`` at
+  once, more than ``call_timeout_s`` left) that the library then reported as not confirmed: there
+  may be no more of those than the library reported (``stats.unconfirmed_settles`` here, the WARNING
+  lines of the children's logs). None after an ack that waited and answered ``True``.
   Every poison id dead-lettered exactly once; nothing pending, in flight, in the destination or in
   the hand-off.
 - every forced shutdown's ``asyncio.run`` returned within 1 s of its cancel; no child still ran 15 s
@@ -132,6 +135,14 @@ async def server_ms(client: Redis) -> float:
     return seconds * 1000 + micros / 1000
 
 
+_UNCONFIRMED = re.compile(r"(\d+) (?:settle\(s\) on .* not confirmed|ack\(s\) on .* arrived after)")
+
+
+def unconfirmed_in_log(text: str) -> int:
+    """Written-behind settles a consumer's log reported as not confirmed (see aiodelayq/_settler.py)."""
+    return sum(int(m.group(1)) for m in _UNCONFIRMED.finditer(text))
+
+
 def unpack_handoff(blob: bytes) -> list[bytes]:
     """The items of one hand-off entry ('>I4' length-prefixed; '' is a tombstone)."""
     out, pos = [], 0
@@ -219,7 +230,7 @@ class Delivery:
     count: int
     t: float  # time.monotonic() when received (the same clock in every process)
     who: str
-    state: str = "received"  # -> acking -> acked | false | error
+    state: str = "received"  # -> acking -> acked | behind (acked, written behind) | false | error
 
 
 class Child:
@@ -235,6 +246,7 @@ class Child:
         self.deliveries: list[Delivery] = []  # reliable
         self._latest: dict[int, Delivery] = {}
         self.ended = False
+        self.unconfirmed = 0  # written-behind acks its log reported as not confirmed
         self.end = ""  # the signal it was stopped with
         self.stopped_at = 0.0
 
@@ -261,10 +273,11 @@ class Child:
                 d = Delivery(int(v), int(c), float(t), self.tag)
                 self.deliveries.append(d)
                 self._latest[d.value] = d
-            elif kind in ("s", "a", "e"):
+            elif kind in ("s", "a", "b", "e"):
                 v, _, result = rest.partition(" ")
                 d = self._latest[int(v)]
-                d.state = {"s": "acking", "e": "error"}.get(kind) or ("acked" if result == "1" else "false")
+                d.state = ({"s": "acking", "e": "error", "b": "behind"}.get(kind)
+                           or ("acked" if result == "1" else "false"))
         self.parsed = len(lines)
 
     async def stop(self, sig: signal.Signals) -> dict[str, Any]:
@@ -290,6 +303,7 @@ class Child:
         err = self.proc.stderr
         for line in err.splitlines():
             child_log[re.sub(r"\d+(\.\d+)?", "#", line)[:110]] += 1
+        self.unconfirmed = unconfirmed_in_log(err)
         notes = [marker for marker in STDERR_MARKERS if marker in err]
         if notes:
             info["stderr"] = notes
@@ -618,12 +632,14 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
             local.extend(batch)
             for m, d in zip(msgs, batch, strict=True):
                 d.state = "acking"
+                # An ack with more than call_timeout_s left is written behind (not waited for).
+                behind = m.value % POISON_EVERY != 0 and m.remaining_s > CALL_TIMEOUT_S
                 try:
                     ok = await (m.nack() if m.value % POISON_EVERY == 0 else m.ack())
                 except BackendError:
                     d.state = "error"
                 else:
-                    d.state = "acked" if ok else "false"
+                    d.state = ("behind" if behind else "acked") if ok else "false"
 
     serial = [0]
     crashes: list[float] = []  # time.monotonic() of each consumer-crash
@@ -675,7 +691,8 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     for task in consumers:
         await stop_task(task)
     dead = [int(x) for x in await retrying(q.dead_letters, "dead_letters")]
-    await q.aclose()
+    await q.aclose()  # sends the acks still written behind
+    q_unconfirmed = [q.stats.unconfirmed_settles]
     await client.aclose()
     deliveries = all_deliveries()
     received = {d.value for d in deliveries}
@@ -683,7 +700,7 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     poison = {i for i in wanted if i % POISON_EVERY == 0}
     normal = wanted - poison
     # Settled: acked, or a settle that may have landed (it raised, or its consumer died while sending it).
-    settled = {d.value for d in deliveries if d.state in ("acked", "error", "acking")}
+    settled = {d.value for d in deliveries if d.state in ("acked", "behind", "error", "acking")}
     by_value: dict[int, list[Delivery]] = {}
     for d in sorted(deliveries, key=lambda d: d.t):
         by_value.setdefault(d.value, []).append(d)
@@ -711,7 +728,8 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
         if value % POISON_EVERY == 0:
             continue
         for before in ds[:-1]:
-            cause = {"error": "settle_reply_lost", "false": "visibility_expired_before_ack"}.get(before.state)
+            cause = {"error": "settle_reply_lost", "false": "visibility_expired_before_ack",
+                     "behind": "written_behind_ack_unconfirmed"}.get(before.state)
             if before.state in ("received", "acking"):
                 phase = "before" if before.state == "received" else "during"
                 cause = f"abandoned_{phase}_settle:{ends.get(before.who, 'consumer still running')}"
@@ -720,6 +738,9 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
             else:
                 causes[cause] += 1
     settle_errors = sum(1 for d in deliveries if d.state == "error")
+    # Written-behind acks the library reported as not confirmed (WARNING, stats.unconfirmed_settles):
+    # this process's, and what the children's logs said.
+    unconfirmed = q_unconfirmed[0] + sum(c.unconfirmed for c in children)
     left = await _left(admin, k)
     now = await retrying(lambda: server_ms(admin), "TIME")
     due_pending = await retrying(lambda: admin.zcount(k.timeout_set, "-inf", now), "ZCOUNT")
@@ -736,6 +757,9 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
             "unexplained_examples": unexplained[:5],
             "settle_errors": settle_errors,
             "duplicates_from_lost_settle_replies_le_settle_errors": causes["settle_reply_lost"] <= settle_errors,
+            "unconfirmed_written_behind_acks": unconfirmed,
+            "duplicates_from_written_behind_acks_le_unconfirmed":
+                causes["written_behind_ack_unconfirmed"] <= unconfirmed,
             "deliveries_counted_unseen": dict(unseen), "unseen_near_no_stop": unseen_other[:10],
             "dead_letters": len(dead), "dead_letters_match_poison": Counter(dead) == Counter(poison),
             "dead_letters_not_poison": not_poison_dead[:20],
@@ -767,6 +791,8 @@ def failed_checks(plain: dict[str, Any], reliable: dict[str, Any]) -> list[str]:
     check(plain["duplicates"] <= sum(plain["duplicates_at_risk"].values()),
           "plain: more duplicates than items handed out by killed children and not finished")
     check(reliable["unsettled"] == 0, f"reliable: {reliable['unsettled']} received but never settled")
+    check(reliable["duplicates_from_written_behind_acks_le_unconfirmed"],
+          "reliable: more duplicates after written-behind acks than acks reported as not confirmed")
     check(reliable["dead_letters_match_poison"], "reliable: dead letters are not exactly the poison ids")
     check(reliable["due_pending"] == 0 and reliable["in_flight"] == 0, "reliable: due pending or in flight left")
     return failures

@@ -52,12 +52,14 @@ async def reliable(q: DelayedQueue[int], poison_every: int) -> None:
             write(f"r {m.value} {m.delivery_count} {time.monotonic():.6f}\n")
         for m in messages:
             write(f"s {m.value}\n")
+            # An ack with more than call_timeout_s left is written behind (not waited for): "b".
+            behind = m.value % poison_every != 0 and m.remaining_s > CALL_TIMEOUT_S
             try:
                 ok = await (m.nack() if m.value % poison_every == 0 else m.ack())
             except BackendError as exc:
                 write(f"e {m.value} {int(exc.maybe_applied)}\n")
             else:
-                write(f"a {m.value} {int(ok)}\n")
+                write(f"{'b' if behind and ok else 'a'} {m.value} {int(ok)}\n")
 
 
 async def main(mode: str, url: str, name: str, poison_every: int) -> None:
