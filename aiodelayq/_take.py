@@ -85,6 +85,7 @@ class TakePump:
         self._prefetch = Prefetch()
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
+        self._backing_off = False  # after a failed POP: the scheduler transfers itself meanwhile
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
         self.returned = 0
@@ -183,7 +184,8 @@ class TakePump:
         future of ``(sent, received, transfer reply)`` (loop times of the call; the reply is
         ``None`` when the POP was a resend that did not transfer) or of ``None`` when the pump did
         not do it (the scheduler then transfers itself); ``None`` at once when nobody waits."""
-        if self._closed is not None or self._transfer_ask is not None or not self._wanted():
+        if (self._closed is not None or self._backing_off or self._transfer_ask is not None
+                or not self._wanted()):
             return None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._transfer_ask = (limit, future)
@@ -315,7 +317,12 @@ class TakePump:
                     log.warning("aiodelayq: pop from %r failed (%s); retrying in %.2f s",
                                 self._keys.destination, exc, delay)
                     self._end_once_waiters()
-                    await asyncio.sleep(delay)
+                    self._answer_ask()  # the scheduler does not wait out our backoff
+                    self._backing_off = True
+                    try:
+                        await asyncio.sleep(delay)
+                    finally:
+                        self._backing_off = False
                     self._maybe_ready = True
                     continue
                 backoff.succeeded()
