@@ -63,17 +63,16 @@ class Pop:
         return self.size >= 0 and self.undecided == 0
 
 
-
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
     def __init__(self, client: Redis, keys: QueueKeys, *, slots: asyncio.Semaphore, call_timeout_s: float,
-                 hold_s: Callable[[], float]) -> None:
+                 hold_s: Callable[[], float], closing: Callable[[], bool]) -> None:
         self._client, self._keys, self._slots = client, keys, slots
         self._call_timeout_s = call_timeout_s
-        self._hold_s = hold_s
+        self._hold_s = hold_s  # how long a handed-out pop may wait for the next POP
+        self._closing = closing  # the pump is closing: no more deferring, FINISH at once
         self.pops: set[Pop] = set()  # popped and not yet finished in Redis
-        self.closing = False  # no more deferring: FINISH at once
         self._done: dict[Pop, None] = {}  # all handed out: forgotten by the next POP
         self._done_timer: asyncio.TimerHandle | None = None
         self._returning: set[asyncio.Future[Any]] = set()  # FINISHes that give items back
@@ -100,7 +99,7 @@ class Handoff:
     def refinish(self, done: list[Pop]) -> None:
         """The POP that carried ``done`` failed: FINISH them (idempotent, whether or not it forgot them)."""
         for pop in done:
-            pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
+            self._finish_soon(pop)
 
     def maybe_finish(self, pop: Pop, *, unknown: bool = False) -> None:
         """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
@@ -108,15 +107,16 @@ class Handoff:
         items were all handed out waits for the next POP to forget it instead (see ``take_done``)."""
         if pop.finishing is not None or not (unknown or pop.settled) or pop not in self.pops:
             return
-        if not unknown and not self.closing and all(v == "d" for v in pop.plan):
+        if not unknown and not self._closing() and all(v == "d" for v in pop.plan):
             if pop not in self._done:
                 self._done[pop] = None
                 if self._done_timer is None:
                     self._done_timer = asyncio.get_running_loop().call_later(self._hold_s(),
                                                                              self._finish_done)
             return
-        pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
+        self._finish_soon(pop)
         if "r" in pop.plan or unknown:
+            assert pop.finishing is not None
             self._returning.add(pop.finishing)
             pop.finishing.add_done_callback(self._returning.discard)
 
@@ -133,7 +133,11 @@ class Handoff:
     def _finish_done(self) -> None:
         """No POP came within a round trip: FINISH the handed-out pops on their own."""
         for pop in self.take_done():
-            pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
+            self._finish_soon(pop)
+
+    def _finish_soon(self, pop: Pop) -> None:
+        """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again)."""
+        pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
 
     async def finish(self, pop: Pop, deadline: float = math.inf) -> None:
         """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""

@@ -1,4 +1,4 @@
-"""Adaptive prefetch, shared by the take pump and the reliable consumer (pure state, no I/O).
+"""Adaptive prefetch, shared by the take pump and the reliable consumer (no I/O).
 
 A fetch asks for up to :attr:`Prefetch.size` items even when the waiting callers want fewer, so a
 caller that takes one item at a time (``async for``) gets the next one without a round trip. The
@@ -9,7 +9,14 @@ halves when prefetched items had to go back. Items nobody came for are kept at m
 
 from __future__ import annotations
 
-__all__ = ["MAX_PREFETCH", "Prefetch"]
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["MAX_PREFETCH", "Prefetch", "PrefetchBuffer"]
+
+E = TypeVar("E")
 
 MAX_PREFETCH = 100
 # Bounds of the hold: a loopback round trip can read as ~0 ms (give the loop a turn), and a slow
@@ -42,3 +49,56 @@ class Prefetch:
     def gave_back(self) -> None:
         """Prefetched items went back unclaimed: fetch fewer."""
         self.size = max(1, self.size // 2)
+
+
+class PrefetchBuffer(Generic[E]):
+    """Prefetched entries no caller has yet, in fetch order, and the :class:`Prefetch` that sized
+    the fetches. Entries are held at most one round trip (:attr:`Prefetch.hold_s` from the first
+    one kept); then, or on :meth:`give_back`, ``give_back`` gets all of them and the size halves."""
+
+    def __init__(self, give_back: Callable[[list[E]], None]) -> None:
+        self.prefetch = Prefetch()
+        self._entries: collections.deque[E] = collections.deque()
+        self._hold: asyncio.TimerHandle | None = None
+        self._give_back = give_back
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<PrefetchBuffer held={len(self._entries)} size={self.prefetch.size}>"
+
+    def pop(self) -> E:
+        """The oldest entry (the buffer must not be empty)."""
+        entry = self._entries.popleft()
+        if not self._entries:
+            self._cancel_hold()
+        return entry
+
+    def take(self, count: int) -> list[E]:
+        """Up to ``count`` of the oldest entries."""
+        taken = [self._entries.popleft() for _ in range(min(count, len(self._entries)))]
+        if not self._entries:
+            self._cancel_hold()
+        return taken
+
+    def keep(self, entries: list[E]) -> None:
+        """Hold ``entries`` for later callers (the hold runs from the first entry kept)."""
+        self._entries.extend(entries)
+        if self._entries and self._hold is None:
+            self._hold = asyncio.get_running_loop().call_later(self.prefetch.hold_s, self.give_back)
+
+    def give_back(self) -> None:
+        """Nobody came for the entries (or closing): hand all of them to ``give_back``, fetch fewer."""
+        self._cancel_hold()  # a no-op when the hold timer itself called this
+        if not self._entries:
+            return
+        entries = list(self._entries)
+        self._entries.clear()
+        self.prefetch.gave_back()
+        self._give_back(entries)
+
+    def _cancel_hold(self) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None

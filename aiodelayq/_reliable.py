@@ -17,7 +17,6 @@ go through the :class:`~aiodelayq._settler.Settler`, many per round trip.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 from typing import Any, Generic, TypeVar, cast
@@ -30,7 +29,7 @@ from ._elements import parse_message
 from ._keys import QueueKeys
 from ._messages import Message
 from ._options import QueueOptions
-from ._prefetch import Prefetch
+from ._prefetch import PrefetchBuffer
 from ._retry import resend_within, retry_until_done
 from ._scripts.reliable import RECEIVE, RELEASE_CALL
 from ._settler import Settle, Settler
@@ -66,10 +65,9 @@ class ReliableConsumer(Generic[T]):
         self._side_tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
         # Prefetched messages nobody has yet, in receive order, all of one visibility timeout.
-        self._buffer: collections.deque[Message[T]] = collections.deque()
+        self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
         self._buffer_vt_ms = 0
-        self._hold: asyncio.TimerHandle | None = None
-        self._prefetch = Prefetch()
+        self._prefetch = self._buffer.prefetch
         self.undecodable = 0
         self.exhausted = 0
         self.released = 0  # prefetched messages nobody came for, released
@@ -93,7 +91,7 @@ class ReliableConsumer(Generic[T]):
             if self._closed:
                 raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
             if self._buffer and self._buffer_vt_ms == vt_ms:
-                return self._from_buffer(max_items)  # prefetched: no round trip, no await
+                return self._buffer.take(max_items)  # prefetched: no round trip, no await
             signal = self._signal
             asked = max(max_items, self._prefetch.size) if vt_ms >= _PREFETCH_MIN_VT_MS else max_items
             sent = loop.time()
@@ -110,39 +108,21 @@ class ReliableConsumer(Generic[T]):
                 wait_s = min(wait_s, remaining)
             await asyncio.wait({signal}, timeout=wait_s)
 
-    def _from_buffer(self, count: int) -> list[Message[T]]:
-        taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
-        if not self._buffer:
-            self._cancel_hold()
-        return taken
-
     def _keep(self, extra: list[Message[T]], vt_ms: int) -> None:
         """Prefetched ``extra`` waits for the next receiver, at most one round trip."""
         if not extra:
             return
         if self._buffer_vt_ms != vt_ms:
-            self._give_back_buffer()  # another timeout's messages: a receiver of this one won't take them
-        self._buffer.extend(extra)
+            self._buffer.give_back()  # another timeout's messages: a receiver of this one won't take them
+        self._buffer.keep(extra)
         self._buffer_vt_ms = vt_ms
-        if self._hold is None:
-            self._hold = asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._give_back_buffer)
         self.notify()  # a receiver waiting meanwhile takes them now
 
-    def _cancel_hold(self) -> None:
-        if self._hold is not None:
-            self._hold.cancel()
-            self._hold = None
-
-    def _give_back_buffer(self) -> None:
+    def _release_unclaimed(self, messages: list[Message[T]]) -> None:
         """Release the prefetched messages nobody came for (in reverse: first deliveries go back
         to the head of the list with LPUSH, and must keep their order)."""
-        self._cancel_hold()
-        if not self._buffer:
-            return
-        self._prefetch.gave_back()
-        self.released += len(self._buffer)
-        self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(self._buffer)])
-        self._buffer.clear()
+        self.released += len(messages)
+        self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
 
     async def _receive_once(self, max_items: int, vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
         """One RECEIVE call (sent at loop time ``sent``): its messages, and how long to wait for more."""
@@ -237,7 +217,7 @@ class ReliableConsumer(Generic[T]):
         (loop time); then cancel what is left."""
         self._closed = True
         self.notify()
-        self._give_back_buffer()
+        self._buffer.give_back()
         loop = asyncio.get_running_loop()
         if self._side_tasks:
             await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))

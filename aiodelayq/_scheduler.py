@@ -265,8 +265,6 @@ class TransferScheduler:
             # The pump always answers (its POP is bounded; closing answers None); the bound here
             # only guards the scheduler against a bug there.
             done, _ = await asyncio.wait({future}, timeout=self._call_timeout_s * 3)
-            if not done or future.result() is None or future.result()[2] is None:
-                return None
-            result: tuple[float, float, Any] = future.result()
-            return result
+            result: tuple[float, float, Any] | None = future.result() if done else None
+            return result if result is not None and result[2] is not None else None
         return None

@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from ._connections import is_permanent, run_script
 from ._handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from ._keys import QueueKeys
-from ._prefetch import Prefetch
+from ._prefetch import PrefetchBuffer
 from ._retry import Backoff, resend_within
 from ._scripts.take import POP
 from ._tasks import Supervised
@@ -77,12 +77,12 @@ class TakePump:
         self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
                                 wanted=lambda: self._closed is None and bool(self._waiters),
                                 on_crash=lambda _exc: self.notify())
+        # Prefetched items no caller has yet, in pop order, still in the hand-off; held at most one
+        # round trip, then back to the head of the list.
+        self._buffer: PrefetchBuffer[tuple[Pop, int, Any]] = PrefetchBuffer(self._return)
+        self._prefetch = self._buffer.prefetch
         self._handoff = Handoff(client, keys, slots=slots, call_timeout_s=call_timeout_s,
-                                hold_s=lambda: self._prefetch.hold_s)
-        # Prefetched items no caller has yet, in pop order; held at most one round trip.
-        self._buffer: collections.deque[tuple[Pop, int, Any]] = collections.deque()
-        self._hold: asyncio.TimerHandle | None = None
-        self._prefetch = Prefetch()
+                                hold_s=lambda: self._prefetch.hold_s, closing=lambda: self._closed is not None)
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._backing_off = False  # after a failed POP: the scheduler transfers itself meanwhile
@@ -113,14 +113,12 @@ class TakePump:
             raise self._closed
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
             if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
-                pop, index, value = self._buffer.popleft()
-                if not self._buffer:
-                    self._cancel_hold()
+                pop, index, value = self._buffer.pop()
                 pop.settle(index, "d")
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
                 return [value]
-            return self._deliver(self._from_buffer(max_items))
+            return self._deliver(self._buffer.take(max_items))
         waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
         self._waiters.append(waiter)
         self.notify()
@@ -146,27 +144,6 @@ class TakePump:
             pop.settle(index, verdict)
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._handoff.maybe_finish(pop)
-
-    def _from_buffer(self, count: int) -> list[tuple[Pop, int, Any]]:
-        taken = [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
-        if not self._buffer:
-            self._cancel_hold()
-        return taken
-
-    def _cancel_hold(self) -> None:
-        if self._hold is not None:
-            self._hold.cancel()
-            self._hold = None
-
-    def _give_back_buffer(self) -> None:
-        """Prefetched items nobody came for within a round trip (or at close) go back to the list."""
-        self._cancel_hold()  # a no-op when the hold timer itself called this
-        if not self._buffer:
-            return
-        entries = list(self._buffer)
-        self._buffer.clear()
-        self._prefetch.gave_back()
-        self._return(entries)
 
     def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
@@ -201,11 +178,10 @@ class TakePump:
     def fail_waiters(self, exc: BaseException) -> None:
         """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
         self._closed = exc
-        self._handoff.closing = True
         self._wake.set()
         self._answer_ask()
         self._fail_current(exc)
-        self._give_back_buffer()
+        self._buffer.give_back()
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop popping and settle everything popped (given back or finished), within ``timeout_s``;
@@ -250,9 +226,7 @@ class TakePump:
         if self._closed is not None:
             self._return(left)
             return
-        self._buffer.extend(left)
-        if self._hold is None:
-            self._hold = asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._give_back_buffer)
+        self._buffer.keep(left)
 
     def _wanted(self) -> int:
         while self._waiters and self._waiters[0].future.done():
@@ -272,10 +246,7 @@ class TakePump:
             while self._closed is None:
                 wanted = self._wanted()
                 if wanted and self._buffer:  # not expected (callers take from the buffer first)
-                    self._cancel_hold()
-                    entries = list(self._buffer)
-                    self._buffer.clear()
-                    self._hand_out(entries)
+                    self._hand_out(self._buffer.take(len(self._buffer)))
                     continue
                 if wanted == 0:
                     self._answer_ask()  # the waiters left: the scheduler transfers itself
@@ -339,9 +310,8 @@ class TakePump:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
             # we hold within the close deadline, or briefly, through further cancellations.
             self._closed = self._closed or ConnectionError("pump cancelled")
-            self._handoff.closing = True
             self._answer_ask()
-            self._give_back_buffer()
+            self._buffer.give_back()
             await self._handoff.flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
 
