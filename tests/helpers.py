@@ -1,5 +1,5 @@
-"""Helpers shared by the tests: bounded waits, the server clock, a queue for code that runs its own
-event loop, and a child's first line."""
+"""Helpers shared by the tests: bounded waits, the server clock, a queue with a ready backlog, a
+queue for code that runs its own event loop, and a child's first line."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, interval_s
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+@contextlib.asynccontextmanager
+async def open_with_ready(client: Redis, q: DelayedQueue[Any], n: int) -> AsyncIterator[DelayedQueue[Any]]:
+    """``q`` open, its destination list holding items ``0..n-1`` (offered due now, and moved)."""
+    async with q:
+        await q.offer_many([(i, 0) for i in range(n)])
+        await until(lambda: llen_is(client, q, n), timeout_s=5)
+        yield q
+
+
+async def llen_is(client: Redis, q: DelayedQueue[Any], n: int) -> bool:
+    """Whether ``q``'s destination list holds ``n`` items."""
+    return int(await client.llen(q.keys.destination)) == n
 
 
 async def first_line(child: SubprocessConsumer, timeout_s: float = 60.0) -> str:

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
 
 from aiodelayq._prefetch import MAX_PREFETCH
-from tests.helpers import until
-
-
-@contextlib.asynccontextmanager
-async def _open_with_ready(client: Redis, make_queue: Any, n: int, **options: Any) -> AsyncIterator[Any]:
-    """An open queue whose list holds items ``0..n-1``, due and moved."""
-    q = make_queue(codec="json", **options)
-    async with q:
-        await q.offer_many([(i, 0) for i in range(n)])
-        await until(lambda: _llen_is(client, q, n), timeout_s=5)
-        yield q
+from tests.helpers import llen_is, open_with_ready, until
 
 
 async def _take(q: Any, count: int) -> list[int]:
@@ -28,13 +16,9 @@ async def _take(q: Any, count: int) -> list[int]:
     return [await asyncio.wait_for(q.take(), 5) for _ in range(count)]
 
 
-async def _llen_is(client: Redis, q: Any, n: int) -> bool:
-    return int(await client.llen(q.keys.destination)) == n
-
-
 async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: Redis, make_queue: Any) -> None:
     n = 3 * MAX_PREFETCH
-    async with _open_with_ready(client, make_queue, n) as q:
+    async with open_with_ready(client, make_queue(codec="json"), n) as q:
         got = await _take(q, n)
         assert got == list(range(n))  # list order, one by one, none twice
         # One round trip per item would be n pops; the prefetch grows to 100 per pop (it may halve
@@ -47,13 +31,13 @@ async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: R
 
 async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client: Redis, make_queue: Any) -> None:
     n = 200
-    async with _open_with_ready(client, make_queue, n) as q:
+    async with open_with_ready(client, make_queue(codec="json"), n) as q:
         taken = await _take(q, 20)
         pump = q._life.pump()
         # Pops of 1, 2, 4, 8, 16 items served 20 takes: about 11 were prefetched for nobody. Within a
         # round trip (at most 50 ms) every item not taken is back at the head of the list, in order,
         # and the hand-off entries are finished: nothing is held for a caller that does not come.
-        await until(lambda: _llen_is(client, q, n - len(taken)), timeout_s=1)
+        await until(lambda: llen_is(client, q, n - len(taken)), timeout_s=1)
         await until(lambda: _handoff_empty(client, q), timeout_s=1)
         assert not pump._buffer
         assert pump.returned >= 1
@@ -70,7 +54,7 @@ async def _handoff_empty(client: Redis, q: Any) -> bool:
 
 async def test_close_with_a_full_prefetch_buffer_loses_nothing(client: Redis, make_queue: Any) -> None:
     n = 300
-    async with _open_with_ready(client, make_queue, n, safety_poll_s=300) as q:
+    async with open_with_ready(client, make_queue(codec="json", safety_poll_s=300), n) as q:
         taken = await _take(q, 40)
     # Closed at once, items perhaps still prefetched: all of them are back in the list, none twice.
     rest = [int(x) for x in await client.lrange(q.keys.destination, 0, -1)]
@@ -80,7 +64,7 @@ async def test_close_with_a_full_prefetch_buffer_loses_nothing(client: Redis, ma
 
 async def test_concurrent_takers_keep_their_order_with_a_prefetch(client: Redis, make_queue: Any) -> None:
     n = 100
-    async with _open_with_ready(client, make_queue, n) as q:
+    async with open_with_ready(client, make_queue(codec="json"), n) as q:
         first = await _take(q, 10)
         # Five takers that start waiting in order get items in that order.
         results = await asyncio.gather(*(asyncio.wait_for(q.take(), 5) for _ in range(5)))

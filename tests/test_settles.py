@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -14,26 +12,13 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq._prefetch import MAX_PREFETCH
-from tests.helpers import until
-
-
-async def _llen_is(client: Redis, q: Any, n: int) -> bool:
-    return int(await client.llen(q.keys.destination)) == n
-
-
-@contextlib.asynccontextmanager
-async def _open_with_ready(client: Redis, q: Any, n: int) -> AsyncIterator[Any]:
-    """``q`` open, its list holding items ``0..n-1``, due and moved."""
-    async with q:
-        await q.offer_many([(i, 0) for i in range(n)])
-        await until(lambda: _llen_is(client, q, n), timeout_s=5)
-        yield q
+from tests.helpers import llen_is, open_with_ready, until
 
 
 async def test_messages_and_acks_one_at_a_time_share_round_trips(client: Redis, make_queue: Any) -> None:
     n = 3 * MAX_PREFETCH
     q = make_queue(codec="json")
-    async with _open_with_ready(client, q, n):
+    async with open_with_ready(client, q, n):
         got = []
         async for msg in q.messages(visibility_timeout=timedelta(seconds=30)):
             got.append(msg.value)
@@ -59,7 +44,7 @@ async def _in_flight_is(client: Redis, q: Any, n: int) -> bool:
 async def test_close_sends_the_acks_written_behind(client: Redis, make_queue: Any) -> None:
     n = 150
     q = make_queue(codec="json", safety_poll_s=300)
-    async with _open_with_ready(client, q, n):
+    async with open_with_ready(client, q, n):
         msgs = await q.receive_many(n, visibility_timeout=30, timeout=5)
         assert len(msgs) == n
         for msg in msgs:
@@ -73,14 +58,14 @@ async def test_prefetched_messages_nobody_receives_are_released_within_a_round_t
         client: Redis, make_queue: Any) -> None:
     n = 200
     q = make_queue(codec="json")
-    async with _open_with_ready(client, q, n):
+    async with open_with_ready(client, q, n):
         received = [await q.receive(visibility_timeout=30, timeout=5) for _ in range(20)]
         values = [m.value for m in received if m is not None]
         assert values == list(range(20))
         # Receives of 1, 2, 4, 8, 16 messages served 20 receivers: about 11 were prefetched for
         # nobody. Within a round trip (at most 50 ms) they are released: back at the head of the
         # list in order, out of flight, their delivery not counted.
-        await until(lambda: _llen_is(client, q, n - 20), timeout_s=1)
+        await until(lambda: llen_is(client, q, n - 20), timeout_s=1)
         assert await client.zcard(q.keys.in_flight) == 20
         consumer = q._life.reliable()
         assert consumer.released >= 1
@@ -95,7 +80,7 @@ async def test_prefetched_messages_nobody_receives_are_released_within_a_round_t
 async def test_close_with_prefetched_messages_loses_nothing(client: Redis, make_queue: Any) -> None:
     n = 300
     q = make_queue(codec="json", safety_poll_s=300)
-    async with _open_with_ready(client, q, n):
+    async with open_with_ready(client, q, n):
         received = [await q.receive(visibility_timeout=30, timeout=5) for _ in range(40)]
     # Closed at once, messages perhaps still prefetched: all released, the received ones in flight.
     rest = [int(x) for x in await client.lrange(q.keys.destination, 0, -1)]
@@ -105,7 +90,7 @@ async def test_close_with_prefetched_messages_loses_nothing(client: Redis, make_
 
 async def test_an_ack_near_its_deadline_waits_for_the_answer(client: Redis, make_queue: Any) -> None:
     q = make_queue(codec="json", call_timeout_s=5.0)
-    async with _open_with_ready(client, q, 1):
+    async with open_with_ready(client, q, 1):
         msg = await q.receive(visibility_timeout=3, timeout=5)  # less than call_timeout_s left
         assert msg is not None
         assert await msg.ack()
@@ -140,7 +125,7 @@ async def test_an_ack_that_cannot_be_written_is_reported_and_the_message_comes_b
 async def test_concurrent_confirmed_acks_share_a_call(client: Redis, make_queue: Any) -> None:
     n = 50
     q = make_queue(codec="json")
-    async with _open_with_ready(client, q, n):
+    async with open_with_ready(client, q, n):
         msgs = await q.receive_many(n, visibility_timeout=30, timeout=5)
         settler = q._life.reliable().settler
         calls = settler.calls
