@@ -4,9 +4,11 @@ the callers that wait, through a hand-off area in Redis, so nothing popped is ev
 Why no ``BLPOP``: a blocking pop pins one pooled connection per consumed queue (99 consumed queues
 exhaust redis-py's default pool), cannot span cluster slots, and a stall longer than its read
 timeout desynchronised the connection. The pump pops without blocking, when something says items
-may be there: a waiter arrived, this process's scheduler ran a transfer (its own, or a no-op because
-another process moved the items at the same due time), a returned item was announced on the
-channel, or the last pop came back full. Pops share the client's few transfer slots, so a client's
+may be there: a waiter arrived (unless a pop came back short less than ``_DRAINED_FOR_S`` ago and
+nothing announced items since: then the list was empty and the next transfer serves the waiter),
+this process's scheduler ran a transfer (its own, or a no-op because another process moved the
+items at the same due time), a returned item was announced on the channel, or the last pop came
+back full. Pops share the client's few transfer slots, so a client's
 connections do not grow with the number of queues.
 
 Why a hand-off: POP moves items from the destination into ``aiodelayq_handoff:{N}`` under the pop's
@@ -51,6 +53,12 @@ _RESEND_HORIZON_S = 10.0
 # leaves them to the lease.
 _SHUTDOWN_FLUSH_S = 0.5
 # Prefetch (see _prefetch.py): items popped for nobody yet wait in a buffer at most one round trip.
+# After a pop that came back short (the list was empty then), a waiter arriving within this long
+# does not pop by itself: every way items reach the list through the queue (a transfer of this or
+# another process at a due time, items given back) wakes the pump anyway. Without it, `async for`
+# sent one empty POP after every transfer (half of its calls at 20k items/s). Items pushed straight
+# into the list by other code are seen by such a waiter at most this much later.
+_DRAINED_FOR_S = 0.05
 
 
 @dataclass(eq=False)
@@ -73,6 +81,8 @@ class TakePump:
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._wake = asyncio.Event()
         self._maybe_ready = True
+        self._drained_at: float | None = None  # loop time of the latest short pop (see _DRAINED_FOR_S)
+        self._recheck: asyncio.TimerHandle | None = None
         # Started by the first caller; restarted after a crash while callers wait.
         self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
                                 wanted=lambda: self._closed is None and bool(self._waiters),
@@ -92,6 +102,7 @@ class TakePump:
         self.undecodable = 0
         self.pops = 0  # POP calls that returned items
         self.transfers = 0  # POP calls that transferred for the scheduler
+        self.idle_pops = 0  # POP calls that neither transferred nor found an item
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
@@ -119,9 +130,14 @@ class TakePump:
                     self._handoff.maybe_finish(pop)
                 return [value]
             return self._deliver(self._buffer.take(max_items))
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), max_items, once)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)
-        self.notify()
+        if once or self._drained_at is None or loop.time() >= self._drained_at + _DRAINED_FOR_S:
+            self.notify()
+        else:
+            self._recheck_later(loop)
+            self._wake.set()
         self._task.start()
         try:
             await asyncio.wait({waiter.future}, timeout=timeout_s)
@@ -148,21 +164,47 @@ class TakePump:
     def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
         self.returned += len(entries)
+        self._drained_at = None  # they will be in the list: the next waiter pops them
         self._settle(entries, "r")
+        self._wake.set()  # a transfer request kept for the buffer's taker is answered now (see _run)
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
         self._maybe_ready = True
+        self._drained_at = None
         self._wake.set()
 
+    def _recheck_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A waiter did not pop because the list was just found empty: pop for it anyway once that
+        is ``_DRAINED_FOR_S`` old, unless something woke the pump before."""
+        if self._recheck is None:
+            assert self._drained_at is not None
+            self._recheck = loop.call_at(self._drained_at + _DRAINED_FOR_S, self._rechecked)
+
+    def _cancel_recheck(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+
+    def _rechecked(self) -> None:
+        self._recheck = None
+        if self._closed is not None or not self._waiters:
+            return
+        if self._drained_at is not None and self._drained_at + _DRAINED_FOR_S > asyncio.get_running_loop().time():
+            self._recheck_later(asyncio.get_running_loop())  # a later short pop: from that one
+            return
+        self.notify()
+
     def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
-        """The scheduler would transfer now. If callers are waiting, the next POP transfers first
-        (up to ``limit`` elements): one round trip instead of a TRANSFER and then a POP. Returns a
+        """The scheduler would transfer now. If callers are waiting, or one is still taking from the
+        prefetch buffer (it will wait within about a round trip: the buffer is held no longer), the
+        next POP transfers first (up to ``limit`` elements): one round trip instead of a TRANSFER and
+        then a POP. Returns a
         future of ``(sent, received, transfer reply)`` (loop times of the call; the reply is
         ``None`` when the POP was a resend that did not transfer) or of ``None`` when the pump did
         not do it (the scheduler then transfers itself); ``None`` at once when nobody waits."""
         if (self._closed is not None or self._backing_off or self._transfer_ask is not None
-                or not self._wanted()):
+                or not (self._wanted() or self._buffer)):
             return None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._transfer_ask = (limit, future)
@@ -179,6 +221,7 @@ class TakePump:
         """Close for callers: wake every waiter with ``exc`` and raise it from later calls."""
         self._closed = exc
         self._wake.set()
+        self._cancel_recheck()
         self._answer_ask()
         self._fail_current(exc)
         self._buffer.give_back()
@@ -248,7 +291,7 @@ class TakePump:
                 if wanted and self._buffer:  # not expected (callers take from the buffer first)
                     self._hand_out(self._buffer.take(len(self._buffer)))
                     continue
-                if wanted == 0:
+                if wanted == 0 and not self._buffer:
                     self._answer_ask()  # the waiters left: the scheduler transfers itself
                 if wanted == 0 or not (self._maybe_ready or self._transfer_ask):
                     self._wake.clear()
@@ -297,7 +340,10 @@ class TakePump:
                     self._maybe_ready = True
                     continue
                 backoff.succeeded()
+                if len(raws) < count and not self._maybe_ready:  # the list was empty, and nothing said since
+                    self._drained_at = received
                 if not raws:
+                    self.idle_pops += moved is None
                     self._handoff.pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
@@ -310,6 +356,7 @@ class TakePump:
             # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
             # we hold within the close deadline, or briefly, through further cancellations.
             self._closed = self._closed or ConnectionError("pump cancelled")
+            self._cancel_recheck()
             self._answer_ask()
             self._buffer.give_back()
             await self._handoff.flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)

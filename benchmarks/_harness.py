@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import platform
@@ -350,6 +351,7 @@ async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Ca
     next_id = 0
     clamped = 0
     next_print = t0 + 2.0
+    sends: list[tuple[float, float, int]] = []
     while next_id < total and loop.time() < t0 + bound_s:
         horizon = now_ms() + lead_s * 1000.0
         batch: list[tuple[Any, float]] = []
@@ -365,7 +367,9 @@ async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Ca
             batch.append((payload(next_id), delay_s))
             next_id += 1
         if batch:
+            sent_at = time.time() * 1000.0
             dues = await send(batch)
+            sends.append((sent_at, time.time() * 1000.0, len(batch)))
             for (item, _), d in zip(batch, dues, strict=True):
                 due[item["order"]] = float(d)
             if len(batch) == 1000:
@@ -375,6 +379,9 @@ async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Ca
             next_print += 2.0
         tick += tick_s
         await asyncio.sleep(max(0.0, tick - loop.time()))
+    dump = os.environ.get("AIODELAYQ_DUMP_SENDS")
+    if dump:  # a developer's tool: (start, end local epoch ms, size) of every send, for tail analysis
+        await asyncio.to_thread(Path(dump).write_text, json.dumps(sends))
     return clamped
 
 

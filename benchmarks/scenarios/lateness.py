@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from _harness import Bench, join_or_terminate, lateness_consumer_main, log, log_histogram, produce_spread
@@ -74,6 +77,10 @@ async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict
         await client.aclose()
         await bench.drop(name)
     shift = bench.offset_ms if impl.startswith("ours") else 0.0
+    dump = os.environ.get("AIODELAYQ_DUMP_LATENESS")
+    if dump:  # a developer's tool: per-item due and receipt times (server ms), for tail analysis
+        data = {"due": due, "ids": res["ids"], "times": [t + shift for t in res["times"]], "shift": shift}
+        await asyncio.to_thread(Path(dump).write_text, json.dumps(data))
     lat = [t + shift - due[i] for i, t in zip(res["ids"], res["times"], strict=True) if i in due]
     received = set(res["ids"])
     summary = summarize(lat)
