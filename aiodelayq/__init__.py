@@ -9,7 +9,9 @@
 """
 
 from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
+from ._dead_letters import DeadLetter
 from ._delays import delay_to_ms
+from ._keyed import Offered, Pending
 from ._keys import QueueKeys, prefix_name
 from ._lifecycle import QueueStats
 from ._messages import Message
@@ -27,6 +29,7 @@ from .exceptions import (
     DelayedQueueError,
     EncodeError,
     InvalidDelayError,
+    InvalidKeyError,
     InvalidNameError,
     QueueClosedError,
     QueueNotOpenError,
@@ -42,16 +45,20 @@ __all__ = [
     "Codec",
     "CodecError",
     "ConfigurationError",
+    "DeadLetter",
     "DecodeError",
     "DelayedQueue",
     "DelayedQueueError",
     "EncodeError",
     "InvalidDelayError",
+    "InvalidKeyError",
     "InvalidNameError",
     "JsonCodec",
     "Message",
     "MessageIterator",
     "MsgpackCodec",
+    "Offered",
+    "Pending",
     "QueueClosedError",
     "QueueKeys",
     "QueueNotOpenError",

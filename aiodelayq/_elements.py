@@ -21,6 +21,11 @@ read once per client with the NATIVE_LONG script, because Redisson's Lua packs w
 
 A **message** (reliable consumption, in the in-flight zset) is ``adq`` 0x02 | 16-byte id | ``>I4``
 delivery count | ``>d`` due ms of this delivery (0: a first delivery) | payload.
+
+A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery
+count | ``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was
+found). Entries written before the envelope existed are the raw bytes alone; an entry is read as an
+envelope only when it starts with the marker, is long enough and names a known reason.
 """
 
 from __future__ import annotations
@@ -33,15 +38,19 @@ import time
 from typing import Literal, NamedTuple, cast
 
 __all__ = [
+    "DeadReason",
     "ElementKind",
     "InsertionStamps",
+    "ParsedDeadLetter",
     "ParsedMessage",
     "element_kind",
     "fragment_size",
     "long_format",
     "offer_args",
     "pack_fragments",
+    "parse_dead_letter",
     "parse_message",
+    "requeue_ids",
 ]
 
 ElementKind = Literal["fast", "strict", "legacy"]
@@ -50,6 +59,10 @@ _FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
 _FRAME = struct.Struct(">dI")  # delay ms, element length: one frame of OFFER's 'fast' blob
 _MESSAGE_MAGIC = b"adq\x02"
 _MESSAGE_HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
+_DEAD_MAGIC = b"adq\x03"
+_DEAD_HEADER = struct.Struct(">B I d")  # reason, delivery count, dead at (server ms)
+DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked", "unknown"]
+_DEAD_REASONS: dict[int, DeadReason] = {1: "max_deliveries", 2: "undecodable", 3: "malformed", 4: "nacked"}
 
 Fragment = tuple[int, bytes] | tuple[int, bytes | int, bytes]
 """One prepared item: fast ``(delay_ms, element)``; strict/legacy ``(delay_ms, id, payload)``."""
@@ -91,30 +104,42 @@ def _long_struct(fmt: str) -> struct.Struct:
 
 
 def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps: InsertionStamps,
-                   long_fmt: str | None) -> list[Fragment]:
+                   long_fmt: str | None, tags: list[bytes | None] | None = None) -> list[Fragment]:
     """Turn ``(delay_ms, payload)`` pairs into OFFER fragments of ``kind``. Fast elements are packed
     here with the server's ``long_fmt`` (so the script only ``ZADD``s them); strict and legacy ones
-    get their id here and are packed by the script."""
+    get their id here and are packed by the script. A keyed item's 8-byte ``tags`` entry takes the
+    place of the random bytes (fast), of the id (strict) or of the double (legacy), so a transfer
+    finds its key index entry."""
+    count = len(items)
+    randomness = os.urandom(8 * count)  # one syscall for the whole batch
+    ids = [randomness[8 * i:8 * i + 8] for i in range(count)]
+    if tags is not None:
+        ids = [tag if tag is not None else own for tag, own in zip(tags, ids, strict=True)]
     if kind == "fast":
         assert long_fmt is not None
         pack_len = _long_struct(long_fmt).pack
-        randomness = os.urandom(8 * len(items))  # one syscall for the whole batch
-        first = stamps.reserve(len(items))
-        return [(delay_ms, b"".join((_FAST_HEADER, (first + i).to_bytes(8, "big"), randomness[8 * i:8 * i + 8],
+        first = stamps.reserve(count)
+        return [(delay_ms, b"".join((_FAST_HEADER, (first + i).to_bytes(8, "big"), ids[i],
                                      pack_len(len(payload)), payload)))
                 for i, (delay_ms, payload) in enumerate(items)]
     if kind == "strict":
-        return [(delay_ms, os.urandom(8), payload) for delay_ms, payload in items]
-    return [(delay_ms, secrets.randbits(64) - 2**63, payload) for delay_ms, payload in items]
+        return [(delay_ms, ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
+    # Legacy: a decimal long the script packs as the double; a keyed item's tag is those 8 bytes.
+    legacy_ids: list[bytes | int] = [secrets.randbits(64) - 2**63 if tag is None else tag
+                                     for tag in (tags if tags is not None else [None] * count)]
+    return [(delay_ms, legacy_ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
 
 
-def offer_args(kind: ElementKind, fragments: list[Fragment]) -> list[bytes | int | str]:
-    """OFFER's ARGV after the call id, for ``fragments`` of ``kind`` (see ``_scripts/producer.py``)."""
+def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None
+               ) -> list[bytes | int | str]:
+    """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind`` and their
+    key ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_scripts/producer.py``)."""
+    keys = b"" if entries is None else b"".join(len(e).to_bytes(4, "big") + e for e in entries)
     if kind == "fast":
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)
-        return ["fast", blob, len(fragments)]
-    args: list[bytes | int | str] = [kind]
+        return ["fast", keys, blob, len(fragments)]
+    args: list[bytes | int | str] = [kind, keys]
     for fragment in fragments:
         args.extend(fragment)
     return args
@@ -146,3 +171,29 @@ def parse_message(element: bytes) -> ParsedMessage:
         raise ValueError("not a message element")
     count, due = _MESSAGE_HEADER.unpack_from(element, 20)
     return ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:])
+
+
+def requeue_ids(stamps: InsertionStamps, count: int) -> bytes:
+    """16 bytes per entry for REQUEUE: the id of a fast element after its marker (insertion stamp,
+    8 random bytes); strict and legacy elements use the first 8 bytes as their random id."""
+    first = stamps.reserve(count)
+    randomness = os.urandom(8 * count)
+    return b"".join((first + i).to_bytes(8, "big") + randomness[8 * i:8 * i + 8] for i in range(count))
+
+
+class ParsedDeadLetter(NamedTuple):
+    """The fields of a dead-letter entry (``reason`` ``"unknown"`` and no count or time for an entry
+    written before the envelope: the raw bytes alone)."""
+
+    reason: DeadReason
+    delivery_count: int | None
+    dead_at_ms: int | None
+    raw: bytes
+
+
+def parse_dead_letter(entry: bytes) -> ParsedDeadLetter:
+    """Split a dead-letter entry into its fields; never fails (anything else is an old raw entry)."""
+    if entry[:4] == _DEAD_MAGIC and len(entry) >= 4 + _DEAD_HEADER.size and entry[4] in _DEAD_REASONS:
+        code, count, dead_at = _DEAD_HEADER.unpack_from(entry, 4)
+        return ParsedDeadLetter(_DEAD_REASONS[code], count, int(dead_at), entry[4 + _DEAD_HEADER.size:])
+    return ParsedDeadLetter("unknown", None, None, entry)

@@ -38,6 +38,10 @@ class QueueKeys:
         calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
             the dedupe window is not applied twice (aiodelayq only).
         call_replies: hash of the replies of those calls that a resend must repeat.
+        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the first 8
+            bytes of SHA-1(key), value = version byte 0x01 + the (key, pending element) pairs of
+            that hash (one, unless two keys collide). Entries whose element is no longer pending
+            are stale: ignored, and removed by transfers, keyed calls and sampling.
     """
 
     destination: str
@@ -50,6 +54,7 @@ class QueueKeys:
     handoff_leases: str
     calls: str
     call_replies: str
+    key_index: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -73,10 +78,11 @@ class QueueKeys:
             handoff_leases=prefix_name("aiodelayq_handoff_leases", name),
             calls=prefix_name("aiodelayq_calls", name),
             call_replies=prefix_name("aiodelayq_call_replies", name),
+            key_index=prefix_name("aiodelayq_keys", name),
         )
 
     @property
     def all(self) -> tuple[str, ...]:
         """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
-                self.handoff, self.handoff_leases, self.calls, self.call_replies)
+                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index)

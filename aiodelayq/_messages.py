@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Generic, TypeVar
 
-from ._delays import delay_to_ms
+from ._delays import delay_to_ms, visibility_ms
+from ._lease import Lease
 from ._settler import Settle, Settler
+from .exceptions import InvalidDelayError
 
 __all__ = ["Message"]
 
@@ -38,6 +41,7 @@ class Message(Generic[T]):
     # deadline_ms on this process's loop clock, never later than the true one (counted from when
     # the receive call was sent, which is before the server read its clock).
     _expires: float = field(repr=False, default=0.0)
+    _vt_ms: int = field(repr=False, default=0)  # the visibility timeout it was received with
     _settled: bool = field(repr=False, default=False)
 
     @property
@@ -71,10 +75,12 @@ class Message(Generic[T]):
             return True
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
 
-    async def nack(self, delay: float = 0.0) -> bool:
+    async def nack(self, delay: float = 0.0, *, dead_letter: bool = False) -> bool:
         """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If
         this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
-        once. ``False`` as for :meth:`ack`. Always waits for Redis's answer.
+        once (reason ``"max_deliveries"``). With ``dead_letter=True`` it goes there now, whatever is
+        left (reason ``"nacked"``; ``delay`` is ignored): for items no retry can fix. ``False`` as
+        for :meth:`ack`. Always waits for Redis's answer.
 
         Raises:
             InvalidDelayError: a negative, NaN or infinite delay.
@@ -83,7 +89,44 @@ class Message(Generic[T]):
         delay_ms = delay_to_ms(delay)
         if self._settled:
             return False
+        if dead_letter:
+            return await self._settle(Settle(self._element, "dead", self.deadline_ms))
         return await self._settle(Settle(self._element, "nack", self.deadline_ms, delay_ms))
+
+    async def extend(self, visibility_timeout: float | timedelta) -> bool:
+        """Keep the message: its visibility deadline becomes now + ``visibility_timeout`` (server
+        clock; shorter than what is left makes it sooner). ``False`` if it is no longer held by this
+        delivery (settled, or its deadline passed and it was delivered again).
+
+        Raises:
+            InvalidDelayError: a bad timeout (at least 1 ms).
+            BackendError: the call failed within ``call_timeout_s`` (the deadline may have moved).
+        """
+        vt_ms = visibility_ms(visibility_timeout)
+        if self._settled:
+            return False
+        sent = asyncio.get_running_loop().time()
+        deadline = await self._settler.extend(self._element, vt_ms)
+        if deadline is None:
+            return False
+        self.deadline_ms = deadline
+        self._expires = sent + vt_ms / 1000  # counted from the send: never later than the true one
+        return True
+
+    def lease(self, visibility_timeout: float | timedelta | None = None, *, every: float | None = None) -> Lease:
+        """``async with msg.lease(): ...`` keeps the message while a long job runs: every ``every``
+        seconds (default: a third of the timeout) its deadline becomes now + ``visibility_timeout``
+        (default: the timeout it was received with), until the block exits or is cancelled. See
+        :class:`~aiodelayq._lease.Lease` for failures (``lost``).
+
+        Raises:
+            InvalidDelayError: a bad timeout or interval.
+        """
+        vt_ms = self._vt_ms if visibility_timeout is None else visibility_ms(visibility_timeout)
+        every_s = vt_ms / 3000 if every is None else delay_to_ms(every) / 1000
+        if every_s <= 0 or every_s * 1000 >= vt_ms:
+            raise InvalidDelayError(f"lease interval must be > 0 and shorter than the visibility timeout ({vt_ms} ms)")
+        return Lease(self.extend, visibility_timeout_s=vt_ms / 1000, every_s=every_s, label=f"message {self.id}")
 
     async def _settle(self, settle: Settle) -> bool:
         result = await self._settler.confirmed(settle)

@@ -1,5 +1,5 @@
-"""The pending side: what is scheduled and not yet due, plus the dead-letter list (Redisson's
-``RDelayedQueue`` read/cancel calls).
+"""The pending side: what is scheduled and not yet due (Redisson's ``RDelayedQueue`` read/cancel
+calls).
 
 ``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset in pages, one short
 script call per page, so no call holds the server for long whatever the backlog (Redis runs nothing
@@ -34,7 +34,7 @@ from ._scripts.pending import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
 __all__ = ["PendingView"]
 
 class PendingView:
-    """``size``/``contains``/``read_all``/``remove``/``clear``/``dead_letters`` of one queue.
+    """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
 
     Attributes:
         page_size: most elements one page script call reads (tests lower it to walk many pages).
@@ -130,10 +130,6 @@ class PendingView:
             score, member = reply[1], reply[2]
 
     async def clear(self) -> None:
-        """``UNLINK`` both pending keys (freed in the background: a huge zset does not block the server)."""
-        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, what="clear")
-
-    async def dead_letters(self) -> list[bytes]:
-        """The raw entries of the dead-letter list."""
-        entries: list[bytes] = await self._call("LRANGE", self._keys.dead_letter, 0, -1, what="dead_letters")
-        return entries
+        """``UNLINK`` both pending keys and the key index (freed in the background: a huge zset does not
+        block the server)."""
+        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index, what="clear")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -22,12 +22,14 @@ from ._connections import run_script
 from ._delays import delay_to_ms
 from ._elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
 from ._eviction import check_eviction_policy
+from ._keyed import Offered, check_key, key_tag, parse_outcome
 from ._keys import QueueKeys
 from ._options import QueueOptions
 from ._retry import resend_within
 from ._runtime import facts_for
 from ._scripts.producer import NATIVE_LONG, OFFER
 from ._tasks import keep
+from .exceptions import InvalidKeyError
 
 __all__ = ["MAX_CALL_ITEMS", "Producer"]
 
@@ -56,37 +58,51 @@ class Producer:
         """Forget the batcher of a previous event loop."""
         self._batcher = None
 
-    async def offer(self, item: Any, delay: float | timedelta) -> int:
-        """One item through the batcher; returns its due time (epoch ms, server clock)."""
+    async def offer(self, item: Any, delay: float | timedelta, key: str | None = None,
+                    replace: bool = False) -> int:
+        """One item through the batcher; returns its due time (epoch ms, server clock), an
+        :class:`Offered` for a keyed item."""
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._client)
-        [fragment] = await self.prepare([(item, delay)])
+        fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace)
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
                                          max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
-        return await self._batcher.submit((fragment, issued))
+        return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b""))
 
-    async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[int]:
+    async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
+                         keys: Sequence[str | None] | None = None, replace: bool = False) -> list[int]:
         """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
-        sent at once; returns due times in input order. When one call fails, the others are still
-        awaited (none is left running unowned), then the first failure is raised."""
+        sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
+        When one call fails, the others are still awaited (none is left running unowned), then the
+        first failure is raised."""
         if not pairs:
+            if keys:
+                raise InvalidKeyError(f"{len(keys)} keys for 0 items")
             return []
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._client)
-        fragments = await self.prepare(pairs)
-        chunks: list[list[Fragment]] = [[]]
+        fragments, entries = await self.prepare(pairs, keys, replace)
+        chunks: list[list[int]] = [[]]  # indexes into fragments
         size = 0
-        for fragment in fragments:
+        for i, fragment in enumerate(fragments):
             size_of = fragment_size(fragment)
             if chunks[-1] and (len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
                 chunks.append([])
                 size = 0
-            chunks[-1].append(fragment)
+            chunks[-1].append(i)
             size += size_of
+
+        def send(chunk: list[int]) -> Awaitable[list[int]]:
+            return self._send([fragments[i] for i in chunk], issued,
+                              None if entries is None else [entries[i] for i in chunk])
+
         if len(chunks) == 1:
-            return await self._send(chunks[0], issued)
-        results = await asyncio.gather(*(self._send(chunk, issued) for chunk in chunks), return_exceptions=True)
+            return await send(chunks[0])
+        if entries is not None and _repeated_keys(entries):
+            # A key given twice: calls in order, so the later item sees the earlier one pending.
+            return [due for chunk in chunks for due in await send(chunk)]
+        results = await asyncio.gather(*(send(chunk) for chunk in chunks), return_exceptions=True)
         dues: list[int] = []
         for result in results:
             if isinstance(result, BaseException):
@@ -94,49 +110,65 @@ class Producer:
             dues.extend(result)
         return dues
 
-    async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]]) -> list[Fragment]:
-        """Validate, encode and pack every pair (see ``_elements.pack_fragments``); raises before
-        anything is sent.
+    async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
+                      replace: bool = False) -> tuple[list[Fragment], list[bytes] | None]:
+        """Validate, encode and pack every pair (see ``_elements.pack_fragments``), with its key's
+        OFFER entry (``None`` without keys); raises before anything is sent.
 
         Raises:
-            InvalidDelayError, EncodeError: bad input (nothing is sent).
+            InvalidDelayError, EncodeError, InvalidKeyError: bad input (nothing is sent).
             BackendError: the server's long layout could not be read.
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
+        tags: list[bytes | None] | None = None
+        entries: list[bytes] | None = None
+        if keys is not None:
+            if isinstance(keys, (str, bytes)) or len(keys) != len(items):
+                raise InvalidKeyError(f"keys must be a sequence of one key (or None) per item, {len(items)} items")
+            raws = [None if key is None else check_key(key) for key in keys]
+            tags = [None if raw is None else key_tag(raw) for raw in raws]
+            flag = b"r" if replace else b"n"
+            entries = [b"" if raw is None else flag + raw for raw in raws]
         fmt = await self._native_long_format() if self._kind == "fast" else None
-        return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt)
+        return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt, tags=tags), entries
 
-    async def _send_issued(self, batch: list[tuple[Fragment, float]]) -> list[int]:
+    async def _send_issued(self, batch: list[tuple[Fragment, float, bytes]]) -> list[int]:
         """Coalesced offers in one call: it is issued when the first of them was; each later one's
         delay grows by how much later it was issued, so every item is due at its own issue time
         plus its delay (rounded up to the ms: never early)."""
-        first = min(issued for _, issued in batch)
+        first = min(issued for _, issued, _ in batch)
         fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
-                     for fragment, issued in batch]
-        return await self._send(fragments, first)
+                     for fragment, issued, _ in batch]
+        entries = [entry for _, _, entry in batch]
+        return await self._send(fragments, first, entries if any(entries) else None)
 
-    async def _send(self, fragments: list[Fragment], issued: float) -> list[int]:
+    async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None) -> list[int]:
         """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
-        reply, within the bound); returns the items' due times."""
+        reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``)."""
         k = self._keys
-        keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies]
+        keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
         clock = self._facts.clock
         issued_ms = clock.server_ms(issued)
-        args = [os.urandom(16), "" if issued_ms is None else issued_ms, *offer_args(self._kind, fragments)]
+        args = [os.urandom(16), "" if issued_ms is None else issued_ms, *offer_args(self._kind, fragments, entries)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:
             sent = loop.time()
             reply = await run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
                                      what=f"offer to {k.destination!r}")
-            if len(reply) > 1:  # a fresh run read the server clock between sent and now
+            if reply[1] is not None:  # a fresh run read the server clock between sent and now
                 clock.observe(sent, loop.time(), int(reply[1]))
             return reply
 
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
         base = int(reply[0])
-        return [base + fragment[0] for fragment in fragments]
+        if entries is None:
+            return [base + fragment[0] for fragment in fragments]
+        outcome = parse_outcome(reply[2], len(fragments))
+        return [Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
+                        added=letter != "p", replaced=letter == "r")
+                for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
 
     async def _native_long_format(self) -> str:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
@@ -155,6 +187,11 @@ class Producer:
                                       what="read the server's long size")
         fmt = self._facts.long_format = long_format(one)
         return fmt
+
+
+def _repeated_keys(entries: list[bytes]) -> bool:
+    keyed = [entry[1:] for entry in entries if entry]
+    return len(set(keyed)) < len(keyed)
 
 
 def _later(fragment: Fragment, extra_ms: int) -> Fragment:

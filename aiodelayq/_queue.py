@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 
 from ._codec import Codec
+from ._dead_letters import DeadLetter, DeadLetters
 from ._delays import check_max_items, check_timeout, visibility_ms
+from ._keyed import KeyedItems, Offered, Pending
 from ._keys import QueueKeys
 from ._lifecycle import Lifecycle, QueueStats
 from ._messages import Message
@@ -74,6 +76,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes)
         self._producer = Producer(client, keys, o)
         self._pending = PendingView(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
+        self._keyed = KeyedItems(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
+        self._dead = DeadLetters(client, keys, o.codec, o.kind, call_timeout_s=o.call_timeout_s)
         self._life = Lifecycle(client, keys, o, on_new_loop=self._producer.rebind)
 
     @property
@@ -136,33 +140,84 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     # -- producing -------------------------------------------------------------------------------
 
-    async def offer(self, item: T, delay: float | timedelta) -> int:
+    @overload
+    async def offer(self, item: T, delay: float | timedelta) -> int: ...
+    @overload
+    async def offer(self, item: T, delay: float | timedelta, *, key: str, replace: bool = False) -> Offered: ...
+
+    async def offer(self, item: T, delay: float | timedelta, *, key: str | None = None,
+                    replace: bool = False) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
 
         "Now" is the Redis server's clock. Concurrent offers share script calls (each still gets its
         own result or error); a call whose reply is lost is resent within ``call_timeout_s`` and
         applied once.
 
+        ``key`` (a ``str``, unique among pending items) makes the item addressable by
+        :meth:`cancel`, :meth:`reschedule` and :meth:`get`. If an item with that key is pending,
+        nothing changes (deduplication) unless ``replace=True``, which replaces its payload and due
+        time. The key is free again once its item falls due.
+
         Returns:
-            The due time in epoch milliseconds (server clock).
+            The due time in epoch milliseconds (server clock). With a key, an :class:`Offered` (an
+            ``int``) whose ``added`` is ``False`` when an item with that key was already pending (its
+            value is then that item's due time) and ``replaced`` says whether one was replaced.
 
         Raises:
             InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
+            InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes.
             EncodeError: the codec cannot encode ``item``; nothing is written.
             CallTimeoutError: no answer within ``call_timeout_s`` (see ``maybe_applied``).
             AccessDeniedError: the user may not write the queue's keys.
             BackendError: any other Redis failure (see ``maybe_applied``).
         """
         self._life.bind_loop()
-        return await self._producer.offer(item, delay)
+        return await self._producer.offer(item, delay, key, replace)
 
-    async def offer_many(self, items: Iterable[tuple[T, float | timedelta]]) -> list[int]:
+    async def offer_many(self, items: Iterable[tuple[T, float | timedelta]], *,
+                         keys: Iterable[str | None] | None = None, replace: bool = False) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
         items and ``max_call_bytes``, each atomic, all sent at once); returns their due times (epoch
-        ms, server clock) in input order. Every item is checked first (one bad one writes nothing);
-        with more than one call, a failure can leave others written. Raises as :meth:`offer`."""
+        ms, server clock) in input order. ``keys``: one key (or ``None``) per item, the rules of
+        :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,
+        the second finds it pending (or replaces it). Every item is checked first (one bad one
+        writes nothing); with more than one call, a failure can leave others written. Raises as
+        :meth:`offer`."""
         self._life.bind_loop()
-        return await self._producer.offer_many(list(items))
+        return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace)
+
+    # -- keyed pending items (see _keyed.py) -----------------------------------------------------
+
+    async def cancel(self, key: str) -> bool:
+        """Remove the pending item offered with ``key``; ``True`` if there was one. O(log N) for the
+        default (fast) elements; a strict or legacy element also leaves Redisson's list (O(N)). An
+        item that already fell due (moved to the destination, or in flight) is not touched.
+
+        Raises:
+            InvalidKeyError: a bad key. BackendError: the call failed (``maybe_applied``).
+        """
+        self._life.bind_loop()
+        return await self._keyed.cancel(key)
+
+    async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
+        """Make the pending item of ``key`` due ``delay`` after now (server clock, as :meth:`offer`);
+        returns the new due time (epoch ms), or ``None`` if no item with that key is pending.
+
+        Raises:
+            InvalidKeyError, InvalidDelayError: bad arguments. BackendError: the call failed.
+        """
+        self._life.bind_loop()
+        return await self._keyed.reschedule(key, delay)
+
+    async def get(self, key: str) -> Pending[T] | None:
+        """The pending item of ``key`` (``.key``, ``.value``, ``.due_ms``), or ``None``. Read-only.
+
+        Raises:
+            InvalidKeyError: a bad key. DecodeError: its payload cannot be decoded.
+            BackendError: the call failed.
+        """
+        self._life.bind_loop()
+        return cast("Pending[T] | None", await self._keyed.get(key))
 
     # -- consuming -------------------------------------------------------------------------------
 
@@ -296,8 +351,33 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._life.bind_loop()
         await self._pending.clear()
 
-    async def dead_letters(self) -> list[bytes]:
-        """The raw entries of the dead-letter list: malformed pending elements as found, and
-        payloads that could not be decoded or ran out of deliveries."""
+    # -- the dead-letter list (see _dead_letters.py) ---------------------------------------------
+
+    async def dead_letters(self, limit: int | None = None) -> list[DeadLetter[T]]:
+        """The oldest ``limit`` entries of the dead-letter list (``None``: all), oldest first: each
+        with its ``value`` (or ``raw`` bytes when undecodable), ``reason``, ``delivery_count`` and
+        ``dead_at_ms``. Entries written before these fields existed read as reason ``"unknown"``.
+
+        Raises:
+            ConfigurationError: a bad ``limit``. BackendError: the read failed.
+        """
         self._life.bind_loop()
-        return await self._pending.dead_letters()
+        return cast(list[DeadLetter[T]], await self._dead.read(limit))
+
+    async def requeue_dead_letters(self, limit: int | None = None, delay: float | timedelta = 0) -> int:
+        """Put the oldest ``limit`` entries (``None``: all there now) back into the queue, due after
+        ``delay``, in their order; returns how many. Malformed entries (garbage elements, not
+        payloads) are skipped and move to the tail of the list. At most 500 entries per script call,
+        each applied once even when resent.
+
+        Raises:
+            ConfigurationError, InvalidDelayError: bad arguments. BackendError: a call failed (the
+                entries of earlier calls are requeued).
+        """
+        self._life.bind_loop()
+        return await self._dead.requeue(limit, delay)
+
+    async def purge_dead_letters(self) -> int:
+        """Delete the dead-letter list; returns how many entries it had. Raises ``BackendError``."""
+        self._life.bind_loop()
+        return await self._dead.purge()

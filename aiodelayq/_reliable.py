@@ -162,10 +162,10 @@ class ReliableConsumer(Generic[T]):
                 # Atomic: out of flight and into the list. Written behind, so nothing here awaits
                 # after the call (a cancelled caller cannot strand the other messages); if it fails,
                 # the message comes back after its timeout and is tried again.
-                self.settler.behind([Settle(element, "dead", now_ms + vt_ms)])
+                self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self.settler, element,
-                                    sent + vt_ms / 1000))
+                                    sent + vt_ms / 1000, vt_ms))
         return messages, wait_s
 
     async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,

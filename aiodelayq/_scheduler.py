@@ -245,7 +245,7 @@ class TransferScheduler:
                 reply = await run_script(
                     self._client, TRANSFER,
                     [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
-                     keys.handoff_leases],
+                     keys.handoff_leases, keys.key_index],
                     [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
                 received = self._loop.time()
         moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply

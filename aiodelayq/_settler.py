@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from ._connections import run_script
 from ._keys import QueueKeys
 from ._retry import resend_within
-from ._scripts.reliable import SETTLE
+from ._scripts.reliable import EXTEND, SETTLE
 from ._tasks import keep
 from .exceptions import BackendError
 
@@ -29,7 +29,7 @@ __all__ = ["Settle", "SettleMode", "Settler"]
 
 log = logging.getLogger("aiodelayq")
 
-SettleMode = Literal["ack", "nack", "dead", "release"]
+SettleMode = Literal["ack", "nack", "dead", "undecodable", "release"]
 """What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
 move its payload to the dead-letter list (dead), or undo it as if never received (release)."""
 
@@ -87,6 +87,23 @@ class Settler:
         settle.future = asyncio.get_running_loop().create_future()
         self._submit([settle])
         return await asyncio.shield(settle.future)
+
+    async def extend(self, element: bytes, vt_ms: int) -> int | None:
+        """Move the visibility deadline of the delivery ``element`` to now + ``vt_ms`` (server
+        clock); the new deadline (ms), or ``None`` when it is no longer in flight as this delivery.
+        Resent after a lost reply (harmless: a little later deadline).
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s``.
+        """
+        k = self._keys
+
+        async def attempt(remaining_s: float, _resend: bool) -> Any:
+            return await run_script(self._client, EXTEND, [k.in_flight], [element, vt_ms], timeout_s=remaining_s,
+                                    what=f"extend on {k.destination!r}")
+
+        reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        return None if reply is None else int(reply)
 
     def behind(self, settles: Sequence[Settle]) -> None:
         """Send ``settles`` with the next call; nobody waits for them (see the module docstring)."""

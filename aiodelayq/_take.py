@@ -400,7 +400,7 @@ class TakePump:
             async with self._slots:
                 reply: list[Any] = await run_script(
                     self._client, POP, [k.destination, k.handoff, k.handoff_leases, k.timeout_set, k.delay_list,
-                                        k.dead_letter],
+                                        k.dead_letter, k.key_index],
                     [pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget],
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
             return reply[0], reply[1:]

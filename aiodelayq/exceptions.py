@@ -14,6 +14,7 @@ __all__ = [
     "DelayedQueueError",
     "EncodeError",
     "InvalidDelayError",
+    "InvalidKeyError",
     "InvalidNameError",
     "QueueClosedError",
     "QueueNotOpenError",
@@ -32,6 +33,11 @@ class InvalidDelayError(DelayedQueueError, ValueError):
 
 class InvalidNameError(DelayedQueueError, ValueError):
     """An empty or non-``str`` queue name."""
+
+
+class InvalidKeyError(DelayedQueueError, ValueError):
+    """An item key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes, or ``keys`` that do
+    not match the items (``offer_many``). Nothing was written."""
 
 
 class CodecError(DelayedQueueError):

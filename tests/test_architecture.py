@@ -64,7 +64,17 @@ def test_no_module_passes_500_lines_and_the_facade_stays_thin() -> None:
     sizes = {path.relative_to(PACKAGE.parent).as_posix(): len(path.read_text().splitlines())
              for path in PACKAGE.rglob("*.py")}
     assert {f: n for f, n in sizes.items() if n > 500} == {}
-    assert sizes["aiodelayq/_queue.py"] <= 320
+    # The facade grows by one delegating method (with its docstring, which the API reference is
+    # made of) per public call: bounded in size, and every method body stays a delegation.
+    assert sizes["aiodelayq/_queue.py"] <= 420
+    tree = ast.parse((PACKAGE / "_queue.py").read_text())
+    fat = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__":  # it assembles
+            body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            if len(body) > 4:
+                fat[node.name] = len(body)
+    assert fat == {}, f"facade methods doing more than delegating: {fat}"
 
 
 def test_lua_lives_in_the_scripts_package_and_byte_layouts_in_elements() -> None:

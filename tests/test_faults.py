@@ -71,7 +71,9 @@ async def test_malformed_elements_go_to_dead_letters_and_the_rest_is_delivered(
             got = sorted([await asyncio.wait_for(q.take(), 5) for _ in range(5)])
             assert got == [f"good-{i}" for i in range(5)]
             assert q.stats.dead_lettered == len(garbage)
-    assert sorted(await q.dead_letters()) == sorted(garbage)
+    letters = await q.dead_letters()
+    assert sorted(d.raw for d in letters) == sorted(garbage)
+    assert {(d.reason, d.delivery_count) for d in letters} == {("malformed", 0)}
     assert "dead-letter" in caplog.text
     assert await client.zcard(q.keys.timeout_set) == 0
     assert await q.size() == 0  # the list copies were removed as well
@@ -84,7 +86,8 @@ async def test_undecodable_payload_is_dead_lettered_and_take_goes_on(client: Red
         assert await asyncio.wait_for(q.take(), 5) == "ok"
         await until(lambda: _dead_count(q), timeout_s=5)
         assert q.stats.undecodable == 1
-    assert await q.dead_letters() == [b"{not json"]
+    [letter] = await q.dead_letters()
+    assert (letter.raw, letter.reason, letter.delivery_count, letter.value) == (b"{not json", "undecodable", 1, None)
 
 
 async def _dead_count(q: DelayedQueue[Any]) -> bool:

@@ -391,7 +391,8 @@ async def test_nack_of_the_last_allowed_delivery_dead_letters_at_once(client: Re
             assert msg is not None
             assert msg.delivery_count == count
             assert await msg.nack() is True
-        assert await q.dead_letters() == [b"poison"]
+        [letter] = await q.dead_letters()
+        assert (letter.raw, letter.reason, letter.delivery_count) == (b"poison", "max_deliveries", 2)
         assert await client.zcard(q.keys.in_flight) == 0
         assert q.stats.exhausted == 1
 
@@ -404,7 +405,8 @@ ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
              "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
              "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
              "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget",
-             "+hset", "+hdel", "+publish", "+subscribe", "+unsubscribe", "+ping", "+unlink"]
+             "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
+             "+unsubscribe", "+ping", "+unlink"]
 
 
 def acl_rules(name: str) -> list[str]:
@@ -435,6 +437,26 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await q.remove_all([101])
         assert await q.ready_size() == 0
         assert await q.dead_letters() == []
+        # Keys, leases and dead letters (issue 11) as the same user.
+        assert (await q.offer(200, 60, key="k200")).added
+        assert not (await q.offer(201, 60, key="k200")).added
+        assert (await q.offer(202, 60, key="k200", replace=True)).replaced
+        assert (await q.get("k200")).value == 202  # type: ignore[union-attr]
+        assert await q.reschedule("k200", 0.05) is not None
+        await q.offer_many([(300, 60), (301, 60)], keys=["k300", None])
+        assert await q.cancel("k300")
+        msg = await q.receive(30, timeout=5)
+        assert msg is not None
+        assert msg.value == 202
+        assert await msg.extend(30)
+        async with msg.lease(every=0.05):
+            await asyncio.sleep(0.12)
+        assert await msg.nack(dead_letter=True)
+        [letter] = await q.dead_letters()
+        assert (letter.value, letter.reason) == (202, "nacked")
+        assert await q.requeue_dead_letters(delay=60) == 1
+        await client.rpush(q.keys.dead_letter, b"1")
+        assert await q.purge_dead_letters() == 1
         await q.clear()
         loop = asyncio.get_running_loop()
         taker = asyncio.create_task(q.take())

@@ -73,7 +73,10 @@ async def test_past_max_deliveries_goes_to_dead_letters(make_queue: Any) -> None
             assert msg.delivery_count == expected
             await msg.nack()
         assert await q.receive(visibility_timeout=30, timeout=0.3) is None
-    assert await q.dead_letters() == [b'"poison"']
+    [letter] = await q.dead_letters()
+    assert (letter.value, letter.raw) == ("poison", b'"poison"')
+    assert (letter.reason, letter.delivery_count) == ("max_deliveries", 2)
+    assert letter.dead_at_ms is not None
 
 
 async def test_messages_iterator_and_plain_take_side_by_side(make_queue: Any) -> None:
@@ -174,7 +177,9 @@ async def test_garbage_in_the_in_flight_zset_is_moved_aside(client: Redis, make_
         msg = await q.receive(visibility_timeout=30, timeout=5)
         assert msg is not None
         assert msg.value == "real"
-    assert sorted(await q.dead_letters()) == sorted([b"junk", b"adq\x02short", b"x" * 40])
+    letters = await q.dead_letters()
+    assert sorted(d.raw for d in letters) == sorted([b"junk", b"adq\x02short", b"x" * 40])
+    assert {d.reason for d in letters} == {"malformed"}
 
 
 async def test_undecodable_message_is_dead_lettered_atomically(client: Redis, make_queue: Any) -> None:
@@ -184,7 +189,9 @@ async def test_undecodable_message_is_dead_lettered_atomically(client: Redis, ma
         msgs = await q.receive_many(2, visibility_timeout=30, timeout=5)
         assert [m.value for m in msgs] == ["ok"]
         assert await msgs[0].ack()
-    assert await q.dead_letters() == [b"{not json"]
+    [letter] = await q.dead_letters()
+    assert (letter.raw, letter.reason) == (b"{not json", "undecodable")
+    assert (letter.delivery_count, letter.decodable) == (1, False)
     assert await client.zcard(q.keys.in_flight) == 0
 
 

@@ -43,10 +43,27 @@ local function parse(v)
   end
   return nil, false
 end
+-- Dead-letter entries (layout in aiodelayq/_elements.py): 'adq' 0x03 (the envelope, version 1) |
+-- '>B' reason | '>I4' delivery count | '>d' server ms when it died | the raw bytes (the payload, or
+-- the malformed element as found). Entries written before the envelope are raw bytes alone.
+local DEAD_MAGIC = 'adq' .. string.char(3)
+local DEAD_MAX_DELIVERIES, DEAD_UNDECODABLE, DEAD_MALFORMED, DEAD_NACKED = 1, 2, 3, 4
+local function dead_entry(reason, count, now, raw)
+  return DEAD_MAGIC .. struct.pack('>B>I4>d', reason, count, now) .. raw
+end
 -- The server clock in epoch ms, and the raw TIME reply.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+-- The base of due times for a call the client issued at `issued` (server ms as it estimates them,
+-- '' when it has no estimate): the issue time when it is sane (not after now, at most
+-- MAX_ISSUE_AGE_MS before it), else now.
+local MAX_ISSUE_AGE_MS = 1000
+local function issue_base(issued, now)
+  local t = tonumber(issued)
+  if t and t <= now and t >= now - MAX_ISSUE_AGE_MS then return math.floor(t) end
+  return now
 end
 -- redis.call(cmd, key, [flag,] values...) in chunks of 1000 values (Lua's unpack has a stack
 -- limit); 1000 is even, so ZADD's score/member pairs stay together.
@@ -98,6 +115,79 @@ local function remember(calls, replies, id, now, reply)
   if #old > 0 then
     redis.call('zrem', calls, unpack(old))
     redis.call('hdel', replies, unpack(old))
+  end
+end
+-- Keys (aiodelayq/_keyed.py). The key index hash maps the tag of a key (the first 8 bytes of its
+-- SHA-1, computed by the client) to 0x01 (version) | pack_list({key, element, key, element...}):
+-- the pending element of each key with that tag (one pair, unless two keys collide). A keyed
+-- element carries its key's tag in its id, so a transfer can find its index entry without
+-- knowing the key: fast: the last 8 bytes of the id (after the marker and the stamp); strict:
+-- the 8-byte id; legacy: the 8 bytes of the double. Unkeyed elements have random bytes there.
+local INDEX_V1 = string.char(1)
+local function element_tag(v)
+  local n, b0 = string.len(v), string.byte(v, 1)
+  if b0 == 8 and n >= 9 + LSZ and struct.unpack('L', v, 10) == n - 9 - LSZ then return string.sub(v, 2, 9) end
+  if b0 == 20 and string.sub(v, 2, 5) == FAST_MAGIC then return string.sub(v, 14, 21) end
+  return string.sub(v, 1, 8)
+end
+local function index_pairs(blob)
+  if not blob or string.sub(blob, 1, 1) ~= INDEX_V1 then return {} end
+  return unpack_list(string.sub(blob, 2))
+end
+local function index_put(idx, tag, kv)
+  if #kv == 0 then redis.call('hdel', idx, tag)
+  else redis.call('hset', idx, tag, INDEX_V1 .. pack_list(kv)) end
+end
+-- The index pairs of `tag`, the position of `key` among them (nil: not there) and the score of its
+-- element (nil: not pending, a stale entry).
+local function index_find(idx, zset, tag, key)
+  local kv = index_pairs(redis.call('hget', idx, tag))
+  for i = 1, #kv, 2 do
+    if kv[i] == key then return kv, i, redis.call('zscore', zset, kv[i + 1]) end
+  end
+  return kv, nil, nil
+end
+local function without_pair(kv, i)
+  table.remove(kv, i + 1)
+  table.remove(kv, i)
+  return kv
+end
+-- Drop the index pairs of the `moved` elements (no longer pending: transferred or removed).
+local function unindex(idx, moved)
+  if #moved == 0 or redis.call('hlen', idx) == 0 then return end
+  for i = 1, #moved, 1000 do
+    local last = math.min(i + 999, #moved)
+    local tags = {}
+    for j = i, last do tags[#tags + 1] = element_tag(moved[j]) end
+    local blobs = redis.call('hmget', idx, unpack(tags))
+    for j, blob in ipairs(blobs) do
+      if blob then
+        -- Read again: an earlier element of this batch may have changed the same entry.
+        local kv = index_pairs(redis.call('hget', idx, tags[j]))
+        local v = moved[i + j - 1]
+        for p = #kv - 1, 1, -2 do
+          if kv[p + 1] == v then
+            index_put(idx, tags[j], without_pair(kv, p))
+            break
+          end
+        end
+      end
+    end
+  end
+end
+-- Stale index pairs (their element was moved by Redisson's transfer, or removed by payload) are
+-- harmless; a few random entries are checked per keyed call so they do not pile up.
+local function sweep_index(idx, zset, probes)
+  for _, tag in ipairs(redis.call('hrandfield', idx, probes)) do
+    local kv = index_pairs(redis.call('hget', idx, tag))
+    local kept = {}
+    for p = 1, #kv, 2 do
+      if redis.call('zscore', zset, kv[p + 1]) then
+        kept[#kept + 1] = kv[p]
+        kept[#kept + 1] = kv[p + 1]
+      end
+    end
+    if #kept < #kv then index_put(idx, tag, kept) end
   end
 end
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .._connections import Script
 from .prelude import PRELUDE
 
-__all__ = ["RECEIVE", "RELEASE_CALL", "SETTLE"]
+__all__ = ["EXTEND", "RECEIVE", "RELEASE_CALL", "SETTLE"]
 
 # Message elements (layout in aiodelayq/_elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery count |
 # '>d' due ms of this delivery (0 = unknown: a first delivery) | payload.
@@ -70,10 +70,10 @@ else
     local count = valid and struct.unpack('>I4', e, 21) or 0
     if not valid then
       -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
-      redis.call('rpush', KEYS[3], e)
+      redis.call('rpush', KEYS[3], dead_entry(DEAD_MALFORMED, 0, now, e))
       dead = dead + 1
     elseif max > 0 and count >= max then
-      redis.call('rpush', KEYS[3], string.sub(e, 33))
+      redis.call('rpush', KEYS[3], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
     else
       local became_due = tonumber(redis.call('zscore', KEYS[2], e))
@@ -132,7 +132,8 @@ SETTLE = Script("settle", _MESSAGES + """
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] '' for a first attempt, '1' for a resend after a
 --         lost reply
 -- then per settle, 4 arguments: the message element; 'ack' | 'nack' | 'dead' (its payload to the
---         dead-letter list) | 'release' (undo this delivery: nobody saw the message); the nack delay
+--         dead-letter list, reason nacked) | 'undecodable' (the same, reason undecodable) |
+--         'release' (undo this delivery: nobody saw the message); the nack delay
 --         ms; the message's visibility deadline ms. On a resend, a message gone before its deadline
 --         can only have been settled by the first attempt (nobody else touches it before then).
 -- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
@@ -148,8 +149,9 @@ for i = 3, #ARGV, 4 do
     if not (resend and now < tonumber(ARGV[i + 3])) then result = 0 end
   elseif mode == 'ack' then
     redis.call('zrem', KEYS[1], m)
-  elseif mode == 'dead' then
-    redis.call('rpush', KEYS[2], string.sub(m, 33))
+  elseif mode == 'dead' or mode == 'undecodable' then
+    local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
+    redis.call('rpush', KEYS[2], dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
     redis.call('zrem', KEYS[1], m)
   elseif mode == 'release' then
     release(KEYS[1], KEYS[3], m, now)
@@ -157,7 +159,7 @@ for i = 3, #ARGV, 4 do
     local count = struct.unpack('>I4', m, 21)
     if max > 0 and count >= max then
       -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
-      redis.call('rpush', KEYS[2], string.sub(m, 33))
+      redis.call('rpush', KEYS[2], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
       redis.call('zrem', KEYS[1], m)
       result = 2
     else
@@ -173,4 +175,15 @@ if earliest then
   redis.call('publish', KEYS[4], string.format('%d', earliest))
 end
 return results
+""")
+
+EXTEND = Script("extend", PRELUDE + """
+-- KEYS[1] in-flight zset
+-- ARGV[1] the message element (this delivery), ARGV[2] visibility timeout ms
+-- returns: the new visibility deadline (server ms: now + timeout) if the delivery is still in
+-- flight (not settled, not delivered again), else false. A resend sets a deadline a little later.
+if not redis.call('zscore', KEYS[1], ARGV[1]) then return false end
+local deadline = now_ms() + tonumber(ARGV[2])
+redis.call('zadd', KEYS[1], 'XX', deadline, ARGV[1])
+return deadline
 """)

@@ -10,7 +10,7 @@ __all__ = ["FINISH", "POP"]
 
 POP = Script("pop", PRELUDE + TRANSFER_FN + """
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
--- zset, KEYS[5] delay list, KEYS[6] dead-letter list
+-- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most this many elements (0: no transfer), ARGV[5..] call ids of earlier pops whose
 -- every item was handed out: forgotten here (FINISH with an all-'d' plan, without its round trip;
@@ -33,7 +33,7 @@ if got then
 end
 local moved = false
 if tonumber(ARGV[4]) > 0 then
-  moved = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], tonumber(ARGV[4]))
+  moved = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], KEYS[7], tonumber(ARGV[4]))
 end
 local items = redis.call('lpop', KEYS[1], tonumber(ARGV[2]))
 local out = {moved}
@@ -71,7 +71,8 @@ local items = unpack_list(blob)
 local back, dead = {}, {}
 for i, v in ipairs(items) do
   local c = ARGV[2] == '*' and 'r' or string.sub(ARGV[2], i, i)
-  if c == 'x' then dead[#dead + 1] = v elseif c ~= 'd' then back[#back + 1] = v end
+  if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
+  elseif c ~= 'd' then back[#back + 1] = v end
 end
 chunked('lpush', KEYS[1], nil, reversed(back))
 chunked('rpush', KEYS[4], nil, dead)

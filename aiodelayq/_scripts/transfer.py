@@ -11,23 +11,26 @@ __all__ = ["TRANSFER", "TRANSFER_FN"]
 # consumer that is waiting when the scheduler's timer fires: one round trip instead of two).
 TRANSFER_FN = """
 -- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
---          leases zset, at most this many elements)
+--          leases zset, key index hash, at most this many elements)
 -- returns: {moved, dead_lettered, next due score (epoch ms, text) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false}
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
--- list, so one bad element can never stall the queue. Only elements that are in the insertion-
+-- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
 -- order list (strict, legacy, malformed ones) are LREMed from it: O(list) each. Fast elements cost
--- O(log N).
+-- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
 -- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
-local function transfer(dest, zset, dlist, deadl, handoff, leases, limit)
+local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   local now, t = now_ms()
   local due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
-  local out, bad, listed = {}, {}, {}
+  local out, bad, listed, valid = {}, {}, {}, {}
   for _, v in ipairs(due) do
     local payload, fast = parse(v)
-    if payload then out[#out + 1] = payload else bad[#bad + 1] = v end
+    if payload then
+      out[#out + 1] = payload
+      valid[#valid + 1] = v
+    else bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v) end
     if not fast then listed[#listed + 1] = v end
   end
   -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
@@ -36,6 +39,7 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, limit)
   chunked('rpush', deadl, nil, bad)
   for _, v in ipairs(listed) do redis.call('lrem', dlist, 1, v) end
   chunked('zrem', zset, nil, due)
+  unindex(idx, valid)
   local recovered = 0
   for _, id in ipairs(redis.call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)) do
     local blob = redis.call('hget', handoff, id)
@@ -55,11 +59,11 @@ end
 
 TRANSFER = Script("transfer", PRELUDE + TRANSFER_FN + """
 -- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
--- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset
+-- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset, KEYS[7] key index hash
 -- ARGV[1] at most this many elements are moved
 -- returns: transfer()'s reply (above) and, last, the length of the destination list (consumers
 -- need not look when it is 0)
-local r = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[1]))
+local r = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], tonumber(ARGV[1]))
 r[#r + 1] = redis.call('llen', KEYS[1])
 return r
 """)

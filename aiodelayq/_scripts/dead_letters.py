@@ -1,0 +1,82 @@
+"""Lua of the dead-letter list: REQUEUE (entries back into the queue as pending items) and PURGE."""
+
+from __future__ import annotations
+
+from .._connections import Script
+from .prelude import PRELUDE
+
+__all__ = ["PURGE", "REQUEUE"]
+
+REQUEUE = Script("requeue", PRELUDE + """
+-- KEYS[1] dead-letter list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] channel, KEYS[5] calls
+-- zset, KEYS[6] call replies hash
+-- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]
+-- delay ms, ARGV[4] element kind ('fast', 'strict', 'legacy'), ARGV[5] at most this many entries,
+-- ARGV[6] 16 bytes per entry (fast: insertion stamp | random; strict/legacy: random)
+-- returns: {requeued, skipped}. The oldest entries (the head of the list) become pending items of
+-- the queue's kind, due at the issue time + delay, in their order; malformed entries (garbage
+-- elements, not payloads) are skipped: they move to the tail of the list, in their order. Entries
+-- written before the envelope are requeued as payloads. A resend of the call id returns the first
+-- run's reply and changes nothing.
+local first = first_run(KEYS[5], ARGV[1])
+if first then
+  local r = redis.call('hget', KEYS[6], ARGV[1])
+  return {tonumber(string.sub(r, 1, 10)), tonumber(string.sub(r, 11, 20))}
+end
+local now = now_ms()
+local due = issue_base(ARGV[2], now) + tonumber(ARGV[3])
+local kind, ids = ARGV[4], ARGV[6]
+local entries = redis.call('lrange', KEYS[1], 0, tonumber(ARGV[5]) - 1)
+local zargs, listed, skipped = {}, {}, {}
+for i, e in ipairs(entries) do
+  local raw, reason = e, 0
+  if string.sub(e, 1, 4) == DEAD_MAGIC and string.len(e) >= 17 then
+    reason = string.byte(e, 5)
+    if reason >= 1 and reason <= 4 then raw = string.sub(e, 18) else reason = 0 end
+  end
+  if reason == DEAD_MALFORMED then
+    skipped[#skipped + 1] = e
+  else
+    local id = string.sub(ids, 16 * i - 15, 16 * i)
+    local v
+    if kind == 'fast' then
+      v = struct.pack('Bc0Lc0', 20, FAST_MAGIC .. id, string.len(raw), raw)
+    elseif kind == 'strict' then
+      v = struct.pack('Bc0Lc0', 8, string.sub(id, 1, 8), string.len(raw), raw)
+    else
+      v = struct.pack('dLc0', struct.unpack('>I4', id, 1) * 4294967296 + struct.unpack('>I4', id, 5),
+                      string.len(raw), raw)
+    end
+    zargs[#zargs + 1] = due
+    zargs[#zargs + 1] = v
+    if kind ~= 'fast' then listed[#listed + 1] = v end
+  end
+end
+if #entries > 0 then
+  -- Writes first: under maxmemory the server refuses a script's first write, so nothing is
+  -- trimmed unless the items are pending.
+  local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+  chunked('zadd', KEYS[2], 'NX', zargs)
+  chunked('rpush', KEYS[3], nil, listed)
+  redis.call('ltrim', KEYS[1], #entries, -1)
+  chunked('rpush', KEYS[1], nil, skipped)
+  if #zargs > 0 and (head[2] == nil or due < tonumber(head[2])) then
+    redis.call('publish', KEYS[4], string.format('%d', due))
+  end
+end
+local requeued = #entries - #skipped
+remember(KEYS[5], KEYS[6], ARGV[1], now, string.format('%10d%10d', requeued, #skipped))
+return {requeued, #skipped}
+""")
+
+PURGE = Script("purge", PRELUDE + """
+-- KEYS[1] dead-letter list, KEYS[2] calls zset, KEYS[3] call replies hash
+-- ARGV[1] call id
+-- returns: how many entries were deleted (a resend of the call id: the first run's count).
+local first = first_run(KEYS[2], ARGV[1])
+if first then return tonumber(redis.call('hget', KEYS[3], ARGV[1])) end
+local n = redis.call('llen', KEYS[1])
+redis.call('unlink', KEYS[1])
+remember(KEYS[2], KEYS[3], ARGV[1], now_ms(), string.format('%d', n))
+return n
+""")

@@ -1,0 +1,129 @@
+"""Leases of reliable deliveries: extend(), async with msg.lease(), and expiry when the holder dies."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import textwrap
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import InvalidDelayError
+from tests.helpers import first_line, server_ms
+
+
+async def test_extend_moves_the_deadline_and_fails_once_not_held(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("job", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=0.5, timeout=5)
+        assert msg is not None
+        before = int(await server_ms(client))
+        assert await msg.extend(30)
+        assert before + 30_000 <= msg.deadline_ms <= await server_ms(client) + 30_000
+        assert await client.zscore(q.keys.in_flight, msg._element) == msg.deadline_ms
+        assert msg.remaining_s > 29
+        assert await q.receive(visibility_timeout=30, timeout=0.7) is None  # not redelivered at 0.5 s
+        assert await msg.ack(confirm=True)
+        assert not await msg.extend(30)  # settled: no longer held
+
+
+async def test_a_lapsed_delivery_cannot_be_extended(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("job", 0)
+    async with q:
+        first = await q.receive(visibility_timeout=0.2, timeout=5)
+        assert first is not None
+        second = await q.receive(visibility_timeout=30, timeout=5)  # after 0.2 s: delivered again
+        assert second is not None
+        assert second.delivery_count == 2
+        assert not await first.extend(30)
+        assert await second.ack()
+
+
+async def test_a_lease_keeps_a_long_job_and_stops_at_exit(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("long", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=0.3, timeout=5)
+        assert msg is not None
+        async with msg.lease() as lease:  # extends every 0.1 s by 0.3 s
+            await asyncio.sleep(1.0)  # three timeouts long
+            assert await q.receive(visibility_timeout=30, timeout=0.01) is None
+        assert lease.extensions >= 5
+        assert not lease.lost
+        extended = lease.extensions
+        await asyncio.sleep(0.3)
+        assert lease.extensions == extended  # stopped at exit
+        assert await msg.ack(confirm=True)
+
+
+async def test_a_cancelled_block_stops_its_lease(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("job", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=0.3, timeout=5)
+        assert msg is not None
+        lease = msg.lease()
+
+        async def job() -> None:
+            async with lease:
+                await asyncio.sleep(30)
+
+        task = asyncio.ensure_future(job())
+        await asyncio.sleep(0.25)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert lease._task is not None
+        assert lease._task.done()
+        again = await q.receive(visibility_timeout=30, timeout=5)  # no longer extended: back after 0.3 s
+        assert again is not None
+        assert again.delivery_count == 2
+
+
+async def test_a_lease_that_loses_its_message_says_so(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("job", 0)
+    async with q:
+        msg = await q.receive(visibility_timeout=0.3, timeout=5)
+        assert msg is not None
+        async with msg.lease(every=0.2) as lease:
+            assert await msg.ack(confirm=True)  # settled meanwhile (e.g. by another path)
+            await asyncio.sleep(0.5)
+        assert lease.lost
+        with pytest.raises(InvalidDelayError):
+            msg.lease(every=1)  # not shorter than the timeout
+
+
+HOLDER = textwrap.dedent("""
+    import asyncio, sys
+    from redis.asyncio import Redis
+    from aiodelayq import DelayedQueue
+
+    async def main(url, name):
+        async with DelayedQueue(Redis.from_url(url), name, codec="json") as q:
+            msg = await q.receive(visibility_timeout=0.5, timeout=10)
+            async with msg.lease():  # extends every ~0.17 s
+                print("holding", flush=True)
+                await asyncio.sleep(60)  # the test kills this process
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+async def test_a_killed_holder_s_lease_ends_and_the_message_comes_back(redis_server: Any, make_queue: Any,
+                                                                       qname: str, spawn_consumer: Any) -> None:
+    q = make_queue(codec="json")
+    await q.offer("job", 0)
+    child = spawn_consumer(HOLDER, args=[redis_server.url, qname])
+    assert (await first_line(child)).strip() == "holding"
+    async with q:
+        assert await q.receive(visibility_timeout=30, timeout=1.0) is None  # the lease holds it past 0.5 s
+        child.send_signal(signal.SIGKILL)
+        await child.await_exit(10)
+        again = await q.receive(visibility_timeout=30, timeout=5)  # the lease ended with the process
+        assert again is not None
+        assert (again.value, again.delivery_count) == ("job", 2)
