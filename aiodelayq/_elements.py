@@ -134,7 +134,8 @@ def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes
                ) -> list[bytes | int | str]:
     """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind`` and their
     key ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_scripts/producer.py``)."""
-    keys = b"" if entries is None else b"".join(len(e).to_bytes(4, "big") + e for e in entries)
+    keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
+                                        + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
     if kind == "fast":
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)

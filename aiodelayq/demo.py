@@ -4,7 +4,7 @@
 ``--redis-url redis://host:6379/0`` uses a real deployment instead (unique key names, removed at the end).
 
 A producer places orders, each with its own payment deadline; a payment service pays some of them
-in time and removes their timeout; a consumer receives each unpaid order as its deadline passes,
+in time and cancels their timeout by key (the order id); a consumer receives each unpaid order as its deadline passes,
 prints how late the delivery was (server clock), and a summary follows.
 """
 
@@ -58,16 +58,16 @@ async def run(url: str, orders: int, max_delay_s: float, paid_share: float, seed
 
     async def pay(order: dict[str, Any], after_s: float) -> None:
         await asyncio.sleep(after_s)
-        # remove() cancels the pending item whose payload equals this order.
-        if await producer.remove(order):
+        # The order id is the item's key: cancel() removes its pending cancellation in O(log N).
+        if await producer.cancel(f"order-{order['order_id']}"):
             paid.add(order["order_id"])
-            print(f"{stamp()} order #{order['order_id']:<3} paid     -> its cancellation is removed from the queue")
+            print(f"{stamp()} order #{order['order_id']:<3} paid     -> its cancellation is cancelled by key")
 
     async def place_orders() -> None:
         for order_id in range(1, orders + 1):
             order = {"order_id": order_id, "amount": round(rng.uniform(5, 500), 2)}
             delay = round(rng.uniform(0.5, max_delay_s), 3)
-            due_ms[order_id] = await producer.offer(order, delay)
+            due_ms[order_id] = await producer.offer(order, delay, key=f"order-{order_id}")
             print(f"{stamp()} order #{order_id:<3} placed   {order['amount']:>7.2f} EUR, "
                   f"cancel if unpaid in {delay:.3f} s")
             if rng.random() < paid_share:
@@ -99,15 +99,15 @@ async def run(url: str, orders: int, max_delay_s: float, paid_share: float, seed
             print("timed out waiting for deliveries", file=sys.stderr)
     lost = orders - len(paid) - len(lateness)
     print()
-    print(f"orders placed: {orders}   paid in time: {len(paid)}   cancelled unpaid: {len(lateness)}   "
-          f"lost: {lost}")
+    print(f"orders placed: {orders}   paid in time (cancelled by key): {len(paid)}   "
+          f"cancelled unpaid: {len(lateness)}   lost: {lost}")
     if lateness:
         ordered = sorted(lateness)
         p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
         print(f"lateness (delivered minus due, server clock): p50 {statistics.median(ordered):.1f} ms, "
               f"p99 {p99:.1f} ms, max {ordered[-1]:.1f} ms")
     keys = producer.keys
-    await producer_client.delete(keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter)
+    await producer_client.delete(*keys.all)
     await producer_client.aclose()
     await consumer_client.aclose()
     return 0 if lost == 0 else 1

@@ -75,12 +75,16 @@ class Sizes:
     drain_messages: int = 100_000
     # due_times
     due_calls: int = 60
+    # keys
+    keys_transfer_n: int = 100_000
+    keys_pending_n: int = 1_000_000
 
 
 FULL = Sizes()
 QUICK = Sizes(rounds=1, offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
-              drain_items=20_000, drain_messages=20_000, due_calls=15)
+              drain_items=20_000, drain_messages=20_000, due_calls=15, keys_transfer_n=20_000,
+              keys_pending_n=100_000)
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -176,6 +180,28 @@ class SlowLog:
         entries = await self.ctl.slowlog_get(100_000)
         await self.ctl.slowlog_reset()
         return [e["duration"] / 1000.0 for e in entries if match(bytes(e["command"]).split(b" "))]
+
+    async def count_over(self, micros: int, work: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+        """Run ``work`` with only commands over ``micros`` µs logged; their count and the worst (ms),
+        and ``INFO commandstats`` of the window (reset at its start). Counts are ``None`` when
+        ``SLOWLOG``/``CONFIG`` cannot be used."""
+        if not self.enabled:
+            await work()
+            return {"count": None, "max_ms": None, "commandstats": {}}
+        await self.ctl.config_set("slowlog-max-len", "100000")
+        await self.ctl.config_set("slowlog-log-slower-than", str(micros))
+        await self.ctl.slowlog_reset()
+        await self.ctl.config_resetstat()
+        try:
+            await work()
+        finally:
+            await self.ctl.config_set("slowlog-log-slower-than", self.saved["slowlog-log-slower-than"])
+        entries = [e for e in await self.ctl.slowlog_get(100_000)
+                   if bytes(e["command"]).upper().startswith(b"EVALSHA")]
+        await self.ctl.slowlog_reset()
+        durations = [e["duration"] / 1000.0 for e in entries]
+        return {"count": len(durations), "max_ms": max(durations) if durations else 0.0,
+                "commandstats": await self.ctl.info("commandstats")}
 
     async def restore(self) -> None:
         for name, value in self.saved.items():

@@ -119,6 +119,21 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
         o, r = dt["ours"]["lag_ms"]["p99"], dt["script_time"]["lag_ms"]["p99"]
         bar("due times of offer_many under load: p99 lag <= 0.5x the script clock's", o / r if r > 0 else None, 0.5,
             False, "x", f"{o:.2f} vs {r:.2f} ms; {dt['ours']['early']} calls more than 1 ms early")
+    if "keys" in sc:
+        k = sc["keys"]
+        bar("keys: keyed offer() >= 70% of unkeyed (64 callers)", k["offer"]["ratio"], 0.7, True, "x",
+            f"{k['offer']['keyed']['items_per_s']:,.0f} vs {k['offer']['unkeyed']['items_per_s']:,.0f} items/s")
+        bar(f"keys: transfer of a keyed backlog >= 70% of unkeyed ({k['transfer_n']:,})", k["transfer"]["ratio"],
+            0.7, True, "x", f"{k['transfer']['keyed']['items_per_s']:,.0f} vs "
+            f"{k['transfer']['unkeyed']['items_per_s']:,.0f} items/s")
+        keyed = {name: c for name, c in k["calls"].items() if name != "return 1"}
+        over = [c["over_1ms"] for c in keyed.values() if c["over_1ms"] is not None]
+        floor = k["calls"].get("return 1") or {}
+        bar(f"keys: get/reschedule/cancel/keyed offer calls over 1 ms with {k['pending_n']:,} pending",
+            sum(over) if over else None, 0, False, "calls",
+            ", ".join(f"{name} mean {c['mean_ms'] or 0:.3f} ms, worst {c['max_ms'] or 0:.2f}"
+                      for name, c in keyed.items())
+            + f"; a script returning 1: {floor.get('over_1ms')} over 1 ms")
     return bars
 
 

@@ -69,6 +69,28 @@ async def test_python_offers_are_delivered_by_javas_transfer_alone_and_none_earl
         await jcall(java, "destroy", name=q.name)
 
 
+async def test_keyed_python_items_are_delivered_by_javas_transfer_and_their_keys_are_then_absent(
+        java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
+    for index, options in enumerate(python_kinds(java)):
+        q = make_queue(name=f"{qname}-keyed-{index}", codec="str", **options)
+        items = [f"key-{i}" for i in range(N)]
+        await q.offer_many([(item, 0.3 + i * 0.02) for i, item in enumerate(items)], keys=items)
+        assert (await q.offer("replaced", 0.3, key="key-0", replace=True)).replaced
+        assert await q.cancel("key-1")
+        assert (await q.get("key-2")).value == "key-2"  # type: ignore[union-attr]
+        got = await jcall(java, "drain", name=q.name, count=N - 1, timeout_ms=10_000)  # Java's transfer only
+        assert sorted(item for item, _ in got) == sorted(["replaced", *items[2:]]), options
+        # Java moved them without touching the key index: the keys read as absent, and are free.
+        for key in items[:5]:
+            assert await q.get(key) is None
+            assert not await q.cancel(key)
+            assert await q.reschedule(key, 1) is None
+        assert (await q.offer("again", 60, key="key-3")).added
+        assert await client.zcard(q.keys.timeout_set) == 1
+        assert await client.llen(q.keys.delay_list) == (1 if options.get("strict") or "wire_format" in options else 0)
+        await jcall(java, "destroy", name=q.name)
+
+
 async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, make_queue: Any,
                                                              client: Redis) -> None:
     q = make_queue(codec="str")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["PURGE", "REQUEUE"]
 
-REQUEUE = Script("requeue", PRELUDE + """
+REQUEUE = Script("requeue", with_prelude("""
 -- KEYS[1] dead-letter list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] channel, KEYS[5] calls
 -- zset, KEYS[6] call replies hash
 -- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]
@@ -67,9 +67,9 @@ end
 local requeued = #entries - #skipped
 remember(KEYS[5], KEYS[6], ARGV[1], now, string.format('%10d%10d', requeued, #skipped))
 return {requeued, #skipped}
-""")
+"""))
 
-PURGE = Script("purge", PRELUDE + """
+PURGE = Script("purge", with_prelude("""
 -- KEYS[1] dead-letter list, KEYS[2] calls zset, KEYS[3] call replies hash
 -- ARGV[1] call id
 -- returns: how many entries were deleted (a resend of the call id: the first run's count).
@@ -79,4 +79,4 @@ local n = redis.call('llen', KEYS[1])
 redis.call('unlink', KEYS[1])
 remember(KEYS[2], KEYS[3], ARGV[1], now_ms(), string.format('%d', n))
 return n
-""")
+"""))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["CANCEL", "GET", "RESCHEDULE"]
 
-CANCEL = Script("cancel", PRELUDE + """
+CANCEL = Script("cancel", with_prelude("""
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5] calls
 -- zset, KEYS[6] call replies hash
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag
@@ -28,9 +28,9 @@ if at then
 end
 remember(KEYS[5], KEYS[6], ARGV[1], now_ms(), tostring(removed))
 return removed
-""")
+"""))
 
-RESCHEDULE = Script("reschedule", PRELUDE + """
+RESCHEDULE = Script("reschedule", with_prelude("""
 -- KEYS as CANCEL
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag, ARGV[4] issue time (server ms as the client
 -- estimates it, '' = none), ARGV[5] delay ms
@@ -57,9 +57,9 @@ elseif at then
 end
 remember(KEYS[5], KEYS[6], ARGV[1], now, due and string.format('%d', due) or '')
 return due
-""")
+"""))
 
-GET = Script("get", PRELUDE + """
+GET = Script("get", with_prelude("""
 -- KEYS[1] timeout zset, KEYS[2] key index hash
 -- ARGV[1] key, ARGV[2] its tag
 -- returns: {payload, due ms (text)} of the pending item of the key, or false (none, or a
@@ -69,4 +69,4 @@ if not score then return false end
 local payload = parse(kv[at + 1])
 if not payload then return false end
 return {payload, score}
-""")
+"""))

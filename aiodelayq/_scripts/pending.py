@@ -4,7 +4,7 @@ REMOVE_PAGE). How the walk's cursor survives concurrent changes: ``aiodelayq/_pe
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["CONTAINS_PAGE", "PAGE_SIZE", "READ_PAGE", "REMOVE_PAGE"]
 
@@ -21,7 +21,7 @@ PAGE_SIZE = 1000
 
 # The walk shared by the page scripts (after the prelude, which brings ``parse``, ``now_ms``,
 # ``first_run``/``remember`` and ``pack_list``/``unpack_list``).
-_WALK = PRELUDE + """
+_WALK = """
 local PAGE_BYTES = 262144
 local CHUNK = 128
 -- a < b in byte order, as the zset orders members of equal score (memcmp). Lua's own '<' uses the
@@ -88,7 +88,7 @@ local function matcher(payloads)
 end
 """
 
-CONTAINS_PAGE = Script("contains_page", _WALK + """
+CONTAINS_PAGE = Script("contains_page", with_prelude(_WALK + """
 -- KEYS[1] timeout zset
 -- ARGV[1] cursor score ('' = from the start), ARGV[2] cursor member, ARGV[3] page size,
 -- ARGV[4] payload
@@ -103,9 +103,9 @@ end)
 if found then return {1} end
 if score then return {0, score, member} end
 return {0}
-""")
+"""))
 
-READ_PAGE = Script("read_page", _WALK + """
+READ_PAGE = Script("read_page", with_prelude(_WALK + """
 -- KEYS[1] timeout zset
 -- ARGV[1] cursor score ('' = from the start), ARGV[2] cursor member, ARGV[3] page size
 -- returns: {cursor score, cursor member, payloads...}: the payloads of this page's elements in zset
@@ -117,9 +117,9 @@ local score, member = walk_page(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), fu
 end)
 if score then out[1], out[2] = score, member end
 return out
-""")
+"""))
 
-REMOVE_PAGE = Script("remove_page", _WALK + """
+REMOVE_PAGE = Script("remove_page", with_prelude(_WALK + """
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] calls zset, KEYS[4] call replies hash
 -- ARGV[1] call id (16 bytes, the same for a resend of this page), ARGV[2] cursor score ('' = from
 -- the start), ARGV[3] cursor member, ARGV[4] page size, ARGV[5] '1': stop at the first match,
@@ -158,4 +158,4 @@ if #hits > 0 or ARGV[6] == '1' then
   remember(KEYS[3], KEYS[4], ARGV[1], now_ms(), pack_list({tostring(#hits), score or '', member or ''}))
 end
 return {#hits, score or false, member or false}
-""")
+"""))

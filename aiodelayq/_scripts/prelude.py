@@ -14,16 +14,23 @@ Element kinds (the layouts, seen from Python, are in ``aiodelayq/_elements.py``)
 ``parse`` accepts every kind and checks every length, so a legacy element is never read as a strict
 one (or the reverse) and garbage is recognised as garbage. An element that satisfies both the strict
 and the legacy layout needs a legacy double whose first byte is 0x08 *and* a one-byte payload
-``"\\0"``; it is read as strict. ``parse`` returns the payload (or nil) and whether the element is a
+``"\\0"``; it is read as strict. ``parse`` returns the payload (or nil), whether the element is a
 fast one (kept out of the insertion-order list, so nothing has to be removed from that list when it
-moves).
+moves), and where its key tag would start (see the keys section below).
 """
 
 from __future__ import annotations
 
-__all__ = ["PRELUDE"]
+import re
 
-PRELUDE = """
+__all__ = ["PRELUDE", "with_prelude"]
+
+# The prelude in pieces: (name, the names it defines, the Lua). A script gets only the pieces it
+# uses (with_prelude): every call runs the prelude's definitions again (closures, constants) and
+# Redis steps Lua's garbage collector every 50 calls, so a GET that carried the whole prelude paid
+# for seventeen functions it never called, and for their garbage.
+_PIECES: list[tuple[str, tuple[str, ...], str]] = [
+    ("parse", ("parse", "LSZ", "FAST_MAGIC"), """
 local LSZ = string.len(struct.pack('L', 0))
 local FAST_MAGIC = 'adq' .. string.char(1)
 local function parse(v)
@@ -31,18 +38,21 @@ local function parse(v)
   local b0 = string.byte(v, 1)
   if b0 == 8 and n >= 9 + LSZ then
     local len = struct.unpack('L', v, 10)
-    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false end
+    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false, 2 end
   end
   if b0 == 20 and n >= 21 + LSZ and string.sub(v, 2, 5) == FAST_MAGIC then
     local len = struct.unpack('L', v, 22)
-    if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true end
+    if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true, 14 end
   end
   if n >= 8 + LSZ then
     local len = struct.unpack('L', v, 9)
-    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ), false end
+    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ), false, 1 end
   end
-  return nil, false
+  return nil, false, nil
 end
+"""),
+    ("dead", ("dead_entry", "DEAD_MAGIC", "DEAD_MAX_DELIVERIES", "DEAD_UNDECODABLE", "DEAD_MALFORMED",
+              "DEAD_NACKED"), """
 -- Dead-letter entries (layout in aiodelayq/_elements.py): 'adq' 0x03 (the envelope, version 1) |
 -- '>B' reason | '>I4' delivery count | '>d' server ms when it died | the raw bytes (the payload, or
 -- the malformed element as found). Entries written before the envelope are raw bytes alone.
@@ -51,11 +61,15 @@ local DEAD_MAX_DELIVERIES, DEAD_UNDECODABLE, DEAD_MALFORMED, DEAD_NACKED = 1, 2,
 local function dead_entry(reason, count, now, raw)
   return DEAD_MAGIC .. struct.pack('>B>I4>d', reason, count, now) .. raw
 end
+"""),
+    ("clock", ("now_ms",), """
 -- The server clock in epoch ms, and the raw TIME reply.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
+"""),
+    ("issue", ("issue_base", "MAX_ISSUE_AGE_MS"), """
 -- The base of due times for a call the client issued at `issued` (server ms as it estimates them,
 -- '' when it has no estimate): the issue time when it is sane (not after now, at most
 -- MAX_ISSUE_AGE_MS before it), else now.
@@ -65,6 +79,8 @@ local function issue_base(issued, now)
   if t and t <= now and t >= now - MAX_ISSUE_AGE_MS then return math.floor(t) end
   return now
 end
+"""),
+    ("chunked", ("chunked",), """
 -- redis.call(cmd, key, [flag,] values...) in chunks of 1000 values (Lua's unpack has a stack
 -- limit); 1000 is even, so ZADD's score/member pairs stay together.
 local function chunked(cmd, key, flag, values)
@@ -77,12 +93,16 @@ local function chunked(cmd, key, flag, values)
     end
   end
 end
+"""),
+    ("reversed", ("reversed",), """
 -- 'lpush' of a reversed list puts the values at the head in their original order.
 local function reversed(values)
   local out = {}
   for i = #values, 1, -1 do out[#out + 1] = values[i] end
   return out
 end
+"""),
+    ("lists", ("pack_list", "unpack_list"), """
 -- A list of strings as one string: each '>I4' length-prefixed (hand-off entries, call replies).
 local function pack_list(values)
   local parts = {}
@@ -98,6 +118,8 @@ local function unpack_list(blob)
   end
   return out
 end
+"""),
+    ("calls", ("first_run", "remember", "CALL_WINDOW_MS"), """
 -- Call ids: 16 random bytes the client picks per logical call and sends again with every resend.
 -- A call that carries one is remembered for CALL_WINDOW_MS (zset 'calls' scored by its first run,
 -- optional reply in the hash 'replies'), so a resend within the window is not applied twice.
@@ -117,6 +139,8 @@ local function remember(calls, replies, id, now, reply)
     redis.call('hdel', replies, unpack(old))
   end
 end
+"""),
+    ("index", ("element_tag", "index_pairs", "index_put", "index_find", "without_pair", "INDEX_V1"), """
 -- Keys (aiodelayq/_keyed.py). The key index hash maps the tag of a key (the first 8 bytes of its
 -- SHA-1, computed by the client) to 0x01 (version) | pack_list({key, element, key, element...}):
 -- the pending element of each key with that tag (one pair, unless two keys collide). A keyed
@@ -152,29 +176,46 @@ local function without_pair(kv, i)
   table.remove(kv, i)
   return kv
 end
--- Drop the index pairs of the `moved` elements (no longer pending: transferred or removed).
-local function unindex(idx, moved)
+"""),
+    ("unindex", ("unindex",), """
+-- Drop the index entries of keyed elements that are no longer pending (transferred or removed):
+-- `moved` elements with, in `starts`, where their tag starts (parse's third value). The usual entry
+-- holds one pair, so it is checked without unpacking: its length and its tail (the element).
+local function unindex(idx, moved, starts)
   if #moved == 0 or redis.call('hlen', idx) == 0 then return end
+  local emptied, seen = {}, {}
   for i = 1, #moved, 1000 do
     local last = math.min(i + 999, #moved)
     local tags = {}
-    for j = i, last do tags[#tags + 1] = element_tag(moved[j]) end
+    for j = i, last do tags[#tags + 1] = string.sub(moved[j], starts[j], starts[j] + 7) end
     local blobs = redis.call('hmget', idx, unpack(tags))
     for j, blob in ipairs(blobs) do
+      local tag = tags[j]
       if blob then
-        -- Read again: an earlier element of this batch may have changed the same entry.
-        local kv = index_pairs(redis.call('hget', idx, tags[j]))
         local v = moved[i + j - 1]
-        for p = #kv - 1, 1, -2 do
-          if kv[p + 1] == v then
-            index_put(idx, tags[j], without_pair(kv, p))
-            break
+        -- A tag met before in this call (a collision) is read again: the first may have changed it.
+        if seen[tag] then blob = redis.call('hget', idx, tag) or '' end
+        seen[tag] = true
+        local n, nv = string.len(blob), string.len(v)
+        if n > 9 + nv and n == 9 + struct.unpack('>I4', blob, 2) + nv
+            and struct.unpack('>I4', blob, n - nv - 3) == nv and string.sub(blob, n - nv + 1) == v then
+          emptied[#emptied + 1] = tag  -- the one pair is this element's
+        elseif n > 9 + nv then
+          local kv = index_pairs(blob)
+          for p = #kv - 1, 1, -2 do
+            if kv[p + 1] == v then
+              index_put(idx, tag, without_pair(kv, p))
+              break
+            end
           end
         end
       end
     end
   end
+  chunked('hdel', idx, nil, emptied)
 end
+"""),
+    ("sweep", ("sweep_index",), """
 -- Stale index pairs (their element was moved by Redisson's transfer, or removed by payload) are
 -- harmless; a few random entries are checked per keyed call so they do not pile up.
 local function sweep_index(idx, zset, probes)
@@ -190,4 +231,23 @@ local function sweep_index(idx, zset, probes)
     if #kept < #kv then index_put(idx, tag, kept) end
   end
 end
-"""
+"""),
+]
+
+PRELUDE = "\n" + "".join(text for _, _, text in _PIECES)
+"""Every piece, in order (for tests and tools; scripts use :func:`with_prelude`)."""
+
+
+def with_prelude(body: str) -> str:
+    """``body`` preceded by the prelude pieces it uses, directly or through other pieces, in order."""
+    needed: set[str] = set()
+    text = body
+    changed = True
+    while changed:  # a piece may use another piece (keys -> parse, chunked, lists)
+        changed = False
+        for name, names, lua in _PIECES:
+            if name not in needed and any(re.search(rf"\b{n}\b", text) for n in names):
+                needed.add(name)
+                text += lua
+                changed = True
+    return "\n" + "".join(lua for name, _, lua in _PIECES if name in needed) + body

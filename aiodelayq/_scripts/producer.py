@@ -4,17 +4,18 @@ packed by the client)."""
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["NATIVE_LONG", "OFFER"]
 
-OFFER = Script("offer", PRELUDE + """
+OFFER = Script("offer", with_prelude("""
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
--- keys, else pack_list of one entry per item: '' (no key), or 'n' | key (keep a pending item of
--- that key) or 'r' | key (replace it); the element of a keyed item carries its key's tag.
+-- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
+-- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
+-- element of a keyed item carries its key's tag.
 -- ARGV[5..] by kind:
 --   'fast':   elements packed by the client (with this server's 'L' size), all in one argument so
 --             the client does not send thousands of arguments: ARGV[5] = concatenated
@@ -37,77 +38,133 @@ local base = issue_base(ARGV[2], now)
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
-local keys = ARGV[4] ~= '' and unpack_list(ARGV[4]) or nil
+local keys = ARGV[4] ~= '' and ARGV[4] or nil
 local earliest = nil
 local letters, kept = {}, {}
--- A keyed item, one at a time (a key may come twice in one call). Returns whether it is written.
-local function keyed(entry, due, value)
-  local key = string.sub(entry, 2)
-  local tag = element_tag(value)
-  local kv, at, score = index_find(KEYS[7], KEYS[2], tag, key)
-  if score and string.sub(entry, 1, 1) ~= 'r' then
-    letters[#letters + 1] = 'p'
-    kept[#kept + 1] = ',' .. score
-    return false
-  end
-  if score then
-    local gone = kv[at + 1]
-    redis.call('zrem', KEYS[2], gone)
-    local _, fast = parse(gone)
-    if not fast then redis.call('lrem', KEYS[3], 1, gone) end
-    letters[#letters + 1] = 'r'
-  else
-    letters[#letters + 1] = 'a'
-  end
-  if at then kv[at + 1] = value else kv[#kv + 1] = key; kv[#kv + 1] = value end
-  index_put(KEYS[7], tag, kv)
-  return true
+-- The element of a strict or legacy item (fast ones come packed).
+local function element(i, keyed)
+  local id, payload = ARGV[i + 1], ARGV[i + 2]
+  if kind == 'legacy' and keyed then return id .. struct.pack('Lc0', string.len(payload), payload) end
+  if kind == 'legacy' then return struct.pack('dLc0', tonumber(id), string.len(payload), payload) end
+  return struct.pack('Bc0Lc0', string.len(id), id, string.len(payload), payload)
 end
-if kind == 'fast' then
+if not keys and kind == 'fast' then
   local blob, pos = ARGV[5], 1
   local zargs = {}
-  for i = 1, tonumber(ARGV[6]) do
-    local d, element
-    d, element, pos = struct.unpack('>dI4c0', blob, pos)
-    local due = base + d
-    local entry = keys and keys[i] or ''
-    if entry == '' then
-      if keys then letters[#letters + 1] = 'a' end
+  for _ = 1, tonumber(ARGV[6]) do
+    local d, v
+    d, v, pos = struct.unpack('>dI4c0', blob, pos)
+    zargs[#zargs + 1] = base + d
+    zargs[#zargs + 1] = v
+    if earliest == nil or base + d < earliest then earliest = base + d end
+  end
+  chunked('zadd', KEYS[2], 'NX', zargs)
+elseif not keys then
+  for i = 5, #ARGV, 3 do
+    local due, v = base + tonumber(ARGV[i]), element(i, false)
+    if redis.call('zadd', KEYS[2], 'NX', due, v) == 1 then
+      redis.call('rpush', KEYS[3], v)
+      if earliest == nil or due < earliest then earliest = due end
+    end
+  end
+else
+  -- With keys: the items, then their index entries in one HMGET per 1000, then one decision per item
+  -- in order against those entries as this call changes them (a key may come twice), then the
+  -- writes in a few calls.
+  local dues, values = {}, {}
+  if kind == 'fast' then
+    local blob, pos = ARGV[5], 1
+    for i = 1, tonumber(ARGV[6]) do
+      local d, v
+      d, v, pos = struct.unpack('>dI4c0', blob, pos)
+      dues[i], values[i] = base + d, v
+    end
+  else
+    for i = 5, #ARGV, 3 do
+      local n = (i - 2) / 3
+      dues[n], values[n] = base + tonumber(ARGV[i]), element(i, string.byte(keys, n) ~= 45)
+    end
+  end
+  local count = #values
+  local cache, dirty, tags, names = {}, {}, {}, {}
+  local pos = count + 1
+  for i = 1, count do
+    if string.byte(keys, i) ~= 45 then  -- '-': no key
+      local len = struct.unpack('>I2', keys, pos)
+      names[i] = string.sub(keys, pos + 2, pos + 1 + len)
+      pos = pos + 2 + len
+      tags[i] = element_tag(values[i])
+      tags[#tags + 1] = tags[i]
+    end
+  end
+  for c = 1, #tags, 1000 do
+    local chunk = {unpack(tags, c, math.min(c + 999, #tags))}
+    for j, blob in ipairs(redis.call('hmget', KEYS[7], unpack(chunk))) do
+      if cache[chunk[j]] == nil then cache[chunk[j]] = index_pairs(blob) end
+    end
+  end
+  local adds, written, gone = {}, {}, {}
+  for i = 1, count do
+    local v, due, key = values[i], dues[i], names[i]
+    if not key then
+      letters[#letters + 1] = 'a'
+      adds[#adds + 1] = i
+    else
+      local tag = tags[i]
+      local kv, at, score = cache[tag], nil, nil
+      for p = 1, #kv, 2 do
+        if kv[p] == key then at = p break end
+      end
+      if at then
+        local old = kv[at + 1]
+        if written[old] then score = written[old]
+        elseif not gone[old] then score = redis.call('zscore', KEYS[2], old) end
+      end
+      if score and string.byte(keys, i) ~= 114 then  -- not 'r'
+        letters[#letters + 1] = 'p'
+        kept[#kept + 1] = ',' .. score
+      else
+        if score then
+          local old = kv[at + 1]
+          if not written[old] then
+            redis.call('zrem', KEYS[2], old)
+            local _, fast = parse(old)
+            if not fast then redis.call('lrem', KEYS[3], 1, old) end
+          end
+          written[old], gone[old] = nil, true
+          letters[#letters + 1] = 'r'
+        else
+          letters[#letters + 1] = 'a'
+        end
+        if at then kv[at + 1] = v else kv[#kv + 1] = key; kv[#kv + 1] = v end
+        if not dirty[tag] then dirty[tag] = true; dirty[#dirty + 1] = tag end
+        adds[#adds + 1] = i
+        written[v] = due
+      end
+    end
+  end
+  local zargs, listed, hargs = {}, {}, {}
+  for _, i in ipairs(adds) do
+    local v, due = values[i], dues[i]
+    if not gone[v] then
       zargs[#zargs + 1] = due
-      zargs[#zargs + 1] = element
+      zargs[#zargs + 1] = v
+      if kind ~= 'fast' then listed[#listed + 1] = v end
       if earliest == nil or due < earliest then earliest = due end
-    elseif keyed(entry, due, element) then
-      redis.call('zadd', KEYS[2], due, element)
-      if earliest == nil or due < earliest then earliest = due end
+    end
+  end
+  for _, tag in ipairs(dirty) do
+    local kv = cache[tag]
+    hargs[#hargs + 1] = tag
+    if #kv == 2 then  -- the usual single pair, without pack_list's table
+      hargs[#hargs + 1] = INDEX_V1 .. struct.pack('>I4', #kv[1]) .. kv[1] .. struct.pack('>I4', #kv[2]) .. kv[2]
+    else
+      hargs[#hargs + 1] = INDEX_V1 .. pack_list(kv)
     end
   end
   chunked('zadd', KEYS[2], 'NX', zargs)
-else
-  for i = 5, #ARGV, 3 do
-    local due = base + tonumber(ARGV[i])
-    local entry = keys and keys[(i - 2) / 3] or ''
-    local id, payload = ARGV[i + 1], ARGV[i + 2]
-    local value
-    if kind == 'legacy' and entry ~= '' then
-      value = id .. struct.pack('Lc0', string.len(payload), payload)
-    elseif kind == 'legacy' then
-      value = struct.pack('dLc0', tonumber(id), string.len(payload), payload)
-    else
-      value = struct.pack('Bc0Lc0', string.len(id), id, string.len(payload), payload)
-    end
-    local write
-    if entry == '' then
-      if keys then letters[#letters + 1] = 'a' end
-      write = redis.call('zadd', KEYS[2], 'NX', due, value) == 1
-    else
-      write = keyed(entry, due, value)
-      if write then redis.call('zadd', KEYS[2], due, value) end
-    end
-    if write then
-      redis.call('rpush', KEYS[3], value)
-      if earliest == nil or due < earliest then earliest = due end
-    end
-  end
+  chunked('rpush', KEYS[3], nil, listed)
+  chunked('hset', KEYS[7], nil, hargs)
 end
 if earliest ~= nil and (old == nil or earliest < old) then
   redis.call('publish', KEYS[4], string.format('%d', earliest))
@@ -117,7 +174,7 @@ if keys then sweep_index(KEYS[7], KEYS[2], 2) end
 -- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.
 remember(KEYS[5], KEYS[6], ARGV[1], base, outcome ~= '' and outcome or nil)
 return {base, now, outcome}
-""")
+"""))
 
 NATIVE_LONG = Script("native_long", """
 -- returns: struct.pack('L', 1): the size and byte order of the server's native unsigned long

@@ -5,13 +5,13 @@ zset scored by its visibility deadline (server ms)."""
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["EXTEND", "RECEIVE", "RELEASE_CALL", "SETTLE"]
 
 # Message elements (layout in aiodelayq/_elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery count |
 # '>d' due ms of this delivery (0 = unknown: a first delivery) | payload.
-_MESSAGES = PRELUDE + """
+_MESSAGES = """
 local MSG_MAGIC = 'adq' .. string.char(2)
 local function message(id, count, due, payload)
   return MSG_MAGIC .. id .. struct.pack('>I4>d', count, due) .. payload
@@ -42,7 +42,7 @@ local function received(inflight, record)
 end
 """
 
-RECEIVE = Script("receive", _MESSAGES + """
+RECEIVE = Script("receive", with_prelude(_MESSAGES + """
 -- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
 -- KEYS[5] call replies hash
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
@@ -105,9 +105,9 @@ local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local result = {now, head[2] or false, dead}
 for _, m in ipairs(out) do result[#result + 1] = m end
 return result
-""")
+"""))
 
-RELEASE_CALL = Script("release_call", _MESSAGES + """
+RELEASE_CALL = Script("release_call", with_prelude(_MESSAGES + """
 -- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
 -- returns: how many messages were released (their delivery undone, see release()).
@@ -125,9 +125,9 @@ else
   remember(KEYS[3], KEYS[4], ARGV[1], now, '')
 end
 return n
-""")
+"""))
 
-SETTLE = Script("settle", _MESSAGES + """
+SETTLE = Script("settle", with_prelude(_MESSAGES + """
 -- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] '' for a first attempt, '1' for a resend after a
 --         lost reply
@@ -175,9 +175,9 @@ if earliest then
   redis.call('publish', KEYS[4], string.format('%d', earliest))
 end
 return results
-""")
+"""))
 
-EXTEND = Script("extend", PRELUDE + """
+EXTEND = Script("extend", with_prelude("""
 -- KEYS[1] in-flight zset
 -- ARGV[1] the message element (this delivery), ARGV[2] visibility timeout ms
 -- returns: the new visibility deadline (server ms: now + timeout) if the delivery is still in
@@ -186,4 +186,4 @@ if not redis.call('zscore', KEYS[1], ARGV[1]) then return false end
 local deadline = now_ms() + tonumber(ARGV[2])
 redis.call('zadd', KEYS[1], 'XX', deadline, ARGV[1])
 return deadline
-""")
+"""))

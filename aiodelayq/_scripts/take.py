@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 from .transfer import TRANSFER_FN
 
 __all__ = ["FINISH", "POP"]
 
-POP = Script("pop", PRELUDE + TRANSFER_FN + """
+POP = Script("pop", with_prelude(TRANSFER_FN + """
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
 -- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
@@ -45,9 +45,9 @@ if items then
 end
 if moved then moved[#moved + 1] = redis.call('llen', KEYS[1]) end
 return out
-""")
+"""))
 
-FINISH = Script("finish", PRELUDE + """
+FINISH = Script("finish", with_prelude("""
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset,
 -- KEYS[4] dead-letter list, KEYS[5] channel
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
@@ -83,4 +83,4 @@ if #back > 0 then
   redis.call('publish', KEYS[5], string.format('%d', now_ms()))
 end
 return #items
-""")
+"""))

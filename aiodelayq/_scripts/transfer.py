@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._connections import Script
-from .prelude import PRELUDE
+from .prelude import with_prelude
 
 __all__ = ["TRANSFER", "TRANSFER_FN"]
 
@@ -24,12 +24,13 @@ TRANSFER_FN = """
 local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   local now, t = now_ms()
   local due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
-  local out, bad, listed, valid = {}, {}, {}, {}
+  local out, bad, listed, valid, starts = {}, {}, {}, {}, {}
   for _, v in ipairs(due) do
-    local payload, fast = parse(v)
+    local payload, fast, start = parse(v)
     if payload then
       out[#out + 1] = payload
       valid[#valid + 1] = v
+      starts[#starts + 1] = start
     else bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v) end
     if not fast then listed[#listed + 1] = v end
   end
@@ -39,7 +40,7 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   chunked('rpush', deadl, nil, bad)
   for _, v in ipairs(listed) do redis.call('lrem', dlist, 1, v) end
   chunked('zrem', zset, nil, due)
-  unindex(idx, valid)
+  unindex(idx, valid, starts)
   local recovered = 0
   for _, id in ipairs(redis.call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)) do
     local blob = redis.call('hget', handoff, id)
@@ -57,7 +58,7 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
 end
 """
 
-TRANSFER = Script("transfer", PRELUDE + TRANSFER_FN + """
+TRANSFER = Script("transfer", with_prelude(TRANSFER_FN + """
 -- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
 -- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset, KEYS[7] key index hash
 -- ARGV[1] at most this many elements are moved
@@ -66,4 +67,4 @@ TRANSFER = Script("transfer", PRELUDE + TRANSFER_FN + """
 local r = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], tonumber(ARGV[1]))
 r[#r + 1] = redis.call('llen', KEYS[1])
 return r
-""")
+"""))

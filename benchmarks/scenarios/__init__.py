@@ -14,6 +14,7 @@ from . import (
     due_times,
     e2e,
     idle,
+    keys,
     lateness,
     lateness_async_for,
     memory,
@@ -35,6 +36,7 @@ REGISTRY: dict[str, Scenario] = {
     "memory": memory.run,
     "drain": drain.run,
     "due_times": due_times.run,
+    "keys": keys.run,
     "big_item_stall": big_item_stall.run,
 }
 EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)

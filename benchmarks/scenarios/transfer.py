@@ -79,7 +79,7 @@ async def _transfer_ours(bench: Bench, n: int, fill_rate: float) -> dict[str, An
         await bench.slowlog.begin()
         t0 = time.perf_counter()
         await cq.open()
-        elapsed, left = await _wait_empty(bench, keys.timeout_set, t0, t0 + 600.0, "ours")
+        elapsed, left = await wait_empty(bench, keys.timeout_set, t0, t0 + 600.0, "ours")
         emptied = left == 0
         stats = cq.stats
         await cq.aclose()
@@ -130,7 +130,7 @@ async def _transfer_reference(bench: Bench, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         await sub.start()
         # The ZCARD that ends the window is served after the script in flight, so it counts that call.
-        elapsed, left = await _wait_empty(bench, keys.timeout_set, t0, t0 + bench.sizes.ref_bound_s, "reference")
+        elapsed, left = await wait_empty(bench, keys.timeout_set, t0, t0 + bench.sizes.ref_bound_s, "reference")
         emptied = left == 0
         await ref_c.stop()
         times = await bench.slowlog.end(lambda a: a[0] == b"EVALSHA" and len(a) > 1 and a[1] == sha)
@@ -153,7 +153,7 @@ async def _transfer_reference(bench: Bench, n: int) -> dict[str, Any]:
         await bench.drop(name)
 
 
-async def _wait_empty(bench: Bench, key: str, t0: float, deadline: float, label: str) -> tuple[float, int]:
+async def wait_empty(bench: Bench, key: str, t0: float, deadline: float, label: str) -> tuple[float, int]:
     """Poll ``ZCARD key`` every 2 ms until 0 or ``deadline``; (seconds since ``t0``, last ZCARD)."""
     next_print = t0 + 2.0
     while True:

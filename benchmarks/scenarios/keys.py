@@ -1,0 +1,136 @@
+"""Scenario ``keys``: what keys cost: keyed ``offer()`` and the transfer of a keyed backlog against the
+same without keys, and the server time of every keyed call with a million keyed items pending."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from _harness import FAR_S, Bench, log, median, payload
+
+from aiodelayq import DelayedQueue
+
+from .transfer import wait_empty
+
+
+async def run(bench: Bench) -> dict[str, Any]:
+    """(A) ``offer_callers`` (64) tasks, each awaiting one ``offer()`` at a time for ``offer_seconds``,
+    without keys and with a unique key per item, interleaved over ``rounds``: items/s, ratio keyed /
+    unkeyed. (B) ``keys_transfer_n`` (100,000) items due at once, without and with keys (filled with
+    ``offer_many``, then a queue opened on another client transfers them back to back): items/s
+    until the zset is empty, ratio. (C) ``keys_pending_n`` (1,000,000) keyed items pending (due in 1
+    h), then 2,000 calls each of ``get``, ``reschedule``, ``cancel`` and a keyed ``offer()`` on random
+    keys: server time per script call from ``SLOWLOG`` (max and p99), bar 1 ms."""
+    s = bench.sizes
+    out: dict[str, Any] = {"callers": s.offer_callers, "transfer_n": s.keys_transfer_n,
+                           "pending_n": s.keys_pending_n}
+    rates: dict[str, list[float]] = {"unkeyed": [], "keyed": []}
+    for rnd in range(s.rounds):
+        for variant in ("unkeyed", "keyed"):
+            rates[variant].append(await _offer_rate(bench, variant == "keyed"))
+            log(f"    offer round {rnd + 1} {variant:8}: {rates[variant][-1]:,.0f} items/s")
+    out["offer"] = {v: {"items_per_s": median(r), "rounds": r} for v, r in rates.items()}
+    out["offer"]["ratio"] = median(rates["keyed"]) / median(rates["unkeyed"])
+    transfer: dict[str, list[float]] = {"unkeyed": [], "keyed": []}
+    for rnd in range(s.rounds):
+        for variant in ("unkeyed", "keyed"):
+            transfer[variant].append(await _transfer_rate(bench, s.keys_transfer_n, variant == "keyed"))
+            log(f"    transfer round {rnd + 1} {variant:8}: {transfer[variant][-1]:,.0f} items/s")
+    out["transfer"] = {v: {"items_per_s": median(r), "rounds": r} for v, r in transfer.items()}
+    out["transfer"]["ratio"] = median(transfer["keyed"]) / median(transfer["unkeyed"])
+    out["calls"] = await _call_times(bench, s.keys_pending_n)
+    return out
+
+
+async def _offer_rate(bench: Bench, keyed: bool) -> float:
+    s = bench.sizes
+    async with bench.fresh_queue("keys-offer", "keyed" if keyed else "unkeyed") as (client, name):
+        q: DelayedQueue[Any] = DelayedQueue(client, name)
+        await q.offer(payload(-1), FAR_S, key="warm-up")  # both scripts loaded, connection open
+        done = 0
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + s.offer_seconds
+
+        async def caller(c: int) -> None:
+            nonlocal done
+            i = c
+            while loop.time() < stop_at:
+                if keyed:
+                    await q.offer(payload(i), FAR_S, key=f"order-{i}")
+                else:
+                    await q.offer(payload(i), FAR_S)
+                done += 1
+                i += s.offer_callers
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(s.offer_callers)))
+        return done / (time.perf_counter() - t0)
+
+
+async def _transfer_rate(bench: Bench, n: int, keyed: bool) -> float:
+    name = bench.name("keys-transfer", "keyed" if keyed else "unkeyed")
+    producer, consumer = bench.client(), bench.client()
+    try:
+        q: DelayedQueue[Any] = DelayedQueue(producer, name)
+        last_due = 0
+        for b in range(0, n, 10_000):
+            count = min(n, b + 10_000) - b
+            pairs = [(payload(i), 0.5) for i in range(b, b + count)]
+            dues = await q.offer_many(pairs, keys=[f"order-{i}" for i in range(b, b + count)] if keyed else None)
+            last_due = max(last_due, *dues)
+        await asyncio.sleep(max(0.0, (last_due + 20 - bench.server_now_ms()) / 1000))  # all due
+        cq: DelayedQueue[Any] = DelayedQueue(consumer, name)
+        t0 = time.perf_counter()
+        async with cq:
+            elapsed, left = await wait_empty(bench, q.keys.timeout_set, t0, t0 + 120.0, "keys")
+        if left:
+            raise RuntimeError(f"keyed transfer: {left} items still pending after 120 s")
+        if keyed and await bench.ctl.hlen(q.keys.key_index):
+            raise RuntimeError("keyed transfer left key index entries behind")
+        return n / elapsed
+    finally:
+        await producer.aclose()
+        await consumer.aclose()
+        await bench.drop(name)
+
+
+async def _each(one: Any, picks: list[int]) -> None:
+    for i in picks:
+        await one(i)
+
+
+async def _call_times(bench: Bench, n: int) -> dict[str, Any]:
+    name = bench.name("keys-calls", "keyed")
+    client = bench.client()
+    try:
+        q: DelayedQueue[Any] = DelayedQueue(client, name)
+        t0 = time.perf_counter()
+        for b in range(0, n, 10_000):
+            count = min(n, b + 10_000) - b
+            await q.offer_many([(payload(i), FAR_S) for i in range(b, b + count)],
+                               keys=[f"order-{i}" for i in range(b, b + count)])
+        log(f"    {n:,} keyed items pending (filled in {time.perf_counter() - t0:.1f} s)")
+        picks = [bench.rng.randrange(n) for _ in range(2000)]
+        trivial = await client.script_load("return 1")  # the floor: a script that does nothing
+        calls = {
+            "get": lambda i: q.get(f"order-{i}"),
+            "reschedule": lambda i: q.reschedule(f"order-{i}", FAR_S + 60),
+            "cancel": lambda i: q.cancel(f"order-{i}"),
+            "offer": lambda i: q.offer(payload(i), FAR_S, key=f"order-{i}"),
+            "return 1": lambda i: client.evalsha(trivial, 0),
+        }
+        out: dict[str, Any] = {}
+        for call, one in calls.items():
+            # Only calls over 1 ms are logged: with the threshold at 0 the server would also log
+            # every command run inside the scripts, and that logging inflates the scripts' times.
+            over = await bench.slowlog.count_over(1000, lambda one=one: _each(one, picks))
+            stats = over["commandstats"].get("cmdstat_evalsha", {})
+            out[call] = {"calls": len(picks), "over_1ms": over["count"], "max_ms": over["max_ms"],
+                         "mean_ms": stats.get("usec_per_call", 0) / 1000 or None}
+            log(f"    {call:10}: {len(picks)} calls, mean server time {out[call]['mean_ms'] or 0:.3f} ms, "
+                f"{over['count']} over 1 ms (worst {over['max_ms'] or 0:.2f} ms)")
+        return out
+    finally:
+        await client.aclose()
+        await bench.drop(name)
