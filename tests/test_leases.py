@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import textwrap
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import InvalidDelayError
+from aiodelayq import InvalidDelayError, Message
 from tests.helpers import first_line, server_ms
 
 
-async def test_extend_moves_the_deadline_and_fails_once_not_held(client: Redis, make_queue: Any) -> None:
+@contextlib.asynccontextmanager
+async def received(make_queue: Any, payload: str, vt_s: float) -> AsyncIterator[tuple[Any, Message[Any]]]:
+    """An open queue and the first delivery of ``payload``, held for ``vt_s`` seconds."""
     q = make_queue(codec="json")
-    await q.offer("job", 0)
+    await q.offer(payload, 0)
     async with q:
-        msg = await q.receive(visibility_timeout=0.5, timeout=5)
+        msg = await q.receive(visibility_timeout=vt_s, timeout=5)
         assert msg is not None
+        yield q, msg
+
+
+async def test_extend_moves_the_deadline_and_fails_once_not_held(client: Redis, make_queue: Any) -> None:
+    async with received(make_queue, "job", 0.5) as (q, msg):
         before = int(await server_ms(client))
         assert await msg.extend(30)
         assert before + 30_000 <= msg.deadline_ms <= await server_ms(client) + 30_000
@@ -31,11 +40,7 @@ async def test_extend_moves_the_deadline_and_fails_once_not_held(client: Redis, 
 
 
 async def test_a_lapsed_delivery_cannot_be_extended(make_queue: Any) -> None:
-    q = make_queue(codec="json")
-    await q.offer("job", 0)
-    async with q:
-        first = await q.receive(visibility_timeout=0.2, timeout=5)
-        assert first is not None
+    async with received(make_queue, "job", 0.2) as (q, first):
         second = await q.receive(visibility_timeout=30, timeout=5)  # after 0.2 s: delivered again
         assert second is not None
         assert second.delivery_count == 2
@@ -44,11 +49,7 @@ async def test_a_lapsed_delivery_cannot_be_extended(make_queue: Any) -> None:
 
 
 async def test_a_lease_keeps_a_long_job_and_stops_at_exit(client: Redis, make_queue: Any) -> None:
-    q = make_queue(codec="json")
-    await q.offer("long", 0)
-    async with q:
-        msg = await q.receive(visibility_timeout=0.3, timeout=5)
-        assert msg is not None
+    async with received(make_queue, "long", 0.3) as (q, msg):
         async with msg.lease() as lease:  # extends every 0.1 s by 0.3 s
             await asyncio.sleep(1.0)  # three timeouts long
             assert await q.receive(visibility_timeout=30, timeout=0.01) is None
@@ -61,11 +62,7 @@ async def test_a_lease_keeps_a_long_job_and_stops_at_exit(client: Redis, make_qu
 
 
 async def test_a_cancelled_block_stops_its_lease(make_queue: Any) -> None:
-    q = make_queue(codec="json")
-    await q.offer("job", 0)
-    async with q:
-        msg = await q.receive(visibility_timeout=0.3, timeout=5)
-        assert msg is not None
+    async with received(make_queue, "job", 0.3) as (q, msg):
         lease = msg.lease()
 
         async def job() -> None:
@@ -85,11 +82,7 @@ async def test_a_cancelled_block_stops_its_lease(make_queue: Any) -> None:
 
 
 async def test_a_lease_that_loses_its_message_says_so(make_queue: Any) -> None:
-    q = make_queue(codec="json")
-    await q.offer("job", 0)
-    async with q:
-        msg = await q.receive(visibility_timeout=0.3, timeout=5)
-        assert msg is not None
+    async with received(make_queue, "job", 0.3) as (_, msg):
         async with msg.lease(every=0.2) as lease:
             assert await msg.ack(confirm=True)  # settled meanwhile (e.g. by another path)
             await asyncio.sleep(0.5)
