@@ -54,3 +54,9 @@ class ServerClock:
             return None
         # The truth is strictly below the upper bound: the largest whole ms strictly below it.
         return math.ceil(at * 1000.0 + self._offset_ms) - 1
+
+    def issue_arg(self, at: float) -> int | str:
+        """The issue-time argument of a script call issued at loop time ``at`` (OFFER, RESCHEDULE,
+        REQUEUE): :meth:`server_ms`, or ``""`` without an estimate (the script uses its own clock)."""
+        issued_ms = self.server_ms(at)
+        return "" if issued_ms is None else issued_ms

@@ -16,11 +16,11 @@ from typing import Any, Generic, TypeVar
 from redis.asyncio import Redis
 
 from ._codec import Codec, decode_item
-from ._connections import call, run_script
+from ._connections import call
 from ._delays import delay_to_ms
 from ._elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
 from ._keys import QueueKeys
-from ._retry import resend_within
+from ._retry import resend_script
 from ._runtime import facts_for
 from ._scripts.dead_letters import PURGE, REQUEUE
 from .exceptions import ConfigurationError, DecodeError
@@ -107,16 +107,12 @@ class DeadLetters:
         while seen < limit:
             page = min(REQUEUE_PAGE, limit - seen)
             ids = requeue_ids(facts.stamps, page)
-            issued_ms = facts.clock.server_ms(loop.time())
-            args = [os.urandom(16), "" if issued_ms is None else issued_ms, delay_ms, self._kind, page, ids]
-
-            async def attempt(remaining_s: float, _resend: bool, args: list[Any] = args) -> Any:
-                return await run_script(self._client, REQUEUE,
+            args = [os.urandom(16), facts.clock.issue_arg(loop.time()), delay_ms, self._kind, page, ids]
+            reply = await resend_script(self._client, REQUEUE,
                                         [k.dead_letter, k.timeout_set, k.delay_list, k.channel, k.calls,
                                          k.call_replies],
-                                        args, timeout_s=remaining_s, what=f"requeue of {k.dead_letter!r}")
-
-            done, skipped = (int(x) for x in await resend_within(attempt, timeout_s=self._call_timeout_s))
+                                        args, timeout_s=self._call_timeout_s, what=f"requeue of {k.dead_letter!r}")
+            done, skipped = (int(x) for x in reply)
             requeued += done
             seen += done + skipped
             if done + skipped < page:  # the list ended
@@ -130,10 +126,6 @@ class DeadLetters:
             BackendError: the call failed.
         """
         k = self._keys
-        args = [os.urandom(16)]
-
-        async def attempt(remaining_s: float, _resend: bool) -> Any:
-            return await run_script(self._client, PURGE, [k.dead_letter, k.calls, k.call_replies], args,
-                                    timeout_s=remaining_s, what=f"purge of {k.dead_letter!r}")
-
-        return int(await resend_within(attempt, timeout_s=self._call_timeout_s))
+        return int(await resend_script(self._client, PURGE, [k.dead_letter, k.calls, k.call_replies],
+                                       [os.urandom(16)], timeout_s=self._call_timeout_s,
+                                       what=f"purge of {k.dead_letter!r}"))

@@ -22,10 +22,10 @@ from typing import Any, Generic, TypeVar
 from redis.asyncio import Redis
 
 from ._codec import Codec, decode_item
-from ._connections import run_script
+from ._connections import Script
 from ._delays import delay_to_ms
 from ._keys import QueueKeys
-from ._retry import resend_within
+from ._retry import resend_script
 from ._runtime import facts_for
 from ._scripts.keys import CANCEL, GET, RESCHEDULE
 from .exceptions import InvalidKeyError
@@ -126,16 +126,12 @@ class KeyedItems:
     def __repr__(self) -> str:
         return f"<KeyedItems {self._keys.key_index!r}>"
 
-    async def _write(self, script: Any, args: list[Any], what: str) -> Any:
+    async def _write(self, script: Script, args: list[Any], what: str) -> Any:
         k = self._keys
-        call_id = os.urandom(16)
-
-        async def attempt(remaining_s: float, _resend: bool) -> Any:
-            return await run_script(self._client, script,
-                                    [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies],
-                                    [call_id, *args], timeout_s=remaining_s, what=f"{what} on {k.destination!r}")
-
-        return await resend_within(attempt, timeout_s=self._call_timeout_s)
+        return await resend_script(self._client, script,
+                                   [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies],
+                                   [os.urandom(16), *args], timeout_s=self._call_timeout_s,
+                                   what=f"{what} on {k.destination!r}")
 
     async def cancel(self, key: str) -> bool:
         """Remove the pending item of ``key``; whether there was one."""
@@ -147,21 +143,16 @@ class KeyedItems:
         ``None`` when no item of that key is pending."""
         raw = check_key(key)
         delay_ms = delay_to_ms(delay)
-        issued_ms = facts_for(self._client).clock.server_ms(asyncio.get_running_loop().time())
-        reply = await self._write(RESCHEDULE, [raw, key_tag(raw), "" if issued_ms is None else issued_ms, delay_ms],
-                                  "reschedule")
+        issued = facts_for(self._client).clock.issue_arg(asyncio.get_running_loop().time())
+        reply = await self._write(RESCHEDULE, [raw, key_tag(raw), issued, delay_ms], "reschedule")
         return None if reply is None else int(reply)
 
     async def get(self, key: str) -> Pending[Any] | None:
         """The pending item of ``key`` (decoded), or ``None``."""
         raw = check_key(key)
         k = self._keys
-
-        async def attempt(remaining_s: float, _resend: bool) -> Any:
-            return await run_script(self._client, GET, [k.timeout_set, k.key_index], [raw, key_tag(raw)],
-                                    timeout_s=remaining_s, what=f"get on {k.destination!r}")
-
-        reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        reply = await resend_script(self._client, GET, [k.timeout_set, k.key_index], [raw, key_tag(raw)],
+                                    timeout_s=self._call_timeout_s, what=f"get on {k.destination!r}")
         if reply is None:
             return None
         payload, due = reply

@@ -149,8 +149,7 @@ class Producer:
         k = self._keys
         keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
         clock = self._facts.clock
-        issued_ms = clock.server_ms(issued)
-        args = [os.urandom(16), "" if issued_ms is None else issued_ms, *offer_args(self._kind, fragments, entries)]
+        args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:

@@ -24,13 +24,13 @@ from typing import Any, Generic, TypeVar, cast
 from redis.asyncio import Redis
 
 from ._codec import decode_item
-from ._connections import Script, run_script
+from ._connections import Script
 from ._elements import parse_message
 from ._keys import QueueKeys
 from ._messages import Message
 from ._options import QueueOptions
 from ._prefetch import PrefetchBuffer
-from ._retry import resend_within, retry_until_done
+from ._retry import resend_script, retry_until_done
 from ._scripts.reliable import RECEIVE, RELEASE_CALL
 from ._settler import Settle, Settler
 from ._tasks import keep, run_through_cancellation
@@ -172,10 +172,9 @@ class ReliableConsumer(Generic[T]):
                     timeout_s: float | None = None) -> Any:
         """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
         (default ``call_timeout_s``)."""
-        return await resend_within(
-            lambda remaining_s, _resend: run_script(self._client, script, keys, args, timeout_s=remaining_s,
-                                                    what=f"{what} on {self._keys.destination!r}"),
-            timeout_s=self._call_timeout_s if timeout_s is None else timeout_s)
+        return await resend_script(self._client, script, keys, args,
+                                   timeout_s=self._call_timeout_s if timeout_s is None else timeout_s,
+                                   what=f"{what} on {self._keys.destination!r}")
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
         """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
+from redis.asyncio import Redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from ._connections import is_permanent
+from ._connections import Script, is_permanent, run_script
 from .exceptions import BackendError
 
-__all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_within", "retry_until_done"]
+__all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_script", "resend_within", "retry_until_done"]
 
 T = TypeVar("T")
 
@@ -89,6 +90,18 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
     deadline = asyncio.get_running_loop().time() + timeout_s
     return await _retry(attempt, deadline=deadline, per_try_s=math.inf, retry_refused=False,
                         stopped=lambda: False)
+
+
+async def resend_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                        timeout_s: float, what: str) -> Any:
+    """:func:`resend_within` of one script call whose resend is harmless with the same arguments
+    (it is read-only, idempotent, or carries a call id among ``args``).
+
+    Raises: as :func:`resend_within`.
+    """
+    return await resend_within(
+        lambda remaining_s, _resend: run_script(client, script, keys, args, timeout_s=remaining_s, what=what),
+        timeout_s=timeout_s)
 
 
 async def retry_until_done(attempt: Callable[[float], Awaitable[T]], *, per_try_s: float,

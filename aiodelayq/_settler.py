@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from ._connections import run_script
 from ._keys import QueueKeys
-from ._retry import resend_within
+from ._retry import resend_script, resend_within
 from ._scripts.reliable import EXTEND, SETTLE
 from ._tasks import keep
 from .exceptions import BackendError
@@ -31,7 +31,8 @@ log = logging.getLogger("aiodelayq")
 
 SettleMode = Literal["ack", "nack", "dead", "undecodable", "release"]
 """What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
-move its payload to the dead-letter list (dead), or undo it as if never received (release)."""
+move its payload to the dead-letter list (dead: reason nacked; undecodable: reason undecodable), or
+undo it as if never received (release)."""
 
 # Settles per SETTLE call: a bounded script run (each settle is one or two O(log N) zset writes).
 MAX_SETTLES_PER_CALL = 500
@@ -97,12 +98,8 @@ class Settler:
             BackendError: the call failed within ``call_timeout_s``.
         """
         k = self._keys
-
-        async def attempt(remaining_s: float, _resend: bool) -> Any:
-            return await run_script(self._client, EXTEND, [k.in_flight], [element, vt_ms], timeout_s=remaining_s,
-                                    what=f"extend on {k.destination!r}")
-
-        reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        reply = await resend_script(self._client, EXTEND, [k.in_flight], [element, vt_ms],
+                                    timeout_s=self._call_timeout_s, what=f"extend on {k.destination!r}")
         return None if reply is None else int(reply)
 
     def behind(self, settles: Sequence[Settle]) -> None:
