@@ -70,9 +70,8 @@ class DeadLetters:
 
     async def read(self, limit: int | None) -> list[DeadLetter[Any]]:
         """The oldest ``limit`` entries (``None``: all), oldest first, decoded where possible."""
+        _check_limit(limit)
         stop = -1 if limit is None else limit - 1
-        if limit is not None and limit < 1:
-            raise ConfigurationError(f"limit must be None or an int >= 1, got {limit!r}")
         entries: list[bytes] = await call(self._client, "LRANGE", self._keys.dead_letter, 0, stop,
                                           what="dead_letters", timeout_s=self._call_timeout_s)
         return [self._letter(entry) for entry in entries]
@@ -94,8 +93,7 @@ class DeadLetters:
             ConfigurationError: a bad ``limit``. InvalidDelayError: a bad ``delay``.
             BackendError: a call failed (the pages before it stay requeued).
         """
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ConfigurationError(f"limit must be None or an int >= 1, got {limit!r}")
+        _check_limit(limit)
         delay_ms = delay_to_ms(delay)
         k = self._keys
         if limit is None:  # what is there now: entries dying meanwhile wait for the next call
@@ -129,3 +127,13 @@ class DeadLetters:
         return int(await resend_script(self._client, PURGE, [k.dead_letter, k.calls, k.call_replies],
                                        [os.urandom(16)], timeout_s=self._call_timeout_s,
                                        what=f"purge of {k.dead_letter!r}"))
+
+
+def _check_limit(limit: object) -> None:
+    """Accept ``None`` or an ``int`` >= 1.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ConfigurationError(f"limit must be None or an int >= 1, got {limit!r}")

@@ -111,18 +111,14 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
     place of the random bytes (fast), of the id (strict) or of the double (legacy), so a transfer
     finds its key index entry."""
     count = len(items)
-    randomness = os.urandom(8 * count)  # one syscall for the whole batch
-    ids = [randomness[8 * i:8 * i + 8] for i in range(count)]
-    if tags is not None:
-        ids = [tag if tag is not None else own for tag, own in zip(tags, ids, strict=True)]
     if kind == "fast":
         assert long_fmt is not None
         pack_len = _long_struct(long_fmt).pack
-        first = stamps.reserve(count)
-        return [(delay_ms, b"".join((_FAST_HEADER, (first + i).to_bytes(8, "big"), ids[i],
-                                     pack_len(len(payload)), payload)))
+        ids = _fast_ids(stamps, count, tags)
+        return [(delay_ms, b"".join((_FAST_HEADER, ids[i], pack_len(len(payload)), payload)))
                 for i, (delay_ms, payload) in enumerate(items)]
     if kind == "strict":
+        ids = _random_or_tags(count, tags)
         return [(delay_ms, ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
     # Legacy: a decimal long the script packs as the double; a keyed item's tag is those 8 bytes.
     legacy_ids: list[bytes | int] = [secrets.randbits(64) - 2**63 if tag is None else tag
@@ -174,12 +170,24 @@ def parse_message(element: bytes) -> ParsedMessage:
     return ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:])
 
 
-def requeue_ids(stamps: InsertionStamps, count: int) -> bytes:
-    """16 bytes per entry for REQUEUE: the id of a fast element after its marker (insertion stamp,
-    8 random bytes); strict and legacy elements use the first 8 bytes as their random id."""
+def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | None = None) -> list[bytes]:
+    """The 16 bytes after a fast element's marker, for ``count`` elements: insertion stamp (8,
+    big-endian µs), then 8 random bytes, or the item's key tag where ``tags`` has one."""
     first = stamps.reserve(count)
-    randomness = os.urandom(8 * count)
-    return b"".join((first + i).to_bytes(8, "big") + randomness[8 * i:8 * i + 8] for i in range(count))
+    return [(first + i).to_bytes(8, "big") + own for i, own in enumerate(_random_or_tags(count, tags))]
+
+
+def _random_or_tags(count: int, tags: list[bytes | None] | None) -> list[bytes]:
+    """8 bytes per item: its key tag where ``tags`` has one, else random."""
+    randomness = os.urandom(8 * count)  # one syscall for the whole batch
+    own = [randomness[8 * i:8 * i + 8] for i in range(count)]
+    return own if tags is None else [tag if tag is not None else mine for tag, mine in zip(tags, own, strict=True)]
+
+
+def requeue_ids(stamps: InsertionStamps, count: int) -> bytes:
+    """16 bytes per entry for REQUEUE: the id of a fast element after its marker (see
+    :func:`_fast_ids`); strict and legacy elements use the first 8 bytes as their random id."""
+    return b"".join(_fast_ids(stamps, count))
 
 
 class ParsedDeadLetter(NamedTuple):
