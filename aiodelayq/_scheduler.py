@@ -157,9 +157,11 @@ class TransferScheduler:
         """A producer published a new earliest due time (epoch ms, server clock)."""
         if due_ms is None or self._anchor is None:
             self._wake.set()
-        elif self._server_ms_to_loop(due_ms) - _TIMER_LEAD_S < self._timer_at:
-            self._aimed_ms = due_ms
-            self.arm_at(self._server_ms_to_loop(due_ms) - _TIMER_LEAD_S)
+        else:
+            when = self._server_ms_to_loop(due_ms) - _TIMER_LEAD_S
+            if when < self._timer_at:  # only an earlier due time is aimed at (arm_at keeps the earlier)
+                self._aimed_ms = due_ms
+                self.arm_at(when)
 
     def arm_at(self, when: float) -> None:
         """Wake at loop time ``when`` unless a wake-up at or before it is already armed."""
@@ -221,15 +223,15 @@ class TransferScheduler:
             when = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
             if next_due is not None:
                 due_at = self._server_ms_to_loop(next_due)
-                if moved + dead == 0 and next_due == self._aimed_ms:
-                    pass  # too early (the timer's lead, or the anchor): at the due time, no lead
-                elif moved + dead == 0:
+                if moved + dead > 0:
+                    due_at -= _TIMER_LEAD_S
+                elif next_due != self._aimed_ms:
                     # Nothing moved: another process (or Redisson) moved the items at the same
                     # due time. Never spin, and leave the race to the others for a moment (2 ms):
                     # with several consuming processes each would otherwise transfer every item.
                     due_at = max(due_at, self._loop.time() + _AFTER_EMPTY_S)
-                else:
-                    due_at -= _TIMER_LEAD_S
+                # else: too early for the item it aimed at (the timer's lead, or the anchor): at
+                # its due time, without the lead.
                 self._aimed_ms = next_due
                 when = min(when, due_at)
             self.arm_at(when)

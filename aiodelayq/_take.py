@@ -133,7 +133,7 @@ class TakePump:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)
-        if once or self._drained_at is None or loop.time() >= self._drained_at + _DRAINED_FOR_S:
+        if once or not self._just_drained(loop.time()):
             self.notify()
         else:
             self._recheck_later(loop)
@@ -174,6 +174,11 @@ class TakePump:
         self._drained_at = None
         self._wake.set()
 
+    def _just_drained(self, now: float) -> bool:
+        """A pop found the list empty less than ``_DRAINED_FOR_S`` before ``now`` (loop time), and
+        nothing announced items since."""
+        return self._drained_at is not None and now < self._drained_at + _DRAINED_FOR_S
+
     def _recheck_later(self, loop: asyncio.AbstractEventLoop) -> None:
         """A waiter did not pop because the list was just found empty: pop for it anyway once that
         is ``_DRAINED_FOR_S`` old, unless something woke the pump before."""
@@ -190,8 +195,9 @@ class TakePump:
         self._recheck = None
         if self._closed is not None or not self._waiters:
             return
-        if self._drained_at is not None and self._drained_at + _DRAINED_FOR_S > asyncio.get_running_loop().time():
-            self._recheck_later(asyncio.get_running_loop())  # a later short pop: from that one
+        loop = asyncio.get_running_loop()
+        if self._just_drained(loop.time()):
+            self._recheck_later(loop)  # a later short pop: from that one
             return
         self.notify()
 
@@ -199,10 +205,10 @@ class TakePump:
         """The scheduler would transfer now. If callers are waiting, or one is still taking from the
         prefetch buffer (it will wait within about a round trip: the buffer is held no longer), the
         next POP transfers first (up to ``limit`` elements): one round trip instead of a TRANSFER and
-        then a POP. Returns a
-        future of ``(sent, received, transfer reply)`` (loop times of the call; the reply is
-        ``None`` when the POP was a resend that did not transfer) or of ``None`` when the pump did
-        not do it (the scheduler then transfers itself); ``None`` at once when nobody waits."""
+        then a POP. Returns a future of ``(sent, received, transfer reply)`` (loop times of the
+        call; the reply is ``None`` when the POP was a resend that did not transfer) or of ``None``
+        when the pump did not do it (the scheduler then transfers itself); ``None`` at once when
+        nobody waits."""
         if (self._closed is not None or self._backing_off or self._transfer_ask is not None
                 or not (self._wanted() or self._buffer)):
             return None
