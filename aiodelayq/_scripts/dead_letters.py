@@ -32,7 +32,7 @@ for i, e in ipairs(entries) do
   local raw, reason = e, 0
   if string.sub(e, 1, 4) == DEAD_MAGIC and string.len(e) >= 17 then
     reason = string.byte(e, 5)
-    if reason >= 1 and reason <= 4 then raw = string.sub(e, 18) else reason = 0 end
+    if reason >= DEAD_MAX_DELIVERIES and reason <= DEAD_NACKED then raw = string.sub(e, 18) else reason = 0 end
   end
   if reason == DEAD_MALFORMED then
     skipped[#skipped + 1] = e
