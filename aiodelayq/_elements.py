@@ -177,9 +177,15 @@ def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | No
     return [(first + i).to_bytes(8, "big") + own for i, own in enumerate(_random_or_tags(count, tags))]
 
 
+_CLEAR_TOP_BIT = bytes(b & 0x7F for b in range(256))
+
+
 def _random_or_tags(count: int, tags: list[bytes | None] | None) -> list[bytes]:
-    """8 bytes per item: its key tag where ``tags`` has one, else random."""
-    randomness = os.urandom(8 * count)  # one syscall for the whole batch
+    """8 bytes per item: its key tag where ``tags`` has one, else random with the top bit clear (a
+    key tag has it set: see ``_keyed.key_tag``)."""
+    buffer = bytearray(os.urandom(8 * count))  # one syscall for the whole batch
+    buffer[0::8] = buffer[0::8].translate(_CLEAR_TOP_BIT)
+    randomness = bytes(buffer)
     own = [randomness[8 * i:8 * i + 8] for i in range(count)]
     return own if tags is None else [tag if tag is not None else mine for tag, mine in zip(tags, own, strict=True)]
 

@@ -2,7 +2,7 @@
 returns (:class:`Pending`), and ``cancel``/``reschedule``/``get`` (:class:`KeyedItems`).
 
 A key is unique among the pending items of a queue. The key index (``QueueKeys.key_index``) maps the
-key's tag (the first 8 bytes of its SHA-1) to the pending element; the element carries the tag in
+key's tag (the first 8 bytes of its SHA-1, top bit set) to the pending element; the element carries the tag in
 its id, so a transfer drops the index entry of what it moves: once a keyed item falls due its key is
 free again (a message in flight after ``receive()`` has no key). Every keyed call is one script call,
 O(log N) in the pending count for fast elements; strict and legacy elements also leave Redisson's
@@ -99,8 +99,11 @@ def check_key(key: object) -> bytes:
 
 
 def key_tag(raw_key: bytes) -> bytes:
-    """The 8-byte tag of a key: its index field, carried in the id of its element."""
-    return hashlib.sha1(raw_key).digest()[:8]
+    """The 8-byte tag of a key: its index field, carried in the id of its element; the first 8 bytes
+    of its SHA-1 with the top bit set (the random bytes of unkeyed elements have it clear, so a
+    transfer knows which moved elements own an index field)."""
+    digest = hashlib.sha1(raw_key).digest()
+    return bytes((digest[0] | 0x80,)) + digest[1:8]
 
 
 def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:

@@ -38,10 +38,11 @@ class QueueKeys:
         calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
             the dedupe window is not applied twice (aiodelayq only).
         call_replies: hash of the replies of those calls that a resend must repeat.
-        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the first 8
-            bytes of SHA-1(key), value = version byte 0x01 + the (key, pending element) pairs of
-            that hash (one, unless two keys collide). Entries whose element is no longer pending
-            are stale: ignored, and removed by transfers, keyed calls and sampling.
+        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the key's
+            tag (the first 8 bytes of SHA-1(key), top bit set; ``#`` + the SHA-1 hex for a key
+            whose tag another pending key holds), value = version byte 0x01 + the key and its
+            pending element. Entries whose element is no longer pending are stale: ignored, and
+            removed by transfers, keyed calls and sampling.
     """
 
     destination: str

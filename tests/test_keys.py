@@ -110,20 +110,34 @@ async def test_bad_keys_write_nothing(client: Redis, make_queue: Any) -> None:
     assert await client.exists(q.keys.key_index) == 0
 
 
-async def test_keys_whose_tags_collide_share_an_index_entry(client: Redis, make_queue: Any) -> None:
+async def test_a_key_whose_tag_is_taken_goes_to_its_overflow_field(client: Redis, make_queue: Any) -> None:
+    """A SHA-1 prefix collision, staged: the field of "b"'s tag holds another key's pending item."""
     q = make_queue(codec="json")
-    await q.offer("b", 60, key="b")
     await q.offer("o", 60, key="o")
     idx, tag_b = q.keys.key_index, key_tag(b"b")
-    blob_b, blob_o = await client.hget(idx, tag_b), await client.hget(idx, key_tag(b"o"))
-    # As a SHA-1 prefix collision stores them: "o"'s pair first, then "b"'s, under one tag.
-    await client.hset(idx, tag_b, blob_o + blob_b[1:])
+    blob_o = await client.hget(idx, key_tag(b"o"))
+    await client.hset(idx, tag_b, blob_o)  # as if "o" and "b" had the same tag
+    first = await q.offer("b", 0.3, key="b")
+    assert first.added
+    assert await client.hget(idx, tag_b) == blob_o  # the other key's entry is untouched
+    assert await client.hexists(idx, "overflow")
+    b_element = next(m for m in await client.zrange(q.keys.timeout_set, 0, -1) if m.endswith(b'"b"'))
+    assert b_element[13:21] == bytes((tag_b[0] & 0x7F,)) + tag_b[1:]  # no transfer drops "o"'s field
     got = await q.get("b")
     assert got is not None
     assert got.value == "b"
-    assert (await q.offer("b2", 60, key="b")).added is False
+    assert (await q.offer("b2", 0.3, key="b")).added is False  # deduplicated from the overflow field
+    replaced = await q.offer("b3", 0.3, key="b", replace=True)
+    assert replaced.replaced
+    async with q:
+        assert await q.poll(5) == "b3"  # due: moved once, its key free again
+    assert await q.get("b") is None
+    assert await client.hget(idx, tag_b) == blob_o
+    assert (await q.offer("b4", 60, key="b")).added
     assert await q.cancel("b")
-    assert await client.hget(idx, tag_b) == blob_o  # the other key's pair stays
+    assert await q.get("b") is None
+    assert (await q.get("o")) is not None  # "o" was never disturbed
+    assert await q.size() == 1
 
 
 async def test_stale_index_entries_are_ignored_and_swept(client: Redis, make_queue: Any) -> None:

@@ -14,18 +14,15 @@ CANCEL = Script("cancel", with_prelude("""
 -- returns: 1 if the pending item of the key was removed, 0 if none was pending (a stale index
 -- entry is dropped). A resend of the call id returns the first run's answer.
 if first_run(KEYS[5], ARGV[1]) then return tonumber(redis.call('hget', KEYS[6], ARGV[1])) end
-local kv, at, score = index_find(KEYS[3], KEYS[1], ARGV[3], ARGV[2])
+local v, score, field = index_find(KEYS[3], KEYS[1], ARGV[3], ARGV[2])
 local removed = 0
-if at then
-  local gone = kv[at + 1]
-  if score then
-    redis.call('zrem', KEYS[1], gone)
-    local _, fast = parse(gone)
-    if not fast then redis.call('lrem', KEYS[2], 1, gone) end
-    removed = 1
-  end
-  index_put(KEYS[3], ARGV[3], without_pair(kv, at))
+if score then
+  redis.call('zrem', KEYS[1], v)
+  local _, fast = parse(v)
+  if not fast then redis.call('lrem', KEYS[2], 1, v) end
+  removed = 1
 end
+if field then redis.call('hdel', KEYS[3], field) end
 remember(KEYS[5], KEYS[6], ARGV[1], now_ms(), tostring(removed))
 return removed
 """))
@@ -43,17 +40,17 @@ if first_run(KEYS[5], ARGV[1]) then
   return tonumber(r)
 end
 local now = now_ms()
-local kv, at, score = index_find(KEYS[3], KEYS[1], ARGV[3], ARGV[2])
+local v, score, field = index_find(KEYS[3], KEYS[1], ARGV[3], ARGV[2])
 local due = false
 if score then
   due = issue_base(ARGV[4], now) + tonumber(ARGV[5])
   local head = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
-  redis.call('zadd', KEYS[1], 'XX', due, kv[at + 1])
+  redis.call('zadd', KEYS[1], 'XX', due, v)
   if head[2] == nil or due < tonumber(head[2]) then
     redis.call('publish', KEYS[4], string.format('%d', due))
   end
-elseif at then
-  index_put(KEYS[3], ARGV[3], without_pair(kv, at))
+elseif field then
+  redis.call('hdel', KEYS[3], field)
 end
 remember(KEYS[5], KEYS[6], ARGV[1], now, due and string.format('%d', due) or '')
 return due
@@ -64,9 +61,9 @@ GET = Script("get", with_prelude("""
 -- ARGV[1] key, ARGV[2] its tag
 -- returns: {payload, due ms (text)} of the pending item of the key, or false (none, or a
 -- malformed element). Read-only.
-local kv, at, score = index_find(KEYS[2], KEYS[1], ARGV[2], ARGV[1])
+local v, score = index_find(KEYS[2], KEYS[1], ARGV[2], ARGV[1])
 if not score then return false end
-local payload = parse(kv[at + 1])
+local payload = parse(v)
 if not payload then return false end
 return {payload, score}
 """))

@@ -140,14 +140,20 @@ local function remember(calls, replies, id, now, reply)
   end
 end
 """),
-    ("index", ("element_tag", "index_pairs", "index_put", "index_find", "without_pair", "INDEX_V1"), """
--- Keys (aiodelayq/_keyed.py). The key index hash maps the tag of a key (the first 8 bytes of its
--- SHA-1, computed by the client) to 0x01 (version) | pack_list({key, element, key, element...}):
--- the pending element of each key with that tag (one pair, unless two keys collide). A keyed
--- element carries its key's tag in its id, so a transfer can find its index entry without
--- knowing the key: fast: the last 8 bytes of the id (after the marker and the stamp); strict:
--- the 8-byte id; legacy: the 8 bytes of the double. Unkeyed elements have random bytes there.
-local INDEX_V1 = string.char(1)
+    ("index", ("element_tag", "index_pairs", "index_pair", "overflow_field", "index_find", "INDEX_V1",
+               "INDEX_OVERFLOW"), """
+-- Keys (aiodelayq/_keyed.py). The key index hash maps a field to 0x01 (version) | pack_list({key,
+-- element}): one pair per field, the key and its pending element. The field is the key's tag (the
+-- first 8 bytes of its SHA-1, top bit set, computed by the client), carried in the element's id,
+-- so a transfer finds the entry of what it moves without knowing the key: fast: the last 8 bytes
+-- of the id (after the marker and the stamp); strict: the 8-byte id; legacy: the 8 bytes of the
+-- double. Unkeyed fast elements have random bytes there with the top bit clear: a transfer can
+-- drop the field of a moved fast element with the bit set without reading it (TRANSFER's cost).
+-- A key whose tag is taken by another key with a pending element (a SHA-1 prefix collision) goes
+-- to its overflow field ('#' .. SHA-1 hex of the key) with its fast element's tag bit cleared
+-- (so no transfer ever drops the other key's field), and the field INDEX_OVERFLOW is set once:
+-- from then on lookups that miss the tag also read the overflow field.
+local INDEX_V1, INDEX_OVERFLOW = string.char(1), 'overflow'
 local function element_tag(v)
   local n, b0 = string.len(v), string.byte(v, 1)
   if b0 == 8 and n >= 9 + LSZ and struct.unpack('L', v, 10) == n - 9 - LSZ then return string.sub(v, 2, 9) end
@@ -158,77 +164,58 @@ local function index_pairs(blob)
   if not blob or string.sub(blob, 1, 1) ~= INDEX_V1 then return {} end
   return unpack_list(string.sub(blob, 2))
 end
-local function index_put(idx, tag, kv)
-  if #kv == 0 then redis.call('hdel', idx, tag)
-  else redis.call('hset', idx, tag, INDEX_V1 .. pack_list(kv)) end
+local function index_pair(key, v)
+  return INDEX_V1 .. struct.pack('>I4', string.len(key)) .. key .. struct.pack('>I4', string.len(v)) .. v
 end
--- The index pairs of `tag`, the position of `key` among them (nil: not there) and the score of its
--- element (nil: not pending, a stale entry).
+local function overflow_field(key)
+  return '#' .. redis.sha1hex(key)
+end
+-- The pending element of `key`, its score (nil: not pending, a stale entry) and its field; nil
+-- when the index has no entry for the key.
 local function index_find(idx, zset, tag, key)
-  local kv = index_pairs(redis.call('hget', idx, tag))
-  for i = 1, #kv, 2 do
-    if kv[i] == key then return kv, i, redis.call('zscore', zset, kv[i + 1]) end
+  local field, kv = tag, index_pairs(redis.call('hget', idx, tag))
+  if kv[1] ~= key and redis.call('hget', idx, INDEX_OVERFLOW) then
+    field = overflow_field(key)
+    kv = index_pairs(redis.call('hget', idx, field))
   end
-  return kv, nil, nil
-end
-local function without_pair(kv, i)
-  table.remove(kv, i + 1)
-  table.remove(kv, i)
-  return kv
+  if kv[1] ~= key then return nil, nil, nil end
+  return kv[2], redis.call('zscore', zset, kv[2]), field
 end
 """),
     ("unindex", ("unindex",), """
 -- Drop the index entries of keyed elements that are no longer pending (transferred or removed):
--- `moved` elements with, in `starts`, where their tag starts (parse's third value). The usual entry
--- holds one pair, so it is checked without unpacking: its length and its tail (the element).
+-- `moved` elements with, in `starts`, where their tag starts (parse's third value). A fast element
+-- with the tag bit set owns its field (see the index section): dropped unread. Strict and legacy
+-- ids are Redisson's random bytes as often as tags: their field is dropped only if it holds
+-- this very element.
 local function unindex(idx, moved, starts)
   if #moved == 0 or redis.call('hlen', idx) == 0 then return end
-  local emptied, seen = {}, {}
-  for i = 1, #moved, 1000 do
-    local last = math.min(i + 999, #moved)
-    local tags = {}
-    for j = i, last do tags[#tags + 1] = string.sub(moved[j], starts[j], starts[j] + 7) end
-    local blobs = redis.call('hmget', idx, unpack(tags))
-    for j, blob in ipairs(blobs) do
-      local tag = tags[j]
-      if blob then
-        local v = moved[i + j - 1]
-        -- A tag met before in this call (a collision) is read again: the first may have changed it.
-        if seen[tag] then blob = redis.call('hget', idx, tag) or '' end
-        seen[tag] = true
-        local n, nv = string.len(blob), string.len(v)
-        if n > 9 + nv and n == 9 + struct.unpack('>I4', blob, 2) + nv
-            and struct.unpack('>I4', blob, n - nv - 3) == nv and string.sub(blob, n - nv + 1) == v then
-          emptied[#emptied + 1] = tag  -- the one pair is this element's
-        elseif n > 9 + nv then
-          local kv = index_pairs(blob)
-          for p = #kv - 1, 1, -2 do
-            if kv[p + 1] == v then
-              index_put(idx, tag, without_pair(kv, p))
-              break
-            end
-          end
-        end
-      end
+  local owned, tags, elements = {}, {}, {}
+  for j, v in ipairs(moved) do
+    local s = starts[j]
+    if s ~= 14 then
+      tags[#tags + 1] = string.sub(v, s, s + 7)
+      elements[#elements + 1] = v
+    elseif string.byte(v, 14) >= 128 then
+      owned[#owned + 1] = string.sub(v, 14, 21)
     end
   end
-  chunked('hdel', idx, nil, emptied)
+  for i = 1, #tags, 1000 do
+    local blobs = redis.call('hmget', idx, unpack(tags, i, math.min(i + 999, #tags)))
+    for j, blob in ipairs(blobs) do
+      if blob and index_pairs(blob)[2] == elements[i + j - 1] then owned[#owned + 1] = tags[i + j - 1] end
+    end
+  end
+  chunked('hdel', idx, nil, owned)
 end
 """),
     ("sweep", ("sweep_index",), """
 -- Stale index pairs (their element was moved by Redisson's transfer, or removed by payload) are
 -- harmless; a few random entries are checked per keyed call so they do not pile up.
 local function sweep_index(idx, zset, probes)
-  for _, tag in ipairs(redis.call('hrandfield', idx, probes)) do
-    local kv = index_pairs(redis.call('hget', idx, tag))
-    local kept = {}
-    for p = 1, #kv, 2 do
-      if redis.call('zscore', zset, kv[p + 1]) then
-        kept[#kept + 1] = kv[p]
-        kept[#kept + 1] = kv[p + 1]
-      end
-    end
-    if #kept < #kv then index_put(idx, tag, kept) end
+  for _, field in ipairs(redis.call('hrandfield', idx, probes)) do
+    local kv = index_pairs(redis.call('hget', idx, field))
+    if kv[2] and not redis.call('zscore', zset, kv[2]) then redis.call('hdel', idx, field) end
   end
 end
 """),

@@ -86,7 +86,7 @@ else
     end
   end
   local count = #values
-  local cache, dirty, tags, names = {}, {}, {}, {}
+  local cache, dirty, tags, names, asked = {}, {}, {}, {}, {}
   local pos = count + 1
   for i = 1, count do
     if string.byte(keys, i) ~= 45 then  -- '-': no key
@@ -94,38 +94,47 @@ else
       names[i] = string.sub(keys, pos + 2, pos + 1 + len)
       pos = pos + 2 + len
       tags[i] = element_tag(values[i])
-      tags[#tags + 1] = tags[i]
+      asked[#asked + 1] = tags[i]
     end
   end
-  for c = 1, #tags, 1000 do
-    local chunk = {unpack(tags, c, math.min(c + 999, #tags))}
-    for j, blob in ipairs(redis.call('hmget', KEYS[7], unpack(chunk))) do
-      if cache[chunk[j]] == nil then cache[chunk[j]] = index_pairs(blob) end
+  for c = 1, #asked, 1000 do
+    local last = math.min(c + 999, #asked)
+    for j, blob in ipairs(redis.call('hmget', KEYS[7], unpack(asked, c, last))) do
+      if cache[asked[c + j - 1]] == nil then cache[asked[c + j - 1]] = index_pairs(blob) end
     end
   end
   local adds, written, gone = {}, {}, {}
+  local overflow, spilled = redis.call('hget', KEYS[7], INDEX_OVERFLOW) ~= false, false
+  -- The pair at an index field as this call left it ({} if none), read once.
+  local function pair_at(field)
+    if cache[field] == nil then cache[field] = index_pairs(redis.call('hget', KEYS[7], field)) end
+    return cache[field]
+  end
+  -- The score of an element as this call left it (nil: not pending).
+  local function score_of(v)
+    if written[v] then return written[v] end
+    if gone[v] then return nil end
+    return redis.call('zscore', KEYS[2], v)
+  end
   for i = 1, count do
     local v, due, key = values[i], dues[i], names[i]
     if not key then
       letters[#letters + 1] = 'a'
       adds[#adds + 1] = i
     else
-      local tag = tags[i]
-      local kv, at, score = cache[tag], nil, nil
-      for p = 1, #kv, 2 do
-        if kv[p] == key then at = p break end
+      local field = tags[i]
+      local kv = cache[field]
+      if kv[1] ~= key and overflow and pair_at(overflow_field(key))[1] == key then
+        field = overflow_field(key)
+        kv = cache[field]
       end
-      if at then
-        local old = kv[at + 1]
-        if written[old] then score = written[old]
-        elseif not gone[old] then score = redis.call('zscore', KEYS[2], old) end
-      end
+      local score = kv[1] == key and score_of(kv[2]) or nil
       if score and string.byte(keys, i) ~= 114 then  -- not 'r'
         letters[#letters + 1] = 'p'
         kept[#kept + 1] = ',' .. score
       else
         if score then
-          local old = kv[at + 1]
+          local old = kv[2]
           if not written[old] then
             redis.call('zrem', KEYS[2], old)
             local _, fast = parse(old)
@@ -136,8 +145,18 @@ else
         else
           letters[#letters + 1] = 'a'
         end
-        if at then kv[at + 1] = v else kv[#kv + 1] = key; kv[#kv + 1] = v end
-        if not dirty[tag] then dirty[tag] = true; dirty[#dirty + 1] = tag end
+        if kv[1] ~= key and kv[2] and score_of(kv[2]) then
+          -- The tag belongs to another key with a pending element (a SHA-1 prefix collision).
+          field = overflow_field(key)
+          pair_at(field)
+          overflow, spilled = true, true
+        end
+        if field ~= tags[i] and string.byte(v, 1) == 20 then  -- no transfer may drop the tag's field
+          v = string.sub(v, 1, 13) .. string.char(string.byte(v, 14) % 128) .. string.sub(v, 15)
+          values[i] = v
+        end
+        cache[field] = {key, v}
+        if not dirty[field] then dirty[field] = true; dirty[#dirty + 1] = field end
         adds[#adds + 1] = i
         written[v] = due
       end
@@ -153,14 +172,13 @@ else
       if earliest == nil or due < earliest then earliest = due end
     end
   end
-  for _, tag in ipairs(dirty) do
-    local kv = cache[tag]
-    hargs[#hargs + 1] = tag
-    if #kv == 2 then  -- the usual single pair, without pack_list's table
-      hargs[#hargs + 1] = INDEX_V1 .. struct.pack('>I4', #kv[1]) .. kv[1] .. struct.pack('>I4', #kv[2]) .. kv[2]
-    else
-      hargs[#hargs + 1] = INDEX_V1 .. pack_list(kv)
-    end
+  for _, field in ipairs(dirty) do
+    hargs[#hargs + 1] = field
+    hargs[#hargs + 1] = index_pair(cache[field][1], cache[field][2])
+  end
+  if spilled then
+    hargs[#hargs + 1] = INDEX_OVERFLOW
+    hargs[#hargs + 1] = '1'
   end
   chunked('zadd', KEYS[2], 'NX', zargs)
   chunked('rpush', KEYS[3], nil, listed)
