@@ -1,4 +1,4 @@
-"""Coalesces concurrent ``offer()`` calls into one offer script call per round trip."""
+"""Coalesces concurrent ``offer()`` calls into few offer script calls, at most two in flight."""
 
 from __future__ import annotations
 
@@ -8,16 +8,26 @@ from typing import Any
 
 __all__ = ["OfferBatcher"]
 
+# Offers that arrive in one event loop turn go out together. Under load a call goes out as soon as
+# as many offers are waiting as the calls in flight carry (at least SPLIT_MIN_ITEMS), so the server
+# runs one call while this process encodes the next and hands out the results of the other: with
+# one call at a time the two sides took turns (a keyed offer's script time added straight to every
+# caller's latency).
+MAX_IN_FLIGHT = 2
+SPLIT_MIN_ITEMS = 16
+
 
 class OfferBatcher:
-    """While one script call is in flight, offers that arrive wait and go out together in the next.
+    """Sends waiting offers in script calls, at most :data:`MAX_IN_FLIGHT` at a time.
 
-    A lone offer is sent at once (no added latency); under concurrency each round trip carries every
-    offer that arrived meanwhile, up to ``max_items`` items and ``max_bytes`` bytes (an item larger
-    than ``max_bytes`` goes alone), so one big item never makes small ones fail with it. The flush
-    task lives only while offers are waiting or in flight; callers await their own future, so a
-    cancelled caller whose offer was not sent yet is simply left out (an offer already sent may have
-    been written, as with any cancelled request).
+    A lone offer is sent at once (no added latency). Offers that arrive in the same event loop turn
+    go out together, up to ``max_items`` items and ``max_bytes`` bytes (an item larger than
+    ``max_bytes`` goes alone), so one big item never makes small ones fail with it; when both calls
+    are in flight they wait for one to finish. Each call is a task that lives only while its call is
+    in flight; callers await their own future, so a cancelled caller whose offer was not sent yet is
+    simply left out (an offer already sent may have been written, as with any cancelled request).
+    Two calls in flight may run on the server in either order: offers of concurrent callers have no
+    order, and one caller's offers, awaited one after the other, are never in flight together.
     """
 
     def __init__(self, send: Callable[[list[Any]], Awaitable[list[int]]], *, max_items: int,
@@ -27,19 +37,43 @@ class OfferBatcher:
         self._max_bytes = max_bytes
         self._size = size
         self._pending: list[tuple[Any, asyncio.Future[int]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Task[None]] = set()
+        self._flush_soon = False
+        self._in_flight_items = 0
 
     def __repr__(self) -> str:
-        return f"<OfferBatcher pending={len(self._pending)} flushing={self._flusher is not None}>"
+        return f"<OfferBatcher pending={len(self._pending)} in_flight={len(self._calls)}>"
+
+    @property
+    def in_flight(self) -> int:
+        """Script calls in flight."""
+        return len(self._calls)
 
     async def submit(self, fragment: Any) -> int:
         """Queue one prepared item; return its due time (epoch ms)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         self._pending.append((fragment, future))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush(), name="aiodelayq-offer-batch")
+        if len(self._pending) >= max(SPLIT_MIN_ITEMS, self._in_flight_items):
+            self._flush()
+        elif not self._flush_soon:
+            # After the callbacks already due in this loop turn: the offers they make join this call.
+            self._flush_soon = True
+            loop.call_soon(self._flush_now)
         return await future
+
+    def _flush_now(self) -> None:
+        self._flush_soon = False
+        self._flush()
+
+    def _flush(self) -> None:
+        """Start calls for the waiting offers while fewer than MAX_IN_FLIGHT are in flight."""
+        loop = asyncio.get_running_loop()
+        while self._pending and len(self._calls) < MAX_IN_FLIGHT:
+            batch = self._next_batch()
+            if batch:
+                self._in_flight_items += len(batch)
+                self._calls.add(loop.create_task(self._call(batch), name="aiodelayq-offer-batch"))
 
     def _next_batch(self) -> list[tuple[Any, asyncio.Future[int]]]:
         batch: list[tuple[Any, asyncio.Future[int]]] = []
@@ -56,28 +90,36 @@ class OfferBatcher:
         del self._pending[:taken]
         return batch
 
-    async def _flush(self) -> None:
+    async def _call(self, batch: list[tuple[Any, asyncio.Future[int]]]) -> None:
+        task = asyncio.current_task()
+        cancelled = False
         try:
-            while self._pending:
-                batch = self._next_batch()
-                if not batch:
-                    continue
-                try:
-                    dues = await self._send([t for t, _ in batch])
-                except BaseException as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                            future.exception()  # retrieved: its caller may have left
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    continue
-                for (_, future), due in zip(batch, dues, strict=True):
-                    if not future.done():
-                        future.set_result(due)
-        finally:
-            self._flusher = None
-            for _, future in self._pending:
+            dues = await self._send([t for t, _ in batch])
+        except asyncio.CancelledError:
+            cancelled = True
+            for _, future in batch:
+                future.cancel()
+            raise
+        except BaseException as exc:
+            for _, future in batch:  # the callers see it
                 if not future.done():
+                    future.set_exception(exc)
+                    future.exception()  # retrieved: its caller may have left
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit
+        else:
+            for (_, future), due in zip(batch, dues, strict=True):
+                if not future.done():
+                    future.set_result(due)
+        finally:
+            assert task is not None
+            self._calls.discard(task)
+            self._in_flight_items -= len(batch)
+            if cancelled:
+                # The loop is closing (or the queue's owner cancelled us): no new calls; offers
+                # still waiting are cancelled, as their callers would be.
+                for _, future in self._pending:
                     future.cancel()
-            self._pending.clear()
+                self._pending.clear()
+            else:
+                self._flush()

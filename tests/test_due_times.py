@@ -102,8 +102,8 @@ async def test_coalesced_offers_each_count_from_their_own_issue_time(
     server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "coalesced")
     loop = asyncio.get_running_loop()
     await asyncio.to_thread(pause_server, server.url, 400)
-    # Ten offers 25 ms apart: all wait behind the first call, which the server holds; the nine
-    # later ones go out together in one call.
+    # Ten offers 25 ms apart while the server holds every call: the first two go out in calls of
+    # their own (two in flight), the eight later ones wait and go out together in a third.
     offers, issued = [], []
     for i in range(10):
         issued.append(loop.time())
