@@ -118,6 +118,11 @@ def rss_bytes() -> int | None:
 # -- server -----------------------------------------------------------------------------------------
 
 
+def server_banner(binary: str) -> str:
+    """What ``BINARY --version`` prints (``... v=7.0.15 ... malloc=jemalloc-5.3.0 ...``)."""
+    return subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+
+
 @dataclass
 class Server:
     url: str
@@ -534,7 +539,8 @@ class Bench:
         machine = await self.machine()
         self.offset_ms, offset_rtt = await measure_clock_offset_ms(self.ctl)
         log(f"server: {machine['server']['kind']} {machine['server']['server_name']} "
-            f"{machine['server']['server_version']} at {redact(self.url)}; clock offset {self.offset_ms:+.3f} ms "
+            f"{machine['server']['server_version']} ({machine['server']['mem_allocator']}) at {redact(self.url)}; "
+            f"clock offset {self.offset_ms:+.3f} ms "
             f"(TIME rtt {offset_rtt:.3f} ms); run token {self.token}")
         log(f"machine: {machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, "
             f"redis-py {machine['redis_py']}, hiredis {machine['hiredis']}; SLOWLOG "

@@ -171,7 +171,9 @@ async def server_identity(client: Redis) -> dict[str, str]:
     info = await client.info("server")
     name = str(info.get("server_name") or "redis")
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
-    return {"server_name": name, "server_version": version, "redis_version": str(info.get("redis_version", "?"))}
+    allocator = str((await client.info("memory")).get("mem_allocator", "?"))
+    return {"server_name": name, "server_version": version, "redis_version": str(info.get("redis_version", "?")),
+            "mem_allocator": allocator}
 
 
 # -- the run --------------------------------------------------------------------------------------

