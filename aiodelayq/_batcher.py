@@ -95,6 +95,9 @@ class OfferBatcher:
         cancelled = False
         try:
             dues = await self._send([t for t, _ in batch])
+            for (_, future), due in zip(batch, dues, strict=True):
+                if not future.done():
+                    future.set_result(due)
         except asyncio.CancelledError:
             cancelled = True
             for _, future in batch:
@@ -107,10 +110,6 @@ class OfferBatcher:
                     future.exception()  # retrieved: its caller may have left
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit
-        else:
-            for (_, future), due in zip(batch, dues, strict=True):
-                if not future.done():
-                    future.set_result(due)
         finally:
             assert task is not None
             self._calls.discard(task)

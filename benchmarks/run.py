@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -96,6 +98,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _dump_tasks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every asyncio task's stack to stderr: what a run that stopped moving
+    waits for."""
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(file=sys.stderr)
+
+    with contextlib.suppress(NotImplementedError, AttributeError):  # no signals on this platform
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+
+
+async def _run(bench: Bench, scenarios: dict[str, Any]) -> dict[str, Any]:
+    _dump_tasks_on_sigusr1()
+    return await bench.run(scenarios)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -108,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = Sizes(**{**asdict(sizes), **overrides})
     with open_server(args) as server:
         bench = Bench(args, server, sizes)
-        result = asyncio.run(bench.run({name: run for name, run in REGISTRY.items() if name in args.only}))
+        result = asyncio.run(_run(bench, {name: run for name, run in REGISTRY.items() if name in args.only}))
     result["bars"] = evaluate_bars(result)
     log("")
     for line in summary_lines(result):
