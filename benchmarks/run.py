@@ -7,7 +7,8 @@ Method
   :func:`aiodelayq.testing.find_server_kinds` finds), a testcontainers Redis with ``--docker``, or a server
   of yours with ``--redis-url`` (then every key name carries a token unique to the run, only those keys
   are deleted at the end, nothing is ever flushed, and the server's config is not touched unless
-  ``--slowlog`` is given).
+  ``--slowlog`` is given). A throwaway server is restarted (same port, empty) before each scenario,
+  so no scenario runs on the heap an earlier one left (``--same-server`` turns that off).
 - **Pairing.** The machine is small and shared (2 noisy cores), so absolute numbers move from run to
   run: each scenario runs ours and the reference back to back (alternating, ``--rounds`` times where a
   round is cheap) and the summary quotes medians and the ratio ours/reference.
@@ -80,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slowlog", action="store_true", help="with --redis-url: allow CONFIG SET of the slowlog "
                    "settings during measured windows (restored at the end)")
     p.add_argument("--seed", type=int, default=1, help="seed of the random due times")
+    p.add_argument("--same-server", action="store_true", help="a throwaway server is restarted before each "
+                   "scenario (a fresh heap); with this, every scenario runs on the first process")
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="where results.json and results.png go")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
