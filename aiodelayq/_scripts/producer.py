@@ -122,11 +122,11 @@ else
       letters[#letters + 1] = 'a'
       adds[#adds + 1] = i
     else
-      local field = tags[i]
+      local field, spill = tags[i], nil
       local kv = cache[field]
-      if kv[1] ~= key and overflow and pair_at(overflow_field(key))[1] == key then
-        field = overflow_field(key)
-        kv = cache[field]
+      if kv[1] ~= key and overflow then
+        spill = overflow_field(key)
+        if pair_at(spill)[1] == key then field, kv = spill, cache[spill] end
       end
       local score = kv[1] == key and score_of(kv[2]) or nil
       if score and string.byte(keys, i) ~= 114 then  -- not 'r'
@@ -147,8 +147,7 @@ else
         end
         if kv[1] ~= key and kv[2] and score_of(kv[2]) then
           -- The tag belongs to another key with a pending element (a SHA-1 prefix collision).
-          field = overflow_field(key)
-          pair_at(field)
+          field = spill or overflow_field(key)
           overflow, spilled = true, true
         end
         if field ~= tags[i] and string.byte(v, 1) == 20 then  -- no transfer may drop the tag's field
