@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "pick_server_kind", "server_version"]
+__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "pick_server_kind", "server_banner",
+           "server_version"]
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,14 @@ def _free_port() -> int:
         return port
 
 
+def server_banner(binary: str) -> str:
+    """What ``BINARY --version`` prints, e.g. ``Redis server v=7.0.15 ... malloc=jemalloc-5.3.0 ...``."""
+    return subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+
+
 def server_version(binary: str) -> str:
     """The ``v=`` version a server binary reports, e.g. ``8.1.8``."""
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    out = server_banner(binary)
     for part in out.split():
         if part.startswith("v="):
             return part[2:]

@@ -118,11 +118,6 @@ def rss_bytes() -> int | None:
 # -- server -----------------------------------------------------------------------------------------
 
 
-def server_banner(binary: str) -> str:
-    """What ``BINARY --version`` prints (``... v=7.0.15 ... malloc=jemalloc-5.3.0 ...``)."""
-    return subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
-
-
 @dataclass
 class Server:
     url: str
@@ -505,13 +500,15 @@ class Bench:
             await client.aclose()
             await self.drop(name)
 
-    async def drop(self, *names: str) -> None:
-        """Delete every key of the given queues (ours and the reference use the same key names)."""
+    async def drop(self, *names: str, client: Redis | None = None) -> None:
+        """Delete every key of the given queues (ours and the reference use the same key names), on
+        the run's server or on the one ``client`` talks to."""
+        client = client or self.ctl
         keys: list[str] = []
         for n in names:
-            keys += DelayedQueue(self.ctl, n).keys.all
+            keys += DelayedQueue(client, n).keys.all
         for i in range(0, len(keys), 1000):
-            await self.ctl.unlink(*keys[i:i + 1000])
+            await client.unlink(*keys[i:i + 1000])
 
     async def sweep(self) -> int:
         """Delete any key left by this run (every key name carries the run's token)."""
