@@ -86,8 +86,12 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
     if "lateness_async_for" in sc:
         la = sc["lateness_async_for"]
         lat = la["ours"]["lateness_ms"]
+        unpinned = la.get("unpinned")
+        where = "producer on its own CPU" if la["ours"].get("placement", {}).get("pinned") else "unpinned"
+        also = (f"; unpinned p99 {fmt_ms(unpinned['lateness_ms']['p99'])}, lost {unpinned['lost']}, "
+                f"duplicates {unpinned['duplicates']}") if unpinned else ""
         bar(f"lateness, async for at {la['rate']:,.0f}/s: p99 <= 5 ms", lat["p99"], 5.0, False, "ms",
-            f"lost {la['ours']['lost']}, duplicates {la['ours']['duplicates']}")
+            f"{where}; lost {la['ours']['lost']}, duplicates {la['ours']['duplicates']}{also}")
     if "reliable_lateness" in sc:
         rl = sc["reliable_lateness"]
         lat, ping, load = rl["lateness_ms"], rl["ping"], rl["load"]
@@ -186,6 +190,10 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         for k in ("p50", "p99", "max"):
             row(f"lateness {k} (ms), async for at {la['rate']:,.0f}/s", None, False,
                 fmt_ms(la["ours"]["lateness_ms"][k]), "(no reference)")
+        if "unpinned" in la:
+            for k in ("p50", "p99", "max"):
+                row(f"lateness {k} (ms), async for, kernel-placed producer", None, False,
+                    fmt_ms(la["unpinned"]["lateness_ms"][k]), "(no reference)")
     if "reliable_lateness" in sc:
         rl = sc["reliable_lateness"]
         for k in ("p50", "p99", "max"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _harness import Bench, join_or_terminate, lateness_consumer_main, log, log_histogram, produce_spread
+from _harness import Bench, cpu_placement, join_or_terminate, lateness_consumer_main, log, log_histogram, produce_spread
 from lateness import summarize  # benchmarks/lateness.py, the older ours-only study
 from reference import ReferenceQueue
 from report import fmt_ms
@@ -36,9 +37,10 @@ async def run(bench: Bench) -> dict[str, Any]:
     return out
 
 
-async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict[str, Any]:
+async def lateness(bench: Bench, impl: str, rate: float, seconds: float, *, pin: bool = True) -> dict[str, Any]:
     """One consumer process of ``impl`` (``ours``: ``take_many(1000)``; ``ours_async_for``: ``async for``;
-    ``reference``) and this process producing ``rate`` items/s due over ``seconds`` s."""
+    ``reference``) and this process producing ``rate`` items/s due over ``seconds`` s. ``pin``: this
+    process on CPU 0, the consumer and the server on the others (``_harness.cpu_placement``)."""
     total = round(rate * seconds)
     name = bench.name("lateness", impl)
     start_offset_s, lead_s, tick_s, grace_s = 0.5, 0.5, 0.05, 5.0
@@ -64,12 +66,15 @@ async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict
             ref = await ReferenceQueue(client, name).prepare()
             now_ms = lambda: time.time() * 1000.0  # noqa: E731 - the reference's own clock
             send = ref.offer_pipeline
-        clamped = await produce_spread(send, now_ms, due, total=total, rate=rate,
-                                       start_offset_s=start_offset_s, lead_s=lead_s, tick_s=tick_s,
-                                       bound_s=bound_s, label=impl)
-        if not await asyncio.to_thread(parent.poll, bound_s + 30.0):
-            raise RuntimeError("lateness consumer sent no result")
-        res = parent.recv()
+        with (cpu_placement(bench.server, [proc.pid]) if pin and proc.pid is not None
+              else contextlib.nullcontext({"pinned": False, "why": "not asked"})) as placement:
+            clamped = await produce_spread(send, now_ms, due, total=total, rate=rate,
+                                           start_offset_s=start_offset_s, lead_s=lead_s, tick_s=tick_s,
+                                           bound_s=bound_s, label=impl)
+            # The last items fall due after the last send: the placement holds until the consumer is done.
+            if not await asyncio.to_thread(parent.poll, bound_s + 30.0):
+                raise RuntimeError("lateness consumer sent no result")
+            res = parent.recv()
         if "error" in res:
             raise RuntimeError(f"lateness consumer failed: {res['error']}")
     finally:
@@ -88,7 +93,8 @@ async def lateness(bench: Bench, impl: str, rate: float, seconds: float) -> dict
               "duplicates": len(res["ids"]) - len(received), "producer_clamped": clamped,
               "lateness_ms": summary, "late_over_50ms": sum(1 for v in lat if v > 50),
               "histogram": log_histogram(lat), "consumer_stats": res["stats"],
-              "consumer_cpu_s": res.get("cpu_s")}
-    log(f"    {impl:9}: delivered {len(received):,}/{total:,}, lateness p50={fmt_ms(summary['p50'])} "
+              "consumer_cpu_s": res.get("cpu_s"), "placement": placement}
+    where = "pinned" if placement["pinned"] else "unpinned"
+    log(f"    {impl:9} ({where}): delivered {len(received):,}/{total:,}, lateness p50={fmt_ms(summary['p50'])} "
         f"p99={fmt_ms(summary['p99'])} max={fmt_ms(summary['max'])}, consumer CPU {res.get('cpu_s', 0):.1f} s")
     return result
