@@ -183,27 +183,25 @@ local function index_find(idx, zset, tag, key)
 end
 """),
     ("unindex", ("unindex",), """
--- Drop the index entries of keyed elements that are no longer pending (transferred or removed):
--- `moved` elements with, in `starts`, where their tag starts (parse's third value). A fast element
--- with the tag bit set owns its field (see the index section): dropped unread. Strict and legacy
--- ids are Redisson's random bytes as often as tags: their field is dropped only if it holds
--- this very element.
-local function unindex(idx, moved, starts)
-  if #moved == 0 or redis.call('hlen', idx) == 0 then return end
-  local owned, tags, elements = {}, {}, {}
-  for j, v in ipairs(moved) do
-    local s = starts[j]
-    if s ~= 14 then
-      tags[#tags + 1] = string.sub(v, s, s + 7)
-      elements[#elements + 1] = v
-    elseif string.byte(v, 14) >= 128 then
-      owned[#owned + 1] = string.sub(v, 14, 21)
-    end
-  end
-  for i = 1, #tags, 1000 do
-    local blobs = redis.call('hmget', idx, unpack(tags, i, math.min(i + 999, #tags)))
-    for j, blob in ipairs(blobs) do
-      if blob and index_pairs(blob)[2] == elements[i + j - 1] then owned[#owned + 1] = tags[i + j - 1] end
+-- Drop the index entries of keyed elements that are no longer pending (transferred or removed).
+-- `owned`: the tags of moved fast elements with the tag bit set: such an element owns its field
+-- (see the index section), dropped unread; the caller collects them in its own loop over the
+-- elements (a second loop and table cost ~15% of a keyed transfer). `checked`: strict and legacy
+-- elements, with in `starts` where their tag starts (parse's third value): their ids are
+-- Redisson's random bytes as often as tags, so their field is dropped only if it holds this very
+-- element. Appends to `owned`.
+local function unindex(idx, owned, checked, starts)
+  if #checked > 0 and redis.call('hlen', idx) > 0 then
+    for i = 1, #checked, 1000 do
+      local tags = {}
+      for j = i, math.min(i + 999, #checked) do
+        local s = starts[j]
+        tags[#tags + 1] = string.sub(checked[j], s, s + 7)
+      end
+      local blobs = redis.call('hmget', idx, unpack(tags))
+      for j, blob in ipairs(blobs) do
+        if blob and index_pairs(blob)[2] == checked[i + j - 1] then owned[#owned + 1] = tags[j] end
+      end
     end
   end
   chunked('hdel', idx, nil, owned)

@@ -24,13 +24,20 @@ TRANSFER_FN = """
 local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   local now, t = now_ms()
   local due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
-  local out, bad, listed, valid, starts = {}, {}, {}, {}, {}
+  local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
+  local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
   for _, v in ipairs(due) do
     local payload, fast, start = parse(v)
     if payload then
-      out[#out + 1] = payload
-      valid[#valid + 1] = v
-      starts[#starts + 1] = start
+      n = n + 1
+      out[n] = payload
+      if fast then
+        -- A keyed fast element (tag bit set) owns its index field: unindex drops it unread.
+        if string.byte(v, 14) >= 128 then k = k + 1; owned[k] = string.sub(v, 14, 21) end
+      else
+        checked[#checked + 1] = v
+        starts[#starts + 1] = start
+      end
     else bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v) end
     if not fast then listed[#listed + 1] = v end
   end
@@ -40,7 +47,7 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   chunked('rpush', deadl, nil, bad)
   for _, v in ipairs(listed) do redis.call('lrem', dlist, 1, v) end
   chunked('zrem', zset, nil, due)
-  unindex(idx, valid, starts)
+  unindex(idx, owned, checked, starts)
   local recovered = 0
   for _, id in ipairs(redis.call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)) do
     local blob = redis.call('hget', handoff, id)
