@@ -190,7 +190,6 @@ def cpu_placement(server: Server, consumer_pids: list[int]) -> Iterator[dict[str
         return
     producer, others = {cpus[0]}, set(cpus[1:])
     server_pid = server.pid()
-    mine = os.sched_getaffinity(0)
     try:
         _pin(server_pid, others)
         for pid in consumer_pids:
@@ -198,7 +197,7 @@ def cpu_placement(server: Server, consumer_pids: list[int]) -> Iterator[dict[str
         os.sched_setaffinity(0, producer)
         yield {"pinned": True, "producer_cpus": sorted(producer), "consumer_and_server_cpus": sorted(others)}
     finally:
-        os.sched_setaffinity(0, mine)
+        os.sched_setaffinity(0, set(cpus))
         with contextlib.suppress(OSError):
             _pin(server_pid, set(cpus))
 
