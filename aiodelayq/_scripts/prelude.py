@@ -185,8 +185,8 @@ end
     ("unindex", ("unindex",), """
 -- Drop the index entries of keyed elements that are no longer pending (transferred or removed).
 -- `owned`: the tags of moved fast elements with the tag bit set: such an element owns its field
--- (see the index section), dropped unread; the caller collects them in its own loop over the
--- elements (a second loop and table cost ~15% of a keyed transfer). `checked`: strict and legacy
+-- (see the index section), dropped unread; the caller collects them in the loop where it parses
+-- the elements, so a transfer walks its elements once. `checked`: strict and legacy
 -- elements, with in `starts` where their tag starts (parse's third value): their ids are
 -- Redisson's random bytes as often as tags, so their field is dropped only if it holds this very
 -- element. Appends to `owned`.
