@@ -125,16 +125,20 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
             False, "x", f"{o:.2f} vs {r:.2f} ms; {dt['ours']['early']} calls more than 1 ms early")
     if "keys" in sc:
         k = sc["keys"]
-        bar("keys: keyed offer() >= 70% of unkeyed (64 callers)", k["offer"]["ratio"], 0.7, True, "x",
-            f"{k['offer']['keyed']['items_per_s']:,.0f} vs {k['offer']['unkeyed']['items_per_s']:,.0f} items/s")
-        bar(f"keys: transfer of a keyed backlog >= 70% of unkeyed ({k['transfer_n']:,})", k["transfer"]["ratio"],
-            0.7, True, "x", f"{k['transfer']['keyed']['items_per_s']:,.0f} vs "
-            f"{k['transfer']['unkeyed']['items_per_s']:,.0f} items/s")
-        floors = ("return 1", "allocating floor")
         judged = k.get("jemalloc") or k  # on a jemalloc build when the run's server is a libc one
+        where = f"on {judged.get('server', 'the run server')} ({judged['allocator']})"
+        for part, title in (("offer", "keyed offer() >= 70% of unkeyed (64 callers)"),
+                            ("transfer", f"transfer of a keyed backlog >= 70% of unkeyed ({k['transfer_n']:,})")):
+            j, r = judged[part], k[part]
+            detail = f"{where}: {j['keyed']['items_per_s']:,.0f} vs {j['unkeyed']['items_per_s']:,.0f} items/s"
+            if "jemalloc" in k:
+                detail += (f"; on the run's server ({k['allocator']}): {r['ratio']:.2f}x, "
+                           f"{r['keyed']['items_per_s']:,.0f} vs {r['unkeyed']['items_per_s']:,.0f} items/s")
+            bar(f"keys: {title}", j["ratio"], 0.7, True, "x", detail)
+        floors = ("return 1", "allocating floor")
         keyed = {name: c for name, c in judged["calls"].items() if name not in floors}
         over = [c["over_1ms"] for c in keyed.values() if c["over_1ms"] is not None]
-        detail = (f"on {judged.get('server', 'the run server')} ({judged['allocator']}): "
+        detail = (f"{where}: "
                   + ", ".join(f"{name} mean {c['mean_ms'] or 0:.3f} ms, worst {c['max_ms'] or 0:.2f}"
                               for name, c in keyed.items())
                   + "; floors over 1 ms: " + ", ".join(f"{f} {judged['calls'][f]['over_1ms']}" for f in floors))

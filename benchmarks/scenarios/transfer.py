@@ -8,6 +8,7 @@ from typing import Any
 
 from _harness import Bench, log, median, payload, stop_reference
 from lateness import percentile
+from redis.asyncio import Redis
 from reference import ReferenceQueue, ReferenceSubscriber
 from report import fmt_ms, fmt_num
 
@@ -153,11 +154,14 @@ async def _transfer_reference(bench: Bench, n: int) -> dict[str, Any]:
         await bench.drop(name)
 
 
-async def wait_empty(bench: Bench, key: str, t0: float, deadline: float, label: str) -> tuple[float, int]:
-    """Poll ``ZCARD key`` every 2 ms until 0 or ``deadline``; (seconds since ``t0``, last ZCARD)."""
+async def wait_empty(bench: Bench, key: str, t0: float, deadline: float, label: str,
+                     ctl: Redis | None = None) -> tuple[float, int]:
+    """Poll ``ZCARD key`` every 2 ms (on ``ctl``, default the run's server) until 0 or ``deadline``;
+    (seconds since ``t0``, last ZCARD)."""
+    ctl = ctl or bench.ctl
     next_print = t0 + 2.0
     while True:
-        n = await bench.ctl.zcard(key)
+        n = await ctl.zcard(key)
         now = time.perf_counter()
         if n == 0 or now >= deadline:
             return now - t0, n
