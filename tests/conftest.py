@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,12 @@ from redis.asyncio import Redis
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ServerKind, ThrowawayServer, find_server_kinds, server_version
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args
+
+# A test run started in the background by a script (`bash .ci/run &`) inherits SIGINT ignored, and an
+# ignored signal stays ignored across exec: the subprocesses that tests interrupt would never see
+# their SIGINT. Children of this process start with the default handling instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
