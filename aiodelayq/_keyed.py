@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from redis.asyncio import Redis
-
 from ._codec import Codec, decode_item
-from ._connections import Script
+from ._connections import AnyRedis, Script
 from ._delays import delay_to_ms
+from ._durability import Durability
 from ._keys import QueueKeys
 from ._retry import resend_script
 from ._runtime import facts_for
@@ -122,9 +121,11 @@ def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:
 class KeyedItems:
     """``cancel``/``reschedule``/``get`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float) -> None:
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
+                 durability: Durability | None = None) -> None:
         self._client, self._keys, self._codec = client, keys, codec
         self._call_timeout_s = call_timeout_s
+        self._durability = durability
 
     def __repr__(self) -> str:
         return f"<KeyedItems {self._keys.key_index!r}>"
@@ -134,7 +135,7 @@ class KeyedItems:
         return await resend_script(self._client, script,
                                    [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies],
                                    [os.urandom(16), *args], timeout_s=self._call_timeout_s,
-                                   what=f"{what} on {k.destination!r}")
+                                   what=f"{what} on {k.destination!r}", durability=self._durability)
 
     async def cancel(self, key: str) -> bool:
         """Remove the pending item of ``key``; whether there was one."""

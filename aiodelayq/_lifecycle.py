@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
 from ._codec import decode_item
+from ._connections import AnyRedis
 from ._eviction import check_eviction_policy
 from ._keys import QueueKeys
 from ._options import QueueOptions
@@ -67,7 +66,7 @@ class QueueStats:
 class Lifecycle:
     """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions, *,
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *,
                  on_new_loop: Callable[[], None]) -> None:
         self._client = client
         self._keys = keys

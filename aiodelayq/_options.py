@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from ._codec import Codec, resolve_codec
+from ._connections import AnyRedis
+from ._durability import Durability
 from ._elements import ElementKind, element_kind
 from .exceptions import ConfigurationError
 
@@ -20,15 +23,22 @@ strict elements) or ``"redisson-legacy"`` (older Redisson, ``dLc0``: legacy elem
 accepts every kind."""
 
 
-def check_client(client: Any) -> Redis:
-    """Accept a ``redis.asyncio.Redis`` that returns bytes.
+def check_client(client: object) -> AnyRedis:
+    """Accept a ``redis.asyncio.Redis`` (a single server, or a primary from ``Sentinel.master_for``) or
+    a ``redis.asyncio.RedisCluster`` that returns bytes.
 
     Raises:
         ConfigurationError: another object, or a client with ``decode_responses=True``.
     """
-    if not isinstance(client, Redis):
-        raise ConfigurationError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
-    if client.connection_pool.connection_kwargs.get("decode_responses"):
+    kwargs: dict[str, Any]
+    if isinstance(client, Redis):
+        kwargs = client.connection_pool.connection_kwargs
+    elif isinstance(client, RedisCluster):
+        kwargs = client.get_connection_kwargs()
+    else:
+        raise ConfigurationError("client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, "
+                                 f"not {type(client).__name__}")
+    if kwargs.get("decode_responses"):
         raise ConfigurationError("the client must not decode responses: use decode_responses=False")
     return client
 
@@ -50,11 +60,13 @@ class QueueOptions:
     close_timeout_s: float
     call_timeout_s: float
     max_call_bytes: int
+    durability: Durability
 
     @classmethod
     def build(cls, *, codec: str | Codec, wire_format: str, strict: bool, max_deliveries: int | None,
               transfer_batch: int, safety_poll_s: float, open_timeout_s: float, close_timeout_s: float,
-              call_timeout_s: float, max_call_bytes: int) -> QueueOptions:
+              call_timeout_s: float, max_call_bytes: int, min_replicas: int = 0,
+              replication_timeout_s: float = 1.0, wait_aof: bool = False) -> QueueOptions:
         """Check every option.
 
         Raises:
@@ -81,4 +93,5 @@ class QueueOptions:
                    kind=element_kind(strict=strict, wire_format=wire_format), max_deliveries=max_deliveries or 0,
                    transfer_batch=transfer_batch, safety_poll_s=float(safety_poll_s),
                    open_timeout_s=float(open_timeout_s), close_timeout_s=float(close_timeout_s),
-                   call_timeout_s=float(call_timeout_s), max_call_bytes=max_call_bytes)
+                   call_timeout_s=float(call_timeout_s), max_call_bytes=max_call_bytes,
+                   durability=Durability.build(min_replicas, replication_timeout_s, wait_aof))

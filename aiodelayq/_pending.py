@@ -23,10 +23,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
 from ._codec import Codec, decode_item, encode_item
-from ._connections import Script, call, run_script
+from ._connections import AnyRedis, Script, call, run_script
 from ._keys import QueueKeys
 from ._retry import resend_within
 from ._scripts.pending import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
@@ -40,7 +38,7 @@ class PendingView:
         page_size: most elements one page script call reads (tests lower it to walk many pages).
     """
 
-    def __init__(self, client: Redis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
                  page_size: int = PAGE_SIZE) -> None:
         self._client = client
         self._keys = keys
@@ -52,7 +50,8 @@ class PendingView:
         return f"<PendingView {self._keys.destination!r}>"
 
     async def _call(self, *args: Any, what: str) -> Any:
-        return await call(self._client, *args, what=what, timeout_s=self._timeout_s)
+        # args[1] is a key of this queue (every command here names one): routes it on a cluster.
+        return await call(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
 
     async def _page(self, script: Script, keys: Sequence[str], args: Sequence[Any], *, what: str,
                     resend_args: Sequence[Any] | None = None) -> Any:

@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-from redis.asyncio import Redis
-
 from ._batcher import OfferBatcher
 from ._codec import encode_item
-from ._connections import run_script
+from ._connections import AnyRedis, run_script
 from ._delays import delay_to_ms
+from ._durability import run_durable
 from ._elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
 from ._eviction import check_eviction_policy
 from ._keyed import Offered, check_key, key_tag, parse_outcome
@@ -39,10 +38,11 @@ MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions) -> None:
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
         self._client, self._keys = client, keys
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
+        self._durability = options.durability
         self._facts = facts_for(client)  # looked up once: every offer reads it
         self._batcher: OfferBatcher | None = None
 
@@ -154,8 +154,8 @@ class Producer:
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:
             sent = loop.time()
-            reply = await run_script(self._client, OFFER, keys, args, timeout_s=remaining_s,
-                                     what=f"offer to {k.destination!r}")
+            reply = await run_durable(self._client, OFFER, keys, args, durability=self._durability,
+                                      timeout_s=remaining_s, what=f"offer to {k.destination!r}")
             if reply[1] is not None:  # a fresh run read the server clock between sent and now
                 clock.observe(sent, loop.time(), int(reply[1]))
             return reply

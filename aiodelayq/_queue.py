@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from ._codec import Codec
 from ._dead_letters import DeadLetter, DeadLetters
@@ -40,7 +41,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
     any other; a producer-only queue moves on once that loop is closed).
 
     Args:
-        client: a ``redis.asyncio.Redis`` with ``decode_responses=False`` (payloads are bytes).
+        client: a ``redis.asyncio.Redis`` (a server, or ``Sentinel.master_for(...)``) or a
+            ``redis.asyncio.RedisCluster``, with ``decode_responses=False`` (payloads are bytes).
         name: the destination list, Redisson's queue name; may contain a ``{hash tag}``.
         codec: ``"json"`` (default), ``"str"``, ``"bytes"``, ``"msgpack"`` or an object with
             ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
@@ -58,26 +60,36 @@ class DelayedQueue(AsyncResource, Generic[T]):
             :class:`CallTimeoutError`, whose ``maybe_applied`` says whether a write may have landed.
         max_call_bytes: most bytes of encoded items one offer call carries (a larger item goes alone);
             keep it under the server's ``proto-max-bulk-len``.
+        min_replicas: durable writes: offers, ``cancel``/``reschedule``, requeued dead letters and a
+            reliable consumer's receive and settle return only once this many replicas have them
+            (``WAIT``), else raise :class:`NotReplicatedError` (0: no waiting, Redis's default).
+        replication_timeout_s: how long a durable write waits for its replicas, seconds.
+        wait_aof: durable writes also wait for the AOF fsync (``WAITAOF``: Redis/Valkey >= 7.2 with
+            ``appendonly yes``) of the primary and of ``min_replicas`` replicas.
 
     Raises:
         InvalidNameError: empty or non-``str`` name.
         ConfigurationError: a bad option or a client that decodes responses.
     """
 
-    def __init__(self, client: Redis, name: str, *, codec: str | Codec = "json", wire_format: WireFormat = "redisson",
-                 strict: bool = False, max_deliveries: int | None = None, transfer_batch: int = 500,
+    def __init__(self, client: Redis | RedisCluster, name: str, *, codec: str | Codec = "json",
+                 wire_format: WireFormat = "redisson", strict: bool = False, max_deliveries: int | None = None,
+                 transfer_batch: int = 500,
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
-                 call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000) -> None:
+                 call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
+                 replication_timeout_s: float = 1.0, wait_aof: bool = False) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
             codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
-            close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes)
+            close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
+            min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof)
         self._producer = Producer(client, keys, o)
         self._pending = PendingView(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
-        self._keyed = KeyedItems(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
-        self._dead = DeadLetters(client, keys, o.codec, o.kind, call_timeout_s=o.call_timeout_s)
+        self._keyed = KeyedItems(client, keys, o.codec, call_timeout_s=o.call_timeout_s, durability=o.durability)
+        self._dead = DeadLetters(client, keys, o.codec, o.kind, call_timeout_s=o.call_timeout_s,
+                                 durability=o.durability)
         self._life = Lifecycle(client, keys, o, on_new_loop=self._producer.rebind)
 
     @property

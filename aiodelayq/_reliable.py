@@ -21,10 +21,8 @@ import logging
 import os
 from typing import Any, Generic, TypeVar, cast
 
-from redis.asyncio import Redis
-
 from ._codec import decode_item
-from ._connections import Script
+from ._connections import AnyRedis, Script
 from ._elements import parse_message
 from ._keys import QueueKeys
 from ._messages import Message
@@ -54,11 +52,12 @@ _PREFETCH_MIN_VT_MS = 1000
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, options: QueueOptions) -> None:
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
         self._client, self._keys, self._codec = client, keys, options.codec
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
-                               call_timeout_s=options.call_timeout_s)
+                               call_timeout_s=options.call_timeout_s, durability=options.durability)
+        self._durability = options.durability
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -131,7 +130,7 @@ class ReliableConsumer(Generic[T]):
         try:
             # A cancellation here drops the exchange's connection (see _connections.call).
             reply = await self._call(RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
-                                     [max_items, vt_ms, self._max_deliveries, call_id], "receive")
+                                     [max_items, vt_ms, self._max_deliveries, call_id], "receive", durable=True)
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a
             # late arrival of it receive nothing), without counting a delivery. This caller waits
@@ -169,12 +168,13 @@ class ReliableConsumer(Generic[T]):
         return messages, wait_s
 
     async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,
-                    timeout_s: float | None = None) -> Any:
+                    timeout_s: float | None = None, durable: bool = False) -> Any:
         """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
-        (default ``call_timeout_s``)."""
+        (default ``call_timeout_s``); ``durable``: confirmed by replicas (the queue's durability)."""
         return await resend_script(self._client, script, keys, args,
                                    timeout_s=self._call_timeout_s if timeout_s is None else timeout_s,
-                                   what=f"{what} on {self._keys.destination!r}")
+                                   what=f"{what} on {self._keys.destination!r}",
+                                   durability=self._durability if durable else None)
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
         """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""

@@ -20,11 +20,11 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from ._connections import Script, is_permanent, run_script
+from ._connections import AnyRedis, Script, is_permanent, run_script
+from ._durability import Durability, run_durable
 from .exceptions import BackendError
 
 __all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_script", "resend_within", "retry_until_done"]
@@ -92,13 +92,19 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
                         stopped=lambda: False)
 
 
-async def resend_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
-                        timeout_s: float, what: str) -> Any:
+async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                        timeout_s: float, what: str, durability: Durability | None = None) -> Any:
     """:func:`resend_within` of one script call whose resend is harmless with the same arguments
-    (it is read-only, idempotent, or carries a call id among ``args``).
+    (it is read-only, idempotent, or carries a call id among ``args``); with ``durability``, a
+    durable write (:func:`run_durable`: an unconfirmed one is resent too, within the bound).
 
-    Raises: as :func:`resend_within`.
+    Raises: as :func:`resend_within`; NotReplicatedError once the bound is spent unconfirmed.
     """
+    if durability is not None and durability.enabled:
+        return await resend_within(
+            lambda remaining_s, _resend: run_durable(client, script, keys, args, durability=durability,
+                                                     timeout_s=remaining_s, what=what),
+            timeout_s=timeout_s)
     return await resend_within(
         lambda remaining_s, _resend: run_script(client, script, keys, args, timeout_s=remaining_s, what=what),
         timeout_s=timeout_s)

@@ -17,9 +17,9 @@ import asyncio
 import weakref
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from ._clock import ServerClock
+from ._cluster import is_cluster
+from ._connections import AnyRedis
 from ._elements import InsertionStamps
 from ._keys import QueueKeys
 from ._scheduler import TransferScheduler
@@ -27,13 +27,23 @@ from ._subscriber import Subscriber
 from ._tasks import stop_task
 from .exceptions import BackendError
 
-__all__ = ["TRANSFER_SLOTS", "ClientFacts", "ClientRuntime", "acquire_scheduler", "facts_for", "release_scheduler",
-           "runtime_for"]
+__all__ = [
+    "CLUSTER_TRANSFER_SLOTS",
+    "TRANSFER_SLOTS",
+    "ClientFacts",
+    "ClientRuntime",
+    "acquire_scheduler",
+    "facts_for",
+    "release_scheduler",
+    "runtime_for",
+]
 
 # Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
 # connections a client's queues use stay below this plus the pub/sub connection, however many
-# queues are open.
+# queues are open. A cluster client's queues may all live on one node: 4, so that node sees at most
+# 5 connections of the client's consumers (with the pub/sub one).
 TRANSFER_SLOTS = 8
+CLUSTER_TRANSFER_SLOTS = 4
 
 
 @dataclass(eq=False)
@@ -56,10 +66,10 @@ class ClientFacts:
     clock: ServerClock = field(default_factory=ServerClock)
 
 
-_facts: weakref.WeakKeyDictionary[Redis, ClientFacts] = weakref.WeakKeyDictionary()
+_facts: weakref.WeakKeyDictionary[AnyRedis, ClientFacts] = weakref.WeakKeyDictionary()
 
 
-def facts_for(client: Redis) -> ClientFacts:
+def facts_for(client: AnyRedis) -> ClientFacts:
     """The facts of ``client`` (made on first use)."""
     facts = _facts.get(client)
     if facts is None:
@@ -77,11 +87,11 @@ class _Entry:
 class ClientRuntime:
     """What one client shares among its open queues on one event loop."""
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: AnyRedis) -> None:
         self.client = client
         self.subscriber = Subscriber(client)
         self.entries: dict[str, _Entry] = {}
-        self.transfer_slots = asyncio.Semaphore(TRANSFER_SLOTS)
+        self.transfer_slots = asyncio.Semaphore(CLUSTER_TRANSFER_SLOTS if is_cluster(client) else TRANSFER_SLOTS)
 
     def __repr__(self) -> str:
         return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r}>"
@@ -94,11 +104,11 @@ class ClientRuntime:
 
 # Weak in the loop and the client; a runtime exists only while one of its queues is open (its value
 # holds the client strongly), so a client that is done with is collected.
-_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Redis, ClientRuntime]]
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[AnyRedis, ClientRuntime]]
 _runtimes = weakref.WeakKeyDictionary()
 
 
-def runtime_for(client: Redis) -> ClientRuntime | None:
+def runtime_for(client: AnyRedis) -> ClientRuntime | None:
     """The runtime of ``client`` on the running event loop, if it has open queues."""
     per_loop = _runtimes.get(asyncio.get_running_loop())
     return per_loop.get(client) if per_loop is not None else None
@@ -116,7 +126,7 @@ async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferSch
                            f"{scheduler.stats.last_error or 'timed out'}")
 
 
-async def acquire_scheduler(client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
                             open_timeout_s: float, call_timeout_s: float) -> TransferScheduler:
     """Start (or share) the scheduler of ``keys`` on ``client``; returns once subscribed and
     transferred once. A cancelled caller drops its reference.
@@ -149,7 +159,7 @@ async def acquire_scheduler(client: Redis, keys: QueueKeys, *, batch: int, safet
     return entry.scheduler
 
 
-async def release_scheduler(client: Redis, keys: QueueKeys, timeout_s: float) -> None:
+async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float) -> None:
     """Drop one reference; the last one stops the scheduler (and the subscriber if idle), within
     ``timeout_s``."""
     runtime = runtime_for(client)

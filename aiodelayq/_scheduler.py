@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from redis.asyncio import Redis
 
-from ._connections import is_permanent, run_script
+from ._connections import AnyRedis, is_permanent, run_script
 from ._keys import QueueKeys
 from ._retry import Backoff
 from ._scripts.transfer import TRANSFER
@@ -76,7 +75,7 @@ class TransferScheduler:
     Redisson's) transfer at the same due time, so consumers look at the destination then.
     """
 
-    def __init__(self, client: Redis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
                  call_timeout_s: float, slots: asyncio.Semaphore) -> None:
         self._client = client
         self._keys = keys

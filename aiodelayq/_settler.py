@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
-from ._connections import run_script
+from ._connections import AnyRedis
+from ._durability import Durability, run_durable
 from ._keys import QueueKeys
 from ._retry import resend_script, resend_within
 from ._scripts.reliable import EXTEND, SETTLE
@@ -53,9 +52,14 @@ class Settle:
 class Settler:
     """Sends the settles of one queue, many per round trip (see the module docstring)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, *, max_deliveries: int, call_timeout_s: float) -> None:
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, max_deliveries: int, call_timeout_s: float,
+                 durability: Durability | None = None) -> None:
         self._client, self._keys = client, keys
         self._max_deliveries, self._call_timeout_s = max_deliveries, call_timeout_s
+        # Settles are durable writes too. A resend after a lost reply may find its first try
+        # applied and write nothing, so its WAIT can come back before that first try reached the
+        # replicas: an ack lost that way in a failover brings a duplicate, never a loss.
+        self._durability = durability or Durability()
         self._pending: list[Settle] = []
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
@@ -131,8 +135,9 @@ class Settler:
 
         async def attempt(remaining_s: float, resend: bool) -> Any:
             # A resend says so: the script then tells "my first try applied it" per message.
-            return await run_script(self._client, SETTLE, keys, [self._max_deliveries, "1" if resend else "", *body],
-                                    timeout_s=remaining_s, what=f"settle on {k.destination!r}")
+            return await run_durable(self._client, SETTLE, keys, [self._max_deliveries, "1" if resend else "", *body],
+                                     durability=self._durability, timeout_s=remaining_s,
+                                     what=f"settle on {k.destination!r}")
 
         try:
             self.calls += 1

@@ -7,10 +7,10 @@ import logging
 from typing import Any, Protocol, cast
 
 import anyio
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
-from ._connections import classify, is_permanent
+from ._connections import AnyRedis, classify, is_permanent
 from ._retry import Backoff
 from ._tasks import Supervised, detached, keep, stop_task
 from .exceptions import BackendError
@@ -40,7 +40,7 @@ class Subscriber:
     cannot silence a queue for long (the schedulers' safety poll covers the gap).
     """
 
-    def __init__(self, client: Redis, *, ping_interval_s: float = 30.0) -> None:
+    def __init__(self, client: AnyRedis, *, ping_interval_s: float = 30.0) -> None:
         self._client = client
         self._ping_interval_s = ping_interval_s
         self._listeners: dict[bytes, ChannelListener] = {}
@@ -146,7 +146,7 @@ class Subscriber:
     async def _run(self) -> None:
         backoff = Backoff()
         while True:
-            pubsub = self._client.pubsub()
+            pubsub = await self._new_pubsub()
             try:
                 async with self._lock:
                     self._pubsub = pubsub
@@ -154,7 +154,7 @@ class Subscriber:
                         await pubsub.subscribe(*self._listeners)
                 backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
                 await self._read(pubsub)
-            except (RedisError, OSError) as exc:
+            except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
                 self.reconnects += 1
                 error = classify("subscribe", exc, sent=True)
                 self.last_error = str(error)
@@ -167,6 +167,21 @@ class Subscriber:
                 self._pubsub = None
                 # reset() closes the connection; shielded so a cancelled reader still releases it.
                 await asyncio.shield(cast(Any, pubsub).aclose())
+
+    async def _new_pubsub(self) -> Any:
+        """A ``PubSub`` of the client. On a cluster any node hears every channel (a ``PUBLISH``, also
+        Redisson's from Lua, is broadcast over the cluster bus), so one connection serves every queue
+        of the client whatever their slots; each reconnect takes the next node, so a node that died
+        is not asked again until the others were."""
+        client = self._client
+        if not isinstance(client, RedisCluster):
+            return client.pubsub()
+        try:
+            await client.initialize()
+        except (RedisError, RedisClusterException, OSError):
+            return client.pubsub()  # its first subscribe fails the same way and the reader retries
+        nodes = client.get_primaries() + client.get_replicas()
+        return client.pubsub(node=nodes[self.reconnects % len(nodes)]) if nodes else client.pubsub()
 
     async def _read(self, pubsub: Any) -> None:
         loop = asyncio.get_running_loop()

@@ -31,9 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
-from ._connections import is_permanent, run_script
+from ._connections import AnyRedis, is_permanent, run_script
 from ._handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from ._keys import QueueKeys
 from ._prefetch import PrefetchBuffer
@@ -71,7 +69,7 @@ class _Waiter:
 class TakePump:
     """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
 
-    def __init__(self, client: Redis, keys: QueueKeys, *, decode: Callable[[bytes], Any],
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, decode: Callable[[bytes], Any],
                  slots: asyncio.Semaphore, call_timeout_s: float) -> None:
         self._client = client
         self._keys = keys

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidDelayError",
     "InvalidKeyError",
     "InvalidNameError",
+    "NotReplicatedError",
     "QueueClosedError",
     "QueueNotOpenError",
     "WrongEventLoopError",
@@ -88,6 +89,24 @@ class BackendError(DelayedQueueError):
 
 class CallTimeoutError(BackendError, TimeoutError):
     """No reply within the call's bound (``call_timeout_s``); see ``maybe_applied``."""
+
+
+class NotReplicatedError(BackendError):
+    """A durable write (a queue with ``min_replicas`` or ``wait_aof``) ran on the primary, but not as
+    many replicas as asked (or not the AOF fsync) confirmed it within ``replication_timeout_s``. It
+    exists on the primary and will most likely reach the replicas, but until it has, a failover can
+    lose it: the caller decides (retry later, alert, accept). ``maybe_applied`` is always ``True``.
+
+    Attributes:
+        replicas: how many replicas confirmed it (``WAIT``'s reply; with ``wait_aof``, replicas that
+            fsynced it), or ``None`` when the confirmation command itself failed.
+        wanted: how many were asked for.
+    """
+
+    def __init__(self, message: str, *, replicas: int | None, wanted: int) -> None:
+        super().__init__(message, maybe_applied=True)
+        self.replicas = replicas
+        self.wanted = wanted
 
 
 class AccessDeniedError(BackendError, PermissionError):

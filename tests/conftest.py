@@ -36,9 +36,17 @@ from typing import Any, Protocol
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from aiodelayq import DelayedQueue
-from aiodelayq.testing import ServerKind, ThrowawayServer, find_server_kinds, server_version
+from aiodelayq.testing import (
+    ServerKind,
+    ThrowawayCluster,
+    ThrowawaySentinels,
+    ThrowawayServer,
+    find_server_kinds,
+    server_version,
+)
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args
 
 # A test run started in the background by a script (`bash .ci/run &`) inherits SIGINT ignored, and an
@@ -212,7 +220,9 @@ async def drop_keys(client: Redis) -> AsyncIterator[Callable[..., None]]:
         await client.delete(*names[start:start + 1000])
 
 
-def _address(r: Redis) -> tuple[Any, ...]:
+def _address(r: Any) -> tuple[Any, ...]:
+    if isinstance(r, RedisCluster):
+        return ("cluster", id(r))
     kwargs = r.connection_pool.connection_kwargs
     return kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0)
 
@@ -238,6 +248,52 @@ async def make_queue(client: Redis, qname: str,
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+# -- topologies: clusters and sentinels (tests marked topology run on one server kind) -------------
+
+
+def _topology_kind() -> ServerKind:
+    kind = _pick_kind()
+    if kind is None:
+        pytest.skip("no server binary to start a cluster or sentinels from")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ThrowawayCluster]:
+    """A 3-primary + 3-replica cluster shared by the tests that only read and write through it (use
+    ``own_cluster`` to kill or fail over nodes). Keys are unique per test, as on the session server."""
+    with ThrowawayCluster(_topology_kind()) as c:
+        yield c
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Callable[..., ThrowawayCluster]]:
+    """Start private clusters (same shape) that a test may break; stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kwargs: stack.enter_context(ThrowawayCluster(_topology_kind(), **kwargs))
+
+
+@pytest.fixture
+def own_sentinels() -> Iterator[Callable[..., ThrowawaySentinels]]:
+    """Start a primary + replica(s) + 3 Sentinels a test may fail over; stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kwargs: stack.enter_context(ThrowawaySentinels(_topology_kind(), **kwargs))
+
+
+@pytest.fixture
+async def cluster_clients() -> AsyncIterator[Callable[[ThrowawayCluster], RedisCluster]]:
+    """``cluster_clients(cluster)``: a ``RedisCluster`` client of it, closed after the test."""
+    made: list[RedisCluster] = []
+
+    def factory(of: ThrowawayCluster, **kwargs: Any) -> RedisCluster:
+        made.append(RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in of.startup_nodes], **kwargs))
+        return made[-1]
+
+    yield factory
+    for rc in made:
+        await rc.aclose()
 
 
 # -- subprocesses: killed first --------------------------------------------------------------------

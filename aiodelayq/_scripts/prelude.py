@@ -127,7 +127,12 @@ end
 local CALL_WINDOW_MS = 60000
 local function first_run(calls, id)
   local at = redis.call('zscore', calls, id)
-  return at and tonumber(at) or nil
+  if not at then return nil end
+  -- A resend of a call that ran: write its id again (same score) so that this resend propagates a
+  -- write, and a WAIT after it on its new connection also covers the first run (see _durability.py).
+  redis.call('zrem', calls, id)
+  redis.call('zadd', calls, at, id)
+  return tonumber(at)
 end
 local function remember(calls, replies, id, now, reply)
   redis.call('zadd', calls, now, id)

@@ -1,0 +1,142 @@
+"""Redis Cluster: which node a call goes to, and the cluster's answers it follows.
+
+All keys of a queue share one hash tag, so every call of a queue goes to the primary of one slot
+(``route``: any key of the queue). The library sends its own commands (see ``_connections.py``), so
+it follows the cluster itself, with this resend policy:
+
+- ``MOVED``: the node did not run the command and no longer serves the slot (a migration ended, a
+  failover happened). The slot map is updated from the answer and the command goes to the new
+  node. Safe: nothing ran.
+- ``ASK``: the slot is being migrated and the keys are on the target already. ``ASKING`` and the
+  command go to the target on one connection. Safe: the source ran nothing.
+- ``TRYAGAIN`` (a migration split the queue's keys between two nodes: they move one by one) and
+  ``CLUSTERDOWN`` (a failover in progress): nothing ran; the command is sent again after a pause.
+- A connection error or a timeout: the outcome is unknown, so nothing is resent here (the caller's
+  policy decides, as on a single server), and the client's slot map is read again before its next
+  call (the node may be gone for good: a failover).
+
+Redirections and pauses are bounded by ``_MAX_ATTEMPTS`` and by the caller's deadline, which
+covers the whole exchange. Connections are the cluster client's own, per node (``ClusterNode``):
+a call holds one for one exchange, as on a single server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+
+from ._wire import exchange
+
+__all__ = ["REDIRECTS", "cluster_exchange", "is_cluster"]
+
+REDIRECTS: Counter[str] = Counter()
+"""How many times this process's calls met each cluster answer (``MOVED``, ``ASK``, ``TRYAGAIN``,
+``CLUSTERDOWN``, ``uncovered``) and had to go again: diagnostics for logs and tests."""
+
+# Redirections and pauses one call may take: a migration answers ASK/TRYAGAIN until its last key
+# moved, a failover CLUSTERDOWN until the replica took over (about 2x cluster-node-timeout).
+_MAX_ATTEMPTS = 64
+# Pause before sending again after TRYAGAIN or CLUSTERDOWN: 10 ms doubling up to 200 ms.
+_PAUSE_S = (0.01, 0.2)
+
+# Clients whose slot map must be read again before their next call (a node failed under a call).
+_stale: weakref.WeakSet[RedisCluster] = weakref.WeakSet()
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a ``redis.asyncio.RedisCluster``."""
+    return isinstance(client, RedisCluster)
+
+
+async def _ready(client: RedisCluster) -> None:
+    # A fresh RedisCluster reads the slot map on first use; redis-py does it in initialize().
+    await client.initialize()
+    if client in _stale:
+        _stale.discard(client)
+        try:
+            await client.nodes_manager.initialize()
+        except BaseException:
+            _stale.add(client)
+            raise
+
+
+async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any, sent: list[bool],
+                           then: Sequence[Any] | None = None) -> Any:
+    """Send ``args`` to the node serving ``route``'s slot (any node when ``route`` is None) and return
+    the reply, following MOVED/ASK/TRYAGAIN/CLUSTERDOWN. ``then``: a second command sent on the same
+    connection right after (``WAIT``); the reply is then the pair of replies, the second one possibly
+    a ``ResponseError`` (returned, not raised: the first command ran). ``sent[0]`` is true
+    while a send may have reached a node that could run it."""
+    await _ready(client)
+    slot = client.keyslot(route) if route is not None else None
+    target: ClusterNode | None = None  # set by ASK: the next send goes there, after ASKING
+    pause_s = _PAUSE_S[0]
+    for _attempt in range(_MAX_ATTEMPTS):
+        if target is not None:
+            node, asking, target = target, True, None
+        else:
+            node = client.nodes_manager.get_node_from_slot(slot) if slot is not None else client.get_default_node()
+            asking = False
+        try:
+            return await _send(node, args, sent, asking=asking, then=then)
+        except MovedError as exc:  # before AskError: MovedError is a subclass of it
+            sent[0] = False
+            REDIRECTS["MOVED"] += 1
+            await client.nodes_manager.move_slot(exc)
+        except AskError as exc:
+            sent[0] = False
+            REDIRECTS["ASK"] += 1
+            target = client.get_node(host=exc.host, port=exc.port)
+            if target is None:  # a node this client has not met yet: read the map again
+                await client.nodes_manager.initialize()
+                target = client.get_node(host=exc.host, port=exc.port)
+        except (TryAgainError, ClusterDownError) as exc:
+            sent[0] = False
+            REDIRECTS["TRYAGAIN" if isinstance(exc, TryAgainError) else "CLUSTERDOWN"] += 1
+            await asyncio.sleep(pause_s)
+            pause_s = min(_PAUSE_S[1], pause_s * 2)
+        except SlotNotCoveredError:  # this client's map lacks the slot (read mid-failover): read it again
+            sent[0] = False
+            REDIRECTS["uncovered"] += 1
+            await asyncio.sleep(pause_s)
+            pause_s = min(_PAUSE_S[1], pause_s * 2)
+            await client.nodes_manager.initialize()
+        except ResponseError:
+            raise  # the node answered: its own error, not the cluster's
+        except BaseException:
+            # Connection lost, refused or cancelled mid-exchange: the node may be gone.
+            _stale.add(client)
+            raise
+    raise ClusterDownError(f"no node accepted the command after {_MAX_ATTEMPTS} redirections and pauses")
+
+
+async def _send(node: ClusterNode, args: Sequence[Any], sent: list[bool], *, asking: bool,
+                then: Sequence[Any] | None) -> Any:
+    commands: list[Sequence[Any]] = [("ASKING",)] if asking else []
+    commands.append(args)
+    if then is not None:
+        commands.append(then)
+    conn = node.acquire_connection()
+    try:
+        replies = await exchange(conn, commands, sent)
+    finally:
+        node.release(conn)
+    if asking:
+        replies.pop(0)
+    if isinstance(replies[0], ResponseError):
+        raise replies[0]
+    # The reply to ``then`` is returned as it came, an error too: the command before it ran.
+    return replies[0] if then is None else (replies[0], replies[1])

@@ -1,0 +1,36 @@
+"""One exchange on one connection: commands written together, every reply read.
+
+Shared by single-server calls (``_connections.py``) and cluster calls (``_cluster.py``). Every reply
+is read, error replies too, so a connection goes back to its pool in sync; anything else (a lost
+connection, a timeout, a cancellation) disconnects it first, so a late reply can never answer the
+next command (redis/redis-py#2624).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+__all__ = ["exchange"]
+
+
+async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool]) -> list[Any]:
+    """Write ``commands`` on ``conn`` in one go and return their replies in order; an error reply is
+    returned as its ``ResponseError``, not raised. ``sent[0]`` is set before the write."""
+    try:
+        sent[0] = True
+        await conn.send_packed_command(conn.pack_commands([tuple(c) for c in commands]))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                # math.inf: no read timeout inside redis-py; the caller's bound governs.
+                replies.append(await conn.read_response(timeout=math.inf))
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise

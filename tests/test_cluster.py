@@ -1,0 +1,251 @@
+"""Redis Cluster (issue 12): the same API on a ``RedisCluster`` client, on a real 3-primary +
+3-replica cluster of the session's server kind: queues on every primary, keys, the pending view,
+dead letters, reliable consumption, Redisson's notifications heard from another node, bounded
+connections per node, a slot migration under load, and a primary killed under load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from aiodelayq import DelayedQueue
+from aiodelayq._cluster import REDIRECTS
+from aiodelayq.testing import ThrowawayCluster
+from aiodelayq.testing.topologies import _cmd
+from tests.helpers import until
+from tests.redisson_scripts import OFFER_CURRENT
+
+pytestmark = pytest.mark.topology
+
+Clients = Callable[..., RedisCluster]
+
+
+def _name(label: str) -> str:
+    return f"aiodelayq-test:{label}:{uuid.uuid4().hex[:10]}"
+
+
+async def test_queues_on_every_primary_deliver(cluster: ThrowawayCluster, cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    queues: list[DelayedQueue[int]] = [DelayedQueue(rc, _name(f"spread{i}")) for i in range(12)]
+    owners = {cluster.primary_of(q.keys.destination).port for q in queues}
+    assert len(owners) == 3, "the 12 queue names should land on all three primaries"
+    for i, q in enumerate(queues):
+        assert len(await q.offer_many([(i * 100 + j, 0.05) for j in range(20)])) == 20
+    for i, q in enumerate(queues):
+        async with q:
+            got = [await asyncio.wait_for(q.take(), 5) for _ in range(20)]
+        assert sorted(got) == [i * 100 + j for j in range(20)]
+
+
+async def test_keys_pending_view_and_dead_letters_on_a_cluster(cluster: ThrowawayCluster,
+                                                              cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    q: DelayedQueue[Any] = DelayedQueue(rc, _name("keys"), max_deliveries=1)
+    assert (await q.offer("a", 60, key="order-1")).added
+    assert not (await q.offer("b", 60, key="order-1")).added
+    assert (await q.get("order-1")).value == "a"  # type: ignore[union-attr]
+    assert await q.reschedule("order-1", 120) is not None
+    assert await q.cancel("order-1")
+    assert await q.get("order-1") is None
+    await q.offer_many([("x", 60), ("y", 60)])
+    assert await q.size() == 2
+    assert await q.contains("x")
+    assert await q.remove("x")
+    assert await q.read_all() == ["y"]
+    await q.clear()
+    assert await q.size() == 0
+    await q.offer("poison", 0)
+    async with q:
+        msg = await q.receive(30, timeout=5)
+        assert msg is not None
+        assert msg.value == "poison"
+        assert await msg.nack(dead_letter=True)
+        [letter] = await q.dead_letters()
+        assert (letter.value, letter.reason) == ("poison", "nacked")
+        assert await q.requeue_dead_letters() == 1
+        again = await q.receive(30, timeout=5)
+        assert again is not None
+        assert again.value == "poison"
+        assert await again.ack()
+        assert await q.purge_dead_letters() == 0
+
+
+async def test_reliable_consumption_on_a_cluster(cluster: ThrowawayCluster, cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    q: DelayedQueue[int] = DelayedQueue(rc, _name("reliable"))
+    await q.offer_many([(i, 0.05) for i in range(50)])
+    seen: list[int] = []
+    async with q:
+        while len(seen) < 50:
+            batch = await q.receive_many(20, 30, timeout=5)
+            assert batch, "nothing received within 5 s"
+            for m in batch:
+                seen.append(m.value)
+                assert await m.ack()
+    assert sorted(seen) == list(range(50))
+    assert await rc.zcard(q.keys.in_flight) == 0
+
+
+async def test_a_redisson_offer_published_on_the_queue_node_wakes_a_consumer_subscribed_elsewhere(
+        cluster: ThrowawayCluster, cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    # A long safety poll: only the notification can deliver the item in time.
+    q: DelayedQueue[Any] = DelayedQueue(rc, _name("redisson"), safety_poll_s=60)
+    async with q:
+        k = q.keys
+        seconds, _ = await rc.execute_command("TIME", target_nodes=rc.get_node_from_key(k.destination))
+        now_ms = int(seconds) * 1000
+        # Redisson's own offer script: PUBLISH from Lua on the queue's primary, broadcast by the cluster.
+        await rc.eval(OFFER_CURRENT, 4, k.destination, k.timeout_set, k.delay_list, k.channel,  # type: ignore[misc]
+                      now_ms + 1500, os.urandom(8), json.dumps({"from": "java"}))
+        assert await asyncio.wait_for(q.take(), 10) == {"from": "java"}
+
+
+async def test_300_queues_keep_at_most_5_connections_per_node(cluster: ThrowawayCluster,
+                                                              cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    queues: list[DelayedQueue[int]] = [DelayedQueue(rc, _name(f"many{i}")) for i in range(300)]
+    for i, q in enumerate(queues):
+        await q.offer(i, 0.5)
+    try:
+        await asyncio.gather(*(q.open() for q in queues))
+        got = await asyncio.wait_for(asyncio.gather(*(q.take() for q in queues)), 30)
+        assert sorted(got) == list(range(300))
+        ours = {}
+        for node in cluster.primaries():
+            lines = _cmd(node.port, "CLIENT", "LIST").decode().splitlines()
+            # Not counted: the replicas' replication links (flag S) and this CLIENT LIST itself.
+            ours[node.port] = sum(1 for line in lines if " flags=S " not in line and "cmd=client" not in line)
+        assert max(ours.values()) <= 5, ours
+        assert sum(ours.values()) >= 3  # every node served some of it
+    finally:
+        await asyncio.gather(*(q.aclose() for q in queues))
+
+
+async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster: Callable[..., ThrowawayCluster],
+                                                                     cluster_clients: Clients) -> None:
+    cl = own_cluster()
+    rc = cluster_clients(cl)
+    q: DelayedQueue[int] = DelayedQueue(rc, _name("migrate"))
+    # Fill the slot with all kinds of keys of the queue, so the migration takes a few steps.
+    await q.offer(-1, 3600, key="stays-pending")
+    await rc.rpush(q.keys.dead_letter, b"old")  # type: ignore[misc]
+    slot = cl.slot_of(q.keys.destination)
+    source = cl.primary_of_slot(slot)
+    target = next(n for n in cl.primaries() if n.port != source.port)
+    before = REDIRECTS.copy()
+    offered: list[int] = []
+    got: list[int] = []
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            await q.offer(i, 0.05)
+            offered.append(i)
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async def consume() -> None:
+        async for item in q:
+            got.append(item)
+
+    async with q:
+        consumer = asyncio.create_task(consume())
+        producer = asyncio.create_task(produce())
+        await asyncio.sleep(0.3)
+        moved = await asyncio.to_thread(cl.migrate_slot, slot, target, pause_s=0.2)
+        await asyncio.sleep(0.3)
+        stop.set()
+        await producer
+        for _ in range(500):
+            if len(got) >= len(offered):
+                break
+            await asyncio.sleep(0.01)
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+    assert moved >= 4, "the queue's keys should move one by one"
+    assert cl.primary_of(q.keys.destination).port == target.port
+    assert sorted(got) == offered, (len(got), len(offered))
+    assert (await q.get("stays-pending")) is not None
+    met = REDIRECTS - before
+    assert met["MOVED"] + met["ASK"] + met["TRYAGAIN"] > 0, f"no redirection met: {met}"
+
+
+async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message(
+        own_cluster: Callable[..., ThrowawayCluster], cluster_clients: Clients) -> None:
+    # Two replicas per primary: after the failover the promoted one still has a replica, so durable
+    # writes go on without the dead node.
+    cl = own_cluster(replicas=2)
+    rc = cluster_clients(cl)
+    q: DelayedQueue[int] = DelayedQueue(rc, _name("failover"), min_replicas=1, replication_timeout_s=1.0,
+                                        call_timeout_s=10.0)
+    primary = cl.primary_of(q.keys.destination)
+    confirmed: list[int] = []
+    unconfirmed: list[int] = []
+    received: list[int] = []
+    progress: list[tuple[float, int]] = []  # (loop time, value) of each delivery
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                await q.offer(i, 0.05)
+                confirmed.append(i)
+            except Exception:  # counted: an offer during the failover may fail
+                unconfirmed.append(i)
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async def consume() -> None:
+        while True:
+            try:
+                batch = await q.receive_many(50, 5, timeout=1)
+            except Exception:  # the consumer keeps going through the failover
+                await asyncio.sleep(0.1)
+                continue
+            for m in batch:
+                received.append(m.value)
+                progress.append((asyncio.get_running_loop().time(), m.value))
+                with contextlib.suppress(Exception):  # an ack lost in the failover: redelivered later
+                    await m.ack()
+
+    loop = asyncio.get_running_loop()
+    async with q:
+        consumer = asyncio.create_task(consume())
+        producer = asyncio.create_task(produce())
+        await asyncio.sleep(0.5)
+        first_new, killed_at = len(confirmed) + len(unconfirmed), loop.time()  # the next offer's value
+        cl.kill(primary)
+        await asyncio.to_thread(cl.wait_ok, 30)
+        promoted_after_s = loop.time() - killed_at
+        await until(lambda: any(v >= first_new for v in received), 20)
+        await asyncio.sleep(0.5)  # some load after the failover too
+        stop.set()
+        await producer
+        await until(lambda: set(confirmed) <= set(received), 20)
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+    lost = sorted(set(confirmed) - set(received))
+    resumed = [t for t, v in progress if v >= first_new]
+    print(f"\nFAILOVER cluster: promoted after {promoted_after_s:.2f} s; first item offered after the kill "
+          f"delivered at {(resumed[0] - killed_at) if resumed else float('nan'):.2f} s; "
+          f"{len(confirmed)} confirmed offers, {len(unconfirmed)} unconfirmed, {len(lost)} lost, "
+          f"{len(received) - len(set(received))} duplicates")
+    if lost:
+        where = {"pending": await q.read_all(), "ready": await rc.lrange(q.keys.destination, 0, -1),  # type: ignore[misc]
+                 "in_flight": await rc.zrange(q.keys.in_flight, 0, -1, withscores=True),
+                 "dead": await q.dead_letters(), "unconfirmed": unconfirmed[:20], "stats": q.stats}
+        print("WHERE", where)
+    assert lost == [], f"{len(lost)} confirmed offers lost: {lost[:20]}"
+    assert len(confirmed) > 50
+    assert cl.primary_of(q.keys.destination).port != primary.port
