@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 
 from ._connections import AnyRedis, Script, is_permanent, run_script
 from ._durability import Durability, run_durable
-from .exceptions import BackendError
+from .exceptions import BackendError, NotReplicatedError
 
 __all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_script", "resend_within", "retry_until_done"]
 
@@ -56,8 +56,11 @@ class Backoff:
 
 
 def may_resend(exc: BackendError) -> bool:
-    """Whether a failed call may be tried again: not refused by the server, not permanent."""
-    return not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
+    """Whether a failed call may be tried again: not refused by the server, not permanent, and not
+    a durable write that ran but was not confirmed in time (it waited ``replication_timeout_s``
+    already: the caller decides)."""
+    return (not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
+            and not isinstance(exc, NotReplicatedError))
 
 
 async def _retry(attempt: Callable[[float, bool], Awaitable[T]], *, deadline: float, per_try_s: float,
@@ -96,9 +99,9 @@ async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], a
                         timeout_s: float, what: str, durability: Durability | None = None) -> Any:
     """:func:`resend_within` of one script call whose resend is harmless with the same arguments
     (it is read-only, idempotent, or carries a call id among ``args``); with ``durability``, a
-    durable write (:func:`run_durable`: an unconfirmed one is resent too, within the bound).
+    durable write (:func:`run_durable`).
 
-    Raises: as :func:`resend_within`; NotReplicatedError once the bound is spent unconfirmed.
+    Raises: as :func:`resend_within`; NotReplicatedError when it ran but was not confirmed.
     """
     if durability is not None and durability.enabled:
         return await resend_within(

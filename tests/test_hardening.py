@@ -18,6 +18,7 @@ from aiodelayq import (
     AccessDeniedError,
     CallTimeoutError,
     DelayedQueue,
+    NotReplicatedError,
     QueueClosedError,
     QueueKeys,
     WrongEventLoopError,
@@ -26,7 +27,7 @@ from aiodelayq import (
 from aiodelayq._scripts.producer import OFFER
 from aiodelayq._scripts.reliable import RECEIVE, SETTLE
 from aiodelayq._scripts.take import POP
-from aiodelayq.testing import ThrowawayServer
+from aiodelayq.testing import ThrowawayServer, server_version
 from tests.faults import stall_server
 from tests.helpers import until
 
@@ -406,17 +407,21 @@ ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
              "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
              "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget",
              "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
-             "+unsubscribe", "+ping", "+unlink"]
+             "+unsubscribe", "+ping", "+unlink", "+wait"]
+# ... and, on servers that have WAITAOF (Redis and Valkey >= 7.2; ACL SETUSER refuses unknown commands):
+ACL_RULES_WAITAOF = ["+waitaof"]
 
 
-def acl_rules(name: str) -> list[str]:
-    """The README's minimal ACL for queue ``name``."""
-    return [rule.replace("NAME", name) for rule in ACL_RULES]
+def acl_rules(name: str, version: tuple[int, ...] = (0,)) -> list[str]:
+    """The README's minimal ACL for queue ``name`` on a server of ``version``."""
+    rules = ACL_RULES + (ACL_RULES_WAITAOF if version >= (7, 2) else [])
+    return [rule.replace("NAME", name) for rule in rules]
 
 
-async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl_client: Any,
-                                                                             make_queue: Any) -> None:
-    client = await acl_client("queue-user", "secret", acl_rules("orders"))
+async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl_client: Any, make_queue: Any,
+                                                                             redis_server: Any) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    client = await acl_client("queue-user", "secret", acl_rules("orders", version))
     q: DelayedQueue[int] = make_queue("orders", redis=client, max_deliveries=3)
     await q.offer_many([(i, 0.05) for i in range(20)])
     async with q:
@@ -465,6 +470,16 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
     assert loop.time() - start <= 0.1
     with pytest.raises(QueueClosedError):
         await taker
+    # Durable writes (issue 12): WAIT is allowed; this server has no replica, so none confirms.
+    durable: DelayedQueue[int] = make_queue("orders", redis=client, min_replicas=1, replication_timeout_s=0.05)
+    with pytest.raises(NotReplicatedError) as caught:
+        await durable.offer(1, 60)
+    assert caught.value.replicas == 0
+    if version >= (7, 2):  # WAITAOF is allowed too: refused only because this server has no AOF
+        aof: DelayedQueue[int] = make_queue("orders", redis=client, wait_aof=True)
+        with pytest.raises(NotReplicatedError, match="appendonly"):
+            await aof.offer(2, 60)
+    await durable.clear()
 
 
 async def test_missing_permissions_are_clear_permanent_errors(acl_client: Any, make_queue: Any) -> None:

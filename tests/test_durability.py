@@ -1,0 +1,132 @@
+"""Durable writes (issue 12): with ``min_replicas``, a write returns only once that many replicas have
+it, checked by reading the replica right after the call returns; an unconfirmed one raises
+``NotReplicatedError`` and is neither undone nor doubled; a resend after a lost reply is covered too."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError
+from aiodelayq._connections import run_script
+from aiodelayq._keyed import key_tag
+from aiodelayq._scripts.keys import CANCEL
+from aiodelayq.testing import ThrowawayServer, server_version
+from aiodelayq.testing.topologies import _cmd, _info
+from tests.faults import debug_args, stall_server
+
+pytestmark = pytest.mark.topology
+
+
+def _replicated(own_server: Callable[..., ThrowawayServer], replicas: int = 1,
+                **options: str) -> tuple[ThrowawayServer, list[ThrowawayServer]]:
+    primary = own_server(**options)
+    followers = [own_server(**options) for _ in range(replicas)]
+    for f in followers:
+        _cmd(f.port, "REPLICAOF", "127.0.0.1", primary.port)
+    deadline = time.monotonic() + 15
+    while _info(primary.port, "replication").get("connected_slaves") != replicas or any(
+            _info(f.port, "replication").get("master_link_status") != "up" for f in followers):
+        assert time.monotonic() < deadline, "replicas did not sync"
+        time.sleep(0.02)
+    return primary, followers
+
+
+async def test_a_durable_offer_returns_only_once_the_replica_has_it(own_server: Any, make_client: Any,
+                                                                    make_queue: Any, redis_server: Any) -> None:
+    primary, [replica] = _replicated(own_server, **debug_args(redis_server.kind))
+    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1, replication_timeout_s=5)
+    reader: Redis = make_client(replica)
+    for i in range(30):
+        await q.offer(i, 60)
+        # Read on the replica right after the return: WAIT said it has it.
+        assert await reader.zcard(q.keys.timeout_set) == i + 1
+    # A replica that does not answer for 1 s holds the offer back that long (without min_replicas
+    # it returns in a round trip).
+    loop = asyncio.get_running_loop()
+    stall = stall_server(replica.url, 1.0)
+    start = loop.time()
+    await q.offer(30, 60)
+    assert loop.time() - start >= 0.7
+    stall.result(5)
+    assert await reader.zcard(q.keys.timeout_set) == 31
+    assert await q.cancel("absent") is False
+    await q.offer(100, 60, key="k")
+    assert await reader.zcard(q.keys.timeout_set) == 32
+    assert await q.cancel("k")
+    assert await reader.zcard(q.keys.timeout_set) == 31
+
+
+async def test_durable_receive_and_ack_reach_the_replica_before_they_return(own_server: Any, make_client: Any,
+                                                                            make_queue: Any) -> None:
+    primary, [replica] = _replicated(own_server)
+    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1)
+    reader: Redis = make_client(replica)
+    await q.offer(7, 0)
+    async with q:
+        msg = await q.receive(30, timeout=5)
+        assert msg is not None
+        assert await reader.zcard(q.keys.in_flight) == 1
+        assert await msg.ack(confirm=True)
+        assert await reader.zcard(q.keys.in_flight) == 0
+
+
+async def test_an_unconfirmed_write_raises_and_is_neither_undone_nor_doubled(own_server: Any, make_client: Any,
+                                                                             make_queue: Any) -> None:
+    primary, _ = _replicated(own_server)
+    client = make_client(primary)
+    q: DelayedQueue[int] = make_queue(redis=client, min_replicas=2, replication_timeout_s=0.05, call_timeout_s=0.5)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(NotReplicatedError) as caught:
+        await q.offer(1, 60)
+    assert loop.time() - start < 0.5  # one WAIT of 0.05 s, not resent: the caller decides
+    assert (caught.value.replicas, caught.value.wanted, caught.value.maybe_applied) == (1, 2, True)
+    assert "1 of 2 replicas" in str(caught.value)
+    assert await client.zcard(q.keys.timeout_set) == 1  # not undone
+
+
+async def test_a_deduplicated_resend_writes_so_its_wait_covers_the_first_run(own_server: Any,
+                                                                           make_client: Any, qname: str) -> None:
+    primary, _ = _replicated(own_server)
+    client: Redis = make_client(primary)
+    q: DelayedQueue[int] = DelayedQueue(client, qname)
+    k = q.keys
+    await q.offer(1, 60, key="k")
+    raw = b"k"
+    keys = [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies]
+    args = [os.urandom(16), raw, key_tag(raw)]
+    assert int(await run_script(client, CANCEL, keys, args, timeout_s=5)) == 1
+    offset = int((await client.info("replication"))["master_repl_offset"])
+    # The same call again, as a resend after a lost reply: the remembered answer, not a second run...
+    assert int(await run_script(client, CANCEL, keys, args, timeout_s=5)) == 1
+    # ...and yet a write (its call id again), so a WAIT on the resend's connection covers the first run.
+    assert int((await client.info("replication"))["master_repl_offset"]) > offset
+
+
+async def test_wait_aof_confirms_the_fsync_where_the_server_has_it(own_server: Any, make_client: Any,
+                                                                   make_queue: Any) -> None:
+    primary, [replica] = _replicated(own_server, appendonly="yes", appendfsync="everysec")
+    version = tuple(int(x) for x in server_version(primary.kind.binary).split(".")[:2])
+    if version < (7, 2):
+        pytest.skip(f"WAITAOF needs Redis/Valkey >= 7.2 ({primary.kind.name} is {version})")
+    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1, wait_aof=True)
+    await q.offer(1, 60)
+    assert await make_client(replica).zcard(q.keys.timeout_set) == 1
+    plain = own_server()  # appendonly no: WAITAOF 1 ... cannot be confirmed
+    q2: DelayedQueue[int] = make_queue(redis=make_client(plain), wait_aof=True, call_timeout_s=0.3)
+    with pytest.raises(NotReplicatedError, match="appendonly"):
+        await q2.offer(1, 60)
+
+
+@pytest.mark.parametrize(("option", "value"), [("min_replicas", -1), ("min_replicas", 1.5), ("min_replicas", True),
+                                               ("replication_timeout_s", 0), ("wait_aof", "yes")])
+def test_bad_durability_options_are_refused(client: Redis, option: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=option):
+        DelayedQueue(client, "x", **{option: value})
