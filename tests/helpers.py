@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,3 +75,18 @@ async def queue_on(url: str, name: str, **options: Any) -> AsyncIterator[tuple[R
         await q.aclose()
         await client.delete(*q.keys.all)
         await client.aclose()
+
+
+def longest_pause(progress: list[tuple[float, int]], since: float, until_t: float) -> float:
+    """The longest time (s) without a delivery between ``since`` and ``until_t`` (loop times), from
+    ``(loop time, value)`` records of deliveries: how long a failover stopped delivery under load."""
+    times = [since, *sorted(t for t, _ in progress if since <= t <= until_t), until_t]
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def failover_report(label: str, promoted_s: float, pause_s: float, confirmed: list[int], failed: list[int],
+                    reasons: list[str], lost: list[int], received: list[int]) -> str:
+    """One line of failover figures for the test log (run with ``-s``)."""
+    return (f"FAILOVER {label}: new primary after {promoted_s:.2f} s; deliveries paused at most {pause_s:.2f} s; "
+            f"{len(confirmed)} confirmed offers, {len(failed)} failed {sorted(set(reasons))}, {len(lost)} lost, "
+            f"{len(received) - len(set(received))} duplicates of {len(set(received))} messages")

@@ -20,7 +20,7 @@ from aiodelayq import DelayedQueue
 from aiodelayq._cluster import REDIRECTS
 from aiodelayq.testing import ThrowawayCluster
 from aiodelayq.testing.topologies import _cmd
-from tests.helpers import until
+from tests.helpers import failover_report, longest_pause, until
 from tests.redisson_scripts import OFFER_CURRENT
 
 pytestmark = pytest.mark.topology
@@ -193,6 +193,7 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     unconfirmed: list[int] = []
     received: list[int] = []
     progress: list[tuple[float, int]] = []  # (loop time, value) of each delivery
+    reasons: list[str] = []
     stop = asyncio.Event()
 
     async def produce() -> None:
@@ -201,8 +202,9 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
             try:
                 await q.offer(i, 0.05)
                 confirmed.append(i)
-            except Exception:  # counted: an offer during the failover may fail
+            except Exception as exc:  # counted: an offer during the failover may fail
                 unconfirmed.append(i)
+                reasons.append(f"{type(exc).__name__}: {str(exc)[:100]}")
             i += 1
             await asyncio.sleep(0.005)
 
@@ -230,17 +232,15 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
         promoted_after_s = loop.time() - killed_at
         await until(lambda: any(v >= first_new for v in received), 20)
         await asyncio.sleep(0.5)  # some load after the failover too
+        stopped_at = loop.time()
         stop.set()
         await producer
         await until(lambda: set(confirmed) <= set(received), 20)
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
     lost = sorted(set(confirmed) - set(received))
-    resumed = [t for t, v in progress if v >= first_new]
-    print(f"\nFAILOVER cluster: promoted after {promoted_after_s:.2f} s; first item offered after the kill "
-          f"delivered at {(resumed[0] - killed_at) if resumed else float('nan'):.2f} s; "
-          f"{len(confirmed)} confirmed offers, {len(unconfirmed)} unconfirmed, {len(lost)} lost, "
-          f"{len(received) - len(set(received))} duplicates")
+    print("\n" + failover_report("cluster", promoted_after_s, longest_pause(progress, killed_at, stopped_at), confirmed,
+                                  unconfirmed, reasons, lost, received))
     if lost:
         where = {"pending": await q.read_all(), "ready": await rc.lrange(q.keys.destination, 0, -1),  # type: ignore[misc]
                  "in_flight": await rc.zrange(q.keys.in_flight, 0, -1, withscores=True),
