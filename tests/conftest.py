@@ -31,7 +31,7 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pytest
@@ -61,6 +61,8 @@ class ServerInfo:
     url: str
     label: str
     kind: ServerKind | None  # None: not a process we may start, kill or reconfigure
+    cluster: bool = False  # AIODELAYQ_CLUSTER=1: the session server is a cluster
+    nodes: list[tuple[str, int]] = field(default_factory=list)  # its nodes, then
 
 
 class HasUrl(Protocol):
@@ -96,6 +98,14 @@ def redis_server() -> Iterator[ServerInfo]:
         yield ServerInfo(url, f"REDIS_URL={url}", None)
         return
     kind = _pick_kind()
+    if kind is not None and os.environ.get("AIODELAYQ_CLUSTER"):
+        # The session "server" is a 3+3 cluster: ``client``/``make_client()`` give RedisCluster
+        # clients, private servers (own_server) stay single servers of the same kind.
+        with ThrowawayCluster(kind) as cl:
+            host, port = cl.startup_nodes[0]
+            yield ServerInfo(f"redis://{host}:{port}/0", f"{kind.name} {server_version(kind.binary)} cluster", kind,
+                             cluster=True, nodes=cl.startup_nodes)
+        return
     if kind is not None:
         with ThrowawayServer(kind) as server:
             yield ServerInfo(server.url, f"{kind.name} {server_version(kind.binary)}", kind)
@@ -111,6 +121,8 @@ def redis_server() -> Iterator[ServerInfo]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get("AIODELAYQ_CLUSTER"):
+        return "aiodelayq server: a 3+3 cluster of the session's server kind (AIODELAYQ_CLUSTER)"
     if os.environ.get("REDIS_URL"):
         return f"aiodelayq server: REDIS_URL={os.environ['REDIS_URL']}"
     kind = _pick_kind()
@@ -168,6 +180,9 @@ async def make_client(redis_server: ServerInfo,
     made: list[Redis] = []
 
     def factory(target: str | HasUrl | None = None, **kwargs: Any) -> Redis:
+        if target is None and redis_server.cluster:
+            made.append(RedisCluster.from_url(redis_server.url, **kwargs))  # type: ignore[arg-type]
+            return made[-1]
         url = redis_server.url if target is None else target if isinstance(target, str) else target.url
         made.append(Redis.from_url(url, **kwargs))
         return made[-1]
@@ -300,10 +315,13 @@ async def cluster_clients() -> AsyncIterator[Callable[[ThrowawayCluster], RedisC
 
 
 @pytest.fixture
-def spawn_consumer(make_queue: Callable[..., DelayedQueue[Any]]) -> Iterator[Callable[..., SubprocessConsumer]]:
+def spawn_consumer(make_queue: Callable[..., DelayedQueue[Any]],
+                   redis_server: ServerInfo) -> Iterator[Callable[..., SubprocessConsumer]]:
     """Start :class:`~tests.faults.SubprocessConsumer` children; each is killed (if still running) and
     reaped after the test, before any queue, key, client or server fixture is torn down (hence the
     dependency on ``make_queue``): no child writes keys that were already deleted."""
+    if redis_server.cluster:
+        pytest.skip("subprocess consumers connect with a plain client (single-server test)")
     children: list[SubprocessConsumer] = []
 
     def factory(source: str, **kwargs: Any) -> SubprocessConsumer:

@@ -29,6 +29,8 @@ def java(request: pytest.FixtureRequest, redis_server: ServerInfo,
         pytest.skip(f"Java Redisson interop not run: {reason}")
     classes = compile_driver(build, tmp_path_factory.getbasetemp() / "redisson-driver")
     address = redis_server.url.rsplit("/", 1)[0]  # Redisson takes redis://host:port
+    if redis_server.cluster:  # the driver's cluster mode: every node of the session cluster
+        address = "cluster:" + ",".join(f"redis://{h}:{p}" for h, p in redis_server.nodes)
     with JavaRedisson(build, classes, address) as client:
         yield client
 

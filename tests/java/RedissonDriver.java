@@ -37,8 +37,15 @@ public final class RedissonDriver {
         // stdout carries answers only; Redisson's logging goes to stderr (slf4j-simple's default).
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         Config config = new Config();
-        config.useSingleServer().setAddress(args[0]).setConnectionMinimumIdleSize(2).setConnectionPoolSize(8)
-              .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4);
+        if (args[0].startsWith("cluster:")) {
+            // cluster:redis://host:port,redis://host:port,...: every node of a Redis Cluster.
+            config.useClusterServers().addNodeAddress(args[0].substring(8).split(","))
+                  .setMasterConnectionMinimumIdleSize(2).setMasterConnectionPoolSize(8)
+                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4);
+        } else {
+            config.useSingleServer().setAddress(args[0]).setConnectionMinimumIdleSize(2).setConnectionPoolSize(8)
+                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4);
+        }
         RedissonClient client = Redisson.create(config);
         Map<String, RDelayedQueue<String>> delayed = new HashMap<>();
         Map<String, RBlockingQueue<String>> queues = new HashMap<>();
