@@ -80,7 +80,7 @@ def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
         return AccessDeniedError(f"{what}: permission denied: {text}")
     if isinstance(exc, AskError) or text.startswith(("MOVED", "ASK ")):
         return WrongNodeError(f"{what}: the key lives on another cluster node ({text}); a plain "
-                              "redis.asyncio.Redis cannot follow it")
+                              "redis.asyncio.Redis cannot follow it: use a redis.asyncio.RedisCluster")
     if isinstance(exc, ResponseError):
         # The server answered with an error: the call did not complete (a script that failed
         # midway may have applied its first writes; the scripts order their writes for that).

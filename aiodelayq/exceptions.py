@@ -116,7 +116,7 @@ class AccessDeniedError(BackendError, PermissionError):
 
 class WrongNodeError(BackendError):
     """A plain client reached a cluster node that does not own the queue's slot (``MOVED``/``ASK``).
-    Permanent: use a cluster client."""
+    Permanent: use a ``redis.asyncio.RedisCluster`` client (which follows them)."""
 
 
 class ConfigurationError(DelayedQueueError, ValueError):

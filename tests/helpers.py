@@ -77,16 +77,88 @@ async def queue_on(url: str, name: str, **options: Any) -> AsyncIterator[tuple[R
         await client.aclose()
 
 
-def longest_pause(progress: list[tuple[float, int]], since: float, until_t: float) -> float:
-    """The longest time (s) without a delivery between ``since`` and ``until_t`` (loop times), from
-    ``(loop time, value)`` records of deliveries: how long a failover stopped delivery under load."""
-    times = [since, *sorted(t for t, _ in progress if since <= t <= until_t), until_t]
-    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+class FailoverLoad:
+    """Steady load for failover tests: a producer offering an increasing int every ~5 ms and a reliable
+    consumer acking, both going on through errors; what happened is counted, and ``report`` gives the
+    figures (new primary, longest pause in deliveries, failed offers, lost, duplicates)."""
 
+    def __init__(self, q: DelayedQueue[int]) -> None:
+        self.q = q
+        self.confirmed: list[int] = []
+        self.failed: list[int] = []
+        self.reasons: set[str] = set()
+        self.received: list[int] = []
+        self.deliveries: list[tuple[float, int]] = []  # (loop time, value)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
-def failover_report(label: str, promoted_s: float, pause_s: float, confirmed: list[int], failed: list[int],
-                    reasons: list[str], lost: list[int], received: list[int]) -> str:
-    """One line of failover figures for the test log (run with ``-s``)."""
-    return (f"FAILOVER {label}: new primary after {promoted_s:.2f} s; deliveries paused at most {pause_s:.2f} s; "
-            f"{len(confirmed)} confirmed offers, {len(failed)} failed {sorted(set(reasons))}, {len(lost)} lost, "
-            f"{len(received) - len(set(received))} duplicates of {len(set(received))} messages")
+    def __repr__(self) -> str:
+        return f"<FailoverLoad confirmed={len(self.confirmed)} received={len(self.received)}>"
+
+    @property
+    def next_value(self) -> int:
+        """The value of the producer's next (or current) offer."""
+        return len(self.confirmed) + len(self.failed)
+
+    async def __aenter__(self) -> FailoverLoad:
+        self._tasks = [asyncio.create_task(self._produce()), asyncio.create_task(self._consume())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _produce(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                await self.q.offer(i, 0.05)
+                self.confirmed.append(i)
+            except Exception as exc:  # counted: an offer during the failover may fail
+                self.failed.append(i)
+                self.reasons.add(f"{type(exc).__name__}: {str(exc)[:100]}")
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                batch = await self.q.receive_many(50, 5, timeout=1)
+            except Exception:  # the consumer keeps going through the failover
+                await asyncio.sleep(0.1)
+                continue
+            for m in batch:
+                self.received.append(m.value)
+                self.deliveries.append((loop.time(), m.value))
+                with contextlib.suppress(Exception):  # an ack lost in the failover: redelivered later
+                    await m.ack()
+
+    async def finish(self, timeout_s: float = 20.0) -> float:
+        """Stop producing, wait until every confirmed offer was received (or ``timeout_s``), stop
+        consuming; returns the loop time production stopped."""
+        stopped_at = asyncio.get_running_loop().time()
+        self._stop.set()
+        await self._tasks[0]
+        await until(lambda: set(self.confirmed) <= set(self.received), timeout_s)
+        self._tasks[1].cancel()
+        await asyncio.gather(self._tasks[1], return_exceptions=True)
+        return stopped_at
+
+    @property
+    def lost(self) -> list[int]:
+        """Confirmed offers never received."""
+        return sorted(set(self.confirmed) - set(self.received))
+
+    def longest_pause(self, since: float, until_t: float) -> float:
+        """The longest time (s) without a delivery between ``since`` and ``until_t`` (loop times)."""
+        times = [since, *sorted(t for t, _ in self.deliveries if since <= t <= until_t), until_t]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+    def report(self, label: str, promoted_s: float, since: float, until_t: float) -> str:
+        """One line of failover figures for the test log (run with ``-s``)."""
+        return (f"FAILOVER {label}: new primary after {promoted_s:.2f} s; deliveries paused at most "
+                f"{self.longest_pause(since, until_t):.2f} s; {len(self.confirmed)} confirmed offers, "
+                f"{len(self.failed)} failed {sorted(self.reasons)}, {len(self.lost)} lost, "
+                f"{len(self.received) - len(set(self.received))} duplicates of {len(set(self.received))} messages")

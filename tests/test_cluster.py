@@ -6,7 +6,6 @@ connections per node, a slot migration under load, and a primary killed under lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import uuid
@@ -20,7 +19,7 @@ from aiodelayq import DelayedQueue
 from aiodelayq._cluster import REDIRECTS
 from aiodelayq.testing import ThrowawayCluster
 from aiodelayq.testing.topologies import _cmd
-from tests.helpers import failover_report, longest_pause, until
+from tests.helpers import FailoverLoad, until
 from tests.redisson_scripts import OFFER_CURRENT
 
 pytestmark = pytest.mark.topology
@@ -189,63 +188,17 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     q: DelayedQueue[int] = DelayedQueue(rc, _name("failover"), min_replicas=1, replication_timeout_s=1.0,
                                         call_timeout_s=10.0)
     primary = cl.primary_of(q.keys.destination)
-    confirmed: list[int] = []
-    unconfirmed: list[int] = []
-    received: list[int] = []
-    progress: list[tuple[float, int]] = []  # (loop time, value) of each delivery
-    reasons: list[str] = []
-    stop = asyncio.Event()
-
-    async def produce() -> None:
-        i = 0
-        while not stop.is_set():
-            try:
-                await q.offer(i, 0.05)
-                confirmed.append(i)
-            except Exception as exc:  # counted: an offer during the failover may fail
-                unconfirmed.append(i)
-                reasons.append(f"{type(exc).__name__}: {str(exc)[:100]}")
-            i += 1
-            await asyncio.sleep(0.005)
-
-    async def consume() -> None:
-        while True:
-            try:
-                batch = await q.receive_many(50, 5, timeout=1)
-            except Exception:  # the consumer keeps going through the failover
-                await asyncio.sleep(0.1)
-                continue
-            for m in batch:
-                received.append(m.value)
-                progress.append((asyncio.get_running_loop().time(), m.value))
-                with contextlib.suppress(Exception):  # an ack lost in the failover: redelivered later
-                    await m.ack()
-
     loop = asyncio.get_running_loop()
-    async with q:
-        consumer = asyncio.create_task(consume())
-        producer = asyncio.create_task(produce())
+    async with q, FailoverLoad(q) as load:
         await asyncio.sleep(0.5)
-        first_new, killed_at = len(confirmed) + len(unconfirmed), loop.time()  # the next offer's value
+        first_new, killed_at = load.next_value, loop.time()
         cl.kill(primary)
         await asyncio.to_thread(cl.wait_ok, 30)
         promoted_after_s = loop.time() - killed_at
-        await until(lambda: any(v >= first_new for v in received), 20)
+        await until(lambda: any(v >= first_new for v in load.received), 20)
         await asyncio.sleep(0.5)  # some load after the failover too
-        stopped_at = loop.time()
-        stop.set()
-        await producer
-        await until(lambda: set(confirmed) <= set(received), 20)
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
-    lost = sorted(set(confirmed) - set(received))
-    print("\n" + failover_report("cluster", promoted_after_s, longest_pause(progress, killed_at, stopped_at), confirmed,
-                                  unconfirmed, reasons, lost, received))
-    if lost:
-        where = {"pending": await q.read_all(), "ready": await rc.lrange(q.keys.destination, 0, -1),  # type: ignore[misc]
-                 "in_flight": await rc.zrange(q.keys.in_flight, 0, -1, withscores=True),
-                 "dead": await q.dead_letters(), "unconfirmed": unconfirmed[:20], "stats": q.stats}
-        print("WHERE", where)
-    assert lost == [], f"{len(lost)} confirmed offers lost: {lost[:20]}"
-    assert len(confirmed) > 50
+        stopped_at = await load.finish()
+    print("\n" + load.report("cluster", promoted_after_s, killed_at, stopped_at))
+    assert load.lost == [], f"{len(load.lost)} confirmed offers lost: {load.lost[:20]}"
+    assert len(load.confirmed) > 50
     assert cl.primary_of(q.keys.destination).port != primary.port
