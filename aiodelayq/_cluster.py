@@ -29,18 +29,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     ClusterDownError,
     MovedError,
+    NoScriptError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._wire import exchange
 
-__all__ = ["REDIRECTS", "cluster_exchange", "is_cluster"]
+__all__ = ["REDIRECTS", "cluster_exchange", "is_cluster", "mark_stale"]
 
 REDIRECTS: Counter[str] = Counter()
 """How many times this process's calls met each cluster answer (``MOVED``, ``ASK``, ``TRYAGAIN``,
@@ -73,24 +77,32 @@ async def _ready(client: RedisCluster) -> None:
             raise
 
 
+def mark_stale(client: RedisCluster) -> None:
+    """Read ``client``'s slot map again before its next call (one of its nodes failed or hung)."""
+    _stale.add(client)
+
+
 async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any, sent: list[bool],
-                           then: Sequence[Any] | None = None) -> Any:
-    """Send ``args`` to the node serving ``route``'s slot (any node when ``route`` is None) and return
-    the reply, following MOVED/ASK/TRYAGAIN/CLUSTERDOWN. ``then``: a second command sent on the same
-    connection right after (``WAIT``); the reply is then the pair of replies, the second one possibly
-    a ``ResponseError`` (returned, not raised: the first command ran). ``sent[0]`` is true
-    while a send may have reached a node that could run it."""
+                           then: Sequence[Any] | None = None, *, node: ClusterNode | None = None) -> Any:
+    """Send ``args`` to the node serving ``route``'s slot (any node when ``route`` is None; ``node``
+    when given, as it is) and return the reply, following MOVED/ASK/TRYAGAIN/CLUSTERDOWN. ``then``:
+    a command sent on the same connection once the first succeeded (``WAIT``); the reply is then
+    the pair of replies, the second possibly a ``ResponseError`` (returned, not raised: the first
+    command ran). A ``NOSCRIPT`` error carries the node that gave it (``.node``). ``sent[0]`` is
+    true while a send may have reached a node that could run it."""
     await _ready(client)
+    if node is not None:
+        return await _send(node, args, sent, asking=False, then=then)
     slot = client.keyslot(route) if route is not None else None
     target: ClusterNode | None = None  # set by ASK: the next send goes there, after ASKING
     pause_s = _PAUSE_S[0]
     for _attempt in range(_MAX_ATTEMPTS):
-        if target is not None:
-            node, asking, target = target, True, None
-        else:
-            node = client.nodes_manager.get_node_from_slot(slot) if slot is not None else client.get_default_node()
-            asking = False
         try:
+            if target is not None:
+                node, asking, target = target, True, None
+            else:
+                node = client.nodes_manager.get_node_from_slot(slot) if slot is not None else client.get_default_node()
+                asking = False
             return await _send(node, args, sent, asking=asking, then=then)
         except MovedError as exc:  # before AskError: MovedError is a subclass of it
             sent[0] = False
@@ -99,10 +111,7 @@ async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any
         except AskError as exc:
             sent[0] = False
             REDIRECTS["ASK"] += 1
-            target = client.get_node(host=exc.host, port=exc.port)
-            if target is None:  # a node this client has not met yet: read the map again
-                await client.nodes_manager.initialize()
-                target = client.get_node(host=exc.host, port=exc.port)
+            target = _node_at(client, exc.host, exc.port)
         except (TryAgainError, ClusterDownError) as exc:
             sent[0] = False
             REDIRECTS["TRYAGAIN" if isinstance(exc, TryAgainError) else "CLUSTERDOWN"] += 1
@@ -114,24 +123,37 @@ async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any
             await asyncio.sleep(pause_s)
             pause_s = min(_PAUSE_S[1], pause_s * 2)
             await client.nodes_manager.initialize()
+        except NoScriptError as exc:
+            exc.node = node  # type: ignore[attr-defined]  # where to load it (run_script)
+            raise
         except ResponseError:
             raise  # the node answered: its own error, not the cluster's
-        except BaseException:
-            # Connection lost, refused or cancelled mid-exchange: the node may be gone.
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            # Connection lost or refused mid-exchange: the node may be gone (a failover).
             _stale.add(client)
             raise
     raise ClusterDownError(f"no node accepted the command after {_MAX_ATTEMPTS} redirections and pauses")
+
+
+def _node_at(client: RedisCluster, host: str, port: int) -> ClusterNode:
+    """The client's node at ``host:port``; one it has not met yet (an ASK to a node that owns no slot
+    yet: CLUSTER SLOTS does not list it) is added, as redis-py does for MOVED."""
+    found = client.get_node(host=host, port=port)
+    if found is not None:
+        return found
+    manager = client.nodes_manager
+    new = ClusterNode(host, port, PRIMARY, **manager.connection_kwargs)
+    manager.set_nodes(manager.nodes_cache, {new.name: new})
+    return new
 
 
 async def _send(node: ClusterNode, args: Sequence[Any], sent: list[bool], *, asking: bool,
                 then: Sequence[Any] | None) -> Any:
     commands: list[Sequence[Any]] = [("ASKING",)] if asking else []
     commands.append(args)
-    if then is not None:
-        commands.append(then)
     conn = node.acquire_connection()
     try:
-        replies = await exchange(conn, commands, sent)
+        replies = await exchange(conn, commands, sent, then)
     finally:
         node.release(conn)
     if asking:

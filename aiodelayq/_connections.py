@@ -35,7 +35,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from ._cluster import cluster_exchange
+from ._cluster import cluster_exchange, mark_stale
 from ._tasks import keep
 from ._wire import exchange
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
@@ -100,13 +100,13 @@ def _denied(text: str) -> bool:
 
 
 async def _exchange(client: AnyRedis, args: Sequence[Any], sent: list[bool], route: Any,
-                    then: Sequence[Any] | None) -> Any:
+                    then: Sequence[Any] | None, node: Any) -> Any:
     if isinstance(client, RedisCluster):
-        return await cluster_exchange(client, args, route, sent, then)
+        return await cluster_exchange(client, args, route, sent, then, node=node)
     pool: Any = client.connection_pool
     conn = await pool.get_connection()
     try:
-        replies = await exchange(conn, [args] if then is None else [args, then], sent)
+        replies = await exchange(conn, [args], sent, then)
     finally:
         await pool.release(conn)
     if isinstance(replies[0], ResponseError):
@@ -116,12 +116,13 @@ async def _exchange(client: AnyRedis, args: Sequence[Any], sent: list[bool], rou
 
 
 async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None,
-               then: Sequence[Any] | None = None) -> Any:
+               then: Sequence[Any] | None = None, node: Any = None) -> Any:
     """Send one command and return its reply, within ``timeout_s`` seconds. Never resent (on a
     cluster, only where the cluster said it did not run it: see ``_cluster.py``).
 
     ``route``: a key the command touches (a cluster sends it to that key's primary; ``None``: any
-    node). ``then``: a second command on the same connection right after (``WAIT``); the reply is
+    node); ``node``: a cluster node to send it to as it is (``SCRIPT LOAD`` where ``NOSCRIPT`` came
+    from). ``then``: a command on the same connection after it succeeded (``WAIT``); the reply is
     then ``(reply, reply to then)``, the second possibly a ``ResponseError`` (the first ran).
 
     Raises:
@@ -133,7 +134,7 @@ async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route:
     sent = [False]
     # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
     # connection, and an abandoned one may end with the error of a connection dropped under it.
-    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent, route, then)),
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent, route, then, node)),
                  quiet=True)
     try:
         done, _ = await asyncio.wait({child}, timeout=timeout_s)
@@ -142,6 +143,8 @@ async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route:
         raise
     if not done:
         child.cancel()
+        if isinstance(client, RedisCluster):
+            mark_stale(client)  # the node may be gone (a failover): read the slot map again
         raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
                                maybe_applied=sent[0])
     try:
@@ -167,7 +170,9 @@ async def run_script(client: AnyRedis, script: Script, keys: Sequence[Any], args
     except BackendError as exc:
         if not isinstance(exc.__cause__, NoScriptError):
             raise
+        # On a cluster, the node that said NOSCRIPT (an ASK target is not the slot's owner yet).
+        node = getattr(exc.__cause__, "node", None)
     await call(client, "SCRIPT", "LOAD", script.text, what=f"{label} (SCRIPT LOAD)",
-               timeout_s=max(0.001, deadline - loop.time()), route=route)
+               timeout_s=max(0.001, deadline - loop.time()), route=route, node=node)
     return await call(client, *command, what=label, timeout_s=max(0.001, deadline - loop.time()), route=route,
                       then=then)

@@ -25,14 +25,15 @@ last write).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ._connections import AnyRedis, Script, run_script
-from .exceptions import ConfigurationError, NotReplicatedError
+from ._connections import AnyRedis, Script, call, run_script
+from .exceptions import AccessDeniedError, BackendError, ConfigurationError, NotReplicatedError
 
 __all__ = ["Durability", "run_durable"]
 
@@ -105,16 +106,46 @@ class Durability:
                 wanted=self.min_replicas)
 
 
+# Clients whose server accepted each confirmation command (a probe before the first durable write).
+_accepted: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+async def _probe(client: AnyRedis, durability: Durability, route: Any, timeout_s: float) -> None:
+    """Before a client's first durable write of a kind, check that the server runs its confirmation
+    command at all: a refused ``WAIT``/``WAITAOF`` would otherwise turn every write into an applied
+    but unconfirmed one. ``WAIT 0 0`` and ``WAITAOF 1 0 1`` on a fresh connection return at once."""
+    name = "WAITAOF" if durability.aof else "WAIT"
+    accepted = _accepted.setdefault(client, set())
+    if name in accepted:
+        return
+    probe = ("WAITAOF", 1, 0, 1) if durability.aof else ("WAIT", 0, 0)
+    try:
+        await call(client, *probe, what=f"{name} (checking durable writes)", timeout_s=timeout_s, route=route)
+    except AccessDeniedError:
+        raise
+    except BackendError as exc:
+        if not isinstance(exc.__cause__, ResponseError):
+            raise  # not the server's answer: nothing learnt
+        hint = ("wait_aof needs Redis or Valkey >= 7.2 with appendonly yes" if durability.aof
+                else "min_replicas needs WAIT")
+        raise ConfigurationError(f"durable writes cannot be confirmed on this server ({hint}): {exc}") from exc
+    accepted.add(name)
+
+
 async def run_durable(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
                       durability: Durability, timeout_s: float, what: str) -> Any:
     """:func:`run_script`, then (when ``durability`` is enabled) its confirmation on the same
     connection; the bound grows by the confirmation's timeout.
 
     Raises:
-        NotReplicatedError: the write ran but was not confirmed. Otherwise as :func:`run_script`.
+        NotReplicatedError: the write ran but was not confirmed.
+        ConfigurationError, AccessDeniedError: the server refuses the confirmation command (checked
+            once per client before its first durable write; nothing was written).
+        Otherwise as :func:`run_script`.
     """
     if not durability.enabled:
         return await run_script(client, script, keys, args, timeout_s=timeout_s, what=what)
+    await _probe(client, durability, keys[0] if keys else None, timeout_s)
     reply, confirmation = await run_script(client, script, keys, args, timeout_s=timeout_s + durability.timeout_s,
                                            what=what, then=durability.command())
     durability.check(confirmation, what)

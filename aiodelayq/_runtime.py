@@ -40,10 +40,11 @@ __all__ = [
 
 # Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
 # connections a client's queues use stay below this plus the pub/sub connection, however many
-# queues are open. A cluster client's queues may all live on one node: 4, so that node sees at most
-# 5 connections of the client's consumers (with the pub/sub one).
+# queues are open. A cluster client's queues may all live on one node: 3, so that node sees at most
+# 5 connections of the client's consumers (with the pub/sub one, and redis-py's own connection to a
+# startup node, which it keeps for reading the slot map).
 TRANSFER_SLOTS = 8
-CLUSTER_TRANSFER_SLOTS = 4
+CLUSTER_TRANSFER_SLOTS = 3
 
 
 @dataclass(eq=False)

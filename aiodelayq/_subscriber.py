@@ -10,6 +10,7 @@ import anyio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
+from ._cluster import mark_stale
 from ._connections import AnyRedis, classify, is_permanent
 from ._retry import Backoff
 from ._tasks import Supervised, detached, keep, stop_task
@@ -156,6 +157,8 @@ class Subscriber:
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
                 self.reconnects += 1
+                if isinstance(self._client, RedisCluster):
+                    mark_stale(self._client)  # its node may be gone: the next data call reads the map
                 error = classify("subscribe", exc, sent=True)
                 self.last_error = str(error)
                 if is_permanent(error) and not self._failed.done():

@@ -17,20 +17,28 @@ from redis.exceptions import ResponseError
 __all__ = ["exchange"]
 
 
-async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool]) -> list[Any]:
+async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool],
+                   then: Sequence[Any] | None = None) -> list[Any]:
     """Write ``commands`` on ``conn`` in one go and return their replies in order; an error reply is
-    returned as its ``ResponseError``, not raised. ``sent[0]`` is set before the write."""
+    returned as its ``ResponseError``, not raised. ``then`` (``WAIT``) follows on the same connection
+    only if the last command succeeded (a ``WAIT`` after a refused command would block for nothing),
+    its reply appended. ``sent[0]`` is set before the write."""
     try:
         sent[0] = True
         await conn.send_packed_command(conn.pack_commands([tuple(c) for c in commands]))
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                # math.inf: no read timeout inside redis-py; the caller's bound governs.
-                replies.append(await conn.read_response(timeout=math.inf))
-            except ResponseError as exc:
-                replies.append(exc)
+        replies = [await _read(conn) for _ in commands]
+        if then is not None and not isinstance(replies[-1], ResponseError):
+            await conn.send_packed_command(conn.pack_command(*then))
+            replies.append(await _read(conn))
         return replies
     except BaseException:
         await conn.disconnect(nowait=True)
         raise
+
+
+async def _read(conn: Any) -> Any:
+    try:
+        # math.inf: no read timeout inside redis-py; the caller's bound governs.
+        return await conn.read_response(timeout=math.inf)
+    except ResponseError as exc:
+        return exc

@@ -19,6 +19,7 @@ from aiodelayq import DelayedQueue
 from aiodelayq._cluster import REDIRECTS
 from aiodelayq.testing import ThrowawayCluster
 from aiodelayq.testing.topologies import _cmd
+from tests.faults import debug_args, stall_server
 from tests.helpers import FailoverLoad, until
 from tests.redisson_scripts import OFFER_CURRENT
 
@@ -179,11 +180,35 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
     assert met["MOVED"] + met["ASK"] + met["TRYAGAIN"] > 0, f"no redirection met: {met}"
 
 
+async def test_a_call_asked_to_a_node_without_its_script_loads_it_there(cluster: ThrowawayCluster,
+                                                                         cluster_clients: Clients) -> None:
+    rc = cluster_clients(cluster)
+    q: DelayedQueue[Any] = DelayedQueue(rc, _name("ask"))
+    await q.offer("v", 3600, key="k")
+    slot = cluster.slot_of(q.keys.destination)
+    source = cluster.primary_of_slot(slot)
+    target = next(n for n in cluster.primaries() if n.port != source.port)
+    before = REDIRECTS.copy()
+    # Every key moved, the slot still migrating: the source answers ASK; the target has never seen
+    # the GET script, so it answers NOSCRIPT, and the script must be loaded there, not on the source.
+    moved = await asyncio.to_thread(cluster.migrate_slot, slot, target, finish=False)
+    try:
+        _cmd(target.port, "SCRIPT", "FLUSH")
+        assert moved >= 2
+        pending = await q.get("k")
+        assert pending is not None
+        assert pending.value == "v"
+        assert (REDIRECTS - before)["ASK"] >= 2
+    finally:
+        await asyncio.to_thread(cluster.finish_migration, slot, target)
+    assert (await q.get("k")) is not None  # MOVED now, to the new owner
+
+
 async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message(
-        own_cluster: Callable[..., ThrowawayCluster], cluster_clients: Clients) -> None:
+        own_cluster: Callable[..., ThrowawayCluster], cluster_clients: Clients, redis_server: Any) -> None:
     # Two replicas per primary: after the failover the promoted one still has a replica, so durable
     # writes go on without the dead node.
-    cl = own_cluster(replicas=2)
+    cl = own_cluster(replicas=2, extra_args=debug_args(redis_server.kind))
     rc = cluster_clients(cl)
     q: DelayedQueue[int] = DelayedQueue(rc, _name("failover"), min_replicas=1, replication_timeout_s=1.0,
                                         call_timeout_s=10.0)
@@ -191,6 +216,13 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     loop = asyncio.get_running_loop()
     async with q, FailoverLoad(q) as load:
         await asyncio.sleep(0.5)
+        # The replicas stop for 1.5 s, their links to the primary are cut (asleep, they cannot come
+        # back), and the primary dies 0.3 s later: offers it took in those 0.3 s never reach a
+        # replica. Without WAIT they would be confirmed and lost; with it they wait, fail with the
+        # primary, are resent and land on the new one.
+        stalls = [stall_server(r.url, 1.5) for r in cl.replicas_of(primary)]
+        _cmd(primary.port, "CLIENT", "KILL", "TYPE", "replica")
+        await asyncio.sleep(0.3)
         first_new, killed_at = load.next_value, loop.time()
         cl.kill(primary)
         await asyncio.to_thread(cl.wait_ok, 30)
@@ -198,6 +230,8 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
         await until(lambda: any(v >= first_new for v in load.received), 20)
         await asyncio.sleep(0.5)  # some load after the failover too
         stopped_at = await load.finish()
+    for stall in stalls:
+        stall.result(5)
     print("\n" + load.report("cluster", promoted_after_s, killed_at, stopped_at))
     assert load.lost == [], f"{len(load.lost)} confirmed offers lost: {load.lost[:20]}"
     assert len(load.confirmed) > 50

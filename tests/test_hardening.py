@@ -17,6 +17,7 @@ import aiodelayq._retry as retry_module
 from aiodelayq import (
     AccessDeniedError,
     CallTimeoutError,
+    ConfigurationError,
     DelayedQueue,
     NotReplicatedError,
     QueueClosedError,
@@ -477,7 +478,7 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
     assert caught.value.replicas == 0
     if version >= (7, 2):  # WAITAOF is allowed too: refused only because this server has no AOF
         aof: DelayedQueue[int] = make_queue("orders", redis=client, wait_aof=True)
-        with pytest.raises(NotReplicatedError, match="appendonly"):
+        with pytest.raises(ConfigurationError, match="appendonly"):
             await aof.offer(2, 60)
     await durable.clear()
 

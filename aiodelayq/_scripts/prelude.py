@@ -128,9 +128,10 @@ local CALL_WINDOW_MS = 60000
 local function first_run(calls, id)
   local at = redis.call('zscore', calls, id)
   if not at then return nil end
-  -- A resend of a call that ran: write its id again (same score) so that this resend propagates a
-  -- write, and a WAIT after it on its new connection also covers the first run (see _durability.py).
-  redis.call('zrem', calls, id)
+  -- A resend of a call that ran: move its entry and back (never emptying the key, which a slot
+  -- migration could then refuse to write again) so that this resend propagates a write, and a
+  -- WAIT after it on its new connection also covers the first run (see _durability.py).
+  redis.call('zadd', calls, tonumber(at) + 1, id)
   redis.call('zadd', calls, at, id)
   return tonumber(at)
 end

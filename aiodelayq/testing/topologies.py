@@ -173,12 +173,17 @@ class ThrowawayCluster:
 
     def replica_of(self, primary: ThrowawayServer) -> ThrowawayServer:
         """A running replica of ``primary``."""
+        replicas = self.replicas_of(primary)
+        if not replicas:
+            raise RuntimeError(f"{primary.port} has no running replica")
+        return replicas[0]
+
+    def replicas_of(self, primary: ThrowawayServer) -> list[ThrowawayServer]:
+        """The running replicas of ``primary``."""
         pid = self.node_id(primary.port)
-        for line in self._node_lines(primary.port):
-            if line[3] == pid and "fail" not in line[2]:
-                port = int(line[1].split("@")[0].rsplit(":", 1)[1])
-                return next(n for n in self.running if n.port == port)
-        raise RuntimeError(f"{primary.port} has no running replica")
+        ports = {int(line[1].split("@")[0].rsplit(":", 1)[1]) for line in self._node_lines(primary.port)
+                 if line[3] == pid and "fail" not in line[2]}
+        return [n for n in self.running if n.port in ports]
 
     def kill(self, node: ThrowawayServer) -> None:
         """SIGKILL ``node`` (its replica is promoted after about 2x ``node_timeout_ms``)."""
@@ -192,10 +197,12 @@ class ThrowawayCluster:
         self.wait_ok(timeout_s)
 
     def migrate_slot(self, slot: int, target: ThrowawayServer, *, keys_per_step: int = 1,
-                     pause_s: float = 0.0, timeout_s: float = 60.0) -> int:
+                     pause_s: float = 0.0, timeout_s: float = 60.0, finish: bool = True) -> int:
         """Move ``slot`` to the primary ``target`` the way ``redis-cli --cluster reshard`` does
         (IMPORTING/MIGRATING, ``MIGRATE`` key by key, then ``SETSLOT NODE`` everywhere), pausing
-        ``pause_s`` between steps so clients meet ASK and TRYAGAIN; returns the keys moved."""
+        ``pause_s`` between steps so clients meet ASK and TRYAGAIN; returns the keys moved. With
+        ``finish=False`` the slot stays migrating (every key moved, clients get ASK) until
+        :meth:`finish_migration`."""
         source = self.primary_of_slot(slot)
         src_id, dst_id = self.node_id(source.port), self.node_id(target.port)
         _cmd(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
@@ -210,9 +217,15 @@ class ThrowawayCluster:
             moved += len(keys)
             if pause_s:
                 time.sleep(pause_s)
-        for node in self.primaries():
-            _cmd(node.port, "CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        if finish:
+            self.finish_migration(slot, target)
         return moved
+
+    def finish_migration(self, slot: int, target: ThrowawayServer) -> None:
+        """``CLUSTER SETSLOT slot NODE target`` on every primary: the migration is over."""
+        target_id = self.node_id(target.port)
+        for node in self.primaries():
+            _cmd(node.port, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
 
     def primary_of_slot(self, slot: int) -> ThrowawayServer:
         """The running primary serving ``slot`` now, as the first running node sees it."""
@@ -239,11 +252,13 @@ class ThrowawayCluster:
 class ThrowawaySentinels:
     """A primary, ``replicas`` replicas and ``sentinels`` Sentinels (quorum: a majority) watching it
     as ``service``; ``sentinel_nodes`` (``[(host, port), ...]``) feed ``redis.asyncio.sentinel.Sentinel``.
-    Use as a context manager."""
+    ``extra_args`` go to the data servers. Use as a context manager."""
 
     def __init__(self, kind: ServerKind, *, replicas: int = 1, sentinels: int = 3, service: str = "mymaster",
-                 down_after_ms: int = 1000, failover_timeout_ms: int = 10_000) -> None:
+                 down_after_ms: int = 1000, failover_timeout_ms: int = 10_000,
+                 extra_args: dict[str, str] | None = None) -> None:
         self.kind = kind
+        self._extra = dict(extra_args or {})
         self.service = service
         self._shape = (replicas, sentinels)
         self._timing = (down_after_ms, failover_timeout_ms)
@@ -267,10 +282,10 @@ class ThrowawaySentinels:
         replicas, sentinels = self._shape
         down_after_ms, failover_timeout_ms = self._timing
         try:
-            primary = ThrowawayServer(self.kind).start()
+            primary = ThrowawayServer(self.kind, self._extra).start()
             self.servers.append(primary)
             for _ in range(replicas):
-                replica = ThrowawayServer(self.kind).start()
+                replica = ThrowawayServer(self.kind, self._extra).start()
                 self.servers.append(replica)
                 _cmd(replica.port, "REPLICAOF", "127.0.0.1", primary.port)
             _wait("replicas in sync", lambda: _info(primary.port, "replication").get("connected_slaves")
