@@ -42,7 +42,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._wire import exchange
+from ._wire import exchange, result
 
 __all__ = ["REDIRECTS", "cluster_exchange", "is_cluster", "mark_stale"]
 
@@ -55,6 +55,10 @@ REDIRECTS: Counter[str] = Counter()
 _MAX_ATTEMPTS = 64
 # Pause before sending again after TRYAGAIN or CLUSTERDOWN: 10 ms doubling up to 200 ms.
 _PAUSE_S = (0.01, 0.2)
+
+# The REDIRECTS label of an answer that is sent again after a pause (ClusterDownError's subclasses,
+# such as MasterDownError, count as CLUSTERDOWN).
+_PAUSED = {TryAgainError: "TRYAGAIN", ClusterDownError: "CLUSTERDOWN", SlotNotCoveredError: "uncovered"}
 
 # Clients whose slot map must be read again before their next call (a node failed under a call).
 _stale: weakref.WeakSet[RedisCluster] = weakref.WeakSet()
@@ -112,17 +116,13 @@ async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any
             sent[0] = False
             REDIRECTS["ASK"] += 1
             target = _node_at(client, exc.host, exc.port)
-        except (TryAgainError, ClusterDownError) as exc:
+        except (TryAgainError, ClusterDownError, SlotNotCoveredError) as exc:
             sent[0] = False
-            REDIRECTS["TRYAGAIN" if isinstance(exc, TryAgainError) else "CLUSTERDOWN"] += 1
+            REDIRECTS[_PAUSED.get(type(exc), "CLUSTERDOWN")] += 1
             await asyncio.sleep(pause_s)
             pause_s = min(_PAUSE_S[1], pause_s * 2)
-        except SlotNotCoveredError:  # this client's map lacks the slot (read mid-failover): read it again
-            sent[0] = False
-            REDIRECTS["uncovered"] += 1
-            await asyncio.sleep(pause_s)
-            pause_s = min(_PAUSE_S[1], pause_s * 2)
-            await client.nodes_manager.initialize()
+            if isinstance(exc, SlotNotCoveredError):  # this client's map lacks the slot (read mid-failover)
+                await client.nodes_manager.initialize()
         except NoScriptError as exc:
             exc.node = node  # type: ignore[attr-defined]  # where to load it (run_script)
             raise
@@ -156,9 +156,4 @@ async def _send(node: ClusterNode, args: Sequence[Any], sent: list[bool], *, ask
         replies = await exchange(conn, commands, sent, then)
     finally:
         node.release(conn)
-    if asking:
-        replies.pop(0)
-    if isinstance(replies[0], ResponseError):
-        raise replies[0]
-    # The reply to ``then`` is returned as it came, an error too: the command before it ran.
-    return replies[0] if then is None else (replies[0], replies[1])
+    return result(replies[1:] if asking else replies, then)

@@ -37,7 +37,7 @@ from redis.exceptions import (
 
 from ._cluster import cluster_exchange, mark_stale
 from ._tasks import keep
-from ._wire import exchange
+from ._wire import exchange, result
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
 
 __all__ = ["AnyRedis", "Script", "call", "classify", "is_permanent", "run_script"]
@@ -109,10 +109,7 @@ async def _exchange(client: AnyRedis, args: Sequence[Any], sent: list[bool], rou
         replies = await exchange(conn, [args], sent, then)
     finally:
         await pool.release(conn)
-    if isinstance(replies[0], ResponseError):
-        raise replies[0]
-    # The reply to ``then`` is returned as it came, an error too: the command before it ran.
-    return replies[0] if then is None else (replies[0], replies[1])
+    return result(replies, then)
 
 
 async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None,

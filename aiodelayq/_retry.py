@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from ._connections import AnyRedis, Script, is_permanent, run_script
+from ._connections import AnyRedis, Script, is_permanent
 from ._durability import Durability, run_durable
 from .exceptions import BackendError, NotReplicatedError
 
@@ -103,13 +103,10 @@ async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], a
 
     Raises: as :func:`resend_within`; NotReplicatedError when it ran but was not confirmed.
     """
-    if durability is not None and durability.enabled:
-        return await resend_within(
-            lambda remaining_s, _resend: run_durable(client, script, keys, args, durability=durability,
-                                                     timeout_s=remaining_s, what=what),
-            timeout_s=timeout_s)
+    confirm = durability or Durability()  # the default waits for nothing: a plain run_script
     return await resend_within(
-        lambda remaining_s, _resend: run_script(client, script, keys, args, timeout_s=remaining_s, what=what),
+        lambda remaining_s, _resend: run_durable(client, script, keys, args, durability=confirm,
+                                                 timeout_s=remaining_s, what=what),
         timeout_s=timeout_s)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["exchange"]
+__all__ = ["exchange", "result"]
 
 
 async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool],
@@ -42,3 +42,12 @@ async def _read(conn: Any) -> Any:
         return await conn.read_response(timeout=math.inf)
     except ResponseError as exc:
         return exc
+
+
+def result(replies: list[Any], then: Sequence[Any] | None) -> Any:
+    """The call's result from :func:`exchange`'s replies (the command's first): its error reply
+    raised; else its reply, or with ``then`` the pair of replies, the second returned as it came, an
+    error too (the command before it ran)."""
+    if isinstance(replies[0], ResponseError):
+        raise replies[0]
+    return replies[0] if then is None else (replies[0], replies[1])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ from aiodelayq._connections import run_script
 from aiodelayq._keyed import key_tag
 from aiodelayq._scripts.keys import CANCEL
 from aiodelayq.testing import ThrowawayServer, server_version
-from aiodelayq.testing.topologies import _cmd, _info
+from aiodelayq.testing.topologies import replicate
 from tests.faults import debug_args, stall_server
 
 pytestmark = pytest.mark.topology
@@ -28,13 +27,7 @@ def _replicated(own_server: Callable[..., ThrowawayServer], replicas: int = 1,
                 **options: str) -> tuple[ThrowawayServer, list[ThrowawayServer]]:
     primary = own_server(**options)
     followers = [own_server(**options) for _ in range(replicas)]
-    for f in followers:
-        _cmd(f.port, "REPLICAOF", "127.0.0.1", primary.port)
-    deadline = time.monotonic() + 15
-    while _info(primary.port, "replication").get("connected_slaves") != replicas or any(
-            _info(f.port, "replication").get("master_link_status") != "up" for f in followers):
-        assert time.monotonic() < deadline, "replicas did not sync"
-        time.sleep(0.02)
+    replicate(primary, followers)
     return primary, followers
 
 

@@ -22,7 +22,7 @@ import redis
 
 from .servers import ServerKind, ThrowawayServer
 
-__all__ = ["ThrowawayCluster", "ThrowawaySentinels"]
+__all__ = ["ThrowawayCluster", "ThrowawaySentinels", "replicate"]
 
 _SLOTS = 16384
 
@@ -55,6 +55,15 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
         if time.monotonic() >= deadline:
             raise RuntimeError(f"{what}: not reached within {timeout_s} s")
         time.sleep(0.05)
+
+
+def replicate(primary: ThrowawayServer, replicas: list[ThrowawayServer], timeout_s: float = 15.0) -> None:
+    """``REPLICAOF`` ``primary`` on each of ``replicas``; returns once the primary counts them all and
+    each one's link to it is up."""
+    for replica in replicas:
+        _cmd(replica.port, "REPLICAOF", "127.0.0.1", primary.port)
+    _wait("replicas in sync", lambda: _info(primary.port, "replication").get("connected_slaves") == len(replicas)
+          and all(_info(r.port, "replication").get("master_link_status") == "up" for r in replicas), timeout_s)
 
 
 def _client(port: int) -> redis.Redis:
@@ -285,11 +294,8 @@ class ThrowawaySentinels:
             primary = ThrowawayServer(self.kind, self._extra).start()
             self.servers.append(primary)
             for _ in range(replicas):
-                replica = ThrowawayServer(self.kind, self._extra).start()
-                self.servers.append(replica)
-                _cmd(replica.port, "REPLICAOF", "127.0.0.1", primary.port)
-            _wait("replicas in sync", lambda: _info(primary.port, "replication").get("connected_slaves")
-                  == replicas, timeout_s)
+                self.servers.append(ThrowawayServer(self.kind, self._extra).start())
+            replicate(primary, self.servers[1:], timeout_s)
             self._dir = tempfile.TemporaryDirectory(prefix="aiodelayq-sentinels-")
             quorum = sentinels // 2 + 1
             for i in range(sentinels):
