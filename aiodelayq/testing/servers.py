@@ -106,6 +106,17 @@ def server_version(binary: str) -> str:
     return out.strip()
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``proc`` if it still runs and wait for it; SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 class ThrowawayServer:
     """A server process on a free loopback port, with its data in a temporary directory.
 
@@ -182,13 +193,8 @@ class ThrowawayServer:
 
     def stop(self) -> None:
         """Terminate the process and wait for it (idempotent); the data dir stays until ``close()``."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
+        if self._proc is not None:
+            stop_process(self._proc)
         self._proc = None
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import redis
 
-from .servers import ServerKind, ThrowawayServer
+from .servers import ServerKind, ThrowawayServer, stop_process
 
 __all__ = ["ThrowawayCluster", "ThrowawaySentinels", "replicate"]
 
@@ -371,13 +371,7 @@ class ThrowawaySentinels:
     def close(self) -> None:
         """Stop the Sentinels and the servers, delete their data (idempotent)."""
         for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_process(proc)
         self._procs = []
         self.sentinel_ports = []
         for server in self.servers:
