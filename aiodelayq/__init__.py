@@ -16,6 +16,7 @@ from ._keys import QueueKeys, prefix_name
 from ._lifecycle import QueueStats
 from ._messages import Message
 from ._options import WireFormat
+from ._pending import PendingItem, QueueCounts
 from ._queue import DelayedQueue
 from ._reliable import MessageIterator
 from ._scheduler import SchedulerStats
@@ -61,7 +62,9 @@ __all__ = [
     "NotReplicatedError",
     "Offered",
     "Pending",
+    "PendingItem",
     "QueueClosedError",
+    "QueueCounts",
     "QueueKeys",
     "QueueNotOpenError",
     "QueueStats",

@@ -21,15 +21,63 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from ._codec import Codec, decode_item, encode_item
 from ._connections import AnyRedis, Script, call, run_script
 from ._keys import QueueKeys
 from ._retry import resend_within
-from ._scripts.pending import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
+from ._scripts.pending import CONTAINS_PAGE, COUNTS, PAGE_SIZE, PEEK, READ_PAGE, REMOVE_PAGE
+from .exceptions import ConfigurationError, DecodeError
 
-__all__ = ["PendingView"]
+__all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
+
+T = TypeVar("T")
+
+# Most elements one peek() returns: one short script call, whatever the backlog.
+MAX_PEEK = 1000
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """How much a queue holds, read in one atomic script call (:meth:`DelayedQueue.counts`).
+
+    Attributes:
+        pending: scheduled items not yet due (every element kind, Java's included).
+        ready: due items waiting in the destination list.
+        in_flight: messages received by reliable consumers and not yet settled.
+        dead_letters: entries of the dead-letter list.
+        next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
+            ``None`` when nothing is pending.
+    """
+
+    pending: int
+    ready: int
+    in_flight: int
+    dead_letters: int
+    next_due_ms: int | None
+
+
+@dataclass(frozen=True)
+class PendingItem(Generic[T]):
+    """One pending element as :meth:`DelayedQueue.peek` shows it.
+
+    Attributes:
+        due_ms: when it falls due, epoch ms of the server clock.
+        value: the decoded item; ``None`` when ``decodable`` is ``False``.
+        raw: the payload bytes (for a malformed element, the whole element as stored).
+        key: its key when it was offered with one and is indexed, else ``None``.
+        decodable: whether the codec could decode ``raw`` (``False`` for malformed elements too).
+        malformed: the element is not a valid packed element (the transfer dead-letters it).
+    """
+
+    due_ms: int
+    value: T | None
+    raw: bytes
+    key: str | None = None
+    decodable: bool = True
+    malformed: bool = False
 
 class PendingView:
     """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
@@ -76,6 +124,40 @@ class PendingView:
     async def ready_size(self) -> int:
         """``LLEN`` of the destination list."""
         return int(await self._call("LLEN", self._keys.destination, what="ready_size"))
+
+    async def counts(self) -> QueueCounts:
+        """Pending, ready, in-flight and dead-letter counts and the earliest due time, in one
+        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        k = self._keys
+        reply = await self._page(COUNTS, [k.timeout_set, k.destination, k.in_flight, k.dead_letter], [],
+                                 what=f"counts of {k.destination!r}")
+        head = reply[4]
+        return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
+                           None if head is None else int(float(head)))
+
+    async def peek(self, limit: int) -> list[PendingItem[Any]]:
+        """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
+
+        Raises:
+            ConfigurationError: ``limit`` is not an ``int`` in 1..``MAX_PEEK``.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PEEK:
+            raise ConfigurationError(f"limit must be an int from 1 to {MAX_PEEK}, not {limit!r}")
+        k = self._keys
+        reply = await self._page(PEEK, [k.timeout_set, k.key_index], [limit], what=f"peek of {k.destination!r}")
+        items: list[PendingItem[Any]] = []
+        for i in range(0, len(reply), 4):
+            element, score, payload, key = reply[i:i + 4]
+            due_ms = int(float(score))
+            key_text = None if key is None else key.decode("utf-8", "replace")
+            if payload is None:
+                items.append(PendingItem(due_ms, None, element, key_text, decodable=False, malformed=True))
+                continue
+            try:
+                items.append(PendingItem(due_ms, decode_item(self._codec, payload), payload, key_text))
+            except DecodeError:
+                items.append(PendingItem(due_ms, None, payload, key_text, decodable=False))
+        return items
 
     async def contains(self, item: Any) -> bool:
         """Whether a pending element carries ``item``'s encoded payload (pages until a match)."""

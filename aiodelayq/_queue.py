@@ -20,7 +20,7 @@ from ._keys import QueueKeys
 from ._lifecycle import Lifecycle, QueueStats
 from ._messages import Message
 from ._options import QueueOptions, WireFormat, check_client
-from ._pending import PendingView
+from ._pending import PendingItem, PendingView, QueueCounts
 from ._producer import Producer
 from ._reliable import MessageIterator
 from .exceptions import QueueClosedError
@@ -316,6 +316,28 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """Number of due items waiting in the destination list."""
         self._life.bind_loop()
         return await self._pending.ready_size()
+
+    async def counts(self) -> QueueCounts:
+        """Pending, ready, in-flight and dead-letter counts and the earliest due time
+        (:class:`QueueCounts`), in one atomic read-only call: O(1) per count, O(log N) for the due
+        time; what the CLI's ``stats`` and the metrics' gauges read.
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (resends included).
+        """
+        self._life.bind_loop()
+        return await self._pending.counts()
+
+    async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
+        """The ``limit`` (1 to 1,000) soonest-due pending items, soonest first, with their due time
+        and key; an item the codec cannot decode has ``value`` ``None`` and its ``raw`` bytes (a
+        malformed element: ``malformed``). One read-only call, O(log N + limit).
+
+        Raises:
+            ConfigurationError: a bad ``limit``. BackendError: the call failed.
+        """
+        self._life.bind_loop()
+        return cast(list[PendingItem[T]], await self._pending.peek(limit))
 
     async def contains(self, item: T) -> bool:
         """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, at

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .._connections import Script
 from .prelude import with_prelude
 
-__all__ = ["CONTAINS_PAGE", "PAGE_SIZE", "READ_PAGE", "REMOVE_PAGE"]
+__all__ = ["CONTAINS_PAGE", "COUNTS", "PAGE_SIZE", "PEEK", "READ_PAGE", "REMOVE_PAGE"]
 
 # Elements one page script reads at most. Measured with a million pending fast elements (12-byte
 # payloads) on a shared 2-core machine (tests/test_pending_scale.py): a page of 1000 takes 0.6-0.9 ms
@@ -159,3 +159,37 @@ if #hits > 0 or ARGV[6] == '1' then
 end
 return {#hits, score or false, member or false}
 """))
+
+PEEK = Script("peek", with_prelude("""
+-- KEYS[1] timeout zset, KEYS[2] key index hash
+-- ARGV[1] at most this many elements (the soonest due)
+-- returns: {element, due ms (text), payload or false (malformed), key or false, ...} in due order:
+-- four entries per element. The key is the one whose index entry holds this very element (an item
+-- whose key collided into an overflow field reads as unkeyed). Read-only.
+local out = {}
+local indexed = redis.call('hlen', KEYS[2]) > 0
+local head = redis.call('zrange', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+for i = 1, #head, 2 do
+  local v = head[i]
+  local payload = parse(v)
+  local key = false
+  if payload and indexed then
+    local kv = index_pairs(redis.call('hget', KEYS[2], element_tag(v)))
+    if kv[2] == v then key = kv[1] end
+  end
+  out[#out + 1] = v
+  out[#out + 1] = head[i + 1]
+  out[#out + 1] = payload or false
+  out[#out + 1] = key
+end
+return out
+"""))
+
+COUNTS = Script("counts", """
+-- KEYS[1] timeout zset, KEYS[2] destination list, KEYS[3] in-flight zset, KEYS[4] dead-letter list
+-- returns: {pending, ready, in flight, dead letters, earliest due ms (text) or false}: O(1) each
+-- but the last (O(log N)), in one atomic read. Read-only.
+local head = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+return {redis.call('zcard', KEYS[1]), redis.call('llen', KEYS[2]), redis.call('zcard', KEYS[3]),
+        redis.call('llen', KEYS[4]), head[2] or false}
+""")
