@@ -20,6 +20,7 @@ from ._pending import PendingItem, QueueCounts
 from ._queue import DelayedQueue
 from ._reliable import MessageIterator
 from ._scheduler import SchedulerStats
+from ._worker import Reject, Retry, Worker, WorkerStats
 from .exceptions import (
     AccessDeniedError,
     BackendError,
@@ -68,9 +69,13 @@ __all__ = [
     "QueueKeys",
     "QueueNotOpenError",
     "QueueStats",
+    "Reject",
+    "Retry",
     "SchedulerStats",
     "StrCodec",
     "WireFormat",
+    "Worker",
+    "WorkerStats",
     "WrongEventLoopError",
     "WrongNodeError",
     "delay_to_ms",

@@ -46,7 +46,8 @@ class QueueCounts:
     Attributes:
         pending: scheduled items not yet due (every element kind, Java's included).
         ready: due items waiting in the destination list.
-        in_flight: messages received by reliable consumers and not yet settled.
+        in_flight: messages received by reliable consumers and not acked, including nacked ones
+            waiting for their redelivery (the in-flight zset holds both).
         dead_letters: entries of the dead-letter list.
         next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
             ``None`` when nothing is pending.

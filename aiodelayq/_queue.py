@@ -4,13 +4,14 @@ the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, cast, overload
 
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.backoff import AbstractBackoff
 
 from ._codec import Codec
 from ._dead_letters import DeadLetter, DeadLetters
@@ -23,6 +24,7 @@ from ._options import QueueOptions, WireFormat, check_client
 from ._pending import PendingItem, PendingView, QueueCounts
 from ._producer import Producer
 from ._reliable import MessageIterator
+from ._worker import Worker
 from .exceptions import QueueClosedError
 
 __all__ = ["DelayedQueue"]
@@ -111,6 +113,11 @@ class DelayedQueue(AsyncResource, Generic[T]):
     def strict(self) -> bool:
         """Whether this producer writes strict or legacy elements (also in Redisson's list)."""
         return self._options.kind != "fast"
+
+    @property
+    def max_deliveries(self) -> int | None:
+        """Deliveries a reliable message gets before it is dead-lettered (``None``: no limit)."""
+        return self._options.max_deliveries
 
     @property
     def is_open(self) -> bool:
@@ -303,6 +310,46 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """``async for msg in queue.messages(30.0)``: :meth:`receive` until the queue is closed (raises
         as :meth:`receive`)."""
         return MessageIterator(self._life.reliable(), visibility_ms(visibility_timeout))
+
+    # -- a worker (see _worker.py) -----------------------------------------------------------------
+
+    def worker(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
+               visibility_timeout: float = 30.0, reliable: bool = True, retry_backoff: AbstractBackoff | None = None,
+               drain_timeout: float = 30.0) -> Worker[T]:
+        """A :class:`Worker` of :meth:`consume`'s options, to stop gracefully: ``await worker.run()``
+        until ``worker.stop()`` (running handlers get ``drain_timeout`` seconds, then are cut off and
+        their messages handed back) or ``worker.abort()`` (at once). Raises as :meth:`consume`."""
+        return Worker(self, handler, concurrency=concurrency, visibility_timeout=visibility_timeout,
+                      reliable=reliable, retry_backoff=retry_backoff, drain_timeout=drain_timeout)
+
+    async def consume(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
+                      visibility_timeout: float = 30.0, reliable: bool = True,
+                      retry_backoff: AbstractBackoff | None = None, drain_timeout: float = 30.0) -> None:
+        """Run ``await handler(item)`` on every item as it falls due, at most ``concurrency`` at a
+        time, until the queue is closed or this call is cancelled (then running handlers are cut off
+        and their messages handed back, bounded); opens the queue if needed, and then closes it.
+
+        Reliable (the default, at-least-once): each item is a :class:`Message` received with
+        ``visibility_timeout`` seconds, kept alive while its handler runs longer (extended every
+        third of it). Returned: acked. Raised :class:`Retry`: nacked for its delay. Raised
+        :class:`Reject`: dead-lettered now. Raised anything else: logged and nacked after
+        ``retry_backoff.compute(delivery_count)`` seconds (a redis-py backoff; default
+        ``EqualJitterBackoff(cap=300, base=1)``: 1-2 s, 2-4 s, 4-8 s...); past the queue's
+        ``max_deliveries`` it is dead-lettered (set it: without a limit a failing item is retried
+        forever). ``reliable=False``: plain ``take_many``, at most once; a failing handler's item is
+        logged at ERROR and dropped. For a graceful stop (signals), use :meth:`worker`.
+
+        Raises:
+            ConfigurationError, InvalidDelayError: bad options.
+            BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
+        """
+        worker = self.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout,
+                             reliable=reliable, retry_backoff=retry_backoff, drain_timeout=drain_timeout)
+        if self.is_open:
+            await worker.run()
+            return
+        async with self:
+            await worker.run()
 
     # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _pending.py) ---------
 

@@ -66,7 +66,7 @@ def test_no_module_passes_500_lines_and_the_facade_stays_thin() -> None:
     assert {f: n for f, n in sizes.items() if n > 500} == {}
     # The facade grows by one delegating method (with its docstring, which the API reference is
     # made of) per public call: bounded in size, and every method body stays a delegation.
-    assert sizes["aiodelayq/_queue.py"] <= 420
+    assert sizes["aiodelayq/_queue.py"] <= 470
     tree = ast.parse((PACKAGE / "_queue.py").read_text())
     fat = {}
     for node in ast.walk(tree):

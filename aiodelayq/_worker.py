@@ -1,0 +1,311 @@
+"""A worker: runs a handler on a queue's items with bounded concurrency (:class:`Worker`, behind
+``DelayedQueue.consume``), and what a handler raises to steer it (:class:`Retry`, :class:`Reject`).
+
+One fetch task receives as many messages as there are free slots (one round trip for all of
+them, prefetch aside) and starts a task per message; a lease keeper extends every message whose
+handler has run for a third of the visibility timeout. Reliable mode (the default) acks on success
+and nacks with a backoff on failure, so ``max_deliveries`` then dead-letters; a message whose handler
+was cut off by a shutdown is nacked with no delay (it counts as a delivery: it did start, as
+BullMQ counts a stalled job). Plain mode (``reliable=False``) takes items (``take_many``): at most
+once, a failure is logged with the item and the item is gone.
+
+Stopping: :meth:`Worker.stop` stops fetching (a receive in flight is undone by the queue), lets
+running handlers finish within ``drain_timeout_s``, then cancels the rest; :meth:`Worker.abort`
+(a second Ctrl-C) cancels them at once. Either way every started message is settled or handed
+back, or, if Redis cannot be reached, comes back after its visibility timeout: nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from redis.backoff import AbstractBackoff, EqualJitterBackoff
+
+from ._delays import delay_to_ms
+from ._messages import Message
+from ._tasks import run_through_cancellation
+from .exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
+
+__all__ = ["Reject", "Retry", "Worker", "WorkerStats"]
+
+log = logging.getLogger("aiodelayq")
+
+T = TypeVar("T")
+State = Literal["new", "running", "draining", "stopped"]
+
+# How long handing back an interrupted message may take (through a forced shutdown's
+# cancellations); past it the message comes back after its visibility timeout anyway.
+_HAND_BACK_BOUND_S = 1.0
+# Pause of the fetch loop after a failed fetch (the queue's own calls already resent within
+# call_timeout_s); doubles up to the cap while failures go on.
+_FETCH_RETRY_S, _FETCH_RETRY_CAP_S = 0.2, 5.0
+
+
+class Retry(Exception):
+    """Raised by a handler: deliver the message again after ``delay_s`` seconds (``None``: the
+    worker's backoff). It counts as a delivery, so ``max_deliveries`` still applies."""
+
+    def __init__(self, delay_s: float | None = None) -> None:
+        super().__init__(f"retry in {delay_s} s" if delay_s is not None else "retry")
+        self.delay_s = delay_s
+
+
+class Reject(Exception):
+    """Raised by a handler: no retry can fix this item; dead-letter it now (reason ``"nacked"``)."""
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did so far.
+
+    Attributes:
+        started: handlers started. succeeded: handlers that returned. failed: handlers that raised
+            (:class:`Retry` and :class:`Reject` included). retried: messages nacked for a retry.
+        rejected: messages dead-lettered by :class:`Reject`. interrupted: handlers cut off by a
+            stop (their messages handed back). lost_leases: messages whose visibility timeout ran
+            out while their handler ran (they may be delivered twice).
+    """
+
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    rejected: int = 0
+    interrupted: int = 0
+    lost_leases: int = 0
+
+
+class Source(Protocol[T]):
+    """What a worker needs of a queue (a :class:`DelayedQueue`)."""
+
+    @property
+    def name(self) -> str: ...
+    async def receive_many(self, max_items: int, visibility_timeout: float,
+                           timeout: float | None = None) -> list[Message[T]]: ...
+    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...
+
+
+class Worker(Generic[T]):
+    """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
+    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped."""
+
+    def __init__(self, queue: Source[T], handler: Callable[[T], Awaitable[object]], *,
+                 concurrency: int = 16, visibility_timeout: float = 30.0, reliable: bool = True,
+                 retry_backoff: AbstractBackoff | None = None, drain_timeout: float = 30.0) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be an int >= 1, not {concurrency!r}")
+        if delay_to_ms(visibility_timeout) < 1000:
+            raise ConfigurationError("visibility_timeout must be at least 1 s: a lease extends it every third")
+        self.queue, self.handler, self.concurrency, self.reliable = queue, handler, concurrency, reliable
+        self.visibility_timeout_s = float(visibility_timeout)
+        self.drain_timeout_s = delay_to_ms(drain_timeout) / 1000  # InvalidDelayError for a bad bound
+        self.retry_backoff = retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
+        self.stats = WorkerStats()
+        self.state: State = "new"
+        self._running: dict[asyncio.Task[None], Message[T] | None] = {}
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._abort = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return (f"<Worker {self.queue.name!r} {self.state} running={len(self._running)}/{self.concurrency} "
+                f"reliable={self.reliable} started={self.stats.started}>")
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._running)
+
+    def stop(self) -> None:
+        """Graceful: fetch no more, let running handlers finish within ``drain_timeout_s``."""
+        self._stopping.set()
+
+    def abort(self) -> None:
+        """Stop now: cancel running handlers and hand their messages back."""
+        self._stopping.set()
+        self._abort.set()
+
+    async def run(self) -> None:
+        """Fetch and handle until :meth:`stop`/:meth:`abort` or the queue is closed, then drain.
+        If the caller is cancelled, handlers are cancelled and their messages handed back (bounded),
+        then the cancellation propagates.
+
+        Raises:
+            ConfigurationError: the worker already ran. QueueNotOpenError: the queue is not open.
+            AccessDeniedError, WrongNodeError: permanent errors of the queue's calls.
+        """
+        if self.state != "new":
+            raise ConfigurationError("a Worker runs once: create a new one")
+        self.state = "running"
+        loop = asyncio.get_running_loop()
+        fetcher = loop.create_task(self._fetch_loop(), name=f"aiodelayq-worker-fetch:{self.queue.name}")
+        keeper = (loop.create_task(self._keep_leases(), name=f"aiodelayq-worker-leases:{self.queue.name}")
+                  if self.reliable else None)
+        try:
+            stop = loop.create_task(self._stopping.wait())
+            try:
+                await asyncio.wait({fetcher, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            self.state = "draining"
+            fetcher.cancel()  # a receive in flight is undone by the queue (cancellation-safe)
+            await asyncio.wait({fetcher})
+            await self._drain()
+        except asyncio.CancelledError:
+            self._abort.set()
+            fetcher.cancel()
+            await run_through_cancellation(self._cancel_all, _HAND_BACK_BOUND_S + 1.0)
+            raise
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+                await asyncio.wait({keeper})
+            self.state = "stopped"
+        if not fetcher.cancelled() and fetcher.exception() is not None:
+            raise fetcher.exception()  # type: ignore[misc]
+
+    async def _drain(self) -> None:
+        """Wait for running handlers until ``drain_timeout_s`` passes or :meth:`abort`; cancel the rest."""
+        loop = asyncio.get_running_loop()
+        if self._running and not self._abort.is_set():
+            log.info("aiodelayq: worker on %r draining %d running handler(s), up to %.1f s",
+                     self.queue.name, len(self._running), self.drain_timeout_s)
+            deadline = loop.time() + self.drain_timeout_s
+            abort = loop.create_task(self._abort.wait())
+            try:
+                while self._running and not self._abort.is_set() and loop.time() < deadline:
+                    await asyncio.wait({*self._running, abort}, timeout=deadline - loop.time(),
+                                       return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                abort.cancel()
+        if self._running:
+            log.info("aiodelayq: worker on %r handing back %d message(s) whose handlers were cut off",
+                     self.queue.name, len(self._running))
+        await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        """Cancel every running handler and wait for them (each hands its message back, bounded)."""
+        tasks = set(self._running)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _fetch_loop(self) -> None:
+        pause = _FETCH_RETRY_S
+        while True:
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            try:
+                batch: list[Any]
+                if self.reliable:
+                    batch = await self.queue.receive_many(free, self.visibility_timeout_s)
+                else:
+                    batch = await self.queue.take_many(free)
+            except QueueClosedError:
+                return
+            except BackendError as exc:
+                if isinstance(exc, (AccessDeniedError, WrongNodeError)):
+                    raise  # permanent: no retry can fix a missing permission or a wrong node
+                log.warning("aiodelayq: worker on %r could not fetch (%s); retrying in %.1f s",
+                            self.queue.name, exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(_FETCH_RETRY_CAP_S, pause * 2)
+                continue
+            pause = _FETCH_RETRY_S
+            for entry in batch:
+                self._start(entry)
+
+    def _start(self, entry: Any) -> None:
+        message = entry if self.reliable else None
+        task = asyncio.get_running_loop().create_task(self._handle(entry, message))
+        self._running[task] = message
+        task.add_done_callback(self._finished)
+        self.stats.started += 1
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        self._slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:  # a bug here, not in the handler
+            log.error("aiodelayq: worker task failed", exc_info=task.exception())
+
+    async def _handle(self, entry: Any, message: Message[T] | None) -> None:
+        item: T = message.value if message is not None else entry
+        try:
+            await self.handler(item)
+        except asyncio.CancelledError:
+            self.stats.interrupted += 1
+            if message is not None:
+                await run_through_cancellation(lambda: self._settle(message, "nack", 0.0), _HAND_BACK_BOUND_S)
+            else:
+                log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
+                          "cannot hand its item back: %r", self.queue.name, item)
+            raise
+        except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
+            self.stats.failed += 1
+            await self._failed(item, message, exc)
+            return
+        self.stats.succeeded += 1
+        if message is not None:
+            await self._settle(message, "ack", 0.0)
+
+    async def _failed(self, item: T, message: Message[T] | None, exc: Exception) -> None:
+        if message is None:
+            log.error("aiodelayq: worker on %r: handler failed; plain mode (reliable=False) drops the item %r",
+                      self.queue.name, item, exc_info=exc)
+            return
+        if isinstance(exc, Reject):
+            self.stats.rejected += 1
+            log.warning("aiodelayq: worker on %r: handler rejected message %s; dead-lettered (%s)",
+                        self.queue.name, message.id, exc)
+            await self._settle(message, "dead", 0.0)
+            return
+        delay_s = exc.delay_s if isinstance(exc, Retry) and exc.delay_s is not None else \
+            self.retry_backoff.compute(message.delivery_count)
+        self.stats.retried += 1
+        if not isinstance(exc, Retry):
+            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d); retry in %.1f s",
+                        self.queue.name, message.id, message.delivery_count, delay_s, exc_info=exc)
+        await self._settle(message, "nack", delay_s)
+
+    async def _settle(self, message: Message[T], how: str, delay_s: float) -> None:
+        """Ack, nack or dead-letter; a failure is logged: the message then comes back after its
+        visibility timeout (at-least-once), so the worker goes on."""
+        try:
+            if how == "ack":
+                await message.ack()
+            elif how == "dead":
+                await message.nack(dead_letter=True)
+            else:
+                await message.nack(delay_s)
+        except BackendError as exc:
+            log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "
+                        "visibility timeout", self.queue.name, how, message.id, exc)
+
+    async def _keep_leases(self) -> None:
+        """Every third of the visibility timeout, extend the messages held for longer than that."""
+        every_s = self.visibility_timeout_s / 3
+        while True:
+            await asyncio.sleep(every_s)
+            held = [m for m in self._running.values()
+                    if m is not None and m.remaining_s < self.visibility_timeout_s - every_s]
+            if held:
+                results = await asyncio.gather(*(m.extend(self.visibility_timeout_s) for m in held),
+                                               return_exceptions=True)
+                for message, result in zip(held, results, strict=True):
+                    if result is False:
+                        self.stats.lost_leases += 1
+                        log.warning("aiodelayq: worker on %r: message %s is no longer held (its visibility "
+                                    "timeout ended); it may be delivered twice", self.queue.name, message.id)
+                    elif isinstance(result, BackendError):  # tried again at the next tick
+                        log.warning("aiodelayq: worker on %r could not extend message %s (%s)",
+                                    self.queue.name, message.id, result)
+                    elif isinstance(result, BaseException):
+                        raise result

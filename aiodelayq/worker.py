@@ -1,0 +1,146 @@
+"""Run a worker as a process: ``aiodelayq worker pkg.module:handler --queue NAME`` (the CLI extra), or
+:func:`run_worker` from your own ``__main__``. The :class:`Worker` itself is ``DelayedQueue.worker``'s.
+
+The process opens one client and the queue, runs the worker until SIGTERM or SIGINT, then drains:
+running handlers get ``drain_timeout_s`` seconds, nothing new starts; a second signal cuts them off
+at once and hands their messages back. Then the queue closes, then the client (in that order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from redis.asyncio import Redis
+
+from ._queue import DelayedQueue
+from ._worker import Reject, Retry, Worker, WorkerStats
+from .exceptions import ConfigurationError, DelayedQueueError
+
+__all__ = ["Reject", "Retry", "Worker", "WorkerStats", "load_handler", "run_worker"]
+
+log = logging.getLogger("aiodelayq")
+
+Handler = Callable[[Any], Awaitable[object]]
+
+
+def load_handler(spec: str) -> Handler:
+    """The async callable named by ``"package.module:function"`` (``function`` may be dotted:
+    ``module:Class.method``), imported with the current directory on ``sys.path``, as uvicorn does.
+
+    Raises:
+        ConfigurationError: a malformed spec, a module or attribute that cannot be imported, or an
+            object that is not an ``async def`` function (or a callable returning awaitables).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"handler must look like 'package.module:function', not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import handler module {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise ConfigurationError(f"handler {spec!r} is not callable")
+    is_async_callable_object = not inspect.isroutine(obj) and inspect.iscoroutinefunction(type(obj).__call__)
+    if not (inspect.iscoroutinefunction(obj) or is_async_callable_object):
+        raise ConfigurationError(f"handler {spec!r} must be an 'async def' function taking one item")
+    return obj  # type: ignore[no-any-return]
+
+
+def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://localhost:6379/0",
+               concurrency: int = 16, visibility_timeout_s: float = 30.0, max_deliveries: int | None = 5,
+               codec: str = "json", drain_timeout_s: float = 30.0, reliable: bool = True) -> int:
+    """Blocking: run a worker on ``queue`` until SIGTERM/SIGINT, then drain (see the module docstring).
+    Logs lifecycle events at INFO (configures logging to stderr if nothing did).
+
+    Returns:
+        The process exit code: 0 once stopped by a signal or because the queue closed; 1 if the
+        worker could not run (Redis unreachable, missing permissions), with one line on stderr; 2
+        for a bad handler or option.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        function = load_handler(handler) if isinstance(handler, str) else handler
+        return asyncio.run(_serve(function, queue=queue, redis_url=redis_url, concurrency=concurrency,
+                                  visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries,
+                                  codec=codec, drain_timeout_s=drain_timeout_s, reliable=reliable))
+    except ConfigurationError as exc:
+        print(f"aiodelayq worker: {exc}", file=sys.stderr)
+        return 2
+    except DelayedQueueError as exc:
+        print(f"aiodelayq worker: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: int, visibility_timeout_s: float,
+                 max_deliveries: int | None, codec: str, drain_timeout_s: float, reliable: bool) -> int:
+    client = Redis.from_url(redis_url)
+    try:
+        q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries)
+        worker = q.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout_s,
+                          reliable=reliable, drain_timeout=drain_timeout_s)
+        with _signals(worker) as stopped_early:
+            try:
+                async with q:
+                    log.info("aiodelayq: worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
+                             "max deliveries %s)", queue, concurrency, "reliable" if reliable else "plain",
+                             visibility_timeout_s, max_deliveries)
+                    await worker.run()
+            except asyncio.CancelledError:
+                if not stopped_early:  # not our signal: someone else cancelled this task
+                    raise
+        log.info("aiodelayq: worker on %r stopped: %s", queue, worker.stats)
+        return 0
+    finally:
+        await client.aclose()
+
+
+@contextlib.contextmanager
+def _signals(worker: Worker[Any]) -> Iterator[list[int]]:
+    """SIGTERM/SIGINT: the first drains, the second stops at once; restored on exit. Yields a list
+    that gets an entry if a signal cancelled the task while the queue was still opening."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    received = 0
+    stopped_early: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        nonlocal received
+        received += 1
+        name = signal.Signals(signum).name
+        if worker.state == "new" and main is not None:  # still opening: nothing to drain
+            log.info("aiodelayq: %s while starting; stopping", name)
+            stopped_early.append(signum)
+            main.cancel()
+        elif received == 1:
+            log.info("aiodelayq: %s: draining (up to %.1f s; send it again to stop at once)", name,
+                     worker.drain_timeout_s)
+            worker.stop()
+        else:
+            log.info("aiodelayq: %s again: stopping now, handing running messages back", name)
+            worker.abort()
+
+    signums = (signal.SIGTERM, signal.SIGINT)
+    for signum in signums:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield stopped_early
+    finally:
+        for signum in signums:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,295 @@
+"""The worker (``queue.consume``/``queue.worker``): bounded concurrency, ack/retry/reject/dead letter,
+leases for slow handlers, graceful drain and a hard stop, with nothing lost or doubled; and the
+worker process (``run_worker``) under real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.backoff import ConstantBackoff
+
+from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, Reject, Retry
+from tests.helpers import until
+
+
+async def _counts_settle(q: DelayedQueue[Any], **expected: int) -> bool:
+    counts = await q.counts()
+    return all(getattr(counts, name) == value for name, value in expected.items())
+
+
+async def test_every_item_handled_once_at_most_concurrency_at_a_time(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    seen: collections.Counter[int] = collections.Counter()
+    running, peak = 0, 0
+
+    async def handler(item: int) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        seen[item] += 1
+        running -= 1
+
+    await q.offer_many([(i, 0) for i in range(200)])
+    async with q:
+        worker = q.worker(handler, concurrency=8)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: sum(seen.values()) == 200, timeout_s=20)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert set(seen) == set(range(200)) and max(seen.values()) == 1
+    assert peak == 8  # the bound, and reached
+    assert worker.stats.started == worker.stats.succeeded == 200
+    assert await _counts_settle(q, pending=0, ready=0, in_flight=0, dead_letters=0)
+
+
+async def test_a_failure_is_retried_with_the_backoff_then_dead_lettered(make_queue: Any) -> None:
+    q = make_queue(codec="json", max_deliveries=3)
+    attempts: collections.Counter[str] = collections.Counter()
+
+    async def handler(item: str) -> None:
+        attempts[item] += 1
+        if item == "flaky" and attempts[item] < 2:
+            raise ValueError("first try fails")
+        if item == "broken":
+            raise ValueError("always fails")
+
+    await q.offer_many([("flaky", 0), ("broken", 0), ("fine", 0)])
+    async with q:
+        worker = q.worker(handler, retry_backoff=ConstantBackoff(0.05))
+        task = asyncio.create_task(worker.run())
+        await until(lambda: _counts_settle(q, dead_letters=1, in_flight=0, ready=0, pending=0), timeout_s=10)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert attempts == {"flaky": 2, "broken": 3, "fine": 1}
+    [dead] = await q.dead_letters()
+    assert (dead.value, dead.reason, dead.delivery_count) == ("broken", "max_deliveries", 3)
+    assert (worker.stats.failed, worker.stats.retried, worker.stats.succeeded) == (4, 4, 2)
+
+
+async def test_retry_and_reject_steer_a_message(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json", max_deliveries=5)
+    attempts: collections.Counter[str] = collections.Counter()
+    retried_at: list[float] = []
+
+    async def handler(item: str) -> None:
+        attempts[item] += 1
+        if item == "later" and attempts[item] == 1:
+            retried_at.append(asyncio.get_running_loop().time())
+            raise Retry(0.3)
+        if item == "later":
+            retried_at.append(asyncio.get_running_loop().time())
+        if item == "poison":
+            raise Reject("cannot parse")
+
+    await q.offer_many([("later", 0), ("poison", 0)])
+    async with q:
+        worker = q.worker(handler, retry_backoff=ConstantBackoff(60))
+        task = asyncio.create_task(worker.run())
+        await until(lambda: attempts["later"] == 2 and attempts["poison"] == 1, timeout_s=10)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert retried_at[1] - retried_at[0] >= 0.25  # Retry's own delay, not the 60 s backoff
+    [dead] = await q.dead_letters()
+    assert (dead.value, dead.reason, dead.delivery_count) == ("poison", "nacked", 1)
+    assert worker.stats.rejected == 1
+
+
+async def test_a_slow_handler_keeps_its_message(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    calls: collections.Counter[int] = collections.Counter()
+
+    async def handler(item: int) -> None:
+        calls[item] += 1
+        await asyncio.sleep(2.6)  # more than twice the visibility timeout
+
+    await q.offer(1, 0)
+    async with q:
+        worker = q.worker(handler, visibility_timeout=1.0, concurrency=2)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: worker.stats.succeeded == 1, timeout_s=10)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert calls == {1: 1} and worker.stats.lost_leases == 0
+    assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
+
+
+async def test_stop_drains_running_handlers_and_starts_nothing_new(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    release = asyncio.Event()
+    started: list[int] = []
+    finished: list[int] = []
+
+    async def handler(item: int) -> None:
+        started.append(item)
+        await release.wait()
+        finished.append(item)
+
+    await q.offer_many([(i, 0) for i in range(10)])
+    async with q:
+        worker = q.worker(handler, concurrency=4, drain_timeout=10)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: len(started) == 4)
+        worker.stop()
+        await until(lambda: worker.state == "draining")
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert sorted(finished) == sorted(started) and len(started) == 4
+        assert await _counts_settle(q, in_flight=0, ready=6)  # the rest never left the list
+
+
+@pytest.mark.parametrize("how", ["drain_timeout", "abort", "caller_cancelled"])
+async def test_cut_off_handlers_hand_their_messages_back(make_queue: Any, how: str) -> None:
+    q = make_queue(codec="json", max_deliveries=5)
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def handler(item: int) -> None:
+        started.append(item)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+
+    await q.offer_many([(i, 0) for i in range(3)])
+    async with q:
+        worker = q.worker(handler, concurrency=3, drain_timeout=0.2 if how == "drain_timeout" else 30)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: len(started) == 3)
+        t0 = asyncio.get_running_loop().time()
+        if how == "caller_cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
+        else:
+            worker.stop()
+            if how == "abort":
+                await until(lambda: worker.state == "draining")
+                worker.abort()
+            await asyncio.wait_for(task, 5)
+        assert asyncio.get_running_loop().time() - t0 < 2  # not the 30 s drain
+        assert sorted(cancelled) == [0, 1, 2] and worker.stats.interrupted == 3
+        # Nacked with no delay: redelivered from the in-flight set at once, none lost.
+        assert await _counts_settle(q, in_flight=3, ready=0)
+        again = await q.receive_many(3, 30, timeout=5)
+        assert sorted((m.value, m.delivery_count) for m in again) == [(0, 2), (1, 2), (2, 2)]
+        for m in again:
+            await m.ack(confirm=True)
+
+
+async def test_consume_opens_and_closes_and_plain_mode_drops_failures(
+        make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    q = make_queue(codec="json")
+    handled: list[int] = []
+
+    async def handler(item: int) -> None:
+        if item == 3:
+            raise ValueError("boom")
+        handled.append(item)
+
+    await q.offer_many([(i, 0) for i in range(5)])
+    consumer = asyncio.create_task(q.consume(handler, reliable=False, concurrency=2))
+    await until(lambda: len(handled) == 4, timeout_s=10)
+    assert q.is_open
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert not q.is_open  # consume() opened it, so it closed it
+    assert sorted(handled) == [0, 1, 2, 4]
+    assert any("drops the item 3" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"concurrency": 0}, ConfigurationError), ({"concurrency": 2.5}, ConfigurationError),
+    ({"visibility_timeout": 0.5}, ConfigurationError), ({"drain_timeout": -1}, InvalidDelayError)])
+async def test_bad_worker_options_are_refused(make_queue: Any, options: dict[str, Any], error: type) -> None:
+    async def handler(item: Any) -> None:
+        pass
+
+    with pytest.raises(error):
+        make_queue().worker(handler, **options)
+
+
+# -- the worker process: real signals ---------------------------------------------------------------
+
+_HANDLERS = '''
+import asyncio, os, sys
+from redis.asyncio import Redis
+
+_client = None
+
+async def record(item):
+    global _client
+    if _client is None:
+        _client = Redis.from_url(os.environ["RECORD_URL"])
+    if item.get("slow"):
+        await asyncio.sleep(float(item["slow"]))
+    await _client.rpush(os.environ["RECORD_KEY"], item["n"])
+'''
+
+_RUN = '''
+import sys
+from aiodelayq.worker import run_worker
+sys.exit(run_worker("worker_handlers:record", queue=sys.argv[1], redis_url=sys.argv[2], concurrency=4,
+                    drain_timeout_s=float(sys.argv[3])))
+'''
+
+
+async def _worker_process(spawn_consumer: Any, tmp_path: Any, redis_server: Any, q: DelayedQueue[Any],
+                          record_key: str, drain_s: float) -> Any:
+    (tmp_path / "worker_handlers.py").write_text(_HANDLERS)
+    return spawn_consumer(_RUN, args=[q.name, redis_server.url, str(drain_s)],
+                          env={"PYTHONPATH": str(tmp_path), "RECORD_URL": redis_server.url, "RECORD_KEY": record_key})
+
+
+async def _recorded(client: Redis, key: str) -> list[int]:
+    return [int(x) for x in await client.lrange(key, 0, -1)]
+
+
+async def test_sigterm_drains_the_worker_process(client: Redis, make_queue: Any, spawn_consumer: Any,
+                                                 tmp_path: Any, redis_server: Any, drop_keys: Any) -> None:
+    q = make_queue(codec="json")
+    record_key = f"{q.name}:record"
+    drop_keys(record_key)
+    await q.offer_many([({"n": i, "slow": 0.5}, 0) for i in range(4)] + [({"n": i}, 0) for i in range(4, 40)])
+    child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 30)
+    await until(lambda: _in_flight_is(q, 4), timeout_s=30)
+    child.send_signal(signal.SIGTERM)
+    assert await child.await_exit(20) == 0
+    done = await _recorded(client, record_key)
+    counts = await q.counts()
+    # The 4 slow ones in flight at the signal finished; nothing else was lost or doubled.
+    assert len(done) == len(set(done)) and {0, 1, 2, 3} <= set(done)
+    assert counts.in_flight == 0 and len(done) + counts.ready == 40
+    assert "draining" in child.stderr and "Task was destroyed" not in child.stderr
+    assert "Unclosed" not in child.stderr
+
+
+async def test_a_second_signal_stops_at_once_and_hands_back(client: Redis, make_queue: Any, spawn_consumer: Any,
+                                                            tmp_path: Any, redis_server: Any,
+                                                            drop_keys: Any) -> None:
+    q = make_queue(codec="json")
+    record_key = f"{q.name}:record"
+    drop_keys(record_key)
+    await q.offer_many([({"n": i, "slow": 60}, 0) for i in range(6)])
+    child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 60)
+    await until(lambda: _in_flight_is(q, 4), timeout_s=30)
+    child.send_signal(signal.SIGTERM)
+    await until(lambda: "draining" in child.stderr, timeout_s=10)
+    child.send_signal(signal.SIGINT)
+    assert await child.await_exit(10) == 0
+    assert await _recorded(client, record_key) == []
+    counts = await q.counts()
+    assert (counts.in_flight, counts.ready) == (4, 2)  # the 4 cut off are nacked (due now), 2 never left
+    assert "stopping now" in child.stderr and "Task was destroyed" not in child.stderr
+
+
+async def _in_flight_is(q: DelayedQueue[Any], n: int) -> bool:
+    return (await q.counts()).in_flight == n
