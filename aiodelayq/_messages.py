@@ -93,6 +93,19 @@ class Message(Generic[T]):
             return await self._settle(Settle(self._element, "dead", self.deadline_ms))
         return await self._settle(Settle(self._element, "nack", self.deadline_ms, delay_ms))
 
+    async def release(self) -> bool:
+        """Hand the message back as if this delivery never happened: visible again at once, its
+        ``delivery_count`` not raised (a first delivery goes back to the head of the list). For
+        messages fetched ahead and never worked on (a worker's unstarted ones at shutdown); a
+        message that was worked on should be nacked. ``False`` as for :meth:`ack`.
+
+        Raises:
+            BackendError: as :meth:`ack` when it waits.
+        """
+        if self._settled:
+            return False
+        return await self._settle(Settle(self._element, "release", self.deadline_ms))
+
     async def extend(self, visibility_timeout: float | timedelta) -> bool:
         """Keep the message: its visibility deadline becomes now + ``visibility_timeout`` (server
         clock; shorter than what is left makes it sooner). ``False`` if it is no longer held by this

@@ -9,12 +9,31 @@ next command (redis/redis-py#2624).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["exchange", "result"]
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # hiredis comes with redis[hiredis], the core dependency; plain redis-py packs in Python
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - redis installed without the extra
+    _hiredis_pack = None
+
+__all__ = ["exchange", "pack", "result"]
+
+# Arguments above this size go through redis-py's packer, which passes them on as they are instead
+# of copying them into one buffer (hiredis copies: ~100 ms for a 50 MB item).
+_HIREDIS_MAX_ARG = 65536
+
+
+def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
+    """The wire bytes of ``commands``. hiredis's packer (C) when every argument is small: redis-py's
+    asyncio connection packs in Python, 6x slower, and packing was a quarter of a reliable
+    consumer's CPU (a settle carries four arguments per message)."""
+    if _hiredis_pack is None or any(len(a) > _HIREDIS_MAX_ARG for c in commands for a in c if type(a) is bytes):
+        return conn.pack_commands([tuple(c) for c in commands])
+    return b"".join([_hiredis_pack(tuple(c)) for c in commands])
 
 
 async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool],
@@ -25,10 +44,10 @@ async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool
     its reply appended. ``sent[0]`` is set before the write."""
     try:
         sent[0] = True
-        await conn.send_packed_command(conn.pack_commands([tuple(c) for c in commands]))
+        await conn.send_packed_command(pack(conn, commands))
         replies = [await _read(conn) for _ in commands]
         if then is not None and not isinstance(replies[-1], ResponseError):
-            await conn.send_packed_command(conn.pack_command(*then))
+            await conn.send_packed_command(pack(conn, [then]))
             replies.append(await _read(conn))
         return replies
     except BaseException:

@@ -18,11 +18,14 @@ back, or, if Redis cannot be reached, comes back after its visibility timeout: n
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+import anyio
 from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
 from ._delays import delay_to_ms
@@ -43,6 +46,8 @@ _HAND_BACK_BOUND_S = 1.0
 # Pause of the fetch loop after a failed fetch (the queue's own calls already resent within
 # call_timeout_s); doubles up to the cap while failures go on.
 _FETCH_RETRY_S, _FETCH_RETRY_CAP_S = 0.2, 5.0
+# Longest a message fetched ahead waits for a free slot before it is released for other consumers.
+_AHEAD_HOLD_S = 0.5
 
 
 class Retry(Exception):
@@ -85,8 +90,8 @@ class Source(Protocol[T]):
     @property
     def name(self) -> str: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
-                           timeout: float | None = None) -> list[Message[T]]: ...
-    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...
+                           timeout: float | None = None) -> list[Message[T]]: ...  # noqa: ASYNC109
+    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...  # noqa: ASYNC109
 
 
 class Worker(Generic[T]):
@@ -106,28 +111,42 @@ class Worker(Generic[T]):
         self.retry_backoff = retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
         self.stats = WorkerStats()
         self.state: State = "new"
-        self._running: dict[asyncio.Task[None], Message[T] | None] = {}
-        self._slot_freed = asyncio.Event()
+        # `concurrency` slot tasks take fetched entries from `_ahead` one after the other; `_busy`
+        # maps a slot to the message it works on. A slot whose handler does not suspend goes on
+        # to the next entry at once: no task per message, no loop turn between them.
+        self._slots: set[asyncio.Task[None]] = set()
+        self._busy: dict[asyncio.Task[None], Message[T] | None] = {}
+        self._ahead: collections.deque[Any] = collections.deque()
+        # Reliable mode fetches up to `_ahead_max` messages beyond the free slots, and the next
+        # fetch goes out while slots work through them (a worker without it ran at 0.46x of `async
+        # for`). Halved when they wait longer than _AHEAD_HOLD_S (then released, uncounted, for
+        # other consumers: slow handlers do not hoard work); doubled when a slot finds none.
+        self._ahead_max = max(concurrency, 64) if reliable else 0
+        self._low_water = max(1, self._ahead_max // 2)  # fewer entries waiting: fetch more
+        self._last_take = 0.0  # loop time a slot last took an entry (or entries came to an empty deque)
+        self._work = asyncio.Event()  # entries were added to `_ahead`, or stopping
+        self._need = asyncio.Event()  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
 
     def __repr__(self) -> str:
-        return (f"<Worker {self.queue.name!r} {self.state} running={len(self._running)}/{self.concurrency} "
-                f"reliable={self.reliable} started={self.stats.started}>")
+        return (f"<Worker {self.queue.name!r} {self.state} running={len(self._busy)}/{self.concurrency} "
+                f"ahead={len(self._ahead)} reliable={self.reliable} started={self.stats.started}>")
 
     @property
     def running(self) -> int:
         """Handlers running now."""
-        return len(self._running)
+        return len(self._busy)
 
     def stop(self) -> None:
         """Graceful: fetch no more, let running handlers finish within ``drain_timeout_s``."""
         self._stopping.set()
+        self._work.set()  # idle slots end
 
     def abort(self) -> None:
         """Stop now: cancel running handlers and hand their messages back."""
-        self._stopping.set()
         self._abort.set()
+        self.stop()
 
     async def run(self) -> None:
         """Fetch and handle until :meth:`stop`/:meth:`abort` or the queue is closed, then drain.
@@ -142,9 +161,12 @@ class Worker(Generic[T]):
             raise ConfigurationError("a Worker runs once: create a new one")
         self.state = "running"
         loop = asyncio.get_running_loop()
-        fetcher = loop.create_task(self._fetch_loop(), name=f"aiodelayq-worker-fetch:{self.queue.name}")
-        keeper = (loop.create_task(self._keep_leases(), name=f"aiodelayq-worker-leases:{self.queue.name}")
+        name = self.queue.name
+        fetcher = loop.create_task(self._fetch_loop(), name=f"aiodelayq-worker-fetch:{name}")
+        keeper = (loop.create_task(self._keep_leases(), name=f"aiodelayq-worker-leases:{name}")
                   if self.reliable else None)
+        self._slots = {loop.create_task(self._slot(), name=f"aiodelayq-worker-slot:{name}")
+                       for _ in range(self.concurrency)}
         try:
             stop = loop.create_task(self._stopping.wait())
             try:
@@ -152,13 +174,20 @@ class Worker(Generic[T]):
             finally:
                 stop.cancel()
             self.state = "draining"
+            self.stop()
             fetcher.cancel()  # a receive in flight is undone by the queue (cancellation-safe)
             await asyncio.wait({fetcher})
+            await self._release_ahead()
             await self._drain()
         except asyncio.CancelledError:
-            self._abort.set()
+            self.abort()
             fetcher.cancel()
-            await run_through_cancellation(self._cancel_all, _HAND_BACK_BOUND_S + 1.0)
+
+            async def hand_back() -> None:
+                await asyncio.wait({fetcher})
+                await asyncio.gather(self._release_ahead(), self._cancel_slots())
+
+            await run_through_cancellation(hand_back, _HAND_BACK_BOUND_S + 1.0)
             raise
         finally:
             if keeper is not None:
@@ -169,46 +198,91 @@ class Worker(Generic[T]):
             raise fetcher.exception()  # type: ignore[misc]
 
     async def _drain(self) -> None:
-        """Wait for running handlers until ``drain_timeout_s`` passes or :meth:`abort`; cancel the rest."""
+        """Wait for the slots to finish their handlers until ``drain_timeout_s`` passes or
+        :meth:`abort`; cancel the rest (their messages are handed back)."""
         loop = asyncio.get_running_loop()
-        if self._running and not self._abort.is_set():
+        if self._busy and not self._abort.is_set():
             log.info("aiodelayq: worker on %r draining %d running handler(s), up to %.1f s",
-                     self.queue.name, len(self._running), self.drain_timeout_s)
-            deadline = loop.time() + self.drain_timeout_s
-            abort = loop.create_task(self._abort.wait())
-            try:
-                while self._running and not self._abort.is_set() and loop.time() < deadline:
-                    await asyncio.wait({*self._running, abort}, timeout=deadline - loop.time(),
-                                       return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                abort.cancel()
-        if self._running:
+                     self.queue.name, len(self._busy), self.drain_timeout_s)
+        deadline = loop.time() + self.drain_timeout_s
+        abort = loop.create_task(self._abort.wait())
+        try:
+            while not self._abort.is_set() and loop.time() < deadline and not all(t.done() for t in self._slots):
+                await asyncio.wait({*self._slots, abort}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort.cancel()
+        if self._busy:
             log.info("aiodelayq: worker on %r handing back %d message(s) whose handlers were cut off",
-                     self.queue.name, len(self._running))
-        await self._cancel_all()
+                     self.queue.name, len(self._busy))
+        await self._cancel_slots()
 
-    async def _cancel_all(self) -> None:
-        """Cancel every running handler and wait for them (each hands its message back, bounded)."""
-        tasks = set(self._running)
-        for task in tasks:
+    async def _cancel_slots(self) -> None:
+        """Cancel every slot and wait for them (a running handler hands its message back, bounded)."""
+        for task in self._slots:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        if self._slots:
+            await asyncio.wait(self._slots)
+        for task in self._slots:
+            if not task.cancelled() and task.exception() is not None:  # a bug here, not in a handler
+                log.error("aiodelayq: worker slot failed", exc_info=task.exception())
+
+    async def _slot(self) -> None:
+        """Take entries and handle them, one at a time, until stopping (plain mode first finishes
+        the items already taken for it: they cannot be handed back)."""
+        me = asyncio.current_task()
+        assert me is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._stopping.is_set() and (self.reliable or not self._ahead):
+                return
+            if not self._ahead:
+                if self.reliable and self._ahead_max < self.concurrency:
+                    self._ahead_max = max(1, self._ahead_max * 2)  # a slot found nothing waiting
+                self._need.set()
+                self._work.clear()
+                await self._work.wait()
+                continue
+            entry = self._ahead.popleft()
+            self._last_take = loop.time()
+            if len(self._ahead) < self._low_water and not self._need.is_set():
+                # Running low: let the fetcher send its next call now, so its reply travels while
+                # this slot works through what is left.
+                self._need.set()
+                await asyncio.sleep(0)
+            message = entry if self.reliable else None
+            self._busy[me] = message
+            self.stats.started += 1
+            try:
+                await self._handle(entry, message)
+            finally:
+                del self._busy[me]
 
     async def _fetch_loop(self) -> None:
         pause = _FETCH_RETRY_S
+        loop = asyncio.get_running_loop()
         while True:
-            free = self.concurrency - len(self._running)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
+            if self._ahead and loop.time() - self._last_take >= _AHEAD_HOLD_S:
+                # Nobody took a waiting message for a while: handlers are slow. Give the waiting
+                # ones back for other consumers, and fetch fewer ahead from now on.
+                self._ahead_max //= 2
+                await self._release_ahead()
+            want = self.concurrency + self._ahead_max - len(self._busy) - len(self._ahead)
+            # Waiting messages bound every wait, so the check above runs in time.
+            hold_s = _AHEAD_HOLD_S if self._ahead else None
+            if want <= 0 or len(self._ahead) >= self._low_water:
+                self._need.clear()
+                with anyio.move_on_after(math.inf if hold_s is None else hold_s):
+                    await self._need.wait()
                 continue
             try:
-                batch: list[Any]
                 if self.reliable:
-                    batch = await self.queue.receive_many(free, self.visibility_timeout_s)
+                    fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, hold_s)
                 else:
-                    batch = await self.queue.take_many(free)
+                    fetched = await self.queue.take_many(want)
+                if fetched and not self._ahead:
+                    self._last_take = loop.time()  # the hold of these starts now
+                self._ahead.extend(fetched)
             except QueueClosedError:
                 return
             except BackendError as exc:
@@ -220,21 +294,18 @@ class Worker(Generic[T]):
                 pause = min(_FETCH_RETRY_CAP_S, pause * 2)
                 continue
             pause = _FETCH_RETRY_S
-            for entry in batch:
-                self._start(entry)
+            if self._ahead:
+                self._work.set()
 
-    def _start(self, entry: Any) -> None:
-        message = entry if self.reliable else None
-        task = asyncio.get_running_loop().create_task(self._handle(entry, message))
-        self._running[task] = message
-        task.add_done_callback(self._finished)
-        self.stats.started += 1
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-        self._slot_freed.set()
-        if not task.cancelled() and task.exception() is not None:  # a bug here, not in the handler
-            log.error("aiodelayq: worker task failed", exc_info=task.exception())
+    async def _release_ahead(self) -> None:
+        """Hand back the messages fetched ahead and not started, uncounted (last first: first
+        deliveries go back to the head of the list and keep their order)."""
+        if not self.reliable:
+            return
+        held = list(self._ahead)
+        self._ahead.clear()
+        if held:
+            await asyncio.gather(*(self._settle(m, "release", 0.0) for m in reversed(held)))
 
     async def _handle(self, entry: Any, message: Message[T] | None) -> None:
         item: T = message.value if message is not None else entry
@@ -283,6 +354,8 @@ class Worker(Generic[T]):
                 await message.ack()
             elif how == "dead":
                 await message.nack(dead_letter=True)
+            elif how == "release":
+                await message.release()
             else:
                 await message.nack(delay_s)
         except BackendError as exc:
@@ -294,7 +367,7 @@ class Worker(Generic[T]):
         every_s = self.visibility_timeout_s / 3
         while True:
             await asyncio.sleep(every_s)
-            held = [m for m in self._running.values()
+            held = [m for m in self._busy.values()
                     if m is not None and m.remaining_s < self.visibility_timeout_s - every_s]
             if held:
                 results = await asyncio.gather(*(m.extend(self.visibility_timeout_s) for m in held),

@@ -118,6 +118,9 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
         d = sc["drain"]["ratio"]
         bar("drain: async for >= 50% of take_many(100)", d["async_for"], 0.5, True, "x")
         bar("drain: messages() + ack() >= 10% of take_many(100)", d["messages_ack"], 0.1, True, "x")
+        if d.get("worker16_vs_async_for") is not None:
+            bar("drain: worker (no-op handler, concurrency 16) >= 70% of async for", d["worker16_vs_async_for"],
+                0.7, True, "x")
     if "due_times" in sc:
         dt = sc["due_times"]
         o, r = dt["ours"]["lag_ms"]["p99"], dt["script_time"]["lag_ms"]["p99"]
@@ -229,6 +232,9 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         for mode, label in (("async_for", "async for"), ("messages_ack", "messages() + ack()")):
             row(f"drain: {label} / take_many(100)", d["ratio"][mode], True,
                 fmt_num(d["ours"][mode]["items_per_s"]), fmt_num(d["ours"]["take_many"]["items_per_s"]))
+        if "worker16" in d["ours"]:
+            row("drain: worker (concurrency 16) / async for", d["ratio"]["worker16_vs_async_for"], True,
+                fmt_num(d["ours"]["worker16"]["items_per_s"]), fmt_num(d["ours"]["async_for"]["items_per_s"]))
     if "due_times" in sc:
         dt = sc["due_times"]
         for k in ("p50", "p99", "max"):
