@@ -18,6 +18,7 @@ from ._messages import Message
 from ._options import WireFormat
 from ._pending import PendingItem, QueueCounts
 from ._queue import DelayedQueue
+from ._queues import Queues
 from ._reliable import MessageIterator
 from ._scheduler import SchedulerStats
 from ._worker import Reject, Retry, Worker, WorkerStats
@@ -69,6 +70,7 @@ __all__ = [
     "QueueKeys",
     "QueueNotOpenError",
     "QueueStats",
+    "Queues",
     "Reject",
     "Retry",
     "SchedulerStats",
