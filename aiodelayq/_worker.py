@@ -123,8 +123,7 @@ class Worker(Generic[T]):
         # other consumers: slow handlers do not hoard work); doubled when a slot finds none.
         self._ahead_max = max(concurrency, 64) if reliable else 0
         self._low_water = max(1, self._ahead_max // 2)  # fewer entries waiting: fetch more
-        self._last_take = 0.0  # loop time a slot last took an entry (or entries came to an empty deque)
-        self._work = asyncio.Event()  # entries were added to `_ahead`, or stopping
+        self._idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
         self._need = asyncio.Event()  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
@@ -141,7 +140,7 @@ class Worker(Generic[T]):
     def stop(self) -> None:
         """Graceful: fetch no more, let running handlers finish within ``drain_timeout_s``."""
         self._stopping.set()
-        self._work.set()  # idle slots end
+        self._wake(-1)  # idle slots end
 
     def abort(self) -> None:
         """Stop now: cancel running handlers and hand their messages back."""
@@ -233,40 +232,53 @@ class Worker(Generic[T]):
         me = asyncio.current_task()
         assert me is not None
         loop = asyncio.get_running_loop()
+        ahead, busy, stats, reliable = self._ahead, self._busy, self.stats, self.reliable
         while True:
-            if self._stopping.is_set() and (self.reliable or not self._ahead):
+            if self._stopping.is_set() and (reliable or not ahead):
                 return
-            if not self._ahead:
-                if self.reliable and self._ahead_max < self.concurrency:
+            if not ahead:
+                if reliable and self._ahead_max < self.concurrency:
                     self._ahead_max = max(1, self._ahead_max * 2)  # a slot found nothing waiting
                 self._need.set()
-                self._work.clear()
-                await self._work.wait()
+                # Park until woken for an entry (one slot per entry fetched, not all of them).
+                parked = loop.create_future()
+                self._idle.append(parked)
+                await parked
                 continue
-            entry = self._ahead.popleft()
-            self._last_take = loop.time()
-            if len(self._ahead) < self._low_water and not self._need.is_set():
+            entry = ahead.popleft()
+            if len(ahead) < self._low_water and not self._need.is_set():
                 # Running low: let the fetcher send its next call now, so its reply travels while
                 # this slot works through what is left.
                 self._need.set()
                 await asyncio.sleep(0)
-            message = entry if self.reliable else None
-            self._busy[me] = message
-            self.stats.started += 1
+            busy[me] = entry if reliable else None
+            stats.started += 1
             try:
-                await self._handle(entry, message)
+                await self._handle(entry, entry if reliable else None)
             finally:
-                del self._busy[me]
+                del busy[me]
+
+    def _wake(self, count: int) -> None:
+        """Wake up to ``count`` parked slots (every one with ``count`` < 0)."""
+        idle = self._idle
+        while idle and count != 0:
+            parked = idle.popleft()
+            if not parked.done():
+                parked.set_result(None)
+                count -= 1
 
     async def _fetch_loop(self) -> None:
         pause = _FETCH_RETRY_S
         loop = asyncio.get_running_loop()
+        held = (-1, 0.0)  # (slots' takes, loop time) when the messages waiting last made progress
         while True:
-            if self._ahead and loop.time() - self._last_take >= _AHEAD_HOLD_S:
+            if self._ahead and self.stats.started == held[0] and loop.time() - held[1] >= _AHEAD_HOLD_S:
                 # Nobody took a waiting message for a while: handlers are slow. Give the waiting
                 # ones back for other consumers, and fetch fewer ahead from now on.
                 self._ahead_max //= 2
                 await self._release_ahead()
+            if self.stats.started != held[0] or not self._ahead:
+                held = (self.stats.started, loop.time())  # progress: the hold starts again
             want = self.concurrency + self._ahead_max - len(self._busy) - len(self._ahead)
             # Waiting messages bound every wait, so the check above runs in time.
             hold_s = _AHEAD_HOLD_S if self._ahead else None
@@ -280,8 +292,6 @@ class Worker(Generic[T]):
                     fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, hold_s)
                 else:
                     fetched = await self.queue.take_many(want)
-                if fetched and not self._ahead:
-                    self._last_take = loop.time()  # the hold of these starts now
                 self._ahead.extend(fetched)
             except QueueClosedError:
                 return
@@ -294,8 +304,9 @@ class Worker(Generic[T]):
                 pause = min(_FETCH_RETRY_CAP_S, pause * 2)
                 continue
             pause = _FETCH_RETRY_S
-            if self._ahead:
-                self._work.set()
+            if fetched:
+                held = (self.stats.started, loop.time())  # the hold of what came starts now
+            self._wake(len(fetched))
 
     async def _release_ahead(self) -> None:
         """Hand back the messages fetched ahead and not started, uncounted (last first: first
