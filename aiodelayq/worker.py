@@ -66,7 +66,8 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
                concurrency: int = 16, visibility_timeout_s: float = 30.0, max_deliveries: int | None = 5,
                codec: str = "json", drain_timeout_s: float = 30.0, reliable: bool = True) -> int:
     """Blocking: run a worker on ``queue`` until SIGTERM/SIGINT, then drain (see the module docstring).
-    Logs lifecycle events at INFO (configures logging to stderr if nothing did).
+    Logs lifecycle events at INFO (configures logging to stderr if nothing did). ``max_deliveries``:
+    the queue's limit before a failing item is dead-lettered (5; 0 or ``None``: no limit).
 
     Returns:
         The process exit code: 0 once stopped by a signal or because the queue closed; 1 if the
@@ -92,7 +93,7 @@ async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: i
                  max_deliveries: int | None, codec: str, drain_timeout_s: float, reliable: bool) -> int:
     client = Redis.from_url(redis_url)
     try:
-        q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries)
+        q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries or None)
         worker = q.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout_s,
                           reliable=reliable, drain_timeout=drain_timeout_s)
         with _signals(worker) as stopped_early:

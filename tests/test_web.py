@@ -122,7 +122,8 @@ async def test_web_app_and_worker_process_deliver_each_order_once_through_sigter
     assert await worker.await_exit(30) == 0
     assert not [w for w in UNCLEAN if w in worker.stderr], worker.stderr
     done = collections.Counter(int(x) for x in await client.lrange(cancelled_key, 0, -1))
-    assert set(done) == expected and max(done.values()) == 1
+    assert set(done) == expected
+    assert max(done.values()) == 1
     assert await q.counts() == type(await q.counts())(0, 0, 0, 0, None)
 
 
@@ -139,12 +140,14 @@ async def test_the_readme_example_runs_as_is(own_server: Any, spawn_consumer: An
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         await _wait_http(http, child)
         response = await http.post("/orders/42")
-    assert response.status_code == 201 and response.json()["order_id"] == 42
+    assert response.status_code == 201
+    assert response.json()["order_id"] == 42
     redis = Redis.from_url(server.url)
     try:
         q: DelayedQueue[Any] = DelayedQueue(redis, "orders:cancel-unpaid")
         pending = await q.get("order-42")
-        assert pending is not None and pending.value == {"order_id": 42}
+        assert pending is not None
+        assert pending.value == {"order_id": 42}
     finally:
         await redis.aclose()
     child.send_signal(signal.SIGTERM)
@@ -163,11 +166,13 @@ async def test_queues_opens_in_order_and_reopens(redis_server: Any, qname: str, 
     for round_ in range(2):  # a second open makes a new client and new queues
         async with queues:
             q = dependency()
-            assert q is queues[qname] and q.name == qname
+            assert q is queues[qname]
+            assert q.name == qname
             await q.offer({"round": round_}, 60)
             made.append((queues.client, q))
         assert not queues.is_open
-    assert made[0][0] is not made[1][0] and made[0][1] is not made[1][1]
+    assert made[0][0] is not made[1][0]
+    assert made[0][1] is not made[1][1]
     redis = Redis.from_url(redis_server.url)
     try:
         assert await DelayedQueue(redis, qname).size() == 2

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, Reject, Retry
+from tests.faults import REPO_ROOT
 from tests.helpers import until
 
 
@@ -42,7 +43,8 @@ async def test_every_item_handled_once_at_most_concurrency_at_a_time(make_queue:
         await until(lambda: sum(seen.values()) == 200, timeout_s=20)
         worker.stop()
         await asyncio.wait_for(task, 10)
-    assert set(seen) == set(range(200)) and max(seen.values()) == 1
+    assert set(seen) == set(range(200))
+    assert max(seen.values()) == 1
     assert peak == 8  # the bound, and reached
     assert worker.stats.started == worker.stats.succeeded == 200
     assert await _counts_settle(q, pending=0, ready=0, in_flight=0, dead_letters=0)
@@ -115,7 +117,8 @@ async def test_a_slow_handler_keeps_its_message(make_queue: Any) -> None:
         await until(lambda: worker.stats.succeeded == 1, timeout_s=10)
         worker.stop()
         await asyncio.wait_for(task, 10)
-    assert calls == {1: 1} and worker.stats.lost_leases == 0
+    assert calls == {1: 1}
+    assert worker.stats.lost_leases == 0
     assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
 
 
@@ -139,7 +142,8 @@ async def test_stop_drains_running_handlers_and_starts_nothing_new(make_queue: A
         await until(lambda: worker.state == "draining")
         release.set()
         await asyncio.wait_for(task, 10)
-        assert sorted(finished) == sorted(started) and len(started) == 4
+        assert sorted(finished) == sorted(started)
+        assert len(started) == 4
         # The rest never started: fetched ahead and released, or never fetched; none counted.
         assert await _counts_settle(q, in_flight=0, ready=6)
         rest = await q.receive_many(6, 30, timeout=5)
@@ -201,7 +205,8 @@ async def test_cut_off_handlers_hand_their_messages_back(make_queue: Any, how: s
                 worker.abort()
             await asyncio.wait_for(task, 5)
         assert asyncio.get_running_loop().time() - t0 < 2  # not the 30 s drain
-        assert sorted(cancelled) == [0, 1, 2] and worker.stats.interrupted == 3
+        assert sorted(cancelled) == [0, 1, 2]
+        assert worker.stats.interrupted == 3
         # Nacked with no delay: redelivered from the in-flight set at once, none lost.
         assert await _counts_settle(q, in_flight=3, ready=0)
         again = await q.receive_many(3, 30, timeout=5)
@@ -269,24 +274,31 @@ sys.exit(run_worker("worker_handlers:record", queue=sys.argv[1], redis_url=sys.a
 '''
 
 
+_CLI = "import sys; from aiodelayq.cli import main; sys.exit(main())"
+
+
 async def _worker_process(spawn_consumer: Any, tmp_path: Any, redis_server: Any, q: DelayedQueue[Any],
-                          record_key: str, drain_s: float) -> Any:
+                          record_key: str, drain_s: float, via: str = "run_worker") -> Any:
     (tmp_path / "worker_handlers.py").write_text(_HANDLERS)
-    return spawn_consumer(_RUN, args=[q.name, redis_server.url, str(drain_s)],
-                          env={"PYTHONPATH": str(tmp_path), "RECORD_URL": redis_server.url, "RECORD_KEY": record_key})
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO_ROOT}", "RECORD_URL": redis_server.url, "RECORD_KEY": record_key}
+    if via == "cli":  # the console command, as an operator runs it
+        return spawn_consumer(_CLI, args=["worker", "worker_handlers:record", "--queue", q.name, "--concurrency", "4",
+                                          "--drain-timeout", str(drain_s), "--redis-url", redis_server.url], env=env)
+    return spawn_consumer(_RUN, args=[q.name, redis_server.url, str(drain_s)], env=env)
 
 
 async def _recorded(client: Redis, key: str) -> list[int]:
     return [int(x) for x in await client.lrange(key, 0, -1)]
 
 
+@pytest.mark.parametrize("via", ["run_worker", "cli"])
 async def test_sigterm_drains_the_worker_process(client: Redis, make_queue: Any, spawn_consumer: Any,
-                                                 tmp_path: Any, redis_server: Any, drop_keys: Any) -> None:
+                                                 tmp_path: Any, redis_server: Any, drop_keys: Any, via: str) -> None:
     q = make_queue(codec="json")
     record_key = f"{q.name}:record"
     drop_keys(record_key)
     await q.offer_many([({"n": i, "slow": 0.5}, 0) for i in range(4)] + [({"n": i}, 0) for i in range(4, 40)])
-    child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 30)
+    child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 30, via)
     await until(lambda: _in_flight_is(q, 4), timeout_s=30)
     child.send_signal(signal.SIGTERM)
     assert await child.await_exit(20) == 0
@@ -294,9 +306,12 @@ async def test_sigterm_drains_the_worker_process(client: Redis, make_queue: Any,
     counts = await q.counts()
     # The 4 slow ones running at the signal finished, those fetched ahead went back; nothing else was
     # lost or doubled.
-    assert len(done) == len(set(done)) and {0, 1, 2, 3} <= set(done)
-    assert counts.in_flight == 0 and len(done) + counts.ready == 40
-    assert "draining" in child.stderr and "Task was destroyed" not in child.stderr
+    assert len(done) == len(set(done))
+    assert {0, 1, 2, 3} <= set(done)
+    assert counts.in_flight == 0
+    assert len(done) + counts.ready == 40
+    assert "draining" in child.stderr
+    assert "Task was destroyed" not in child.stderr
     assert "Unclosed" not in child.stderr
 
 
@@ -317,7 +332,8 @@ async def test_a_second_signal_stops_at_once_and_hands_back(client: Redis, make_
     counts = await q.counts()
     # The 4 cut off are nacked (due now, in flight); the 2 fetched ahead or never fetched are in the list.
     assert (counts.in_flight, counts.ready) == (4, 2)
-    assert "stopping now" in child.stderr and "Task was destroyed" not in child.stderr
+    assert "stopping now" in child.stderr
+    assert "Task was destroyed" not in child.stderr
 
 
 async def _in_flight_is(q: DelayedQueue[Any], n: int) -> bool:
