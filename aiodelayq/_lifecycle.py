@@ -8,6 +8,7 @@ opening goes back to ``new``. A queue is opened at most once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +25,8 @@ from ._take import TakePump
 from .exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 
 __all__ = ["Lifecycle", "QueueStats"]
+
+log = logging.getLogger("aiodelayq")
 
 State = Literal["new", "opening", "open", "closing", "closed"]
 
@@ -191,6 +194,7 @@ class Lifecycle:
         scheduler.listeners.extend((self._pump.notify, self._reliable.notify))
         scheduler.takers.append(self._pump.ask_transfer)
         self.state = "open"
+        log.info("aiodelayq: queue %r opened (subscribed, first transfer done)", keys.destination)
 
     async def aclose(self) -> None:
         """Close once, in a task of its own; a cancelled caller stops waiting, the close completes
@@ -202,7 +206,8 @@ class Lifecycle:
 
     async def _close(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._options.close_timeout_s
+        started = loop.time()
+        deadline = started + self._options.close_timeout_s
         was_open = self.state == "open"
         self.state = "closing"
         try:
@@ -227,3 +232,5 @@ class Lifecycle:
             await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
         finally:
             self.state = "closed"
+            if was_open:
+                log.info("aiodelayq: queue %r closed in %.3f s", self._keys.destination, loop.time() - started)

@@ -23,6 +23,7 @@ from ._elements import ElementKind, Fragment, fragment_size, long_format, offer_
 from ._eviction import check_eviction_policy
 from ._keyed import Offered, check_key, key_tag, parse_outcome
 from ._keys import QueueKeys
+from ._observe import hook
 from ._options import QueueOptions
 from ._retry import resend_within
 from ._runtime import facts_for
@@ -163,8 +164,13 @@ class Producer:
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
         base = int(reply[0])
         if entries is None:
+            if hook.sink is not None:
+                hook.sink.offered(k.destination, len(fragments))
             return [base + fragment[0] for fragment in fragments]
         outcome = parse_outcome(reply[2], len(fragments))
+        if hook.sink is not None:
+            # A key found pending ('p') changed nothing: not an offer that wrote anything.
+            hook.sink.offered(k.destination, sum(letter != "p" for letter, _ in outcome))
         return [Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
                         added=letter != "p", replaced=letter == "r")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]

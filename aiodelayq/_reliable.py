@@ -26,6 +26,7 @@ from ._connections import AnyRedis, Script
 from ._elements import parse_message
 from ._keys import QueueKeys
 from ._messages import Message
+from ._observe import hook
 from ._options import QueueOptions
 from ._prefetch import PrefetchBuffer
 from ._retry import resend_script, retry_until_done
@@ -57,6 +58,7 @@ class ReliableConsumer(Generic[T]):
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
                                call_timeout_s=options.call_timeout_s, durability=options.durability)
+        self.settler.on_nacked = self._wake_after
         self._durability = options.durability
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
@@ -82,6 +84,11 @@ class ReliableConsumer(Generic[T]):
             self._signal.set_result(None)
         self._signal = asyncio.get_running_loop().create_future()
 
+    def _wake_after(self, delay_ms: int) -> None:
+        """A message this process nacked is visible again after ``delay_ms``: wake receivers then."""
+        if not self._closed:
+            asyncio.get_running_loop().call_later(delay_ms / 1000, self.notify)
+
     async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None) -> list[Message[T]]:
         """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after."""
         loop = asyncio.get_running_loop()
@@ -90,7 +97,7 @@ class ReliableConsumer(Generic[T]):
             if self._closed:
                 raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
             if self._buffer and self._buffer_vt_ms == vt_ms:
-                return self._buffer.take(max_items)  # prefetched: no round trip, no await
+                return self._delivered(self._buffer.take(max_items))  # prefetched: no round trip, no await
             signal = self._signal
             asked = max(max_items, self._prefetch.size) if vt_ms >= _PREFETCH_MIN_VT_MS else max_items
             sent = loop.time()
@@ -99,13 +106,24 @@ class ReliableConsumer(Generic[T]):
             if messages:
                 self.receives += 1
                 self._keep(messages[max_items:], vt_ms)
-                return messages[:max_items]
+                return self._delivered(messages[:max_items])
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
                 wait_s = min(wait_s, remaining)
             await asyncio.wait({signal}, timeout=wait_s)
+
+    def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
+        """``messages`` go to the caller now: reported to the metrics sink, if one is installed."""
+        sink = hook.sink
+        if sink is not None and messages:
+            name = self._keys.destination
+            sink.delivered(name, len(messages))
+            again = sum(m.delivery_count > 1 for m in messages)
+            if again:
+                sink.redelivered(name, again)
+        return messages
 
     def _keep(self, extra: list[Message[T]], vt_ms: int) -> None:
         """Prefetched ``extra`` waits for the next receiver, at most one round trip."""
@@ -147,6 +165,8 @@ class ReliableConsumer(Generic[T]):
         now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
         if dead:
             self.exhausted += dead
+            if hook.sink is not None:
+                hook.sink.dead_lettered(k.destination, dead, "max_deliveries")
             log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
                       dead, k.destination, self._max_deliveries, k.dead_letter)
         wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))

@@ -14,6 +14,7 @@ import anyio
 
 from ._connections import AnyRedis, is_permanent, run_script
 from ._keys import QueueKeys
+from ._observe import MetricsSink, hook, transfer_limit
 from ._retry import Backoff
 from ._scripts.transfer import TRANSFER
 from ._tasks import Supervised
@@ -97,11 +98,17 @@ class TransferScheduler:
         self._task = Supervised(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                 on_crash=self._crashed)
         self._permanent: BackendError | None = None
+        # The current streak of failed transfers: its length and when it began (loop time), for the
+        # INFO line when transfers work again.
+        self._failures = 0
+        self._failing_since = 0.0
         self.stats = SchedulerStats()
         # Called after every successful transfer (reliable receivers re-check the destination).
         self.listeners: list[Callable[[], None]] = []
         # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
-        # callers waiting, its POP moves the due items and pops them in one round trip.
+        # callers waiting, its POP moves the due items and pops them in one round trip. The argument
+        # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
+        # the lateness of what moves).
         self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
 
     @property
@@ -127,6 +134,8 @@ class TransferScheduler:
         # A bug in the worker: counted like a failed transfer; the restarted worker transfers at once.
         self.stats.errors += 1
         self.stats.last_error = repr(exc)
+        if hook.sink is not None:
+            hook.sink.transfer_error(self._keys.destination)
         self._wake.set()
 
     async def wait_transferred(self, timeout_s: float) -> bool:
@@ -202,6 +211,11 @@ class TransferScheduler:
             except BackendError as exc:
                 self.stats.errors += 1
                 self.stats.last_error = str(exc)
+                if self._failures == 0:
+                    self._failing_since = self._loop.time()
+                self._failures += 1
+                if hook.sink is not None:
+                    hook.sink.transfer_error(self._keys.destination)
                 if is_permanent(exc):
                     self._permanent = exc
                     self._transferred.set()  # wakes open(), which raises it
@@ -212,6 +226,11 @@ class TransferScheduler:
                 self.arm_at(self._loop.time() + delay)
                 continue
             backoff.succeeded()
+            if self._failures:
+                # The end of an outage (or of a stall): one line, the failures were each logged.
+                log.info("aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
+                         self._keys.destination, self._failures, self._loop.time() - self._failing_since)
+                self._failures = 0
             moved, dead, next_due, lease_due = reply
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
@@ -237,7 +256,8 @@ class TransferScheduler:
 
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
         keys = self._keys
-        delegated = await self._delegate()
+        limit = transfer_limit(self._batch)  # negative (lateness measured) only with a sink
+        delegated = await self._delegate(limit)
         if delegated is not None:
             sent, received, reply = delegated
         else:
@@ -247,12 +267,16 @@ class TransferScheduler:
                     self._client, TRANSFER,
                     [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
                      keys.handoff_leases, keys.key_index],
-                    [self._batch], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
+                    [limit], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
                 received = self._loop.time()
-        moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply
+        # 8 entries, and a 9th (the lateness list) only when a negative limit asked for it.
+        moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply[:8]
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.stats.transfers += 1
         self.stats.moved += int(moved)
+        sink = hook.sink
+        if sink is not None and (moved or dead):
+            _report(sink, keys.destination, int(moved), int(dead), int(micros), reply[8] if len(reply) > 8 else None)
         if dead:
             self.stats.dead_lettered += int(dead)
             log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
@@ -270,11 +294,12 @@ class TransferScheduler:
         return (int(moved), int(dead), float(next_due) if next_due is not None else None,
                 float(lease_due) if lease_due is not None else None)
 
-    async def _delegate(self) -> tuple[float, float, Any] | None:
-        """Let a consumer with waiting callers transfer in its next POP; its ``(sent, received,
-        reply)``, or ``None`` when none did (nobody waits, its POP failed or was a resend)."""
+    async def _delegate(self, limit: int) -> tuple[float, float, Any] | None:
+        """Let a consumer with waiting callers transfer (``limit``: the scripts' transfer argument)
+        in its next POP; its ``(sent, received, reply)``, or ``None`` when none did (nobody waits, its
+        POP failed or was a resend)."""
         for ask in list(self.takers):
-            future = ask(self._batch)
+            future = ask(limit)
             if future is None:
                 continue
             # The pump always answers (its POP is bounded; closing answers None); the bound here
@@ -283,3 +308,14 @@ class TransferScheduler:
             result: tuple[float, float, Any] | None = future.result() if done else None
             return result if result is not None and result[2] is not None else None
         return None
+
+
+def _report(sink: MetricsSink, queue: str, moved: int, dead: int, micros: int, late: Any) -> None:
+    """One transfer's events. ``late``: the script's lateness list (whole ms: its clock's ms minus each
+    due score), or ``None`` when the call did not ask for it; the sub-millisecond part of the
+    transfer's ``TIME`` is added back here, so each value is the exact server time minus the due time."""
+    if moved:
+        frac_ms = (micros % 1000) / 1000
+        sink.moved(queue, moved, [int(ms) + frac_ms for ms in late] if late else ())
+    if dead:
+        sink.dead_lettered(queue, dead, "malformed")

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._connections import AnyRedis
 from ._durability import Durability, run_durable
 from ._keys import QueueKeys
+from ._observe import MetricsSink, hook
 from ._retry import resend_script, resend_within
 from ._scripts.reliable import EXTEND, SETTLE
 from ._tasks import keep
@@ -66,6 +67,9 @@ class Settler:
         self.calls = 0
         self.unconfirmed = 0  # written-behind settles that could not be confirmed
         self.exhausted = 0  # nacks of a last allowed delivery (dead-lettered)
+        # Called with the delay (ms) of each nack that landed: the consumer wakes its waiting
+        # receivers then, instead of at their next recheck (up to 5 s late).
+        self.on_nacked: Callable[[int], None] | None = None
 
     def __repr__(self) -> str:
         return (f"<Settler {self._keys.destination!r} pending={len(self._pending)} "
@@ -91,7 +95,10 @@ class Settler:
         """
         settle.future = asyncio.get_running_loop().create_future()
         self._submit([settle])
-        return await asyncio.shield(settle.future)
+        result = await asyncio.shield(settle.future)
+        if result and settle.mode == "nack" and self.on_nacked is not None:
+            self.on_nacked(settle.delay_ms)
+        return result
 
     async def extend(self, element: bytes, vt_ms: int) -> int | None:
         """Move the visibility deadline of the delivery ``element`` to now + ``vt_ms`` (server
@@ -147,6 +154,8 @@ class Settler:
             if not isinstance(exc, BackendError):
                 raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
             return
+        if hook.sink is not None:
+            _report(hook.sink, k.destination, batch, results)
         superseded = 0
         for s, result in zip(batch, results, strict=True):
             if s.future is not None:
@@ -193,3 +202,36 @@ class Settler:
         if not flusher.done():
             flusher.cancel()
             await asyncio.wait({flusher}, timeout=0.1)  # a cancelled call drops its connection at once
+
+
+# SETTLE modes that write a dead letter when applied (result 1), and the reason they write.
+_DEAD_REASONS = {"dead": "nacked", "undecodable": "undecodable"}
+
+
+def _report(sink: MetricsSink, queue: str, batch: list[Settle], results: list[Any]) -> None:
+    """The metrics events of one SETTLE call: what it applied (result 1, or 2: a nack of a last
+    delivery that dead-lettered it), counted per call."""
+    acked = nacked = exhausted = 0
+    dead: dict[str, int] = {}
+    for settle, result in zip(batch, results, strict=True):
+        applied = int(result)
+        if not applied:
+            continue
+        mode = settle.mode
+        if mode == "ack":
+            acked += 1
+        elif mode == "nack":
+            nacked += 1
+            exhausted += applied == 2
+        elif mode in _DEAD_REASONS:
+            nacked += mode == "dead"
+            reason = _DEAD_REASONS[mode]
+            dead[reason] = dead.get(reason, 0) + 1
+    if acked:
+        sink.acked(queue, acked)
+    if nacked:
+        sink.nacked(queue, nacked)
+    if exhausted:
+        dead["max_deliveries"] = exhausted
+    for reason, n in dead.items():
+        sink.dead_lettered(queue, n, reason)

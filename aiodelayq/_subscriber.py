@@ -146,6 +146,7 @@ class Subscriber:
 
     async def _run(self) -> None:
         backoff = Backoff()
+        failures = 0  # connection losses since the last successful (re)subscribe
         while True:
             pubsub = await self._new_pubsub()
             try:
@@ -154,9 +155,16 @@ class Subscriber:
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
                 backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
+                if failures:
+                    # Each loss was logged at WARNING; this says the drop is over (each channel's
+                    # confirmation then runs its scheduler's compensating transfer).
+                    log.info("aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
+                             len(self._listeners), failures)
+                    failures = 0
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
                 self.reconnects += 1
+                failures += 1
                 if isinstance(self._client, RedisCluster):
                     mark_stale(self._client)  # its node may be gone: the next data call reads the map
                 error = classify("subscribe", exc, sent=True)

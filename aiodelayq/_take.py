@@ -34,6 +34,7 @@ from typing import Any
 from ._connections import AnyRedis, is_permanent, run_script
 from ._handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from ._keys import QueueKeys
+from ._observe import hook
 from ._prefetch import PrefetchBuffer
 from ._retry import Backoff, resend_within
 from ._scripts.take import POP
@@ -126,6 +127,8 @@ class TakePump:
                 pop.settle(index, "d")
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
+                if hook.sink is not None:
+                    hook.sink.delivered(self._keys.destination, 1)
                 return [value]
             return self._deliver(self._buffer.take(max_items))
         loop = asyncio.get_running_loop()
@@ -150,6 +153,8 @@ class TakePump:
     def _deliver(self, entries: list[tuple[Pop, int, Any]]) -> list[Any]:
         """The caller has ``entries``: record them as taken; returns their values."""
         self._settle(entries, "d")
+        if hook.sink is not None and entries:
+            hook.sink.delivered(self._keys.destination, len(entries))
         return [value for _, _, value in entries]
 
     def _settle(self, entries: list[tuple[Pop, int, Any]], verdict: str) -> None:
@@ -202,8 +207,9 @@ class TakePump:
     def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
         """The scheduler would transfer now. If callers are waiting, or one is still taking from the
         prefetch buffer (it will wait within about a round trip: the buffer is held no longer), the
-        next POP transfers first (up to ``limit`` elements): one round trip instead of a TRANSFER and
-        then a POP. Returns a future of ``(sent, received, transfer reply)`` (loop times of the
+        next POP transfers first (up to ``|limit|`` elements; negative: its reply also carries the
+        lateness of what moved, see POP's ARGV[4]): one round trip instead of a TRANSFER and then a
+        POP. Returns a future of ``(sent, received, transfer reply)`` (loop times of the
         call; the reply is ``None`` when the POP was a resend that did not transfer) or of ``None``
         when the pump did not do it (the scheduler then transfers itself); ``None`` at once when
         nobody waits."""
@@ -376,6 +382,9 @@ class TakePump:
                 self.undecodable += 1
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
                 pop.settle(index, "x")
+        if len(entries) < len(raws) and hook.sink is not None:
+            # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
+            hook.sink.dead_lettered(self._keys.destination, len(raws) - len(entries), "undecodable")
         self._hand_out(entries)
         self._handoff.maybe_finish(pop)
 
@@ -388,10 +397,11 @@ class TakePump:
                 waiter.future.exception()  # retrieved: the caller may be gone
 
     async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, list[bytes]]:
-        """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``transfer``
-        elements first (0: none); returns the transfer's reply (``None`` when none ran) and the
-        items. After a lost reply (or a failure before sending) it is resent with the same id,
-        which returns the same items without transferring again, for up to ``_RESEND_HORIZON_S``.
+        """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``|transfer|``
+        elements first (0: none; negative: with lateness, see ``_observe.transfer_limit``); returns
+        the transfer's reply (``None`` when none ran) and the items. After a lost reply (or a failure
+        before sending) it is resent with the same id, which returns the same items without
+        transferring again, for up to ``_RESEND_HORIZON_S``.
 
         Raises:
             BackendError: still failing at the horizon, or a final error; ``maybe_applied`` if any

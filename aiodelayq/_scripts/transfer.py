@@ -11,9 +11,14 @@ __all__ = ["TRANSFER", "TRANSFER_FN"]
 # consumer that is waiting when the scheduler's timer fires: one round trip instead of two).
 TRANSFER_FN = """
 -- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
---          leases zset, key index hash, at most this many elements)
+--          leases zset, key index hash, limit: at most |limit| elements; negative: also measure
+--          the lateness of what moves)
 -- returns: {moved, dead_lettered, next due score (epoch ms, text) or false, TIME seconds,
---           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false}
+--           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
+--          and, only for a negative limit, a second value: {lateness ms of each moved item, in
+--          the order they were pushed}: now (whole ms of TIME) minus its due score, an integer >= 0
+--          (the client adds TIME's sub-millisecond part). Only a metrics sink asks for it: it costs
+--          WITHSCORES and a table; a positive limit runs exactly as before it existed.
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
 -- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
@@ -23,10 +28,24 @@ TRANSFER_FN = """
 -- lease) go back to the head of the destination, in their order: "recovered".
 local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   local now, t = now_ms()
-  local due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
+  local due, late
+  if limit < 0 then
+    -- Asked for lateness: the due scores too (member, score, ...), split into the members (the rest
+    -- of the function is unchanged) and each one's lateness.
+    local scored = redis.call('zrangebyscore', zset, '-inf', now, 'WITHSCORES', 'LIMIT', 0, -limit)
+    due, late = {}, {}
+    local m = 0
+    for i = 1, #scored, 2 do
+      m = m + 1
+      due[m] = scored[i]
+      late[m] = now - scored[i + 1]  -- Lua turns the score's text into a number (no tonumber lookup)
+    end
+  else
+    due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
+  end
   local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
   local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
-  for _, v in ipairs(due) do
+  for i, v in ipairs(due) do
     local payload, fast, start = parse(v)
     if payload then
       n = n + 1
@@ -38,7 +57,10 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
         checked[#checked + 1] = v
         starts[#starts + 1] = start
       end
-    else bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v) end
+    else
+      bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
+      if late then late[i] = false end  -- dead-lettered, not moved: dropped from the lateness below
+    end
     if not fast then listed[#listed + 1] = v end
   end
   -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
@@ -61,17 +83,25 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   end
   local nxt = redis.call('zrange', zset, 0, 0, 'WITHSCORES')
   local lease = redis.call('zrange', leases, 0, 0, 'WITHSCORES')
-  return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}
+  if late and #bad > 0 then
+    local kept = {}
+    for j = 1, #due do if late[j] then kept[#kept + 1] = late[j] end end
+    late = kept
+  end
+  return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}, late
 end
 """
 
 TRANSFER = Script("transfer", with_prelude(TRANSFER_FN + """
 -- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
 -- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset, KEYS[7] key index hash
--- ARGV[1] at most this many elements are moved
--- returns: transfer()'s reply (above) and, last, the length of the destination list (consumers
--- need not look when it is 0)
-local r = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], tonumber(ARGV[1]))
+-- ARGV[1] at most |ARGV[1]| elements are moved; negative: the reply also carries their lateness
+--         (sent only while a metrics sink is installed; see transfer())
+-- returns: transfer()'s reply (above, 7 entries), then the length of the destination list
+-- (consumers need not look when it is 0): 8 entries; for a negative ARGV[1] a 9th, the list of the
+-- moved items' lateness (ms, integers). Readers take the first 8 and an optional 9th.
+local r, late = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], tonumber(ARGV[1]))
 r[#r + 1] = redis.call('llen', KEYS[1])
+if late then r[#r + 1] = late end
 return r
 """))

@@ -1,0 +1,185 @@
+"""The metrics hook: one optional, process-wide sink that the queue's own code reports events to.
+
+Zero dependencies, and free when unused: ``hook.sink`` is ``None`` by default and every place that
+reports reads it once per batch or call (``if hook.sink is not None: ...``), never per item. The only
+extra work a sink causes in Redis is the lateness of moved items: with a sink installed the transfer
+script also reads the due scores of what it moves (see ``_scripts/transfer.py``, and
+:func:`transfer_limit`). ``aiodelayq.prometheus`` is the ready-made sink; anything that implements
+:class:`MetricsSink` can be installed instead (e.g. a StatsD or OpenTelemetry bridge).
+
+Events are called on the event loop's thread, with the queue's name (its destination list), after
+the Redis call they describe succeeded (``delivered``: when the caller gets the items; the take pump's
+``undecodable`` dead letters: when decided, the FINISH that writes them follows). A sink must be
+quick and must not block: it runs inline in the transfer scheduler, the take pump and the settler. A
+sink that raises is logged (ERROR, once per sink) and otherwise ignored: metrics never break
+delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["Hook", "MetricsSink", "hook", "install", "installed", "transfer_limit", "uninstall"]
+
+log = logging.getLogger("aiodelayq")
+
+
+class MetricsSink(Protocol):
+    """What the queue reports, per queue name, counted per batch or call (``n`` items).
+
+    Which calls report what: ``offered`` after an offer call wrote its items; ``moved`` after a
+    transfer (the scheduler's, or one run inside a consumer's pop) of this process; ``delivered`` when
+    ``take``/``take_many``/``poll``/``async for`` return items or ``receive``/``receive_many``/
+    ``messages`` return messages; ``acked``/``nacked``/``dead_lettered`` when Redis confirmed the
+    settle (written-behind acks included, once their call came back).
+    """
+
+    def offered(self, queue: str, n: int) -> None:
+        """``n`` items were written to the pending side by one offer call (a keyed offer that found
+        its key pending and changed nothing is not counted)."""
+
+    def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:
+        """One transfer moved ``n`` due items to the destination list; ``lateness_ms`` has one entry per
+        moved item: the transfer's server time minus the item's due time, in milliseconds (>= 0,
+        sub-millisecond resolution). Empty when the transfer ran without lateness (a reply from an
+        older script, or the sink was installed while the call was in flight)."""
+
+    def delivered(self, queue: str, n: int) -> None:
+        """A consumer call returned ``n`` items (plain) or messages (reliable)."""
+
+    def redelivered(self, queue: str, n: int) -> None:
+        """Of the messages a reliable receive returned, ``n`` had ``delivery_count`` > 1."""
+
+    def acked(self, queue: str, n: int) -> None:
+        """``n`` acks were applied (one SETTLE call)."""
+
+    def nacked(self, queue: str, n: int) -> None:
+        """``n`` nacks were applied (one SETTLE call), ``nack(dead_letter=True)`` and nacks of a last
+        delivery (which dead-letter) included."""
+
+    def dead_lettered(self, queue: str, n: int, reason: str) -> None:
+        """``n`` entries were written to the dead-letter list for ``reason``: ``malformed`` (a pending
+        element that is not a valid element, found by a transfer), ``max_deliveries`` (a message out
+        of deliveries, at a receive or at a nack of its last delivery; a receive also counts
+        in-flight garbage here), ``nacked`` (``nack(dead_letter=True)``) or ``undecodable`` (a
+        payload the codec cannot decode)."""
+
+    def transfer_error(self, queue: str) -> None:
+        """A transfer call failed (it is retried with backoff)."""
+
+
+class _Guarded:
+    """Forwards to the installed sink; an exception there is logged once and swallowed (it is the
+    metrics' bug, never the queue's: delivery goes on)."""
+
+    __slots__ = ("_reported", "inner")
+
+    def __init__(self, inner: MetricsSink) -> None:
+        self.inner = inner
+        self._reported = False
+
+    def _failed(self, event: str) -> None:
+        if not self._reported:
+            self._reported = True
+            log.exception("aiodelayq: metrics sink %r failed on %s (reported once; its later errors are ignored)",
+                          self.inner, event)
+
+    def offered(self, queue: str, n: int) -> None:
+        try:
+            self.inner.offered(queue, n)
+        except Exception:
+            self._failed("offered")
+
+    def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:
+        try:
+            self.inner.moved(queue, n, lateness_ms)
+        except Exception:
+            self._failed("moved")
+
+    def delivered(self, queue: str, n: int) -> None:
+        try:
+            self.inner.delivered(queue, n)
+        except Exception:
+            self._failed("delivered")
+
+    def redelivered(self, queue: str, n: int) -> None:
+        try:
+            self.inner.redelivered(queue, n)
+        except Exception:
+            self._failed("redelivered")
+
+    def acked(self, queue: str, n: int) -> None:
+        try:
+            self.inner.acked(queue, n)
+        except Exception:
+            self._failed("acked")
+
+    def nacked(self, queue: str, n: int) -> None:
+        try:
+            self.inner.nacked(queue, n)
+        except Exception:
+            self._failed("nacked")
+
+    def dead_lettered(self, queue: str, n: int, reason: str) -> None:
+        try:
+            self.inner.dead_lettered(queue, n, reason)
+        except Exception:
+            self._failed("dead_lettered")
+
+    def transfer_error(self, queue: str) -> None:
+        try:
+            self.inner.transfer_error(queue)
+        except Exception:
+            self._failed("transfer_error")
+
+
+class Hook:
+    """The process's one sink slot. An object, not a module global, so that modules import it by
+    name (``from ._observe import hook``) and still see every :func:`install`.
+
+    Attributes:
+        sink: the installed sink (guarded), or ``None``: nothing is reported and transfers do not
+            measure lateness.
+    """
+
+    __slots__ = ("sink",)
+
+    def __init__(self) -> None:
+        self.sink: MetricsSink | None = None
+
+    def __repr__(self) -> str:
+        return f"<Hook sink={installed()!r}>"
+
+
+hook = Hook()
+
+
+def install(new: MetricsSink) -> MetricsSink | None:
+    """Report every queue's events of this process to ``new`` from now on; returns the sink it
+    replaces (``None`` if none). Calls in flight may still report to the previous one."""
+    previous = installed()
+    hook.sink = _Guarded(new)
+    return previous
+
+
+def uninstall(expected: MetricsSink | None = None) -> None:
+    """Stop reporting. With ``expected``, only if that sink is the installed one (so a component
+    never removes a sink someone else installed after it)."""
+    if expected is None or installed() is expected:
+        hook.sink = None
+
+
+def installed() -> MetricsSink | None:
+    """The sink given to :func:`install`, or ``None``."""
+    current = hook.sink
+    return current.inner if isinstance(current, _Guarded) else current
+
+
+def transfer_limit(batch: int) -> int:
+    """The limit argument of a transfer script call (TRANSFER ``ARGV[1]``, POP ``ARGV[4]``) for at most
+    ``batch`` elements: negative when a sink is installed, which makes the script also return each
+    moved item's lateness (it then reads the due scores: ``WITHSCORES``); ``batch`` as is otherwise,
+    so without a sink the call is exactly what it was."""
+    return batch if hook.sink is None else -batch
