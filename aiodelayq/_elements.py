@@ -170,6 +170,22 @@ def parse_message(element: bytes) -> ParsedMessage:
     return ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:])
 
 
+def parse_messages(elements: list[bytes]) -> list[ParsedMessage]:
+    """:func:`parse_message` of each element (a RECEIVE reply's), in one pass.
+
+    Raises:
+        ValueError: one of them is not a message element.
+    """
+    unpack, magic = _MESSAGE_HEADER.unpack_from, _MESSAGE_MAGIC
+    out = []
+    for element in elements:
+        if element[:4] != magic or len(element) < 32:
+            raise ValueError("not a message element")
+        count, due = unpack(element, 20)
+        out.append(ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:]))
+    return out
+
+
 def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | None = None) -> list[bytes]:
     """The 16 bytes after a fast element's marker, for ``count`` elements: insertion stamp (8,
     big-endian µs), then 8 random bytes, or the item's key tag where ``tags`` has one."""

@@ -69,9 +69,8 @@ class Message(Generic[T]):
         """
         if self._settled:
             return False
-        if not confirm and self._settler.may_write_behind(self._expires):
+        if not confirm and self._settler.ack_behind(self._element, self.deadline_ms, self._expires):
             self._settled = True
-            self._settler.behind([Settle(self._element, "ack", self.deadline_ms)])
             return True
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
 

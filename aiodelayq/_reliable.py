@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from ._codec import decode_item
 from ._connections import AnyRedis, Script
-from ._elements import parse_message
+from ._elements import parse_messages
 from ._keys import QueueKeys
 from ._messages import Message
 from ._observe import hook
@@ -171,10 +171,11 @@ class ReliableConsumer(Generic[T]):
                       dead, k.destination, self._max_deliveries, k.dead_letter)
         wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))
         messages: list[Message[T]] = []
-        for element in reply[3:]:
-            message_id, count, due_ms, payload = parse_message(element)
+        elements = reply[3:]
+        deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
+        for element, (message_id, count, due_ms, payload) in zip(elements, parse_messages(elements), strict=True):
             try:
-                value = decode_item(self._codec, payload)
+                value = decode_item(codec, payload)
             except DecodeError as exc:
                 self.undecodable += 1
                 log.error("aiodelayq: %s; moving it to dead-letter list %r", exc, k.dead_letter)
@@ -183,8 +184,8 @@ class ReliableConsumer(Generic[T]):
                 # the message comes back after its timeout and is tried again.
                 self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
-            messages.append(Message(cast(T, value), message_id, count, due_ms, now_ms + vt_ms, self.settler, element,
-                                    sent + vt_ms / 1000, vt_ms))
+            messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
+                                    expires, vt_ms))
         return messages, wait_s
 
     async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,

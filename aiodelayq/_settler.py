@@ -62,6 +62,7 @@ class Settler:
         # replicas: an ack lost that way in a failover brings a duplicate, never a loss.
         self._durability = durability or Durability()
         self._pending: list[Settle] = []
+        self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
         self.calls = 0
@@ -84,7 +85,17 @@ class Settler:
         """Whether a settle of a delivery whose deadline is ``expires`` (loop time) may be written
         behind: the queue is open and more than ``call_timeout_s`` is left, the bound of the call
         that carries it, so it lands before the deadline unless Redis cannot be reached."""
-        return not self.closed and expires - asyncio.get_running_loop().time() > self._call_timeout_s
+        return not self.closed and expires - self._loop.time() > self._call_timeout_s
+
+    def ack_behind(self, element: bytes, deadline_ms: int, expires: float) -> bool:
+        """Write an ack behind if :meth:`may_write_behind` allows; whether it did. (One call per
+        ack: a worker acks at the rate of an ``async for``, and each call layer shows.)"""
+        if self.closed or expires - self._loop.time() <= self._call_timeout_s:
+            return False
+        self._pending.append(Settle(element, "ack", deadline_ms))
+        if self._flusher is None:
+            self._flusher = keep(self._loop.create_task(self._flush(), name="aiodelayq-settle"))
+        return True
 
     async def confirmed(self, settle: Settle) -> int:
         """Send ``settle`` with the next call and return the script's answer for it (1, 2 or 0, see

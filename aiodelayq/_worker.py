@@ -48,6 +48,8 @@ _HAND_BACK_BOUND_S = 1.0
 _FETCH_RETRY_S, _FETCH_RETRY_CAP_S = 0.2, 5.0
 # Longest a message fetched ahead waits for a free slot before it is released for other consumers.
 _AHEAD_HOLD_S = 0.5
+# While a fetch is in flight, a slot gives the loop a turn every this many messages.
+_YIELD_EVERY = 8
 
 
 class Retry(Exception):
@@ -122,9 +124,11 @@ class Worker(Generic[T]):
         # for`). Halved when they wait longer than _AHEAD_HOLD_S (then released, uncounted, for
         # other consumers: slow handlers do not hoard work); doubled when a slot finds none.
         self._ahead_max = max(concurrency, 64) if reliable else 0
-        self._low_water = max(1, self._ahead_max // 2)  # fewer entries waiting: fetch more
+        self._low_water = max(1, self._ahead_max)  # fewer entries waiting: fetch more
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
-        self._need = asyncio.Event()  # the fetcher should look at `want` again
+        self._need = asyncio.Event()
+        self._fetching = False  # a fetch is in flight
+        self._waking = 0  # slots woken that have not run yet  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
 
@@ -232,7 +236,7 @@ class Worker(Generic[T]):
         me = asyncio.current_task()
         assert me is not None
         loop = asyncio.get_running_loop()
-        ahead, busy, stats, reliable = self._ahead, self._busy, self.stats, self.reliable
+        ahead, busy, stats, reliable, handler = self._ahead, self._busy, self.stats, self.reliable, self.handler
         while True:
             if self._stopping.is_set() and (reliable or not ahead):
                 return
@@ -244,17 +248,43 @@ class Worker(Generic[T]):
                 parked = loop.create_future()
                 self._idle.append(parked)
                 await parked
+                self._waking -= 1
                 continue
             entry = ahead.popleft()
+            if ahead and self._idle and not self._waking:
+                # More is waiting: wake one more slot. It runs when this one's handler suspends
+                # and wakes the next in turn, so slow handlers fill every slot, while a handler
+                # that never suspends drains the deque alone without 15 slots waking for nothing.
+                self._wake(1)
             if len(ahead) < self._low_water and not self._need.is_set():
                 # Running low: let the fetcher send its next call now, so its reply travels while
                 # this slot works through what is left.
                 self._need.set()
                 await asyncio.sleep(0)
-            busy[me] = entry if reliable else None
+            elif self._fetching and stats.started % _YIELD_EVERY == 0:
+                # A handler that never suspends would run this loop to the end of the deque
+                # before the fetch's reply is read: give the loop a turn now and then meanwhile.
+                await asyncio.sleep(0)
+            message = entry if reliable else None
+            busy[me] = message
             stats.started += 1
+            # The handler runs here, not in a helper coroutine: a no-op handler's worker is
+            # measured against a plain `async for`, and every layer per message counts.
             try:
-                await self._handle(entry, entry if reliable else None)
+                await handler(message.value if message is not None else entry)
+            except asyncio.CancelledError:
+                await self._interrupted(entry, message)
+                raise
+            except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
+                stats.failed += 1
+                await self._failed(message.value if message is not None else entry, message, exc)
+            else:
+                stats.succeeded += 1
+                if message is not None:
+                    try:
+                        await message.ack()
+                    except BackendError as exc:
+                        self._unsettled(message, "ack", exc)
             finally:
                 del busy[me]
 
@@ -265,6 +295,7 @@ class Worker(Generic[T]):
             parked = idle.popleft()
             if not parked.done():
                 parked.set_result(None)
+                self._waking += 1
                 count -= 1
 
     async def _fetch_loop(self) -> None:
@@ -288,10 +319,14 @@ class Worker(Generic[T]):
                     await self._need.wait()
                 continue
             try:
-                if self.reliable:
-                    fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, hold_s)
-                else:
-                    fetched = await self.queue.take_many(want)
+                self._fetching = True
+                try:
+                    if self.reliable:
+                        fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, hold_s)
+                    else:
+                        fetched = await self.queue.take_many(want)
+                finally:
+                    self._fetching = False
                 self._ahead.extend(fetched)
             except QueueClosedError:
                 return
@@ -306,7 +341,8 @@ class Worker(Generic[T]):
             pause = _FETCH_RETRY_S
             if fetched:
                 held = (self.stats.started, loop.time())  # the hold of what came starts now
-            self._wake(len(fetched))
+            if fetched and not self._waking:
+                self._wake(1)
 
     async def _release_ahead(self) -> None:
         """Hand back the messages fetched ahead and not started, uncounted (last first: first
@@ -318,25 +354,15 @@ class Worker(Generic[T]):
         if held:
             await asyncio.gather(*(self._settle(m, "release", 0.0) for m in reversed(held)))
 
-    async def _handle(self, entry: Any, message: Message[T] | None) -> None:
-        item: T = message.value if message is not None else entry
-        try:
-            await self.handler(item)
-        except asyncio.CancelledError:
-            self.stats.interrupted += 1
-            if message is not None:
-                await run_through_cancellation(lambda: self._settle(message, "nack", 0.0), _HAND_BACK_BOUND_S)
-            else:
-                log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
-                          "cannot hand its item back: %r", self.queue.name, item)
-            raise
-        except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
-            self.stats.failed += 1
-            await self._failed(item, message, exc)
-            return
-        self.stats.succeeded += 1
+    async def _interrupted(self, entry: Any, message: Message[T] | None) -> None:
+        """A handler cut off by a stop: its message is nacked with no delay (bounded, through a
+        forced shutdown's cancellations); plain mode can only say so."""
+        self.stats.interrupted += 1
         if message is not None:
-            await self._settle(message, "ack", 0.0)
+            await run_through_cancellation(lambda: self._settle(message, "nack", 0.0), _HAND_BACK_BOUND_S)
+        else:
+            log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
+                      "cannot hand its item back: %r", self.queue.name, entry)
 
     async def _failed(self, item: T, message: Message[T] | None, exc: Exception) -> None:
         if message is None:
@@ -370,8 +396,11 @@ class Worker(Generic[T]):
             else:
                 await message.nack(delay_s)
         except BackendError as exc:
-            log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "
-                        "visibility timeout", self.queue.name, how, message.id, exc)
+            self._unsettled(message, how, exc)
+
+    def _unsettled(self, message: Message[T], how: str, exc: BackendError) -> None:
+        log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "
+                    "visibility timeout", self.queue.name, how, message.id, exc)
 
     async def _keep_leases(self) -> None:
         """Every third of the visibility timeout, extend the messages held for longer than that."""
