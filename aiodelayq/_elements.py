@@ -170,8 +170,8 @@ def parse_message(element: bytes) -> ParsedMessage:
     return ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:])
 
 
-def parse_messages(elements: list[bytes]) -> list[ParsedMessage]:
-    """:func:`parse_message` of each element (a RECEIVE reply's), in one pass.
+def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, bytes]]:
+    """:func:`parse_message` of each element (a RECEIVE reply's), in one pass, as plain tuples.
 
     Raises:
         ValueError: one of them is not a message element.
@@ -182,7 +182,7 @@ def parse_messages(elements: list[bytes]) -> list[ParsedMessage]:
         if element[:4] != magic or len(element) < 32:
             raise ValueError("not a message element")
         count, due = unpack(element, 20)
-        out.append(ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:]))
+        out.append((element[4:20].hex(), count, int(due) if due else None, element[32:]))
     return out
 
 

@@ -69,10 +69,17 @@ class Message(Generic[T]):
         """
         if self._settled:
             return False
-        if not confirm and self._settler.ack_behind(self._element, self.deadline_ms, self._expires):
-            self._settled = True
+        if not confirm and self._ack_behind():
             return True
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
+
+    def _ack_behind(self) -> bool:
+        """The no-wait part of :meth:`ack`, without a coroutine (a worker's fast path): ``True`` if
+        the ack was written behind; ``False`` if it must be confirmed (call :meth:`ack`)."""
+        if not self._settled and self._settler.ack_behind(self._element, self.deadline_ms, self._expires):
+            self._settled = True
+            return True
+        return False
 
     async def nack(self, delay: float = 0.0, *, dead_letter: bool = False) -> bool:
         """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If

@@ -123,7 +123,7 @@ class Worker(Generic[T]):
         # fetch goes out while slots work through them (a worker without it ran at 0.46x of `async
         # for`). Halved when they wait longer than _AHEAD_HOLD_S (then released, uncounted, for
         # other consumers: slow handlers do not hoard work); doubled when a slot finds none.
-        self._ahead_max = max(concurrency, 64) if reliable else 0
+        self._ahead_max = max(concurrency, 128) if reliable else 0
         self._low_water = max(1, self._ahead_max)  # fewer entries waiting: fetch more
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
         self._need = asyncio.Event()
@@ -280,7 +280,7 @@ class Worker(Generic[T]):
                 await self._failed(message.value if message is not None else entry, message, exc)
             else:
                 stats.succeeded += 1
-                if message is not None:
+                if message is not None and not message._ack_behind():  # else: near its deadline, confirmed
                     try:
                         await message.ack()
                     except BackendError as exc:
