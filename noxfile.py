@@ -97,7 +97,8 @@ def tests(session: nox.Session) -> None:
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "delivery", "pending", "reliable", "redisson_compat", "redisson_java", "keys", "keys_codecs_input",
-    "dead_letters", "leases", "settles", "take_wakeups", "prefetch", "multi", "due_times", "offer_batches"))
+    "dead_letters", "leases", "settles", "take_wakeups", "prefetch", "multi", "due_times", "offer_batches",
+    "worker", "inspect", "metrics", "web"))
 
 
 def _python(version: str) -> str | None:

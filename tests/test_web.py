@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import ConfigurationError, DelayedQueue, QueueNotOpenError, Queues
 from tests.faults import REPO_ROOT
@@ -157,7 +158,9 @@ async def test_the_readme_example_runs_as_is(own_server: Any, spawn_consumer: An
 # -- Queues on its own -------------------------------------------------------------------------------
 
 async def test_queues_opens_in_order_and_reopens(redis_server: Any, qname: str, drop_keys: Any) -> None:
-    queues = Queues(redis_server.url)
+    # A URL (a plain client made at each open), or on a cluster a function making a cluster client.
+    queues = Queues(redis_server.url) if not redis_server.cluster else \
+        Queues(lambda: RedisCluster.from_url(redis_server.url))
     queues.add(qname, codec="json")
     dependency = queues.dependency(qname)
     with pytest.raises(QueueNotOpenError):
@@ -173,7 +176,7 @@ async def test_queues_opens_in_order_and_reopens(redis_server: Any, qname: str, 
         assert not queues.is_open
     assert made[0][0] is not made[1][0]
     assert made[0][1] is not made[1][1]
-    redis = Redis.from_url(redis_server.url)
+    redis: Any = RedisCluster.from_url(redis_server.url) if redis_server.cluster else Redis.from_url(redis_server.url)
     try:
         assert await DelayedQueue(redis, qname).size() == 2
         await redis.delete(*DelayedQueue(redis, qname).keys.all)
