@@ -21,7 +21,9 @@ from aiodelayq import (
     DelayedQueue,
     NotReplicatedError,
     QueueClosedError,
+    QueueCounts,
     QueueKeys,
+    Retry,
     WrongEventLoopError,
     delay_to_ms,
 )
@@ -406,8 +408,8 @@ ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
              "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
              "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
              "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
-             "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange", "+hget",
-             "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
+             "+zmscore", "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange",
+             "+hget", "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
              "+unsubscribe", "+ping", "+unlink", "+wait"]
 # ... and, on servers that have WAITAOF (Redis and Valkey >= 7.2; ACL SETUSER refuses unknown commands):
 ACL_RULES_WAITAOF = ["+waitaof"]
@@ -432,9 +434,11 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
             batch = await q.receive_many(10, 30, timeout=5)
             assert batch, "receive found nothing within 5 s"
             msgs += batch
-        for m in msgs:
+        for m in msgs[:-1]:
             assert await m.ack()
+        assert await msgs[-1].ack(confirm=True)  # waits for its SETTLE (and those before it): refused if denied
         assert sorted(got + [m.value for m in msgs]) == list(range(20))
+        assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
         assert await q.size() == 0
         assert await q.read_all() == []
         await q.offer_many([(100, 60), (101, 60)])
@@ -463,6 +467,23 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await q.requeue_dead_letters(delay=60) == 1
         await client.rpush(q.keys.dead_letter, b"1")
         assert await q.purge_dead_letters() == 1
+        # peek as the same user: 301 (unkeyed) and 202, requeued from the dead letters without its key
+        assert sorted((p.value, p.key) for p in await q.peek(5)) == [(202, None), (301, None)]
+        # The worker (issue 13) as the same user: ack, retry, dead letter.
+        await q.purge_dead_letters()
+        seen: list[int] = []
+
+        async def handler(item: int) -> None:
+            seen.append(item)
+            if item == 401 and seen.count(401) == 1:
+                raise Retry(0.05)
+
+        await q.offer_many([(400, 0), (401, 0)])
+        worker = q.worker(handler, concurrency=2)
+        running = asyncio.create_task(worker.run())
+        await until(lambda: sorted(seen) == [400, 401, 401], timeout_s=10)
+        worker.stop()
+        await running
         await q.clear()
         loop = asyncio.get_running_loop()
         taker = asyncio.create_task(q.take())
