@@ -45,6 +45,12 @@ class Message(Generic[T]):
     _settled: bool = field(repr=False, default=False)
 
     @property
+    def settled(self) -> bool:
+        """Whether this delivery was acked, nacked or released by this process (its answer known,
+        or its ack written behind)."""
+        return self._settled
+
+    @property
     def remaining_s(self) -> float:
         """Seconds left of this delivery's visibility timeout, as this process can tell (a lower
         bound); negative once it has passed."""

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import anyio
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -28,6 +29,9 @@ from .exceptions import ConfigurationError, QueueNotOpenError
 __all__ = ["Queues"]
 
 log = logging.getLogger("aiodelayq")
+
+# What cutting a worker off takes at most: its slots hand their messages back within about 1 s.
+_CUT_OFF_S = 2.5
 
 AnyClient = Redis | RedisCluster
 State = Literal["new", "opening", "open", "closing"]
@@ -52,8 +56,9 @@ class Queues(AsyncResource):
             closed at each close), a zero-argument function returning a client (idem), or a client
             (used as is, never closed here: its owner closes it).
         close_timeout_s: bound of :meth:`aclose`, seconds: workers drain within their own
-            ``drain_timeout`` and what is left of this bound; past it they are cut off (their
-            messages handed back).
+            ``drain_timeout`` and this bound less 2.5 s; then they are cut off (their messages
+            handed back); then each queue closes within its own ``close_timeout_s`` and the
+            client within what is left (at least 0.5 s).
         redis_options: keyword arguments for ``Redis.from_url`` (``decode_responses`` must stay off).
 
     Raises:
@@ -72,6 +77,7 @@ class Queues(AsyncResource):
         self._workers: list[tuple[Worker[Any], asyncio.Task[None]]] = []
         self.state: State = "new"
         self._closing: asyncio.Task[None] | None = None
+        self._opened = asyncio.Event()  # set when an open() ends, either way
 
     def __repr__(self) -> str:
         return (f"<Queues {self.state} queues={sorted(self._declared)} "
@@ -159,11 +165,12 @@ class Queues(AsyncResource):
     # -- lifetime -----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, app: object = None) -> AsyncIterator[dict[str, Any]]:
-        """``FastAPI(lifespan=queues.lifespan)`` / Starlette: open for the app's life; the state
-        it yields puts this group at ``request.state.aiodelayq``."""
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """``FastAPI(lifespan=queues.lifespan)`` / Starlette: open for the app's life. It yields no
+        lifespan state (servers without state support refuse one); handlers reach the queues
+        through this object or :meth:`dependency`."""
         async with self:
-            yield {"aiodelayq": self}
+            yield
 
     async def cleanup_ctx(self, app: object) -> AsyncIterator[None]:
         """``app.cleanup_ctx.append(queues.cleanup_ctx)`` (aiohttp): open for the app's life."""
@@ -180,6 +187,7 @@ class Queues(AsyncResource):
         if self.state != "new":
             raise ConfigurationError(f"Queues is {self.state}; close it before opening it again")
         self.state = "opening"
+        self._opened = asyncio.Event()
         try:
             client = self._make_client()
             self._client = client
@@ -195,6 +203,8 @@ class Queues(AsyncResource):
         except BaseException:
             await asyncio.shield(self._close())
             raise
+        finally:
+            self._opened.set()
         self.state = "open"
         log.info("aiodelayq: queues opened: %s (%d worker(s))", ", ".join(self._queues), len(self._workers))
         return self
@@ -206,7 +216,9 @@ class Queues(AsyncResource):
     async def aclose(self) -> None:
         """Drain the workers, close the queues, then the client if made here; bounded by
         ``close_timeout_s``, idempotent; a cancelled caller stops waiting, the close completes."""
-        if self.state in ("new",) and self._closing is None:
+        if self.state == "opening":
+            await self._opened.wait()  # closing halfway through an open would race it
+        if self.state == "new" and self._closing is None:
             return
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(self._close(), name="aiodelayq-queues-close")
@@ -229,14 +241,17 @@ class Queues(AsyncResource):
                 worker.stop()
             tasks = {task for _, task in self._workers}
             if tasks:
-                await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time() - 1.0))
+                # Drains get the bound less what cutting off and handing back can take.
+                await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time() - _CUT_OFF_S))
                 for task in tasks:
                     task.cancel()  # past the bound: cut off, their messages handed back
-                await asyncio.wait(tasks, timeout=2.0)
+                await asyncio.wait(tasks, timeout=_CUT_OFF_S)
+            # Each queue's close is bounded by its own close_timeout_s.
             await asyncio.gather(*(q.aclose() for q in self._queues.values()), return_exceptions=True)
             client = self._client
             if client is not None and client is not self._redis:
-                await client.aclose()
+                with anyio.move_on_after(max(0.5, deadline - loop.time())):
+                    await client.aclose()
         finally:
             self._workers, self._queues, self._client = [], {}, None
             self.state, self._closing = "new", None

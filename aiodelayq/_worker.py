@@ -121,13 +121,19 @@ class Worker(Generic[T]):
         self._ahead: collections.deque[Any] = collections.deque()
         # Reliable mode fetches up to `_ahead_max` messages beyond the free slots, and the next
         # fetch goes out while slots work through them (a worker without it ran at 0.46x of `async
-        # for`). Halved when they wait longer than _AHEAD_HOLD_S (then released, uncounted, for
-        # other consumers: slow handlers do not hoard work); doubled when a slot finds none.
-        self._ahead_max = max(concurrency, 128) if reliable else 0
+        # for`). Dropped to 0 when one waited `_hold_s` (those are released, uncounted, for other
+        # consumers: slow handlers do not hoard work, nor let messages age ahead); doubled back
+        # up to the cap each time a slot finds none waiting.
+        self._ahead_cap = max(concurrency, 128) if reliable else 0
+        self._ahead_max = self._ahead_cap
         self._low_water = max(1, self._ahead_max)  # fewer entries waiting: fetch more
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
         self._need = asyncio.Event()
         self._fetching = False  # a fetch is in flight
+        self._cutting = False  # the slots are being cancelled by this worker
+        self._extending: dict[str, asyncio.Task[bool]] = {}  # message id -> its extend in flight
+        # Longest a message fetched ahead waits for a slot before it is released.
+        self._hold_s = min(_AHEAD_HOLD_S, self.visibility_timeout_s / 4)
         self._waking = 0  # slots woken that have not run yet  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
@@ -191,6 +197,8 @@ class Worker(Generic[T]):
                 await asyncio.gather(self._release_ahead(), self._cancel_slots())
 
             await run_through_cancellation(hand_back, _HAND_BACK_BOUND_S + 1.0)
+            if fetcher.done() and not fetcher.cancelled() and fetcher.exception() is not None:
+                log.error("aiodelayq: worker on %r: fetching failed", name, exc_info=fetcher.exception())
             raise
         finally:
             if keeper is not None:
@@ -221,12 +229,19 @@ class Worker(Generic[T]):
         await self._cancel_slots()
 
     async def _cancel_slots(self) -> None:
-        """Cancel every slot and wait for them (a running handler hands its message back, bounded)."""
+        """Cancel every slot and wait for them: a running handler hands its message back within
+        _HAND_BACK_BOUND_S; a handler that holds off its cancellation longer is left running
+        (logged; its message comes back after its visibility timeout)."""
+        self._cutting = True
         for task in self._slots:
             task.cancel()
-        if self._slots:
-            await asyncio.wait(self._slots)
-        for task in self._slots:
+        if not self._slots:
+            return
+        _, late = await asyncio.wait(self._slots, timeout=_HAND_BACK_BOUND_S + 0.5)
+        if late:
+            log.error("aiodelayq: worker on %r: %d handler(s) did not stop when cancelled; left running",
+                      self.queue.name, len(late))
+        for task in self._slots - late:
             if not task.cancelled() and task.exception() is not None:  # a bug here, not in a handler
                 log.error("aiodelayq: worker slot failed", exc_info=task.exception())
 
@@ -237,12 +252,13 @@ class Worker(Generic[T]):
         assert me is not None
         loop = asyncio.get_running_loop()
         ahead, busy, stats, reliable, handler = self._ahead, self._busy, self.stats, self.reliable, self.handler
+        since_yield = 0
         while True:
             if self._stopping.is_set() and (reliable or not ahead):
                 return
             if not ahead:
-                if reliable and self._ahead_max < self.concurrency:
-                    self._ahead_max = max(1, self._ahead_max * 2)  # a slot found nothing waiting
+                if self._ahead_max < self._ahead_cap:
+                    self._ahead_max = min(self._ahead_cap, max(1, self._ahead_max * 2))  # found nothing waiting
                 self._need.set()
                 # Park until woken for an entry (one slot per entry fetched, not all of them).
                 parked = loop.create_future()
@@ -250,21 +266,30 @@ class Worker(Generic[T]):
                 await parked
                 self._waking -= 1
                 continue
+            # Every await of this loop comes before an entry is taken: a slot cancelled there
+            # holds nothing (an entry taken is in `busy` until it is settled or handed back).
+            yielded = False
+            if len(ahead) < self._low_water and not self._need.is_set():
+                # Running low: let the fetcher send its next call now, so its reply travels while
+                # this slot works through what is left.
+                self._need.set()
+                yielded = True
+            elif self._fetching and since_yield >= _YIELD_EVERY:
+                # A handler that never suspends would run this loop to the end of the deque
+                # before the fetch's reply is read: give the loop a turn now and then meanwhile.
+                yielded = True
+            if yielded:
+                since_yield = 0
+                await asyncio.sleep(0)
+                if not ahead or self._stopping.is_set():
+                    continue  # (another slot took the rest, or a stop came)
             entry = ahead.popleft()
+            since_yield += 1
             if ahead and self._idle and not self._waking:
                 # More is waiting: wake one more slot. It runs when this one's handler suspends
                 # and wakes the next in turn, so slow handlers fill every slot, while a handler
                 # that never suspends drains the deque alone without 15 slots waking for nothing.
                 self._wake(1)
-            if len(ahead) < self._low_water and not self._need.is_set():
-                # Running low: let the fetcher send its next call now, so its reply travels while
-                # this slot works through what is left.
-                self._need.set()
-                await asyncio.sleep(0)
-            elif self._fetching and stats.started % _YIELD_EVERY == 0:
-                # A handler that never suspends would run this loop to the end of the deque
-                # before the fetch's reply is read: give the loop a turn now and then meanwhile.
-                await asyncio.sleep(0)
             message = entry if reliable else None
             busy[me] = message
             stats.started += 1
@@ -272,9 +297,13 @@ class Worker(Generic[T]):
             # measured against a plain `async for`, and every layer per message counts.
             try:
                 await handler(message.value if message is not None else entry)
-            except asyncio.CancelledError:
-                await self._interrupted(entry, message)
-                raise
+            except asyncio.CancelledError as exc:
+                if self._cut_off(me):
+                    await self._interrupted(entry, message)
+                    raise
+                # Not this worker's doing: the handler awaited something that was cancelled.
+                stats.failed += 1
+                await self._failed(message.value if message is not None else entry, message, exc)
             except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
                 stats.failed += 1
                 await self._failed(message.value if message is not None else entry, message, exc)
@@ -288,6 +317,14 @@ class Worker(Generic[T]):
             finally:
                 del busy[me]
 
+    def _cut_off(self, slot: asyncio.Task[None]) -> bool:
+        """Whether a ``CancelledError`` in ``slot`` is a stop's (or the caller's, or a forced
+        shutdown's), as opposed to one a handler ran into on its own."""
+        cancelling = getattr(slot, "cancelling", None)  # Python >= 3.11 counts requests
+        if cancelling is not None:
+            return bool(cancelling())
+        return self._cutting or self._abort.is_set()
+
     def _wake(self, count: int) -> None:
         """Wake up to ``count`` parked slots (every one with ``count`` < 0)."""
         idle = self._idle
@@ -300,29 +337,27 @@ class Worker(Generic[T]):
 
     async def _fetch_loop(self) -> None:
         pause = _FETCH_RETRY_S
-        loop = asyncio.get_running_loop()
-        held = (-1, 0.0)  # (slots' takes, loop time) when the messages waiting last made progress
         while True:
-            if self._ahead and self.stats.started == held[0] and loop.time() - held[1] >= _AHEAD_HOLD_S:
-                # Nobody took a waiting message for a while: handlers are slow. Give the waiting
-                # ones back for other consumers, and fetch fewer ahead from now on.
-                self._ahead_max //= 2
-                await self._release_ahead()
-            if self.stats.started != held[0] or not self._ahead:
-                held = (self.stats.started, loop.time())  # progress: the hold starts again
+            if self.reliable and self._ahead and self._waited_s(self._ahead[0]) >= self._hold_s:
+                # A message fetched ahead waited its limit for a slot: handlers are slower than
+                # the fetches. Give those that waited back for other consumers (before their
+                # visibility timeout runs low), and fetch none ahead until a slot finds nothing
+                # waiting (then 1, 2, 4...).
+                self._ahead_max = 0
+                await self._release_ahead(only_waited=True)
             want = self.concurrency + self._ahead_max - len(self._busy) - len(self._ahead)
-            # Waiting messages bound every wait, so the check above runs in time.
-            hold_s = _AHEAD_HOLD_S if self._ahead else None
+            # While messages wait, every wait is short, so the check above runs in time.
+            check_s = self._hold_s / 2 if self._ahead else None
             if want <= 0 or len(self._ahead) >= self._low_water:
                 self._need.clear()
-                with anyio.move_on_after(math.inf if hold_s is None else hold_s):
+                with anyio.move_on_after(math.inf if check_s is None else check_s):
                     await self._need.wait()
                 continue
             try:
                 self._fetching = True
                 try:
                     if self.reliable:
-                        fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, hold_s)
+                        fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, check_s)
                     else:
                         fetched = await self.queue.take_many(want)
                 finally:
@@ -339,18 +374,22 @@ class Worker(Generic[T]):
                 pause = min(_FETCH_RETRY_CAP_S, pause * 2)
                 continue
             pause = _FETCH_RETRY_S
-            if fetched:
-                held = (self.stats.started, loop.time())  # the hold of what came starts now
             if fetched and not self._waking:
                 self._wake(1)
 
-    async def _release_ahead(self) -> None:
-        """Hand back the messages fetched ahead and not started, uncounted (last first: first
-        deliveries go back to the head of the list and keep their order)."""
+    def _waited_s(self, message: Message[T]) -> float:
+        """How long ``message`` has been held since it was received (or last extended), seconds."""
+        return self.visibility_timeout_s - message.remaining_s
+
+    async def _release_ahead(self, *, only_waited: bool = False) -> None:
+        """Hand back messages fetched ahead and not started, uncounted (all of them, or those that
+        waited ``_hold_s``; last first: first deliveries go back to the head of the list and keep
+        their order)."""
         if not self.reliable:
             return
-        held = list(self._ahead)
-        self._ahead.clear()
+        held: list[Message[T]] = []
+        while self._ahead and (not only_waited or self._waited_s(self._ahead[0]) >= self._hold_s):
+            held.append(self._ahead.popleft())
         if held:
             await asyncio.gather(*(self._settle(m, "release", 0.0) for m in reversed(held)))
 
@@ -364,7 +403,7 @@ class Worker(Generic[T]):
             log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
                       "cannot hand its item back: %r", self.queue.name, entry)
 
-    async def _failed(self, item: T, message: Message[T] | None, exc: Exception) -> None:
+    async def _failed(self, item: T, message: Message[T] | None, exc: BaseException) -> None:
         if message is None:
             log.error("aiodelayq: worker on %r: handler failed; plain mode (reliable=False) drops the item %r",
                       self.queue.name, item, exc_info=exc)
@@ -375,17 +414,33 @@ class Worker(Generic[T]):
                         self.queue.name, message.id, exc)
             await self._settle(message, "dead", 0.0)
             return
-        delay_s = exc.delay_s if isinstance(exc, Retry) and exc.delay_s is not None else \
-            self.retry_backoff.compute(message.delivery_count)
+        delay_s = self._retry_delay_s(exc, message.delivery_count)
         self.stats.retried += 1
         if not isinstance(exc, Retry):
             log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d); retry in %.1f s",
                         self.queue.name, message.id, message.delivery_count, delay_s, exc_info=exc)
         await self._settle(message, "nack", delay_s)
 
+    def _retry_delay_s(self, exc: BaseException, delivery_count: int) -> float:
+        """``Retry``'s delay, else the backoff's; a bad value (negative, NaN, infinite, or a
+        backoff that fails) becomes the backoff's, then 1 s: a retry delay never kills a slot."""
+        for delay in (getattr(exc, "delay_s", None) if isinstance(exc, Retry) else None, None):
+            try:
+                value = float(delay if delay is not None else self.retry_backoff.compute(delivery_count))
+            except Exception:  # the backoff is the user's: any failure falls back
+                log.exception("aiodelayq: worker on %r: retry_backoff failed; retrying in 1 s", self.queue.name)
+                return 1.0
+            if math.isfinite(value) and value >= 0:
+                return value
+        return 1.0
+
     async def _settle(self, message: Message[T], how: str, delay_s: float) -> None:
         """Ack, nack or dead-letter; a failure is logged: the message then comes back after its
         visibility timeout (at-least-once), so the worker goes on."""
+        extending = self._extending.get(message.id)
+        if extending is not None and how != "ack":
+            # An EXTEND landing after this nack would move its delay to a full timeout.
+            await asyncio.wait({extending})
         try:
             if how == "ack":
                 await message.ack()
@@ -403,22 +458,34 @@ class Worker(Generic[T]):
                     "visibility timeout", self.queue.name, how, message.id, exc)
 
     async def _keep_leases(self) -> None:
-        """Every third of the visibility timeout, extend the messages held for longer than that."""
+        """Every third of the visibility timeout, extend the messages held for longer than that
+        (running ones, and any fetched ahead: those are released before they get that old)."""
         every_s = self.visibility_timeout_s / 3
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every_s)
             held = [m for m in self._busy.values()
-                    if m is not None and m.remaining_s < self.visibility_timeout_s - every_s]
-            if held:
-                results = await asyncio.gather(*(m.extend(self.visibility_timeout_s) for m in held),
-                                               return_exceptions=True)
-                for message, result in zip(held, results, strict=True):
-                    if result is False:
-                        self.stats.lost_leases += 1
-                        log.warning("aiodelayq: worker on %r: message %s is no longer held (its visibility "
-                                    "timeout ended); it may be delivered twice", self.queue.name, message.id)
-                    elif isinstance(result, BackendError):  # tried again at the next tick
-                        log.warning("aiodelayq: worker on %r could not extend message %s (%s)",
-                                    self.queue.name, message.id, result)
-                    elif isinstance(result, BaseException):
-                        raise result
+                    if m is not None and not m.settled and m.remaining_s < self.visibility_timeout_s - every_s]
+            if not held:
+                continue
+            tasks = {m.id: loop.create_task(m.extend(self.visibility_timeout_s)) for m in held}
+            self._extending.update(tasks)
+            try:
+                await asyncio.wait(set(tasks.values()))
+            finally:
+                for key in tasks:
+                    self._extending.pop(key, None)
+            for message in held:
+                task = tasks[message.id]
+                if task.cancelled():
+                    continue
+                error = task.exception()
+                if error is None and task.result() is False and not message.settled:
+                    self.stats.lost_leases += 1
+                    log.warning("aiodelayq: worker on %r: message %s is no longer held (its visibility "
+                                "timeout ended); it may be delivered twice", self.queue.name, message.id)
+                elif isinstance(error, BackendError):  # tried again at the next tick
+                    log.warning("aiodelayq: worker on %r could not extend message %s (%s)",
+                                self.queue.name, message.id, error)
+                elif error is not None:
+                    raise error

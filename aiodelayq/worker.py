@@ -81,7 +81,7 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
         return asyncio.run(_serve(function, queue=queue, redis_url=redis_url, concurrency=concurrency,
                                   visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries,
                                   codec=codec, drain_timeout_s=drain_timeout_s, reliable=reliable))
-    except ConfigurationError as exc:
+    except (ConfigurationError, ValueError) as exc:  # ValueError: a malformed Redis URL
         print(f"aiodelayq worker: {exc}", file=sys.stderr)
         return 2
     except DelayedQueueError as exc:
@@ -106,6 +106,9 @@ async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: i
             except asyncio.CancelledError:
                 if not stopped_early:  # not our signal: someone else cancelled this task
                     raise
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
+                if uncancel is not None:
+                    uncancel()  # our own request, handled: later timeouts in this task work as usual
         log.info("aiodelayq: worker on %r stopped: %s", queue, worker.stats)
         return 0
     finally:

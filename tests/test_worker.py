@@ -238,6 +238,73 @@ async def test_consume_opens_and_closes_and_plain_mode_drops_failures(
     assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
 
 
+async def test_steady_slow_handlers_never_run_a_message_twice(make_queue: Any) -> None:
+    # Handlers slower than the fetches: messages fetched ahead must not sit out their visibility
+    # timeout (1 s here) waiting for a slot, or they run twice.
+    q = make_queue(codec="json")
+    runs: collections.Counter[int] = collections.Counter()
+
+    async def handler(item: int) -> None:
+        runs[item] += 1
+        await asyncio.sleep(0.05)
+
+    await q.offer_many([(i, 0) for i in range(100)])
+    async with q:
+        worker = q.worker(handler, concurrency=4, visibility_timeout=1.0)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: worker.stats.succeeded == 100, timeout_s=20)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert set(runs) == set(range(100))
+    assert max(runs.values()) == 1
+    assert worker.stats.lost_leases == 0
+    assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
+
+
+async def test_a_cancellation_a_handler_runs_into_is_a_failure_not_a_stop(make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    calls: collections.Counter[int] = collections.Counter()
+
+    async def handler(item: int) -> None:
+        calls[item] += 1
+        if item == 0 and calls[item] == 1:
+            other = asyncio.ensure_future(asyncio.sleep(10))
+            asyncio.get_running_loop().call_soon(other.cancel)
+            await other  # raises CancelledError: not the worker's
+        await asyncio.sleep(0)
+
+    await q.offer_many([(i, 0) for i in range(5)])
+    async with q:
+        worker = q.worker(handler, concurrency=1, retry_backoff=ConstantBackoff(0.05))
+        task = asyncio.create_task(worker.run())
+        await until(lambda: worker.stats.succeeded == 5, timeout_s=10)
+        assert worker.running <= 1
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert calls == {0: 2, 1: 1, 2: 1, 3: 1, 4: 1}  # retried; the only slot lived on
+    assert (worker.stats.failed, worker.stats.interrupted) == (1, 0)
+
+
+@pytest.mark.parametrize("delay", [-1.0, float("nan"), float("inf")])
+async def test_a_bad_retry_delay_falls_back_to_the_backoff(make_queue: Any, delay: float) -> None:
+    q = make_queue(codec="json")
+    calls: collections.Counter[int] = collections.Counter()
+
+    async def handler(item: int) -> None:
+        calls[item] += 1
+        if calls[item] == 1:
+            raise Retry(delay)
+
+    await q.offer_many([(i, 0) for i in range(3)])
+    async with q:
+        worker = q.worker(handler, concurrency=1, retry_backoff=ConstantBackoff(0.05))
+        task = asyncio.create_task(worker.run())
+        await until(lambda: worker.stats.succeeded == 3, timeout_s=10)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert calls == {0: 2, 1: 2, 2: 2}
+
+
 @pytest.mark.parametrize(("options", "error"), [
     ({"concurrency": 0}, ConfigurationError), ({"concurrency": 2.5}, ConfigurationError),
     ({"visibility_timeout": 0.5}, ConfigurationError), ({"drain_timeout": -1}, InvalidDelayError)])
@@ -262,6 +329,7 @@ async def record(item):
     if _client is None:
         _client = Redis.from_url(os.environ["RECORD_URL"])
     if item.get("slow"):
+        await _client.rpush(os.environ["RECORD_KEY"] + ":started", item["n"])
         await asyncio.sleep(float(item["slow"]))
     await _client.rpush(os.environ["RECORD_KEY"], item["n"])
 '''
@@ -291,6 +359,10 @@ async def _recorded(client: Redis, key: str) -> list[int]:
     return [int(x) for x in await client.lrange(key, 0, -1)]
 
 
+async def _started(client: Redis, key: str, n: int) -> bool:
+    return len(await _recorded(client, key + ":started")) >= n
+
+
 @pytest.mark.parametrize("via", ["run_worker", "cli"])
 async def test_sigterm_drains_the_worker_process(client: Redis, make_queue: Any, spawn_consumer: Any,
                                                  tmp_path: Any, redis_server: Any, drop_keys: Any, via: str) -> None:
@@ -298,8 +370,9 @@ async def test_sigterm_drains_the_worker_process(client: Redis, make_queue: Any,
     record_key = f"{q.name}:record"
     drop_keys(record_key)
     await q.offer_many([({"n": i, "slow": 0.5}, 0) for i in range(4)] + [({"n": i}, 0) for i in range(4, 40)])
+    drop_keys(record_key + ":started")
     child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 30, via)
-    await until(lambda: _in_flight_is(q, 4), timeout_s=30)
+    await until(lambda: _started(client, record_key, 4), timeout_s=30)  # the 4 slots are busy
     child.send_signal(signal.SIGTERM)
     assert await child.await_exit(20) == 0
     done = await _recorded(client, record_key)
@@ -322,19 +395,17 @@ async def test_a_second_signal_stops_at_once_and_hands_back(client: Redis, make_
     record_key = f"{q.name}:record"
     drop_keys(record_key)
     await q.offer_many([({"n": i, "slow": 60}, 0) for i in range(6)])
+    drop_keys(record_key + ":started")
     child = await _worker_process(spawn_consumer, tmp_path, redis_server, q, record_key, 60)
-    await until(lambda: _in_flight_is(q, 4), timeout_s=30)
+    await until(lambda: _started(client, record_key, 4), timeout_s=30)  # the 4 slots are busy
     child.send_signal(signal.SIGTERM)
     await until(lambda: "draining" in child.stderr, timeout_s=10)
     child.send_signal(signal.SIGINT)
     assert await child.await_exit(10) == 0
-    assert await _recorded(client, record_key) == []
+    assert await _recorded(client, record_key) == []  # the slow ones never finished
     counts = await q.counts()
     # The 4 cut off are nacked (due now, in flight); the 2 fetched ahead or never fetched are in the list.
     assert (counts.in_flight, counts.ready) == (4, 2)
     assert "stopping now" in child.stderr
     assert "Task was destroyed" not in child.stderr
 
-
-async def _in_flight_is(q: DelayedQueue[Any], n: int) -> bool:
-    return (await q.counts()).in_flight >= n  # 4 running, maybe more fetched ahead

@@ -154,11 +154,13 @@ local function flush_acks()
     local members = {}
     for j = c, last do members[#members + 1] = ARGV[run[j]] end
     local scores = redis.call('zmscore', KEYS[1], unpack(members))
-    local gone = {}
+    local gone, seen = {}, {}
     for j = c, last do
       local i = run[j]
       local result = 1
-      if scores[j - c + 1] then
+      if scores[j - c + 1] and not seen[ARGV[i]] then
+        -- (the same delivery acked twice in one call: the second finds it gone, as one by one)
+        seen[ARGV[i]] = true
         gone[#gone + 1] = ARGV[i]
       elseif not (resend and now < tonumber(ARGV[i + 3])) then
         result = 0
