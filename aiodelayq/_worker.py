@@ -91,6 +91,8 @@ class Source(Protocol[T]):
 
     @property
     def name(self) -> str: ...
+    @property
+    def max_deliveries(self) -> int | None: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
                            timeout: float | None = None) -> list[Message[T]]: ...  # noqa: ASYNC109
     async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...  # noqa: ASYNC109
@@ -417,8 +419,12 @@ class Worker(Generic[T]):
         delay_s = self._retry_delay_s(exc, message.delivery_count)
         self.stats.retried += 1
         if not isinstance(exc, Retry):
-            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d); retry in %.1f s",
-                        self.queue.name, message.id, message.delivery_count, delay_s, exc_info=exc)
+            limit = self.queue.max_deliveries
+            then = ("its last: dead-lettered" if limit is not None and message.delivery_count >= limit
+                    else f"retry in {delay_s:.1f} s")
+            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d of %s); %s",
+                        self.queue.name, message.id, message.delivery_count, limit or "unlimited", then,
+                        exc_info=exc)
         await self._settle(message, "nack", delay_s)
 
     def _retry_delay_s(self, exc: BaseException, delivery_count: int) -> float:
