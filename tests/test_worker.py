@@ -13,9 +13,20 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, Reject, Retry
+from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, Reject, Retry, Worker
 from tests.faults import REPO_ROOT
 from tests.helpers import until
+
+
+async def _run(q: DelayedQueue[Any], handler: Any, done: Any, timeout_s: float, **options: Any) -> Worker[Any]:
+    """Open ``q``, run a worker until ``done(worker)`` (sync or async), stop it, wait for it."""
+    async with q:
+        worker = q.worker(handler, **options)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: done(worker), timeout_s=timeout_s)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    return worker
 
 
 async def _counts_settle(q: DelayedQueue[Any], **expected: int) -> bool:
@@ -37,12 +48,7 @@ async def test_every_item_handled_once_at_most_concurrency_at_a_time(make_queue:
         running -= 1
 
     await q.offer_many([(i, 0) for i in range(200)])
-    async with q:
-        worker = q.worker(handler, concurrency=8)
-        task = asyncio.create_task(worker.run())
-        await until(lambda: sum(seen.values()) == 200, timeout_s=20)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    worker = await _run(q, handler, lambda _: sum(seen.values()) == 200, 20, concurrency=8)
     assert set(seen) == set(range(200))
     assert max(seen.values()) == 1
     assert peak == 8  # the bound, and reached
@@ -62,12 +68,8 @@ async def test_a_failure_is_retried_with_the_backoff_then_dead_lettered(make_que
             raise ValueError("always fails")
 
     await q.offer_many([("flaky", 0), ("broken", 0), ("fine", 0)])
-    async with q:
-        worker = q.worker(handler, retry_backoff=ConstantBackoff(0.05))
-        task = asyncio.create_task(worker.run())
-        await until(lambda: _counts_settle(q, dead_letters=1, in_flight=0, ready=0, pending=0), timeout_s=10)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    worker = await _run(q, handler, lambda _: _counts_settle(q, dead_letters=1, in_flight=0, ready=0, pending=0), 10,
+                        retry_backoff=ConstantBackoff(0.05))
     assert attempts == {"flaky": 2, "broken": 3, "fine": 1}
     [dead] = await q.dead_letters()
     assert (dead.value, dead.reason, dead.delivery_count) == ("broken", "max_deliveries", 3)
@@ -90,12 +92,8 @@ async def test_retry_and_reject_steer_a_message(client: Redis, make_queue: Any) 
             raise Reject("cannot parse")
 
     await q.offer_many([("later", 0), ("poison", 0)])
-    async with q:
-        worker = q.worker(handler, retry_backoff=ConstantBackoff(60))
-        task = asyncio.create_task(worker.run())
-        await until(lambda: attempts["later"] == 2 and attempts["poison"] == 1, timeout_s=10)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    worker = await _run(q, handler, lambda _: attempts["later"] == 2 and attempts["poison"] == 1, 10,
+                        retry_backoff=ConstantBackoff(60))
     assert retried_at[1] - retried_at[0] >= 0.25  # Retry's own delay, not the 60 s backoff
     [dead] = await q.dead_letters()
     assert (dead.value, dead.reason, dead.delivery_count) == ("poison", "nacked", 1)
@@ -111,12 +109,7 @@ async def test_a_slow_handler_keeps_its_message(make_queue: Any) -> None:
         await asyncio.sleep(2.6)  # more than twice the visibility timeout
 
     await q.offer(1, 0)
-    async with q:
-        worker = q.worker(handler, visibility_timeout=1.0, concurrency=2)
-        task = asyncio.create_task(worker.run())
-        await until(lambda: worker.stats.succeeded == 1, timeout_s=10)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 1, 10, visibility_timeout=1.0, concurrency=2)
     assert calls == {1: 1}
     assert worker.stats.lost_leases == 0
     assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
@@ -249,12 +242,7 @@ async def test_steady_slow_handlers_never_run_a_message_twice(make_queue: Any) -
         await asyncio.sleep(0.05)
 
     await q.offer_many([(i, 0) for i in range(100)])
-    async with q:
-        worker = q.worker(handler, concurrency=4, visibility_timeout=1.0)
-        task = asyncio.create_task(worker.run())
-        await until(lambda: worker.stats.succeeded == 100, timeout_s=20)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 100, 20, concurrency=4, visibility_timeout=1.0)
     assert set(runs) == set(range(100))
     assert max(runs.values()) == 1
     assert worker.stats.lost_leases == 0
@@ -296,12 +284,7 @@ async def test_a_bad_retry_delay_falls_back_to_the_backoff(make_queue: Any, dela
             raise Retry(delay)
 
     await q.offer_many([(i, 0) for i in range(3)])
-    async with q:
-        worker = q.worker(handler, concurrency=1, retry_backoff=ConstantBackoff(0.05))
-        task = asyncio.create_task(worker.run())
-        await until(lambda: worker.stats.succeeded == 3, timeout_s=10)
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    await _run(q, handler, lambda w: w.stats.succeeded == 3, 10, concurrency=1, retry_backoff=ConstantBackoff(0.05))
     assert calls == {0: 2, 1: 2, 2: 2}
 
 
