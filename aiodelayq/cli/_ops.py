@@ -12,7 +12,6 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._keys import prefix_name
 from .._pending import QueueCounts
 from .._queue import DelayedQueue
+from .._urls import redact
 
 __all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_value",
            "queue_counts", "queue_name_of", "redact", "scan_queues", "server_now_ms", "with_queue"]
@@ -73,19 +73,6 @@ class ScanResult:
     names: list[str]
     complete: bool
     note: str | None
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (error messages must not leak it)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        return url
 
 
 @contextlib.asynccontextmanager
