@@ -128,6 +128,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """The docs site (mkdocs.yml, docs/) built with ``mkdocs build --strict`` into ``site/``; nothing fetched."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """Bounded soak with random faults and invariant checks (a few minutes; not part of ``tests``)."""
     session.install("-e", ".[server]")

@@ -1,0 +1,265 @@
+"""The docs site (docs/, mkdocs.yml): every Python block on a page is either a fragment or run here,
+the programs print what their pages say they print, and the site builds with ``mkdocs build --strict``.
+
+The convention, stated on docs/index.md: a ```python block whose first line is a ``# fragment`` comment
+is part of a program and is not run as it stands (a few are run below anyway, with the names their
+page gives them). Every other ```python block is a complete program, listed in ``EXECUTED`` with how
+it is run: against a private throwaway server (``REDIS_URL``), its output compared with the page's next
+```text block; as a script that needs no server; or as a copy of a file in docs/examples/ that
+tests/test_web.py runs. Blocks in other languages (shell, Java, text) need no marking.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import contextlib
+import importlib.util
+import inspect
+import io
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiodelayq.exceptions
+from aiodelayq import DelayedQueue
+from aiodelayq.testing import find_server_kinds
+from tests.faults import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs"
+FRAGMENT = "# fragment"
+PYTHON = {"python", "py", "python3"}
+UNCLEAN = ("Traceback", "Task was destroyed", "Unclosed", "never awaited")
+
+# How each kind of program is run.
+SERVER = "program: run against a private server, prints the page's next ```text block"
+NO_SERVER = "program: needs no server (builds objects only), runs cleanly"
+QUICKSTART = "the quick start's orders.py and the script that runs it on a throwaway server"
+ORDERS_HEAD = '"""Cancel unpaid orders 30 minutes after they are placed (here: 2 seconds)."""'
+
+# Every Python block on a page that is not a fragment, by (page, first line): how it is run. A block
+# given here must exist, once; a new complete program on a page must be added here.
+EXECUTED: dict[tuple[str, str], str] = {
+    ("quickstart.md", ORDERS_HEAD): QUICKSTART,
+    ("quickstart.md", "import asyncio"): QUICKSTART,
+    ("quickstart.md", "import logging"): NO_SERVER,
+    ("web.md", "from aiodelayq import Queues"): NO_SERVER,
+    ("web.md", "import os"): "docs/examples/fastapi_minimal.py",
+    ("deployments.md", "from redis.asyncio import Redis"): NO_SERVER,
+    ("keys.md", '"""One cancellation per order: scheduled once, cancelled when paid, pushed back, replaced."""'):
+        SERVER,
+    ("reliable.md", '"""Send e-mails at least once: ack what was sent, retry what failed, dead-letter what keeps '
+                    'failing."""'): SERVER,
+    ("java.md", '"""What a Redisson client sees of the three element kinds aiodelayq can write."""'): SERVER,
+    ("errors.md", '"""What aiodelayq raises for bad input, a queue used before it was opened, and a server it '
+                  'cannot reach."""'): SERVER,
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+
+    @property
+    def fragment(self) -> bool:
+        return self.code.startswith(FRAGMENT)
+
+    @property
+    def head(self) -> str:
+        """The first line of code (after the fragment marker, if any)."""
+        lines = self.code.splitlines()[1 if self.fragment else 0:]
+        return lines[0] if lines else ""
+
+    def __str__(self) -> str:
+        return f"docs/{self.page}:{self.line}"
+
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+
+
+def page_blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a page (indented ones too, without their indent)."""
+    found: list[Block] = []
+    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i].rstrip("\n"))
+        if m is None:
+            i += 1
+            continue
+        indent, fence = len(m["indent"]), m["fence"]
+        info = m["info"].strip().lstrip("{.").rstrip("}").split()
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and not (lines[j].strip().startswith(fence) and not lines[j].strip().strip(fence[0])):
+            body.append(re.sub(rf"^[ \t]{{0,{indent}}}", "", lines[j]))
+            j += 1
+        assert j < len(lines), f"docs/{page.name}:{i + 1}: a code block that is never closed"
+        found.append(Block(page.name, i + 1, info[0].lower() if info else "", "".join(body)))
+        i = j + 1
+    return found
+
+
+def all_blocks() -> list[Block]:
+    return [b for page in sorted(DOCS.glob("*.md")) for b in page_blocks(page)]
+
+
+def block(page: str, head: str) -> Block:
+    [found] = [b for b in all_blocks() if b.page == page and b.head == head]
+    return found
+
+
+def output_after(program: Block) -> str:
+    """The page's first ```text block after ``program`` (its output, as the page shows it)."""
+    later = [b for b in page_blocks(DOCS / program.page) if b.line > program.line]
+    for b in later:
+        if b.lang in PYTHON:
+            break
+        if b.lang == "text":
+            return b.code
+    raise AssertionError(f"{program}: no ```text block with its output follows it")
+
+
+def run_program(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = cwd / "program.py"
+    script.write_text(code, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONWARNINGS": "always::ResourceWarning", **env})
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert not [w for w in UNCLEAN if w in result.stderr], result.stderr
+    return result
+
+
+async def exec_fragment(code: str, names: dict[str, Any]) -> list[str]:
+    """Run a fragment (top-level ``await`` allowed) with the names its page gives it; its printed lines."""
+    compiled = compile(code, "<docs fragment>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = eval(compiled, names)
+        if inspect.iscoroutine(result):
+            await result
+    return out.getvalue().splitlines()
+
+
+# -- every block is accounted for --------------------------------------------------------------------
+
+
+def test_every_python_block_is_a_fragment_or_executed() -> None:
+    python = [b for b in all_blocks() if b.lang in PYTHON]
+    assert python, "no ```python block found in docs/*.md"
+    unmarked = [b for b in python if not b.fragment and (b.page, b.head) not in EXECUTED]
+    assert not unmarked, (
+        "complete programs not run by tests/test_docs.py: add them to EXECUTED, or start each block with a "
+        f"'{FRAGMENT}' line: " + ", ".join(f"{b} ({b.head!r})" for b in unmarked))
+    for (page, head), how in EXECUTED.items():
+        matches = [b for b in python if b.page == page and b.head == head]
+        assert len(matches) == 1, f"EXECUTED names docs/{page} {head!r} ({how}): found {len(matches)} blocks"
+        assert not matches[0].fragment, f"{matches[0]} is marked as a fragment but listed in EXECUTED"
+
+
+# -- the programs run ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [k for k, how in EXECUTED.items() if how == SERVER], ids=lambda k: k[0])
+def test_programs_print_what_their_page_shows(key: tuple[str, str], own_server: Any, tmp_path: Path) -> None:
+    program = block(*key)
+    result = run_program(program.code, tmp_path, REDIS_URL=own_server().url)
+    assert result.stdout == output_after(program), f"{program} printed:\n{result.stdout}"
+
+
+@pytest.mark.parametrize("key", [k for k, how in EXECUTED.items() if how == NO_SERVER], ids=lambda k: k[0])
+def test_programs_that_need_no_server_run(key: tuple[str, str], tmp_path: Path) -> None:
+    run_program(block(*key).code, tmp_path)
+
+
+def test_the_quickstart_program_runs_on_a_throwaway_server(redis_server: Any, tmp_path: Path) -> None:
+    # The program starts a ThrowawayServer of its own: like the other tests that start servers, it skips
+    # when the session's server is not a process of this machine's (REDIS_URL, a container).
+    if redis_server.kind is None or not find_server_kinds():
+        pytest.skip("the quick start starts a server process (REDIS_URL or a container given, or no binary)")
+    (tmp_path / "orders.py").write_text(block("quickstart.md", ORDERS_HEAD).code, encoding="utf-8")
+    lines = run_program(block("quickstart.md", "import asyncio").code, tmp_path).stdout.splitlines()
+    assert [line.split(";")[0] for line in lines[:3]] == [f"order {i} placed" for i in (1, 2, 3)], lines
+    # Orders 2 and 3 may be due in the same millisecond: ties come out in no particular order.
+    assert sorted(lines[3:]) == ["order 1 unpaid: cancelled", "order 2 was paid: nothing to do",
+                                 "order 3 unpaid: cancelled"], lines
+
+
+def test_blocks_that_copy_an_example_file_are_that_file() -> None:
+    for (page, head), how in EXECUTED.items():
+        if how.startswith("docs/examples/"):
+            assert block(page, head).code == (REPO_ROOT / how).read_text(encoding="utf-8"), \
+                f"docs/{page}: the block starting {head!r} differs from {how} (tests/test_web.py runs the file)"
+
+
+async def test_quickstart_fragments_do_what_they_say(own_server: Any, make_client: Any) -> None:
+    redis = make_client(own_server())
+    names = {"redis": redis, "DelayedQueue": DelayedQueue}
+    opening = block("quickstart.md", 'queue = DelayedQueue(redis, "orders:cancel-unpaid")')
+    assert await exec_fragment(opening.code, dict(names)) == []
+    polling = block("quickstart.md", 'async with DelayedQueue(redis, "reminders", codec="str") as queue:')
+    assert await exec_fragment(polling.code, dict(names)) == ["None", "ping", "None"]
+    cancelling = block("quickstart.md", 'await queue.offer("late", 1.0)')
+    async with DelayedQueue(redis, "reminders", codec="str") as queue:
+        printed = await exec_fragment(cancelling.code, {"queue": queue, "asyncio": asyncio})
+    assert printed == ["nothing within 0.3 s", "late"]
+
+
+# -- the errors page ---------------------------------------------------------------------------------
+
+
+def test_the_errors_page_tree_is_the_exception_tree() -> None:
+    [tree] = [b.code for b in page_blocks(DOCS / "errors.md") if b.lang == "text" and
+              b.code.startswith("DelayedQueueError")]
+    names: list[str] = []
+    stack: list[str] = []
+    for line in tree.splitlines():
+        m = re.match(r"(?P<lead>[│├└─ ]*)(?P<name>\w+)(?P<rest>.*)", line)
+        assert m is not None, line
+        depth = len(m["lead"]) // 4
+        name = m["name"]
+        stack[depth:] = [name]
+        extra = re.match(r"\s+\((\w+)\)", m["rest"])
+        cls = getattr(aiodelayq.exceptions, name)
+        parent = getattr(aiodelayq.exceptions, stack[depth - 1]) if depth else Exception
+        expected = (parent, getattr(builtins, extra[1])) if extra else (parent,)
+        assert cls.__bases__ == expected, f"docs/errors.md: {name}'s bases are {cls.__bases__}, not {expected}"
+        names.append(name)
+    assert sorted(names) == sorted(aiodelayq.exceptions.__all__)
+
+
+# -- the site builds -----------------------------------------------------------------------------------
+
+
+def test_the_site_builds_with_mkdocs_strict(tmp_path: Path) -> None:
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed: pip install -e '.[docs]' (or python3 noxfile.py -s docs)")
+    site = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO_ROOT / "mkdocs.yml"),
+         "--site-dir", str(site)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    for page in sorted(DOCS.glob("*.md")):
+        html = site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
+        assert html.is_file(), f"docs/{page.name} was not built"
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    for name in ("DelayedQueue.offer", "DelayedQueue.receive", "Queues.lifespan", "Message.ack",
+                 "exceptions.BackendError", "run_worker", "QueueMetrics", "ThrowawayServer"):
+        assert name in api, f"the API page has no {name}"
+    # The examples are copied as files (the pages link to them), not rendered as pages.
+    for example in sorted((DOCS / "examples").glob("*.py")):
+        assert (site / "examples" / example.name).read_bytes() == example.read_bytes()
