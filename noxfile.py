@@ -69,13 +69,15 @@ def tests(session: nox.Session) -> None:
     for index, (name, version) in enumerate(kinds):
         skipped = "" if index == 0 else " (without slow, java and topology tests)"
         session.log(f"=== suite against {name} {version}{skipped} ===")
-        session.run("pytest", *(session.posargs if index == 0 else quick), env={"AIODELAYQ_SERVER_KIND": name})
+        session.run("pytest", *VERBOSE, *(session.posargs if index == 0 else quick),
+                    env={"AIODELAYQ_SERVER_KIND": name})
     # The delivery, pending, reliable, keys and Redisson tests once more with the session server a
     # 3-primary + 3-replica cluster of the first kind (RedisCluster clients; the real Java Redisson in
     # its cluster mode). Posargs replace the whole suite and skip this.
     if not session.posargs:
         session.log(f"=== delivery, pending, reliable, keys and Redisson tests on a cluster of {kinds[0][0]} ===")
-        session.run("pytest", *CLUSTER_MODULES, env={"AIODELAYQ_SERVER_KIND": kinds[0][0], "AIODELAYQ_CLUSTER": "1"})
+        session.run("pytest", *VERBOSE, *CLUSTER_MODULES,
+                    env={"AIODELAYQ_SERVER_KIND": kinds[0][0], "AIODELAYQ_CLUSTER": "1"})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
     # cancellation and timeout semantics differ between them.
     current = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -93,10 +95,13 @@ def tests(session: nox.Session) -> None:
         session.log(f"installing the package and its test extras for Python {version} into {venv_dir}")
         session.run(py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]", external=True)
         session.log(f"=== suite on Python {version} against {kinds[0][0]} (without slow, java and topology tests) ===")
-        session.run(py, "-m", "pytest", *quick, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]}, external=True)
+        session.run(py, "-m", "pytest", *VERBOSE, *quick, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]}, external=True)
 
 
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+# Each test's name is printed as it starts: the longest ones (cluster failovers, the Java interop)
+# run for tens of seconds, and the command must never sit silent that long.
+VERBOSE = ("-v",)
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "delivery", "pending", "reliable", "redisson_compat", "redisson_java", "keys", "keys_codecs_input",
     "dead_letters", "leases", "settles", "take_wakeups", "prefetch", "multi", "due_times", "offer_batches",
