@@ -42,14 +42,12 @@ __all__ = [
     "ElementKind",
     "InsertionStamps",
     "ParsedDeadLetter",
-    "ParsedMessage",
     "element_kind",
     "fragment_size",
     "long_format",
     "offer_args",
     "pack_fragments",
     "parse_dead_letter",
-    "parse_message",
     "requeue_ids",
 ]
 
@@ -149,29 +147,9 @@ def fragment_size(fragment: Fragment) -> int:
     return 24 + len(fragment[2])
 
 
-class ParsedMessage(NamedTuple):
-    """The fields of a message element."""
-
-    id: str  # hex, stable across redeliveries
-    delivery_count: int
-    due_ms: int | None  # None for a first delivery
-    payload: bytes
-
-
-def parse_message(element: bytes) -> ParsedMessage:
-    """Split a message element into its fields.
-
-    Raises:
-        ValueError: ``element`` is not a message element.
-    """
-    if element[:4] != _MESSAGE_MAGIC or len(element) < 32:
-        raise ValueError("not a message element")
-    count, due = _MESSAGE_HEADER.unpack_from(element, 20)
-    return ParsedMessage(element[4:20].hex(), count, int(due) if due else None, element[32:])
-
-
 def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, bytes]]:
-    """:func:`parse_message` of each element (a RECEIVE reply's), in one pass, as plain tuples.
+    """The fields of each message element of a RECEIVE reply, in one pass: (id in hex, stable across
+    redeliveries; delivery count; due ms of this delivery, ``None`` for a first one; payload).
 
     Raises:
         ValueError: one of them is not a message element.

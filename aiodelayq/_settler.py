@@ -81,15 +81,11 @@ class Settler:
         """Nothing waits to be sent and no call is in flight."""
         return self._flusher is None
 
-    def may_write_behind(self, expires: float) -> bool:
-        """Whether a settle of a delivery whose deadline is ``expires`` (loop time) may be written
-        behind: the queue is open and more than ``call_timeout_s`` is left, the bound of the call
-        that carries it, so it lands before the deadline unless Redis cannot be reached."""
-        return not self.closed and expires - self._loop.time() > self._call_timeout_s
-
     def ack_behind(self, element: bytes, deadline_ms: int, expires: float) -> bool:
-        """Write an ack behind if :meth:`may_write_behind` allows; whether it did. (One call per
-        ack: a worker acks at the rate of an ``async for``, and each call layer shows.)"""
+        """Write an ack behind if it may be: the queue is open and more than ``call_timeout_s`` is
+        left of the delivery, whose deadline is ``expires`` (loop time), the bound of the call that
+        carries it, so it lands before the deadline unless Redis cannot be reached. Whether it did.
+        (One call per ack: a worker acks at the rate of an ``async for``, and each layer shows.)"""
         if self.closed or expires - self._loop.time() <= self._call_timeout_s:
             return False
         self._pending.append(Settle(element, "ack", deadline_ms))
