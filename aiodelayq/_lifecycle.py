@@ -191,7 +191,8 @@ class Lifecycle:
         self._pump = TakePump(self._client, keys, decode=lambda raw: decode_item(o.codec, raw),
                               slots=scheduler.slots, call_timeout_s=o.call_timeout_s)
         self._reliable = ReliableConsumer(self._client, keys, o)
-        scheduler.listeners.extend((self._pump.notify, self._reliable.notify))
+        scheduler.listeners.append(self._pump.notify)
+        scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)
         self.state = "open"
         log.info("aiodelayq: queue %r opened (subscribed, first transfer done)", keys.destination)
@@ -219,9 +220,10 @@ class Lifecycle:
                 return
             scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
             if scheduler is not None and pump is not None and reliable is not None:
-                for listener in (pump.notify, reliable.notify):
-                    if listener in scheduler.listeners:
-                        scheduler.listeners.remove(listener)
+                if pump.notify in scheduler.listeners:
+                    scheduler.listeners.remove(pump.notify)
+                if reliable.notify in scheduler.wakers:
+                    scheduler.wakers.remove(reliable.notify)
                 if pump.ask_transfer in scheduler.takers:
                     scheduler.takers.remove(pump.ask_transfer)
             if pump is not None:

@@ -10,7 +10,9 @@ by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw.
 Prefetch (see _prefetch.py): a receive may ask for more messages than its caller wants; the rest
 are in flight already, under the visibility timeout of the call that fetched them, and wait in a
 local buffer for the next receive with the same visibility timeout. Nobody came for them within one
-round trip: they are released (SETTLE 'release': as if never received, the count not raised). Settles
+round trip: they are released (SETTLE 'release': as if never received, the count not raised), and
+once that landed the receivers that found nothing meanwhile look again (in every process: SETTLE
+publishes). Settles
 go through the :class:`~aiodelayq._settler.Settler`, many per round trip.
 """
 
@@ -59,6 +61,7 @@ class ReliableConsumer(Generic[T]):
         self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
                                call_timeout_s=options.call_timeout_s, durability=options.durability)
         self.settler.on_nacked = self._wake_after
+        self.settler.on_released = self.notify
         self._durability = options.durability
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
@@ -73,10 +76,12 @@ class ReliableConsumer(Generic[T]):
         self.exhausted = 0
         self.released = 0  # prefetched messages nobody came for, released
         self.receives = 0  # RECEIVE calls that returned messages
+        self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
 
     def __repr__(self) -> str:
         return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
-                f"prefetch={self._prefetch.size} side_tasks={len(self._side_tasks)} closed={self._closed}>")
+                f"prefetch={self._prefetch.size} waiting={self.waiting} side_tasks={len(self._side_tasks)} "
+                f"closed={self._closed}>")
 
     def notify(self) -> None:
         """Items may be due now: every waiting receiver looks again."""
@@ -112,7 +117,11 @@ class ReliableConsumer(Generic[T]):
                 if remaining <= 0:
                     return []
                 wait_s = min(wait_s, remaining)
-            await asyncio.wait({signal}, timeout=wait_s)
+            self.waiting += 1
+            try:
+                await asyncio.wait({signal}, timeout=wait_s)
+            finally:
+                self.waiting -= 1
 
     def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
         """``messages`` go to the caller now: reported to the metrics sink, if one is installed."""

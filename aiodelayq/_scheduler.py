@@ -73,7 +73,9 @@ class TransferScheduler:
 
     After every successful transfer that leaves items in the destination list, whether or not it
     moved them itself, the listeners run: items may have been moved by another process's (or
-    Redisson's) transfer at the same due time, so consumers look at the destination then.
+    Redisson's) transfer at the same due time, so consumers look at the destination then. After
+    every successful transfer the wakers run (reliable receivers): a due time published by another
+    process's nack or release concerns the in-flight zset, not the destination.
     """
 
     def __init__(self, client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
@@ -103,8 +105,12 @@ class TransferScheduler:
         self._failures = 0
         self._failing_since = 0.0
         self.stats = SchedulerStats()
-        # Called after every successful transfer (reliable receivers re-check the destination).
+        # Called after a successful transfer that left items in the destination (takers pop them).
         self.listeners: list[Callable[[], None]] = []
+        # Called after every successful transfer, whatever the destination holds: a published due
+        # time may be another process's nack or release, visible in the in-flight zset, which the
+        # destination's length does not show (reliable receivers look again: one RECEIVE each).
+        self.wakers: list[Callable[[], None]] = []
         # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
         # callers waiting, its POP moves the due items and pops them in one round trip. The argument
         # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
@@ -286,6 +292,8 @@ class TransferScheduler:
             log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
                         "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
+        for waker in list(self.wakers):
+            waker()
         if int(ready) > 0:
             # Items wait in the destination (moved by us, by another process at the same due time,
             # or put there by others): consumers look. An empty list wakes nobody.

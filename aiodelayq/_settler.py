@@ -71,6 +71,10 @@ class Settler:
         # Called with the delay (ms) of each nack that landed: the consumer wakes its waiting
         # receivers then, instead of at their next recheck (up to 5 s late).
         self.on_nacked: Callable[[int], None] | None = None
+        # Called after a SETTLE call that released messages (prefetched, nobody came for them):
+        # they are visible again, and a receiver that asked Redis before they landed (and found
+        # nothing) is waiting for a wake-up. Without it, it slept until its recheck (up to 5 s).
+        self.on_released: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return (f"<Settler {self._keys.destination!r} pending={len(self._pending)} "
@@ -163,8 +167,10 @@ class Settler:
             return
         if hook.sink is not None:
             _report(hook.sink, k.destination, batch, results)
-        superseded = 0
+        superseded = released = 0
         for s, result in zip(batch, results, strict=True):
+            if s.mode == "release":
+                released += int(result) == 1
             if s.future is not None:
                 if int(result) == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
@@ -176,6 +182,8 @@ class Settler:
                     s.future.set_result(int(result))
             elif int(result) == 0 and s.mode == "ack":
                 superseded += 1
+        if released and self.on_released is not None:
+            self.on_released()
         if superseded:
             self.unconfirmed += superseded
             log.warning("aiodelayq: %d ack(s) on %r arrived after the visibility timeout and the message(s) had "

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, Message
-from tests.helpers import first_line, server_ms
+from tests.helpers import first_line, server_ms, until
 
 
 async def test_receive_then_ack_removes_for_good(client: Redis, make_queue: Any) -> None:
@@ -219,6 +219,66 @@ async def test_a_receive_cancelled_mid_call_costs_no_delivery(client: Redis, mak
 
 
 async def until_ready(q: DelayedQueue[Any]) -> None:
-    from tests.helpers import until
-
     await until(q.ready_size, timeout_s=5)
+
+
+# -- wake-ups: a receiver that found nothing looks again as soon as something is visible ------------
+# safety_poll_s=300 and a 30 s visibility timeout leave a waiting receiver only its 5 s recheck; each
+# receive below is given 3 s, so it gets its message only through the wake-up under test. (Not
+# receive(timeout=3): a receive whose timeout ran out asks Redis once more before it returns.)
+
+
+async def _parked(q: DelayedQueue[Any]) -> asyncio.Task[Message[Any] | None]:
+    """A receive of ``q`` that asked Redis, found nothing and now waits for a wake-up; it fails
+    with TimeoutError after 3 s."""
+    receiver = asyncio.create_task(asyncio.wait_for(q.receive(visibility_timeout=30), 3))
+    await until(lambda: q._life.reliable().waiting == 1, timeout_s=3)
+    return receiver
+
+
+async def test_a_released_prefetch_wakes_a_receiver_that_found_nothing(make_queue: Any) -> None:
+    # A receiver that asks Redis before a release of prefetched messages lands finds nothing; the
+    # release must wake it (docs/reliable.md's program waited for another message's 0.5 s retry).
+    q = make_queue(safety_poll_s=300)
+    await q.offer_many([("a", 0), ("b", 0)])
+    async with q:
+        a, b = await q.receive_many(2, visibility_timeout=30, timeout=5)
+        receiver = await _parked(q)
+        q._life.reliable()._release_unclaimed([b])  # as the prefetch hold does for nobody's messages
+        got = await receiver
+        assert got is not None
+        assert (got.value, got.delivery_count) == ("b", 1)
+        assert await a.ack(confirm=True)
+        assert await got.ack(confirm=True)
+
+
+async def test_a_release_in_one_process_wakes_a_receiver_in_another(make_client: Any, make_queue: Any) -> None:
+    here = make_queue(safety_poll_s=300)
+    there = make_queue(redis=make_client(), safety_poll_s=300)
+    await here.offer_many([("a", 0), ("b", 0)])
+    async with here, there:
+        a, b = await here.receive_many(2, visibility_timeout=30, timeout=5)
+        receiver = await _parked(there)
+        here._life.reliable()._release_unclaimed([b])
+        got = await receiver
+        assert got is not None
+        assert (got.value, got.delivery_count) == ("b", 1)
+        assert await a.ack(confirm=True)
+        assert await got.ack(confirm=True)
+
+
+async def test_a_nack_in_one_process_wakes_a_receiver_in_another_when_due(make_client: Any, make_queue: Any) -> None:
+    # The nack's due time is published; the other process's transfer at that time finds the
+    # destination empty (the message is in the in-flight zset) and must wake its receivers anyway.
+    here = make_queue(safety_poll_s=300)
+    there = make_queue(redis=make_client(), safety_poll_s=300)
+    await here.offer("a", 0)
+    async with here, there:
+        a = await here.receive(visibility_timeout=30, timeout=5)
+        assert a is not None
+        receiver = await _parked(there)
+        assert await a.nack(delay=0.2)
+        got = await receiver
+        assert got is not None
+        assert (got.value, got.delivery_count) == ("a", 2)
+        assert await got.ack(confirm=True)

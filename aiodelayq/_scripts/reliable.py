@@ -182,6 +182,8 @@ local function settle_one(i)
     redis.call('zrem', KEYS[1], m)
   elseif mode == 'release' then
     release(KEYS[1], KEYS[3], m, now)
+    -- Visible again now: receivers that looked before this landed, here or elsewhere, look again.
+    earliest = now
   else
     local count = struct.unpack('>I4', m, 21)
     if max > 0 and count >= max then
@@ -207,7 +209,8 @@ for i = 3, #ARGV, 4 do
 end
 flush_acks()
 if earliest then
-  -- Every process's scheduler wakes at that time, and its receivers look again.
+  -- Every process's scheduler wakes at that time (a nack's due time; now after a release), and its
+  -- receivers look again.
   redis.call('publish', KEYS[4], string.format('%d', earliest))
 end
 return results
