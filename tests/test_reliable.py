@@ -236,30 +236,19 @@ async def _parked(q: DelayedQueue[Any]) -> asyncio.Task[Message[Any] | None]:
     return receiver
 
 
-async def test_a_released_prefetch_wakes_a_receiver_that_found_nothing(make_queue: Any) -> None:
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-queue", "other-process"])
+async def test_a_released_prefetch_wakes_a_receiver_that_found_nothing(make_client: Any, make_queue: Any,
+                                                                        elsewhere: bool) -> None:
     # A receiver that asks Redis before a release of prefetched messages lands finds nothing; the
-    # release must wake it (docs/reliable.md's program waited for another message's 0.5 s retry).
-    q = make_queue(safety_poll_s=300)
-    await q.offer_many([("a", 0), ("b", 0)])
-    async with q:
-        a, b = await q.receive_many(2, visibility_timeout=30, timeout=5)
-        receiver = await _parked(q)
-        q._life.reliable()._release_unclaimed([b])  # as the prefetch hold does for nobody's messages
-        got = await receiver
-        assert got is not None
-        assert (got.value, got.delivery_count) == ("b", 1)
-        assert await a.ack(confirm=True)
-        assert await got.ack(confirm=True)
-
-
-async def test_a_release_in_one_process_wakes_a_receiver_in_another(make_client: Any, make_queue: Any) -> None:
+    # release must wake it (docs/reliable.md's program waited for another message's 0.5 s retry),
+    # on the same queue object (the settler's callback) or another process's (SETTLE publishes).
     here = make_queue(safety_poll_s=300)
-    there = make_queue(redis=make_client(), safety_poll_s=300)
+    there = make_queue(redis=make_client(), safety_poll_s=300) if elsewhere else here
     await here.offer_many([("a", 0), ("b", 0)])
     async with here, there:
         a, b = await here.receive_many(2, visibility_timeout=30, timeout=5)
         receiver = await _parked(there)
-        here._life.reliable()._release_unclaimed([b])
+        here._life.reliable()._release_unclaimed([b])  # as the prefetch hold does for nobody's messages
         got = await receiver
         assert got is not None
         assert (got.value, got.delivery_count) == ("b", 1)
