@@ -12,8 +12,7 @@ are in flight already, under the visibility timeout of the call that fetched the
 local buffer for the next receive with the same visibility timeout. Nobody came for them within one
 round trip: they are released (SETTLE 'release': as if never received, the count not raised), and
 once that landed the receivers that found nothing meanwhile look again (in every process: SETTLE
-publishes). Settles
-go through the :class:`~aiodelayq._settler.Settler`, many per round trip.
+publishes). Settles go through the :class:`~aiodelayq._settler.Settler`, many per round trip.
 """
 
 from __future__ import annotations

@@ -167,10 +167,10 @@ class Settler:
             return
         if hook.sink is not None:
             _report(hook.sink, k.destination, batch, results)
-        superseded = released = 0
+        superseded, released = 0, False
         for s, result in zip(batch, results, strict=True):
-            if s.mode == "release":
-                released += int(result) == 1
+            if s.mode == "release" and int(result) == 1:
+                released = True
             if s.future is not None:
                 if int(result) == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
