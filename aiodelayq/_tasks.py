@@ -14,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
+import sys
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .exceptions import BackendError
 
-__all__ = ["Supervised", "detached", "keep", "run_through_cancellation", "stop_task", "wait_through_cancellation"]
+__all__ = ["Supervised", "detached", "keep", "run_interruptible", "run_through_cancellation", "stop_task",
+           "wait_through_cancellation"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -190,3 +194,42 @@ async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s
             if not task.cancelled():
                 task.exception()  # retrieved: the work logs its own failures
             return cancelled
+
+
+def run_interruptible(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)``, where Ctrl-C cancels ``work`` and, once it has unwound (its clients
+    closed), raises :class:`KeyboardInterrupt`; a second Ctrl-C interrupts at once. That is what
+    ``asyncio.run`` does from Python 3.11 on. On 3.10 it leaves SIGINT to Python's default handler,
+    which raises ``KeyboardInterrupt`` in whatever code runs at that instant: in the middle of a
+    redis-py read, or between making a coroutine and awaiting it (a lock's), and the shutdown then
+    prints those half-done tasks' errors. Only in the main thread with the default handler in place
+    (an ignored or replaced SIGINT stays as it is).
+    """
+    if (sys.version_info >= (3, 11) or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return asyncio.run(work)
+    interrupted = False
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigint() -> None:
+            nonlocal interrupted
+            interrupted = True
+            loop.remove_signal_handler(signal.SIGINT)  # the default handler again: a second Ctrl-C forces
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await work
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise

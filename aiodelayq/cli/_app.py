@@ -1,7 +1,8 @@
-"""The ``aiodelayq`` commands (typer). Each command runs one coroutine with ``asyncio.run`` on a fresh
-client (:func:`._ops.connect`, closed at the end); failures the operator can act on become one line on
-stderr: exit 1 for the server or the queue (unreachable, refused, a :class:`DelayedQueueError`), exit 2
-for a bad argument. Tables and results go to stdout, prompts and progress to stderr."""
+"""The ``aiodelayq`` commands (typer). Each command runs one coroutine on a new event loop (Ctrl-C
+cancels it, as ``asyncio.run`` does from Python 3.11 on) with a fresh client (:func:`._ops.connect`,
+closed at the end); failures the operator can act on become one line on stderr: exit 1 for the server
+or the queue (unreachable, refused, a :class:`DelayedQueueError`), exit 2 for a bad argument. Tables
+and results go to stdout, prompts and progress to stderr."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rich.text import Text
 
 from .. import __version__
 from .._keyed import Offered
+from .._tasks import run_interruptible
 from ..exceptions import BackendError, DelayedQueueError
 from ._ops import (
     BadInput,
@@ -85,9 +87,10 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on a new event loop; expected failures become one line and an exit code."""
+    """Run ``work`` on a new event loop (Ctrl-C cancels it, then raises KeyboardInterrupt, on every
+    Python); expected failures become one line and an exit code."""
     try:
-        return asyncio.run(work)
+        return run_interruptible(work)
     except BadInput as exc:
         _fail(str(exc), 2)
     except CannotConnect as exc:
