@@ -54,11 +54,17 @@ def test_a_stale_estimate_is_not_used() -> None:
 
 
 async def _anchor(admin: Redis) -> tuple[float, float]:
-    """(loop time, server ms) read together (within one round trip)."""
+    """(loop time, server ms) read together: the tightest of ten round trips, so that a busy
+    machine's one slow reply does not shift every expected due time."""
     loop = asyncio.get_running_loop()
-    before = loop.time()
-    now_ms = await server_ms(admin)
-    return (before + loop.time()) / 2, now_ms
+    samples = []
+    for _ in range(10):
+        before = loop.time()
+        now_ms = await server_ms(admin)
+        after = loop.time()
+        samples.append((after - before, (before + after) / 2, now_ms))
+    _, at, now_ms = min(samples)
+    return at, now_ms
 
 
 def _server_at(anchor: tuple[float, float], loop_time: float) -> float:
@@ -73,7 +79,10 @@ async def _anchored(own_server: Any, make_client: Any, make_queue: Any, name: st
     client, admin = make_client(server), make_client(server)
     q: DelayedQueue[int] = make_queue(name, redis=client)
     if warm:
-        await q.offer(-1, DELAY_S)  # the first reply anchors the producer's estimate of the server clock
+        # The replies anchor the producer's estimate of the server clock; it keeps the tightest,
+        # and the first one also paid for connecting and loading the script.
+        for _ in range(3):
+            await q.offer(-1, DELAY_S)
     return server, q, admin, await _anchor(admin)
 
 
@@ -91,8 +100,9 @@ async def test_a_bulk_offer_held_up_by_the_server_counts_from_its_issue_time(
     server, q, admin, anchor = await _anchored(own_server, make_client, make_queue, "issued")
     dues, issued = await _offer_while_held(server.url, q, 400, 2500)  # three OFFER calls, all held
     expected = _server_at(anchor, issued) + DELAY_MS
-    # Without the issue time every due would be >= 400 ms late; with it, within the measuring error.
-    assert all(abs(due - expected) < 30 for due in dues), (min(dues) - expected, max(dues) - expected)
+    # Without the issue time every due would be >= 400 ms late; with it, within the measuring error
+    # (the estimate's and the anchor's round trips, and a busy machine's lag).
+    assert all(abs(due - expected) < 100 for due in dues), (min(dues) - expected, max(dues) - expected)
     scores = {int(s) for _, s in await admin.zrange(q.keys.timeout_set, 0, -1, withscores=True)}
     assert set(dues) <= scores  # what offer_many returned is what the zset holds
 
@@ -111,7 +121,7 @@ async def test_coalesced_offers_each_count_from_their_own_issue_time(
         await asyncio.sleep(0.025)
     dues = await asyncio.gather(*offers)
     for due, at in zip(dues, issued, strict=True):
-        assert abs(due - (_server_at(anchor, at) + DELAY_MS)) < 30, (due, _server_at(anchor, at) + DELAY_MS)
+        assert abs(due - (_server_at(anchor, at) + DELAY_MS)) < 100, (due, _server_at(anchor, at) + DELAY_MS)
     assert dues == sorted(dues)
 
 
@@ -119,7 +129,7 @@ async def test_a_first_offer_without_an_estimate_counts_from_the_script(
         own_server: Any, make_client: Any, make_queue: Any) -> None:
     server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "first", warm=False)
     dues, issued = await _offer_while_held(server.url, q, 400, 10)  # no reply has anchored this client yet
-    assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 350
+    assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 250  # held 400 ms; with an estimate, ~0
 
 
 async def test_an_issue_time_older_than_a_second_is_not_trusted(
@@ -127,4 +137,4 @@ async def test_an_issue_time_older_than_a_second_is_not_trusted(
     server, q, _, anchor = await _anchored(own_server, make_client, make_queue, "stale")
     dues, issued = await _offer_while_held(server.url, q, 1300, 10)
     # Held 1.3 s: the script's own clock counts (the bound is 1 s), so the items are late, not early.
-    assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 1200
+    assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 1000
