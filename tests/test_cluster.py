@@ -6,6 +6,7 @@ connections per node, a slot migration under load, and a primary killed under lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -176,10 +177,8 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
         await asyncio.sleep(0.3)
         stop.set()
         await producer
-        for _ in range(500):
-            if len(got) >= len(offered):
-                break
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(AssertionError):  # what is missing then shows in the assertion below
+            await until(lambda: len(got) >= len(offered), timeout_s=15)
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
     assert moved >= 4, "the queue's keys should move one by one"
@@ -225,7 +224,7 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     primary = cl.primary_of(q.keys.destination)
     loop = asyncio.get_running_loop()
     async with q, FailoverLoad(q) as load:
-        await asyncio.sleep(0.5)
+        await until(lambda: len(load.confirmed) >= 25, 20)  # the load runs (counted, not timed)
         # The replicas stop for 1.5 s, their links to the primary are cut (asleep, they cannot come
         # back), and the primary dies 0.3 s later: offers it took in those 0.3 s never reach a
         # replica. Without WAIT they would be confirmed and lost; with it they wait, fail with the
@@ -238,11 +237,12 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
         await asyncio.to_thread(cl.wait_ok, 30)
         promoted_after_s = loop.time() - killed_at
         await until(lambda: any(v >= first_new for v in load.received), 20)
-        await asyncio.sleep(0.5)  # some load after the failover too
+        after = len(load.confirmed)
+        await until(lambda: len(load.confirmed) >= after + 25, 20)  # some load after the failover too
         stopped_at = await load.finish()
     for stall in stalls:
         stall.result(5)
     print("\n" + load.report("cluster", promoted_after_s, killed_at, stopped_at))
     assert load.lost == [], f"{len(load.lost)} confirmed offers lost: {load.lost[:20]}"
-    assert len(load.confirmed) > 50
+    assert len(load.confirmed) >= 50
     assert cl.primary_of(q.keys.destination).port != primary.port

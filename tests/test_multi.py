@@ -23,7 +23,9 @@ CONSUMER = textwrap.dedent("""
         async with DelayedQueue(client, name) as q:
             print("ready", flush=True)
             while True:
-                item = await q.poll(stop_after_idle)
+                # The first item may come seconds later (the other interpreters still starting
+                # on a busy machine); after it, an idle stop_after_idle ends the run.
+                item = await q.poll(stop_after_idle if got else 30)
                 if item is None:
                     break
                 got.append(item)

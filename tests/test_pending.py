@@ -220,6 +220,8 @@ async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: 
     rng = random.Random(5)
     soon = [f"s{i}" for i in range(300)]
     far = [f"far{i}" for i in range(40)]
+    loop = asyncio.get_running_loop()
+    offered_at = loop.time()
     await q.offer_many([(x, rng.uniform(0.05, 0.8)) for x in soon] + [(x, 60) for x in far])
     cancel_soon, cancel_far = rng.sample(soon, 60), far[::4]
     removed: dict[str, bool] = {}
@@ -230,23 +232,24 @@ async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: 
             delivered.append(await q.take())
 
     async with q:
-        consumer = asyncio.get_running_loop().create_task(consume())
+        consumer = loop.create_task(consume())
         try:
-            walks = 0
-            loop = asyncio.get_running_loop()
+            batches = 0
             deadline = loop.time() + 0.9
-            # At least the walks that cancel every item (10 per walk): a stalled machine may do few.
-            while loop.time() < deadline or walks < len(cancel_soon) // 10:
+            # Ten removals every 0.1 s between walks, timed from the offer rather than counted in
+            # walks (a walk is ~340 round trips: a slow machine does few): the first batch before
+            # any item is due, the last at 0.5 s when most have moved, so both outcomes happen.
+            while loop.time() < deadline or batches < len(cancel_soon) // 10:
+                while batches < len(cancel_soon) // 10 and loop.time() >= offered_at + 0.1 * batches:
+                    for x in cancel_soon[10 * batches:10 * batches + 10]:
+                        removed[x] = await q.remove(x)
+                    batches += 1
                 got = await q.read_all()
                 assert len(got) == len(set(got)), "an element reported twice"
                 assert set(got) <= set(soon) | set(far)
                 assert set(far) - set(cancel_far) <= set(got)  # pending through the whole walk
                 assert await q.contains(far[1])
                 assert not await q.contains("absent")
-                if walks < len(cancel_soon) // 10:
-                    for x in cancel_soon[10 * walks:10 * walks + 10]:
-                        removed[x] = await q.remove(x)
-                walks += 1
             for x in cancel_far:
                 removed[x] = await q.remove(x)
             await until(lambda: len(delivered) + sum(removed.values()) >= len(soon), timeout_s=10)

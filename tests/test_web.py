@@ -206,8 +206,7 @@ async def test_queues_run_workers_and_drain_them_before_closing(client: Redis, m
         with pytest.raises(ConfigurationError):
             queues.add("late")
         closing = asyncio.create_task(queues.aclose())
-        await until(lambda: queues.state == "closing")
-        assert queues.workers[0].state == "draining"
+        await until(lambda: queues.state == "closing" and queues.workers[0].state == "draining")
         release.set()
         await closing
     assert sorted(handled) == list(range(10))
