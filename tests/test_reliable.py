@@ -35,10 +35,10 @@ async def test_unacked_message_is_redelivered_after_its_visibility_timeout(clien
     q = make_queue()
     await q.offer("job", 0)
     async with q:
+        loop = asyncio.get_running_loop()
+        start = loop.time()  # before the first receive: its timeout starts later, however slow the reply
         first = await q.receive(visibility_timeout=0.3, timeout=5)
         assert first is not None
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         second = await q.receive(visibility_timeout=30, timeout=5)
         assert second is not None
         assert loop.time() - start >= 0.25
@@ -55,8 +55,8 @@ async def test_nack_redelivers_after_the_delay_and_counts(make_queue: Any) -> No
     async with q:
         msg = await q.receive(visibility_timeout=30, timeout=5)
         assert msg is not None
-        assert await msg.nack(delay=0.2)
-        assert await q.receive(visibility_timeout=30, timeout=0.05) is None
+        assert await msg.nack(delay=1.0)
+        assert await q.receive(visibility_timeout=30, timeout=0.2) is None
         again = await q.receive(visibility_timeout=30, timeout=5)
         assert again is not None
         assert again.delivery_count == 2
