@@ -23,6 +23,20 @@ async def server_ms(r: Redis) -> float:
     return seconds * 1000 + micros / 1000
 
 
+async def server_clock_at(r: Redis, clock: Callable[[], float], samples: int = 10) -> tuple[float, float]:
+    """``(clock() in the middle of a TIME round trip, the server's epoch ms then)``, from the fastest
+    of ``samples`` round trips: a busy machine's slow replies do not shift the pair."""
+    best: tuple[float, float, float] | None = None
+    for _ in range(samples):
+        before = clock()
+        now_ms = await server_ms(r)
+        after = clock()
+        if best is None or after - before < best[0]:
+            best = (after - before, (before + after) / 2, now_ms)
+    assert best is not None
+    return best[1], best[2]
+
+
 async def server_past(r: Redis, due_ms: int) -> bool:
     """Whether the server's clock is past ``due_ms``."""
     return await server_ms(r) > due_ms

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from aiodelayq import DelayedQueue
 from aiodelayq._clock import STALE_S, ServerClock
 from tests.faults import pause_server
-from tests.helpers import server_ms
+from tests.helpers import server_clock_at
 
 DELAY_S = 60.0
 DELAY_MS = 60_000
@@ -53,20 +53,6 @@ def test_a_stale_estimate_is_not_used() -> None:
 # -- against a server whose commands are held --------------------------------------------------------
 
 
-async def _anchor(admin: Redis) -> tuple[float, float]:
-    """(loop time, server ms) read together: the tightest of ten round trips, so that a busy
-    machine's one slow reply does not shift every expected due time."""
-    loop = asyncio.get_running_loop()
-    samples = []
-    for _ in range(10):
-        before = loop.time()
-        now_ms = await server_ms(admin)
-        after = loop.time()
-        samples.append((after - before, (before + after) / 2, now_ms))
-    _, at, now_ms = min(samples)
-    return at, now_ms
-
-
 def _server_at(anchor: tuple[float, float], loop_time: float) -> float:
     return anchor[1] + (loop_time - anchor[0]) * 1000
 
@@ -83,7 +69,8 @@ async def _anchored(own_server: Any, make_client: Any, make_queue: Any, name: st
         # and the first one also paid for connecting and loading the script.
         for _ in range(3):
             await q.offer(-1, DELAY_S)
-    return server, q, admin, await _anchor(admin)
+    # (loop time, server ms) read together: one slow reply would shift every expected due time.
+    return server, q, admin, await server_clock_at(admin, asyncio.get_running_loop().time)
 
 
 async def _offer_while_held(url: str, q: DelayedQueue[Any], hold_ms: int, n: int) -> tuple[list[int], float]:

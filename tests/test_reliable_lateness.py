@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from tests.helpers import until
+from tests.helpers import server_clock_at, until
 
 RATE = 2000.0  # items falling due per second
 SECONDS = 4.0  # length of the due window
@@ -76,18 +76,10 @@ asyncio.run(main())
 """
 
 
-async def _clock_offset_ms(client: Redis, samples: int = 25) -> float:
+async def _clock_offset_ms(client: Redis) -> float:
     """Server epoch ms minus ``time.time() * 1000``, from the ``TIME`` call with the smallest round trip."""
-    best: tuple[float, float] | None = None
-    for _ in range(samples):
-        t0 = time.time() * 1000.0
-        seconds, micros = await client.time()
-        t1 = time.time() * 1000.0
-        offset = seconds * 1000.0 + micros / 1000.0 - (t0 + t1) / 2.0
-        if best is None or t1 - t0 < best[1]:
-            best = (offset, t1 - t0)
-    assert best is not None
-    return best[0]
+    at_s, now_ms = await server_clock_at(client, time.time, samples=25)
+    return now_ms - at_s * 1000.0
 
 
 async def _produce(q: DelayedQueue[int], offset_ms: float, total: int) -> dict[int, float]:
