@@ -42,7 +42,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._wire import exchange, result
+from ._wire import exchange, reconnect_if_closed, result
 
 __all__ = ["REDIRECTS", "cluster_exchange", "is_cluster", "mark_stale"]
 
@@ -153,6 +153,7 @@ async def _send(node: ClusterNode, args: Sequence[Any], sent: list[bool], *, ask
     commands.append(args)
     conn = node.acquire_connection()
     try:
+        await reconnect_if_closed(conn)
         replies = await exchange(conn, commands, sent, then)
     finally:
         node.release(conn)

@@ -14,12 +14,12 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from ._codec import Codec, decode_item
-from ._connections import AnyRedis, call
+from ._connections import AnyRedis
 from ._delays import delay_to_ms
 from ._durability import Durability
 from ._elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
 from ._keys import QueueKeys
-from ._retry import resend_script
+from ._retry import call_idempotent, resend_script
 from ._runtime import facts_for
 from ._scripts.dead_letters import PURGE, REQUEUE
 from .exceptions import ConfigurationError, DecodeError
@@ -72,9 +72,9 @@ class DeadLetters:
         """The oldest ``limit`` entries (``None``: all), oldest first, decoded where possible."""
         _check_limit(limit)
         stop = -1 if limit is None else limit - 1
-        entries: list[bytes] = await call(self._client, "LRANGE", self._keys.dead_letter, 0, stop,
-                                          what="dead_letters", timeout_s=self._call_timeout_s,
-                                          route=self._keys.dead_letter)
+        entries: list[bytes] = await call_idempotent(self._client, "LRANGE", self._keys.dead_letter, 0, stop,
+                                                     what="dead_letters", timeout_s=self._call_timeout_s,
+                                                     route=self._keys.dead_letter)
         return [self._letter(entry) for entry in entries]
 
     def _letter(self, entry: bytes) -> DeadLetter[Any]:
@@ -98,8 +98,8 @@ class DeadLetters:
         delay_ms = delay_to_ms(delay)
         k = self._keys
         if limit is None:  # what is there now: entries dying meanwhile wait for the next call
-            limit = int(await call(self._client, "LLEN", k.dead_letter, what="requeue_dead_letters",
-                                   timeout_s=self._call_timeout_s, route=k.dead_letter))
+            limit = int(await call_idempotent(self._client, "LLEN", k.dead_letter, what="requeue_dead_letters",
+                                              timeout_s=self._call_timeout_s, route=k.dead_letter))
         facts = facts_for(self._client)
         loop = asyncio.get_running_loop()
         requeued, seen = 0, 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ._connections import AnyRedis, call
+from ._connections import AnyRedis
+from ._retry import call_idempotent
 from ._runtime import facts_for
 from ._tasks import keep
 from .exceptions import BackendError
@@ -35,7 +36,7 @@ def check_eviction_policy(client: AnyRedis) -> None:
 
 async def _check(client: AnyRedis) -> None:
     try:
-        info: bytes = await call(client, "INFO", "memory", what="INFO memory", timeout_s=5.0)
+        info: bytes = await call_idempotent(client, "INFO", "memory", what="INFO memory", timeout_s=5.0)
     except BackendError as exc:
         log.debug("aiodelayq: could not read the eviction policy (%s)", exc)
         return

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ._codec import Codec, decode_item, encode_item
-from ._connections import AnyRedis, Script, call, run_script
+from ._connections import AnyRedis, Script, run_script
 from ._keys import QueueKeys
-from ._retry import resend_within
+from ._retry import call_idempotent, resend_within
 from ._scripts.pending import CONTAINS_PAGE, COUNTS, PAGE_SIZE, PEEK, READ_PAGE, REMOVE_PAGE
 from .exceptions import ConfigurationError, DecodeError
 
@@ -99,8 +99,9 @@ class PendingView:
         return f"<PendingView {self._keys.destination!r}>"
 
     async def _call(self, *args: Any, what: str) -> Any:
-        # args[1] is a key of this queue (every command here names one): routes it on a cluster.
-        return await call(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
+        """A read, or ``UNLINK``: resent after a transient failure within ``call_timeout_s``. args[1] is
+        a key of this queue (every command here names one): it routes the call on a cluster."""
+        return await call_idempotent(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
 
     async def _page(self, script: Script, keys: Sequence[str], args: Sequence[Any], *, what: str,
                     resend_args: Sequence[Any] | None = None) -> Any:

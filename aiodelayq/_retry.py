@@ -16,6 +16,7 @@ pump's pops, the subscriber's reconnects) pace themselves with a :class:`Backoff
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -23,11 +24,12 @@ from typing import Any, TypeVar
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from ._connections import AnyRedis, Script, is_permanent
+from ._connections import AnyRedis, Script, call, is_permanent
 from ._durability import Durability, run_durable
 from .exceptions import BackendError, NotReplicatedError
 
-__all__ = ["RETRY_BACKOFF", "Backoff", "may_resend", "resend_script", "resend_within", "retry_until_done"]
+__all__ = ["RETRY_BACKOFF", "Backoff", "call_idempotent", "may_resend", "resend_script", "resend_within",
+           "retry_until_done"]
 
 T = TypeVar("T")
 
@@ -53,6 +55,12 @@ class Backoff:
     def succeeded(self) -> None:
         """The next failure starts a fresh backoff."""
         self.failures = 0
+
+    def level(self, exc: BackendError) -> int:
+        """The log level of the failure just counted: ``DEBUG`` for the first of a streak when trying
+        again may fix it (a connection the server closed, a lost reply: a reconnect that works is no
+        incident), ``WARNING`` for the next ones and for refusals and permanent errors."""
+        return logging.DEBUG if self.failures <= 1 and may_resend(exc) else logging.WARNING
 
 
 def may_resend(exc: BackendError) -> bool:
@@ -107,6 +115,18 @@ async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], a
     return await resend_within(
         lambda remaining_s, _resend: run_durable(client, script, keys, args, durability=confirm,
                                                  timeout_s=remaining_s, what=what),
+        timeout_s=timeout_s)
+
+
+async def call_idempotent(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None) -> Any:
+    """:func:`resend_within` of one command whose resend is harmless (a read, or ``UNLINK``): sent
+    again on a fresh connection after a transient failure, all within ``timeout_s`` seconds.
+    ``route``: a key it touches (a cluster sends it to that key's primary).
+
+    Raises: as :func:`resend_within`.
+    """
+    return await resend_within(
+        lambda remaining_s, _resend: call(client, *args, what=what, timeout_s=remaining_s, route=route),
         timeout_s=timeout_s)
 
 

@@ -1,5 +1,8 @@
 """One exchange on one connection: commands written together, every reply read.
 
+A connection taken from a pool is checked first (:func:`reconnect_if_closed`): the server may have
+closed it while it sat idle.
+
 Shared by single-server calls (``_connections.py``) and cluster calls (``_cluster.py``). Every reply
 is read, error replies too, so a connection goes back to its pool in sync; anything else (a lost
 connection, a timeout, a cancellation) disconnects it first, so a late reply can never answer the
@@ -8,10 +11,12 @@ next command (redis/redis-py#2624).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
@@ -20,7 +25,9 @@ try:  # hiredis comes with redis[hiredis], the core dependency; plain redis-py p
 except ImportError:  # pragma: no cover - redis installed without the extra
     _hiredis_pack = None
 
-__all__ = ["exchange", "pack", "result"]
+__all__ = ["exchange", "pack", "reconnect_if_closed", "result"]
+
+log = logging.getLogger("aiodelayq")
 
 # Arguments above this size go through redis-py's packer, which passes them on as they are instead
 # of copying them into one buffer (hiredis copies: ~100 ms for a 50 MB item).
@@ -36,6 +43,22 @@ def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
             or any(len(a) > _HIREDIS_MAX_ARG for c in commands for a in c if type(a) in (bytes, str))):
         return conn.pack_commands([tuple(c) for c in commands])
     return b"".join([_hiredis_pack(tuple(c)) for c in commands])
+
+
+async def reconnect_if_closed(conn: Any) -> None:
+    """Disconnect ``conn``, just taken from a pool, if the server closed it (its stream is at its end)
+    or it holds unread bytes; the next send connects again. Run before anything is sent on it."""
+    if not conn.is_connected:
+        return
+    probe = getattr(conn, "can_read", None) or conn.can_read_destructive  # redis-py 8.0: the latter only
+    try:
+        stale = bool(await probe())
+    except (RedisConnectionError, OSError):
+        stale = True
+    if stale:
+        log.debug("aiodelayq: a pooled connection was closed by the server (idle timeout, CLIENT KILL, a "
+                  "proxy); reconnecting before the next command")
+        await conn.disconnect()
 
 
 async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool],

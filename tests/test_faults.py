@@ -1,5 +1,5 @@
 """Faults that must not stop delivery: killed pub/sub connections, malformed elements, undecodable
-payloads, garbage in the queue's keys."""
+payloads, garbage in the queue's keys, pooled connections the server closed while idle."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 import logging
 import os
 import struct
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueCounts
 from aiodelayq._runtime import runtime_for
 from tests.helpers import queue_on, server_ms, until
 
@@ -143,3 +145,133 @@ def test_garbage_in_the_queue_keys_never_stops_the_queue(redis_server: Any, garb
             await q.size()
 
     asyncio.run(run())
+
+
+# -- connections the server closes while they sit idle --------------------------------------------
+# The server's `timeout` (common on managed Redis and behind proxies), CLIENT KILL and a proxy's idle
+# cut close a pooled connection nobody uses; the next call takes it from the pool. Each test runs on
+# a server with `timeout 1` and waits until the server has closed every idle connection.
+
+CLOSED_BY_SERVER = "closed by the server"
+
+
+async def _idle_connections_closed(admin: Redis) -> bool:
+    """Whether the server closed every normal connection but ``admin``'s own (which this polling
+    keeps busy); pub/sub connections are not normal ones."""
+    return len(await admin.client_list(_type="normal")) <= 1
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "aiodelayq" and r.levelno >= logging.WARNING]
+
+
+async def test_every_queue_call_succeeds_on_a_connection_the_server_closed_while_idle(
+        own_server: Any, make_client: Any, make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    server = own_server(timeout="1")
+    admin = make_client(server)
+    calls: dict[str, Callable[[DelayedQueue[Any]], Awaitable[object]]] = {
+        "offer": lambda q: q.offer("plain", 600),
+        "offer key": lambda q: q.offer("keyed", 600, key="k-new"),
+        "offer_many": lambda q: q.offer_many([("a", 600), ("b", 600)], keys=["k-a", None]),
+        "cancel": lambda q: q.cancel("k1"),
+        "reschedule": lambda q: q.reschedule("k2", 900),
+        "get": lambda q: q.get("k3"),
+        "size": lambda q: q.size(),
+        "ready_size": lambda q: q.ready_size(),
+        "counts": lambda q: q.counts(),
+        "peek": lambda q: q.peek(5),
+        "contains": lambda q: q.contains("item-4"),
+        "read_all": lambda q: q.read_all(),
+        "remove": lambda q: q.remove("item-5"),
+        "remove_all": lambda q: q.remove_all(["item-6"]),
+        "dead_letters": lambda q: q.dead_letters(),
+        "requeue_dead_letters": lambda q: q.requeue_dead_letters(1, delay=600),
+        "purge_dead_letters": lambda q: q.purge_dead_letters(),
+        "clear": lambda q: q.clear(),
+    }
+    # One client per call, each with one pooled connection the server is going to close.
+    queues = {name: make_queue("orders", redis=make_client(server)) for name in calls}
+    setup = queues["offer"]
+    await setup.offer_many([(f"item-{i}", 600) for i in range(10)], keys=[f"k{i}" for i in range(10)])
+    await make_client(server).rpush(setup.keys.dead_letter, b'"dead-1"', b'"dead-2"')
+    for q in queues.values():
+        assert await q.size() == 10
+    await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+    with caplog.at_level(logging.DEBUG, logger="aiodelayq"):
+        for name, run in calls.items():
+            try:
+                await asyncio.wait_for(run(queues[name]), 10)
+            except Exception as exc:
+                raise AssertionError(f"{name} failed on a connection the server closed: {exc!r}") from exc
+        reconnects = [r for r in caplog.records if CLOSED_BY_SERVER in r.getMessage()]
+    assert len(reconnects) >= len(calls)  # every call met a closed connection, and reconnected
+    assert _warnings(caplog) == []
+    assert await setup.size() == 0  # the last call, clear(), ran
+
+
+async def test_consumers_of_an_open_queue_reconnect_quietly_after_idle_closes(
+        own_server: Any, make_client: Any, make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    server = own_server(timeout="1")
+    admin, producer_client = make_client(server), make_client(server)
+    producer = make_queue("orders", redis=producer_client)
+    q = make_queue("orders", redis=make_client(server), safety_poll_s=300)  # no poll keeps a connection busy
+    handled: list[str] = []
+
+    async def handler(item: str) -> None:
+        handled.append(item)
+
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    async with q:
+        await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+        await producer.offer("taken", 0)  # the transfer (or the pump's POP) meets a closed connection
+        assert await asyncio.wait_for(q.take(), 10) == "taken"
+        await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+        await producer.offer("received", 0)
+        msg = await q.receive(30, timeout=10)
+        assert msg is not None
+        assert msg.value == "received"
+        await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+        assert await msg.extend(30)
+        await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+        assert await msg.ack(confirm=True)
+        worker = q.worker(handler, concurrency=2)
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+            await producer.offer("handled", 0)
+            await until(lambda: handled == ["handled"], timeout_s=10)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    assert [r for r in caplog.records if CLOSED_BY_SERVER in r.getMessage()]
+    assert _warnings(caplog) == []
+    assert await producer.counts() == QueueCounts(0, 0, 0, 0, None)
+
+
+async def test_metrics_and_the_cli_watch_read_through_idle_closes(own_server: Any, make_client: Any,
+                                                                  make_queue: Any) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aiodelayq.prometheus import QueueMetrics
+    server = own_server(timeout="1")
+    admin = make_client(server)
+    q = make_queue("orders", redis=make_client(server))
+    await q.offer("x", 600)
+    with QueueMetrics(CollectorRegistry()) as metrics:
+        metrics.track(q)
+        await metrics.refresh()
+        await until(lambda: _idle_connections_closed(admin), timeout_s=15)
+        await metrics.refresh()
+        assert metrics.snapshot()[q.name].pending == 1
+        assert metrics.scrape_errors_total.labels(q.name)._value.get() == 0
+    # `watch` on one client: its second refresh, 3.5 s after the first, finds that connection closed
+    # (the server counts idle time in whole seconds: a connection idle 2-3 s is closed). Without a
+    # terminal only the last frame is printed: that refresh's.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiodelayq", "watch", "orders", "--interval", "3.5", "--count", "2", "--redis-url",
+        server.url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "trying again" not in out.decode()  # how a refresh that failed shows
+    assert "│ orders │" in out.decode()

@@ -20,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._keys import prefix_name
 from .._pending import QueueCounts
 from .._queue import DelayedQueue
+from .._retry import call_idempotent
 from .._urls import redact
 
 __all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_value",
@@ -112,7 +113,7 @@ async def with_queue(client: Redis, name: str, codec: str = "bytes") -> AsyncIte
 
 async def server_now_ms(client: Redis) -> int:
     """The server's clock in epoch ms: due times are on it, so "in 12 s" must be too."""
-    seconds, micros = await client.time()
+    seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=SOCKET_TIMEOUT_S)
     return int(seconds) * 1000 + int(micros) // 1000
 
 
