@@ -11,6 +11,10 @@ redis-py's defaults break delivery guarantees in three ways, so library calls by
   the connection, so the late reply answers the next command (redis/redis-py#2624). Here a call
   that times out, fails or is cancelled always drops its connection before it goes back to the
   pool.
+- **Connections the server closed while idle.** The server's ``timeout``, ``CLIENT KILL`` or a proxy's
+  idle cut closes a pooled connection that nobody uses. redis-py 8.1's pool hands such a connection
+  out (redis/redis-py#4252), so every exchange checks the connection it took first and reconnects a
+  closed or dirty one before sending: nothing was sent on it, so no call's outcome is in doubt.
 - **Swallowed cancellations.** redis-py code can swallow a ``CancelledError`` that lands inside it
   (redis/redis-py#2028, #2551). Here the exchange runs in a child task that the caller awaits with
   ``asyncio.wait``, which never swallows the caller's cancellation; the child is then cancelled and
@@ -37,10 +41,10 @@ from redis.exceptions import (
 
 from ._cluster import cluster_exchange, mark_stale
 from ._tasks import keep
-from ._wire import exchange, result
+from ._wire import exchange, reconnect_if_closed, result
 from .exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
 
-__all__ = ["AnyRedis", "Script", "call", "classify", "is_permanent", "run_script"]
+__all__ = ["AnyRedis", "Script", "call", "call_pipelined", "classify", "is_permanent", "run_script"]
 
 AnyRedis: TypeAlias = Redis | RedisCluster
 """The clients the library takes: a single server (or Sentinel-managed primary) or a cluster."""
@@ -99,17 +103,43 @@ def _denied(text: str) -> bool:
     return text.startswith(_DENIED[:3]) or any(marker in text for marker in _DENIED[3:])
 
 
-async def _exchange(client: AnyRedis, args: Sequence[Any], sent: list[bool], route: Any,
-                    then: Sequence[Any] | None, node: Any) -> Any:
+async def _exchange(client: AnyRedis, commands: Sequence[Sequence[Any]], sent: list[bool], route: Any,
+                    then: Sequence[Any] | None, node: Any) -> list[Any]:
     if isinstance(client, RedisCluster):
-        return await cluster_exchange(client, args, route, sent, then, node=node)
+        assert len(commands) == 1, "a cluster exchange carries one command"
+        return [await cluster_exchange(client, commands[0], route, sent, then, node=node)]
     pool: Any = client.connection_pool
     conn = await pool.get_connection()
     try:
-        replies = await exchange(conn, [args], sent, then)
+        await reconnect_if_closed(conn)
+        replies = await exchange(conn, commands, sent, then)
     finally:
         await pool.release(conn)
-    return result(replies, then)
+    return [result(replies, then)] if len(commands) == 1 else replies
+
+
+async def _bounded(client: AnyRedis, commands: Sequence[Sequence[Any]], *, what: str, timeout_s: float,
+                   route: Any = None, then: Sequence[Any] | None = None, node: Any = None) -> list[Any]:
+    sent = [False]
+    # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
+    # connection, and an abandoned one may end with the error of a connection dropped under it.
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, commands, sent, route, then, node)),
+                 quiet=True)
+    try:
+        done, _ = await asyncio.wait({child}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        child.cancel()  # drops its connection: never returned to the pool half-read
+        raise
+    if not done:
+        child.cancel()
+        if isinstance(client, RedisCluster):
+            mark_stale(client)  # the node may be gone (a failover): read the slot map again
+        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
+                               maybe_applied=sent[0])
+    try:
+        return child.result()
+    except Exception as exc:
+        raise classify(what, exc, sent=sent[0]) from exc
 
 
 async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None,
@@ -128,26 +158,19 @@ async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route:
         BackendError: any other failure; ``maybe_applied`` tells whether it may have been applied.
         asyncio.CancelledError: the caller's cancellation (the command may have been applied).
     """
-    sent = [False]
-    # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
-    # connection, and an abandoned one may end with the error of a connection dropped under it.
-    child = keep(asyncio.get_running_loop().create_task(_exchange(client, args, sent, route, then, node)),
-                 quiet=True)
-    try:
-        done, _ = await asyncio.wait({child}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        child.cancel()  # drops its connection: never returned to the pool half-read
-        raise
-    if not done:
-        child.cancel()
-        if isinstance(client, RedisCluster):
-            mark_stale(client)  # the node may be gone (a failover): read the slot map again
-        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
-                               maybe_applied=sent[0])
-    try:
-        return child.result()
-    except Exception as exc:
-        raise classify(what, exc, sent=sent[0]) from exc
+    [reply] = await _bounded(client, [args], what=what, timeout_s=timeout_s, route=route, then=then, node=node)
+    return reply
+
+
+async def call_pipelined(client: Redis, commands: Sequence[Sequence[Any]], *, what: str,
+                         timeout_s: float) -> list[Any]:
+    """Send ``commands`` (two or more) to a single server in one write on one connection and return
+    their replies in order, an error reply as its ``ResponseError`` (returned, not raised), within
+    ``timeout_s`` seconds. Never resent; not for a cluster, whose keys live on several nodes.
+
+    Raises: as :func:`call`.
+    """
+    return await _bounded(client, commands, what=what, timeout_s=timeout_s)
 
 
 async def run_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,

@@ -3,8 +3,8 @@
 - :class:`ClientFacts`, per client, for producers and consumers alike: the server's native long
   layout (asked once), whether the eviction policy was checked, the insertion stamps;
 - :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
-  pub/sub subscriber, one refcounted transfer scheduler per queue name, and the slots that cap the
-  client's concurrent background calls.
+  pub/sub subscriber, one refcounted transfer scheduler per queue name, the shared safety poll (a
+  single server), and the slots that cap the client's concurrent background calls.
 
 No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
 and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
@@ -17,11 +17,14 @@ import asyncio
 import weakref
 from dataclasses import dataclass, field
 
+from redis.asyncio.cluster import RedisCluster
+
 from ._clock import ServerClock
 from ._cluster import is_cluster
 from ._connections import AnyRedis
 from ._elements import InsertionStamps
 from ._keys import QueueKeys
+from ._safety_poll import SafetyPoll
 from ._scheduler import TransferScheduler
 from ._subscriber import Subscriber
 from ._tasks import stop_task
@@ -88,11 +91,14 @@ class _Entry:
 class ClientRuntime:
     """What one client shares among its open queues on one event loop."""
 
-    def __init__(self, client: AnyRedis) -> None:
+    def __init__(self, client: AnyRedis, *, call_timeout_s: float) -> None:
         self.client = client
         self.subscriber = Subscriber(client)
         self.entries: dict[str, _Entry] = {}
         self.transfer_slots = asyncio.Semaphore(CLUSTER_TRANSFER_SLOTS if is_cluster(client) else TRANSFER_SLOTS)
+        # A single server's queues are polled together; a cluster's each by its own scheduler.
+        self.safety_poll = (None if isinstance(client, RedisCluster)
+                            else SafetyPoll(client, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
 
     def __repr__(self) -> str:
         return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r}>"
@@ -140,11 +146,14 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
     per_loop = _runtimes.setdefault(loop, weakref.WeakKeyDictionary())
     runtime = per_loop.get(client)
     if runtime is None:
-        runtime = per_loop[client] = ClientRuntime(client)
+        runtime = per_loop[client] = ClientRuntime(client, call_timeout_s=call_timeout_s)
     entry = runtime.entries.get(keys.destination)
     if entry is None:
         scheduler = TransferScheduler(client, keys, batch=batch, safety_poll_s=safety_poll_s,
-                                      call_timeout_s=call_timeout_s, slots=runtime.transfer_slots)
+                                      call_timeout_s=call_timeout_s, slots=runtime.transfer_slots,
+                                      shared_poll=runtime.safety_poll is not None)
+        if runtime.safety_poll is not None:
+            runtime.safety_poll.add(scheduler)
         ready = loop.create_task(_start(runtime, keys, scheduler, open_timeout_s),
                                  name=f"aiodelayq-open:{keys.destination}")
         entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
@@ -171,16 +180,23 @@ async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float)
     if entry.refs > 0:
         return
     # Unregistered at once: an open() from now on starts afresh instead of waiting for this close.
+    # Whether this was the client's last queue is decided here, before any await, so that of many
+    # queues closing together exactly one closes the subscriber and the others only leave it.
     del runtime.entries[keys.destination]
-    if not runtime.entries:
+    last = not runtime.entries
+    if last:
         per_loop = _runtimes.get(asyncio.get_running_loop())
         if per_loop is not None and per_loop.get(client) is runtime:
             del per_loop[client]
+    else:
+        runtime.subscriber.remove(keys.channel)
+    if runtime.safety_poll is not None:
+        runtime.safety_poll.discard(entry.scheduler)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     await stop_task(entry.ready, max(0.0, deadline - loop.time()))
-    if runtime.entries:
-        runtime.subscriber.remove(keys.channel)
     await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
-    if not runtime.entries:
+    if last:
+        if runtime.safety_poll is not None:
+            await runtime.safety_poll.aclose(max(0.0, deadline - loop.time()))
         await runtime.subscriber.aclose(max(0.0, deadline - loop.time()))

@@ -79,7 +79,7 @@ class TransferScheduler:
     """
 
     def __init__(self, client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
-                 call_timeout_s: float, slots: asyncio.Semaphore) -> None:
+                 call_timeout_s: float, slots: asyncio.Semaphore, shared_poll: bool = False) -> None:
         self._client = client
         self._keys = keys
         self._batch = batch
@@ -89,6 +89,11 @@ class TransferScheduler:
         # connections) when many queues wake at once.
         self._slots = slots
         self._loop = asyncio.get_running_loop()
+        # Whether the client's SafetyPoll looks at this queue (a single server); else this scheduler
+        # arms its own safety timer (a cluster).
+        self._shared_poll = shared_poll
+        # Loop time by which the queue is looked at again, if nothing transfers before.
+        self.poll_at = self._loop.time() + safety_poll_s
         self._wake = asyncio.Event()
         self._transferred = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -116,6 +121,16 @@ class TransferScheduler:
         # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
         # the lateness of what moves).
         self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
+
+    @property
+    def safety_poll_s(self) -> float:
+        """The longest the queue goes without being looked at while open (seconds)."""
+        return self._safety_poll_s
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The Redis keys of the queue."""
+        return self._keys
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -166,6 +181,32 @@ class TransferScheduler:
     def on_subscribed(self) -> None:
         """Channel (re)subscribed: transfer now, as the queue may have fallen due while unheard."""
         self._wake.set()
+
+    def wake(self) -> None:
+        """Transfer now."""
+        self._wake.set()
+
+    def polled(self, anchor: tuple[float, float], head_ms: float | None, lease_ms: float | None, ready: int) -> None:
+        """The client's safety poll read the queue: ``anchor`` is ``(loop time, server epoch ms)`` of
+        its ``TIME``, ``head_ms`` the earliest pending due time, ``lease_ms`` the earliest hand-off
+        lease deadline (``None``: none), ``ready`` the destination's length. Transfers if something
+        is due or a lease ran out, else aims at what comes next; wakes the consumers if items are
+        ready (another process, or Redisson, may have moved them)."""
+        self._anchor = anchor
+        self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+        now_ms = anchor[1]
+        if (head_ms is not None and head_ms <= now_ms) or (lease_ms is not None and lease_ms <= now_ms):
+            self._wake.set()
+            return
+        if head_ms is not None:
+            self.on_due(int(head_ms))
+        if lease_ms is not None:
+            self.arm_at(self._server_ms_to_loop(lease_ms) + 0.001)
+        if ready > 0:
+            for listener in list(self.listeners):
+                listener()
+            for waker in list(self.wakers):
+                waker()
 
     def on_due(self, due_ms: int | None) -> None:
         """A producer published a new earliest due time (epoch ms, server clock)."""
@@ -227,15 +268,17 @@ class TransferScheduler:
                     self._transferred.set()  # wakes open(), which raises it
                     self._transferred.clear()
                 delay = backoff.failed()
-                log.warning("aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
-                            self._keys.destination, exc, delay)
+                log.log(backoff.level(exc), "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
+                        self._keys.destination, exc, delay)
                 self.arm_at(self._loop.time() + delay)
                 continue
             backoff.succeeded()
             if self._failures:
-                # The end of an outage (or of a stall): one line, the failures were each logged.
-                log.info("aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
-                         self._keys.destination, self._failures, self._loop.time() - self._failing_since)
+                # The end of an outage (or of a stall): one line, the failures were each logged. After
+                # a single failure (a connection the server had closed) it stays at DEBUG, as it did.
+                log.log(logging.INFO if self._failures > 1 else logging.DEBUG,
+                        "aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
+                        self._keys.destination, self._failures, self._loop.time() - self._failing_since)
                 self._failures = 0
             moved, dead, next_due, lease_due = reply
             if lease_due is not None:
@@ -244,7 +287,8 @@ class TransferScheduler:
                 self._wake.set()  # more may be due: go again without waiting
                 continue
             # Jittered so that many queues opened together do not poll in lockstep.
-            when = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+            self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+            when = math.inf if self._shared_poll else self.poll_at
             if next_due is not None:
                 due_at = self._server_ms_to_loop(next_due)
                 if moved + dead > 0:
@@ -258,7 +302,8 @@ class TransferScheduler:
                 # its due time, without the lead.
                 self._aimed_ms = next_due
                 when = min(when, due_at)
-            self.arm_at(when)
+            if when < math.inf:
+                self.arm_at(when)
 
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
         keys = self._keys

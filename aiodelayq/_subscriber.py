@@ -52,7 +52,9 @@ class Subscriber:
         self._lock = asyncio.Lock()
         self._task = Supervised("aiodelayq-subscriber", self._run, restart_after_s=1.0,
                                 wanted=lambda: bool(self._listeners))
-        self._unsubscribes: set[asyncio.Future[Any]] = set()
+        # Channels whose queues closed, unsubscribed together by one task (many queues may close at once).
+        self._leaving: set[bytes] = set()
+        self._unsubscriber: asyncio.Task[None] | None = None
         # Set (and replaced) when a subscribe fails for good (e.g. no permission for the channel),
         # so open() raises it instead of waiting out its timeout.
         self._failed: asyncio.Future[BackendError] = asyncio.get_running_loop().create_future()
@@ -77,6 +79,7 @@ class Subscriber:
         """
         key = channel.encode()
         self._listeners[key] = listener
+        self._leaving.discard(key)
         confirmed = self._confirmed[key] = asyncio.Event()
         if self._failed.done():
             self._failed = asyncio.get_running_loop().create_future()
@@ -109,39 +112,40 @@ class Subscriber:
     def remove(self, channel: str, timeout_s: float = 1.0) -> None:
         """Stop dispatching ``channel`` now, and unsubscribe it in the background within ``timeout_s``
         (best effort: the connection may be gone; a channel left subscribed is dropped at the next
-        reconnect). Closing a queue never waits for the server here."""
+        reconnect). Channels removed together go in one ``UNSUBSCRIBE``. Closing a queue never waits
+        for the server here."""
         key = channel.encode()
         self._listeners.pop(key, None)
         self._confirmed.pop(key, None)
         if not self._listeners:
             return  # the owner closes the whole subscriber next
-        task = keep(asyncio.ensure_future(self._unsubscribe(key, timeout_s)))
-        self._unsubscribes.add(task)
-        task.add_done_callback(self._unsubscribes.discard)
+        self._leaving.add(key)
+        if self._unsubscriber is None or self._unsubscriber.done():
+            self._unsubscriber = asyncio.get_running_loop().create_task(
+                self._unsubscribe_leaving(timeout_s), name="aiodelayq-unsubscribe")
+            keep(self._unsubscriber)
 
-    async def _unsubscribe(self, key: bytes, timeout_s: float) -> None:
+    async def _unsubscribe_leaving(self, timeout_s: float) -> None:
         with anyio.move_on_after(timeout_s):
-            await self._unsubscribe_now(key)
-
-    async def _unsubscribe_now(self, key: bytes) -> None:
-        async with self._lock:
-            if self._pubsub is not None:
-                try:
-                    await detached(self._pubsub.unsubscribe(key))
-                # redis-py can also fail here with non-Redis errors while its connection is being
-                # re-established (AttributeError on a closed writer); nothing else runs in this try.
-                except Exception as exc:
-                    log.debug("aiodelayq: unsubscribe %r failed: %r", key, exc)
+            while self._leaving:
+                async with self._lock:
+                    keys, self._leaving = self._leaving, set()
+                    if self._pubsub is None:
+                        continue  # the reader subscribes only the listeners when it connects
+                    try:
+                        await detached(self._pubsub.unsubscribe(*keys))
+                    # redis-py can also fail here with non-Redis errors while its connection is being
+                    # re-established (AttributeError on a closed writer); nothing else runs in this try.
+                    except Exception as exc:
+                        log.debug("aiodelayq: unsubscribe of %d channel(s) failed: %r", len(keys), exc)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        unsubscribes = set(self._unsubscribes)
-        for unsubscribe in unsubscribes:
-            unsubscribe.cancel()  # the connection goes with the reader anyway
-        if unsubscribes:
-            await asyncio.wait(unsubscribes, timeout=timeout_s)
+        self._leaving.clear()
+        unsubscriber, self._unsubscriber = self._unsubscriber, None
+        await stop_task(unsubscriber, timeout_s, report=False)  # the connection goes with the reader anyway
         await self._task.stop(max(0.0, deadline - loop.time()))
 
     async def _run(self) -> None:
@@ -156,10 +160,12 @@ class Subscriber:
                         await pubsub.subscribe(*self._listeners)
                 backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
                 if failures:
-                    # Each loss was logged at WARNING; this says the drop is over (each channel's
-                    # confirmation then runs its scheduler's compensating transfer).
-                    log.info("aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
-                             len(self._listeners), failures)
+                    # Says the drop is over (each channel's confirmation then runs its scheduler's
+                    # compensating transfer): INFO after an outage that was warned about, DEBUG after
+                    # one loss that one reconnect mended (a proxy's idle cut, CLIENT KILL).
+                    log.log(logging.INFO if failures > 1 else logging.DEBUG,
+                            "aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
+                            len(self._listeners), failures)
                     failures = 0
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
@@ -172,7 +178,9 @@ class Subscriber:
                 if is_permanent(error) and not self._failed.done():
                     self._failed.set_result(error)
                 delay = backoff.failed()
-                log.warning("aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
+                # The first loss of a streak once at INFO: a reconnect usually mends it.
+                log.log(logging.INFO if backoff.level(error) == logging.DEBUG else logging.WARNING,
+                        "aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
             finally:
                 self._pubsub = None

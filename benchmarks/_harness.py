@@ -65,7 +65,8 @@ class Sizes:
     e2e_seconds: float = 5.0
     e2e_backlog: int = 20_000
     # idle
-    idle_queues: int = 1000
+    idle_queues: int = 2000
+    idle_takers: int = 100  # of the idle queues, consumed by a waiting take() (ours)
     idle_seconds: float = 20.0
     # memory
     memory_items: int = 100_000

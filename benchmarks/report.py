@@ -107,9 +107,13 @@ def evaluate_bars(res: dict[str, Any]) -> list[dict[str, Any]]:
     if "idle" in sc:
         idle = sc["idle"]["ours"]
         bar("idle: one pub/sub connection", idle["pubsub_connections"], 1, False, "connections")
-        expected = idle["expected_script_calls_per_s"]
-        bar(f"idle: script calls/s only from the safety poll (<= 1.1 x {expected:.0f}/s)",
-            idle["script_calls_per_s"], 1.1 * expected, False, "calls/s")
+        expected = idle["expected_commands_per_s"]
+        bar("idle: no script calls (the safety poll reads)", idle["script_calls_per_s"], 0.5, False, "calls/s")
+        bar(f"idle: commands/s only from the safety poll (<= 1.1 x {expected:.0f}/s)",
+            idle["commands_per_s"], 1.1 * expected, False, "commands/s")
+        bar(f"idle: {sc['idle']['queues']} queues ({idle['takers']} taking) closed at once in <= 3 s",
+            idle["close_s"], 3.0, False, "s")
+        bar("idle: no library warnings while open and closing", idle["log_warnings"], 0, False, "lines")
         bar("idle: flat client memory (RSS growth <= 1 MiB)", max(0.0, idle["rss_growth_mb"] or 0.0)
             if idle["rss_growth_mb"] is not None else None, 1.0, False, "MiB")
     if "memory" in sc:
@@ -221,6 +225,7 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         row(f"idle, {i['queues']} open queues: commands/s", None, False, fmt_num(o["commands_per_s"]),
             fmt_num(r["commands_per_s"]))
         row("idle: script calls/s", None, False, fmt_num(o["script_calls_per_s"]), fmt_num(r["script_calls_per_s"]))
+        row("idle: closing every queue at once (s)", None, False, f"{o['close_s']:.2f}", f"{r['close_s']:.2f}")
         row("idle: pub/sub connections", None, False, str(o["pubsub_connections"]), str(r["pubsub_connections"]))
         row("idle: other client connections", None, False, str(o["other_connections"]), str(r["other_connections"]))
         row("idle: failed transfer calls in the window", None, False, str(o["transfer_errors"]),
