@@ -79,7 +79,8 @@ async def run(bench: Bench) -> dict[str, Any]:
             cpu_before = cpu_times()
             server_before = await server_counters(bench.ctl)
             t0 = loop.time()
-            pinger = asyncio.ensure_future(_ping_every(ping_client, 0.02, during))
+            stop_pinging = asyncio.Event()
+            pinger = asyncio.ensure_future(_ping_every(ping_client, 0.02, during, stop_pinging))
             try:
                 clamped = await produce_spread(q.offer_many, bench.server_now_ms, due, total=total,
                                                rate=s.reliable_rate, start_offset_s=start_offset_s, lead_s=lead_s,
@@ -93,7 +94,7 @@ async def run(bench: Bench) -> dict[str, Any]:
                     await asyncio.sleep(0.05)
                 elapsed = loop.time() - t0
             finally:
-                pinger.cancel()
+                stop_pinging.set()  # not cancel(): redis-py can swallow a cancellation inside ping()
                 await asyncio.wait({pinger})
             cpu_after = cpu_times()
             load_after = os.getloadavg()
@@ -204,10 +205,11 @@ def _fast_element_order(element: bytes) -> int:
     return -1
 
 
-async def _ping_every(client: Redis, interval_s: float, out: list[float]) -> None:
-    """Append one ``PING`` round trip (ms) every ``interval_s`` until cancelled."""
-    while True:
+async def _ping_every(client: Redis, interval_s: float, out: list[float], stop: asyncio.Event) -> None:
+    """Append one ``PING`` round trip (ms) every ``interval_s`` until ``stop`` is set."""
+    while not stop.is_set():
         t0 = time.perf_counter()
         await client.ping()
         out.append((time.perf_counter() - t0) * 1000.0)
-        await asyncio.sleep(interval_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
