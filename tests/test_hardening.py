@@ -407,7 +407,7 @@ async def test_nack_of_the_last_allowed_delivery_dead_letters_at_once(client: Re
 
 # -- 12. restricted users -----------------------------------------------------------------------------
 
-# The README's minimal ACL for a queue named NAME (keep the two in step).
+# The minimal ACL of docs/deployments.md for a queue named NAME (keep the two in step).
 ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
              "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
              "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
@@ -420,7 +420,7 @@ ACL_RULES_WAITAOF = ["+waitaof"]
 
 
 def acl_rules(name: str, version: tuple[int, ...] = (0,)) -> list[str]:
-    """The README's minimal ACL for queue ``name`` on a server of ``version``."""
+    """The minimal ACL of docs/deployments.md for queue ``name`` on a server of ``version``."""
     rules = ACL_RULES + (ACL_RULES_WAITAOF if version >= (7, 2) else [])
     return [rule.replace("NAME", name) for rule in rules]
 
