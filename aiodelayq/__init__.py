@@ -8,20 +8,20 @@
 ...         ...
 """
 
-from ._codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
-from ._dead_letters import DeadLetter
-from ._delays import delay_to_ms
-from ._keyed import Offered, Pending
-from ._keys import QueueKeys, prefix_name
-from ._lifecycle import QueueStats
-from ._messages import Message
+from ._consuming.messages import Message
+from ._consuming.reliable import MessageIterator
+from ._consuming.worker import Reject, Retry, Worker, WorkerStats
 from ._options import WireFormat
-from ._pending import PendingItem, QueueCounts
+from ._producing.dead_letters import DeadLetter
+from ._producing.keyed import Offered, Pending
+from ._producing.pending import PendingItem, QueueCounts
 from ._queue import DelayedQueue
-from ._queues import Queues
-from ._reliable import MessageIterator
-from ._scheduler import SchedulerStats
-from ._worker import Reject, Retry, Worker, WorkerStats
+from ._runtime.lifecycle import QueueStats
+from ._runtime.scheduler import SchedulerStats
+from ._web import Queues
+from ._wire.codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
+from ._wire.delays import delay_to_ms
+from ._wire.key_names import QueueKeys, prefix_name
 from .exceptions import (
     AccessDeniedError,
     BackendError,

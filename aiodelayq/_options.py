@@ -9,10 +9,10 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from ._codec import Codec, resolve_codec
-from ._connections import AnyRedis
-from ._durability import Durability
-from ._elements import ElementKind, element_kind
+from ._redis.connections import AnyRedis
+from ._redis.durability import Durability
+from ._wire.codec import Codec, resolve_codec
+from ._wire.elements import ElementKind, element_kind
 from .exceptions import ConfigurationError
 
 __all__ = ["QueueOptions", "WireFormat", "check_client"]

@@ -13,18 +13,18 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._codec import Codec
-from ._dead_letters import DeadLetter, DeadLetters
-from ._delays import check_max_items, check_timeout, visibility_ms
-from ._keyed import KeyedItems, Offered, Pending
-from ._keys import QueueKeys
-from ._lifecycle import Lifecycle, QueueStats
-from ._messages import Message
+from ._consuming.messages import Message
+from ._consuming.reliable import MessageIterator
+from ._consuming.worker import Worker
 from ._options import QueueOptions, WireFormat, check_client
-from ._pending import PendingItem, PendingView, QueueCounts
-from ._producer import Producer
-from ._reliable import MessageIterator
-from ._worker import Worker
+from ._producing.dead_letters import DeadLetter, DeadLetters
+from ._producing.keyed import KeyedItems, Offered, Pending
+from ._producing.pending import PendingItem, PendingView, QueueCounts
+from ._producing.producer import Producer
+from ._runtime.lifecycle import Lifecycle, QueueStats
+from ._wire.codec import Codec
+from ._wire.delays import check_max_items, check_timeout, visibility_ms
+from ._wire.key_names import QueueKeys
 from .exceptions import QueueClosedError
 
 __all__ = ["DelayedQueue"]
@@ -205,7 +205,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._life.bind_loop()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace)
 
-    # -- keyed pending items (see _keyed.py) -----------------------------------------------------
+    # -- keyed pending items (see _producing/keyed.py) -----------------------------------------------------
 
     async def cancel(self, key: str) -> bool:
         """Remove the pending item offered with ``key``; ``True`` if there was one. O(log N) for the
@@ -311,7 +311,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         as :meth:`receive`)."""
         return MessageIterator(self._life.reliable(), visibility_ms(visibility_timeout))
 
-    # -- a worker (see _worker.py) -----------------------------------------------------------------
+    # -- a worker (see _consuming/worker.py) -----------------------------------------------------------------
 
     def worker(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
                visibility_timeout: float = 30.0, reliable: bool = True, retry_backoff: AbstractBackoff | None = None,
@@ -351,7 +351,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         async with self:
             await worker.run()
 
-    # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _pending.py) ---------
+    # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _producing/pending.py) ---------
 
     async def size(self) -> int:
         """Number of pending elements of every kind (``ZCARD``; Redisson's ``size()`` counts its
@@ -432,7 +432,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._life.bind_loop()
         await self._pending.clear()
 
-    # -- the dead-letter list (see _dead_letters.py) ---------------------------------------------
+    # -- the dead-letter list (see _producing/dead_letters.py) ---------------------------------------------
 
     async def dead_letters(self, limit: int | None = None) -> list[DeadLetter[T]]:
         """The oldest ``limit`` entries of the dead-letter list (``None``: all), oldest first: each

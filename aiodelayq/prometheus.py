@@ -26,10 +26,10 @@ try:
 except ImportError as exc:  # the core never imports this module: only users of the extra do
     raise ImportError("aiodelayq.prometheus needs prometheus-client: pip install 'aiodelayq[prometheus]'") from exc
 
-from ._observe import install as _install_sink
-from ._observe import installed as _installed_sink
-from ._observe import uninstall as _uninstall_sink
-from ._pending import QueueCounts
+from ._core.observe import install as _install_sink
+from ._core.observe import installed as _installed_sink
+from ._core.observe import uninstall as _uninstall_sink
+from ._producing.pending import QueueCounts
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -91,7 +91,7 @@ class _Series:
 
 
 class QueueMetrics:
-    """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._observe.MetricsSink`)
+    """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._core.observe.MetricsSink`)
     that feeds them.
 
     Counters (label ``queue``; ``dead_lettered_total`` also ``reason``), of this process:
@@ -195,7 +195,7 @@ class QueueMetrics:
         return series
 
     def offered(self, queue: str, n: int) -> None:
-        """Sink event: ``n`` items offered (see :class:`aiodelayq._observe.MetricsSink`)."""
+        """Sink event: ``n`` items offered (see :class:`aiodelayq._core.observe.MetricsSink`)."""
         self._of(queue).offered.inc(n)
 
     def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:

@@ -22,9 +22,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ._consuming.worker import Reject, Retry, Worker, WorkerStats
+from ._core.urls import redact
 from ._queue import DelayedQueue
-from ._urls import redact
-from ._worker import Reject, Retry, Worker, WorkerStats
 from .exceptions import ConfigurationError, DelayedQueueError
 
 __all__ = ["Reject", "Retry", "Worker", "WorkerStats", "load_handler", "run_worker"]

@@ -86,7 +86,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from aiodelayq import BackendError, DelayedQueue  # noqa: E402
-from aiodelayq._handoff import HANDOFF_LEASE_MS  # noqa: E402
+from aiodelayq._consuming.handoff import HANDOFF_LEASE_MS  # noqa: E402
 from aiodelayq._scripts.producer import OFFER  # noqa: E402
 from aiodelayq._scripts.reliable import RECEIVE, SETTLE  # noqa: E402
 from aiodelayq._scripts.take import FINISH, POP  # noqa: E402
@@ -139,7 +139,7 @@ _UNCONFIRMED = re.compile(r"(\d+) (?:settle\(s\) on .* not confirmed|ack\(s\) on
 
 
 def unconfirmed_in_log(text: str) -> int:
-    """Written-behind settles a consumer's log reported as not confirmed (see aiodelayq/_settler.py)."""
+    """Written-behind settles a consumer's log reported as not confirmed (see aiodelayq/_consuming/settler.py)."""
     return sum(int(m.group(1)) for m in _UNCONFIRMED.finditer(text))
 
 

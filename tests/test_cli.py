@@ -174,7 +174,7 @@ async def test_watch_ends_on_ctrl_c_with_exit_0(redis_server: ServerInfo, cli: C
 # it unwind, then raises KeyboardInterrupt.
 _SELF_INTERRUPTED = """
 import asyncio, os, signal
-from aiodelayq._tasks import run_interruptible
+from aiodelayq._core.tasks import run_interruptible
 
 async def work():
     lock = asyncio.Lock()

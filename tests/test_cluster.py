@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue
-from aiodelayq._cluster import REDIRECTS
+from aiodelayq._redis.cluster import REDIRECTS
 from aiodelayq.testing import ThrowawayCluster
 from aiodelayq.testing.topologies import _cmd
 from tests.faults import debug_args, stall_server

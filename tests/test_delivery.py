@@ -18,7 +18,7 @@ from aiodelayq import (
     QueueClosedError,
     QueueNotOpenError,
 )
-from aiodelayq._runtime import runtime_for
+from aiodelayq._runtime.client_runtime import runtime_for
 from tests.helpers import server_ms, server_past, until
 
 

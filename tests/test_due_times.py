@@ -8,7 +8,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from aiodelayq._clock import STALE_S, ServerClock
+from aiodelayq._wire.clock import STALE_S, ServerClock
 from tests.faults import pause_server
 from tests.helpers import server_clock_at
 

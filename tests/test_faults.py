@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, QueueCounts
-from aiodelayq._runtime import runtime_for
+from aiodelayq._runtime.client_runtime import runtime_for
 from tests.helpers import queue_on, server_ms, until
 
 

@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-import aiodelayq._retry as retry_module
+import aiodelayq._redis.retry as retry_module
 from aiodelayq import (
     AccessDeniedError,
     CallTimeoutError,

@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from aiodelayq import DelayedQueue, QueueCounts, _observe
-from aiodelayq._connections import run_script
+from aiodelayq import DelayedQueue, QueueCounts
+from aiodelayq._core import observe as _observe
+from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts.take import POP
 from aiodelayq._scripts.transfer import TRANSFER
 from aiodelayq.prometheus import QueueMetrics
@@ -406,7 +407,7 @@ async def test_lifecycle_logs_at_info(own_server: Any, make_proxy: Any, make_cli
 
 
 def test_the_core_never_imports_prometheus_client_and_the_extra_says_how_to_install() -> None:
-    core = ("import sys, aiodelayq, aiodelayq._queue, aiodelayq._observe, aiodelayq.testing; "
+    core = ("import sys, aiodelayq, aiodelayq._queue, aiodelayq._core.observe, aiodelayq.testing; "
             "assert 'prometheus_client' not in sys.modules, 'core imported prometheus_client'")
     subprocess.run([sys.executable, "-c", core], check=True, timeout=60)
     missing = ("import sys; sys.modules['prometheus_client'] = None\n"

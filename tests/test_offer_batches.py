@@ -1,4 +1,4 @@
-"""Concurrent ``offer()`` calls: coalesced into script calls, at most two in flight (``_batcher.py``)."""
+"""Concurrent ``offer()`` calls: coalesced into script calls, at most two in flight (``_producing/batcher.py``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from aiodelayq._connections import run_script
+from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts.pending import READ_PAGE, REMOVE_PAGE
 from tests.helpers import server_ms, until
 

@@ -26,7 +26,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from aiodelayq._connections import Script, call
+from aiodelayq._redis.connections import Script, call
 from aiodelayq._scripts.pending import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from aiodelayq._prefetch import MAX_PREFETCH
+from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from tests.helpers import llen_is, open_with_ready, until
 
 

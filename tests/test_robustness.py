@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue, QueueClosedError
-from aiodelayq._connections import run_script
-from aiodelayq._runtime import TRANSFER_SLOTS, runtime_for
+from aiodelayq._redis.connections import run_script
+from aiodelayq._runtime.client_runtime import TRANSFER_SLOTS, runtime_for
 from aiodelayq._scripts.producer import OFFER
 from tests.helpers import until
 

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
-from aiodelayq._prefetch import MAX_PREFETCH
+from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from tests.helpers import llen_is, open_with_ready, until
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from aiodelayq._take import _DRAINED_FOR_S
+from aiodelayq._consuming.take import _DRAINED_FOR_S
 from tests.helpers import open_with_ready, server_ms
 
 

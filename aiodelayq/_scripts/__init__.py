@@ -3,14 +3,14 @@
 RELEASE_CALL, SETTLE) and ``pending`` (the paged walks).
 
 Each script is a module constant whose header names its KEYS, ARGV and reply, wrapped in a
-:class:`~aiodelayq._connections.Script` (text + SHA1, made once per process and shared by every
-client) and run with :func:`~aiodelayq._connections.run_script`, as redis-py's ``asyncio/lock.py``
+:class:`~aiodelayq._redis.connections.Script` (text + SHA1, made once per process and shared by every
+client) and run with :func:`~aiodelayq._redis.connections.run_script`, as redis-py's ``asyncio/lock.py``
 registers its scripts once per class.
 
 Time inside a script is always the **server** clock (``TIME``): producers and consumers with skewed
 clocks still agree on when an item is due. Elements are parsed inside Lua with the server's own
 ``struct`` sizes (``L`` is 8 bytes on 64-bit Linux servers, 4 on Windows builds); the same layouts,
-seen from Python, are in ``aiodelayq/_elements.py``.
+seen from Python, are in ``aiodelayq/_wire/elements.py``.
 
 Resends (``docs/design.md``, "Connections and resends"): the library never lets redis-py resend a
 call; where it resends one itself after a lost reply, the script makes the resend harmless: OFFER,

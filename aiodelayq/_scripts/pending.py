@@ -1,9 +1,9 @@
 """Lua of the pending side: the paged walks over the timeout zset (CONTAINS_PAGE, READ_PAGE,
-REMOVE_PAGE). How the walk's cursor survives concurrent changes: ``aiodelayq/_pending.py``."""
+REMOVE_PAGE). How the walk's cursor survives concurrent changes: ``aiodelayq/_producing/pending.py``."""
 
 from __future__ import annotations
 
-from .._connections import Script
+from .._redis.connections import Script
 from .prelude import with_prelude
 
 __all__ = ["CONTAINS_PAGE", "COUNTS", "PAGE_SIZE", "PEEK", "READ_PAGE", "REMOVE_PAGE"]

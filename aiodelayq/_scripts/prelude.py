@@ -1,7 +1,7 @@
 """The Lua functions every script starts with (``PRELUDE``): element parsing, the server clock, chunked
 commands, hand-off lists and call ids.
 
-Element kinds (the layouts, seen from Python, are in ``aiodelayq/_elements.py``):
+Element kinds (the layouts, seen from Python, are in ``aiodelayq/_wire/elements.py``):
 
 - **strict** (Redisson >= 3.21.1, and ``strict=True``): ``struct.pack('Bc0Lc0', 8, <8 random bytes>,
   #payload, payload)``, in the timeout zset and in Redisson's insertion-order list;
@@ -53,7 +53,7 @@ end
 """),
     ("dead", ("dead_entry", "DEAD_MAGIC", "DEAD_MAX_DELIVERIES", "DEAD_UNDECODABLE", "DEAD_MALFORMED",
               "DEAD_NACKED"), """
--- Dead-letter entries (layout in aiodelayq/_elements.py): 'adq' 0x03 (the envelope, version 1) |
+-- Dead-letter entries (layout in aiodelayq/_wire/elements.py): 'adq' 0x03 (the envelope, version 1) |
 -- '>B' reason | '>I4' delivery count | '>d' server ms when it died | the raw bytes (the payload, or
 -- the malformed element as found). Entries written before the envelope are raw bytes alone.
 local DEAD_MAGIC = 'adq' .. string.char(3)
@@ -130,7 +130,7 @@ local function first_run(calls, id)
   if not at then return nil end
   -- A resend of a call that ran: move its entry and back (never emptying the key, which a slot
   -- migration could then refuse to write again) so that this resend propagates a write, and a
-  -- WAIT after it on its new connection also covers the first run (see _durability.py).
+  -- WAIT after it on its new connection also covers the first run (see _redis/durability.py).
   redis.call('zadd', calls, tonumber(at) + 1, id)
   redis.call('zadd', calls, at, id)
   return tonumber(at)
@@ -148,7 +148,7 @@ end
 """),
     ("index", ("element_tag", "index_pairs", "index_pair", "overflow_field", "index_find", "INDEX_V1",
                "INDEX_OVERFLOW"), """
--- Keys (aiodelayq/_keyed.py). The key index hash maps a field to 0x01 (version) | pack_list({key,
+-- Keys (aiodelayq/_producing/keyed.py). The key index hash maps a field to 0x01 (version) | pack_list({key,
 -- element}): one pair per field, the key and its pending element. The field is the key's tag (the
 -- first 8 bytes of its SHA-1, top bit set, computed by the client), carried in the element's id,
 -- so a transfer finds the entry of what it moves without knowing the key: fast: the last 8 bytes

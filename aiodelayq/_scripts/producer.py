@@ -3,7 +3,7 @@ packed by the client)."""
 
 from __future__ import annotations
 
-from .._connections import Script
+from .._redis.connections import Script
 from .prelude import with_prelude
 
 __all__ = ["NATIVE_LONG", "OFFER"]

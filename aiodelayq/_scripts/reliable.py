@@ -4,12 +4,12 @@ zset scored by its visibility deadline (server ms)."""
 
 from __future__ import annotations
 
-from .._connections import Script
+from .._redis.connections import Script
 from .prelude import with_prelude
 
 __all__ = ["EXTEND", "RECEIVE", "RELEASE_CALL", "SETTLE"]
 
-# Message elements (layout in aiodelayq/_elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery count |
+# Message elements (layout in aiodelayq/_wire/elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery count |
 # '>d' due ms of this delivery (0 = unknown: a first delivery) | payload.
 _MESSAGES = """
 local MSG_MAGIC = 'adq' .. string.char(2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._connections import Script
+from .._redis.connections import Script
 from .prelude import with_prelude
 from .transfer import TRANSFER_FN
 

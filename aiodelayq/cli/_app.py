@@ -20,8 +20,8 @@ from rich.live import Live
 from rich.text import Text
 
 from .. import __version__
-from .._keyed import Offered
-from .._tasks import run_interruptible
+from .._core.tasks import run_interruptible
+from .._producing.keyed import Offered
 from ..exceptions import BackendError, DelayedQueueError
 from ._ops import (
     BadInput,

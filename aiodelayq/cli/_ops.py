@@ -17,11 +17,11 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._keys import prefix_name
-from .._pending import QueueCounts
+from .._core.urls import redact
+from .._producing.pending import QueueCounts
 from .._queue import DelayedQueue
-from .._retry import call_idempotent
-from .._urls import redact
+from .._redis.retry import call_idempotent
+from .._wire.key_names import prefix_name
 
 __all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_value",
            "queue_counts", "queue_name_of", "redact", "scan_queues", "server_now_ms", "with_queue"]

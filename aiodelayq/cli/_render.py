@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .._dead_letters import DeadLetter
-from .._pending import PendingItem
+from .._producing.dead_letters import DeadLetter
+from .._producing.pending import PendingItem
 from ._ops import QueueRow
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",

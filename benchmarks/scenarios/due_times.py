@@ -10,8 +10,8 @@ from _harness import FAR_S, Bench, log, payload
 from lateness import summarize  # benchmarks/lateness.py
 
 from aiodelayq import DelayedQueue
-from aiodelayq._clock import ServerClock
-from aiodelayq._runtime import facts_for
+from aiodelayq._redis.client_facts import facts_for
+from aiodelayq._wire.clock import ServerClock
 
 LOADERS = 4
 BATCH = 1000

@@ -1,0 +1,198 @@
+"""The leased hand-off of the take pump: its pops, until Redis has forgotten them.
+
+POP moves items into ``aiodelayq_handoff:{N}`` under the pop's call id, with a lease. Once every item
+of a pop is settled (taken by a caller, given back, or dead-lettered) the entry must go: FINISH with
+the plan of what became of each item. A pop whose items were all handed out needs no plan, so the
+next POP forgets it in its own call instead (one round trip less per pop); if no POP comes within a
+round trip, FINISH does. A FINISH that gives items back is awaited by the next POP (:meth:`Handoff.
+returns_landed`), so a POP never overtakes it and pops later items first. Closing settles
+everything left ('r' for undecided items) through cancellations; what still remains goes back to
+the head of the destination when the lease ends (TRANSFER does it, in any process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._core.tasks import keep, wait_through_cancellation
+from .._redis.connections import AnyRedis, run_script
+from .._redis.retry import retry_until_done
+from .._scripts.take import FINISH
+from .._wire.key_names import QueueKeys
+from ..exceptions import BackendError
+
+__all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop"]
+
+log = logging.getLogger("aiodelayq")
+
+# How long popped items may stay in the hand-off before any opener returns them to the queue. A
+# live pump finishes an entry within a round trip; a pump cut off for longer loses its claim.
+HANDOFF_LEASE_MS = 20_000
+
+
+@dataclass(eq=False)
+class Pop:
+    """One POP call's items and what became of each (``plan``: ``d``/``x``/``r`` per item)."""
+
+    call_id: bytes
+    size: int = -1  # -1 until the reply is read: the outcome is unknown
+    finish_attempts: int = 0
+    plan: list[str | None] = field(default_factory=list)
+    undecided: int = 0
+    finishing: asyncio.Future[Any] | None = None
+
+    def received(self, count: int) -> None:
+        self.size = count
+        self.plan = [None] * count
+        self.undecided = count
+
+    def settle(self, index: int, verdict: str) -> None:
+        if self.plan[index] is None:
+            self.undecided -= 1
+        self.plan[index] = verdict
+
+    @property
+    def settled(self) -> bool:
+        return self.size >= 0 and self.undecided == 0
+
+
+class Handoff:
+    """The unfinished pops of one take pump (see the module docstring)."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, slots: asyncio.Semaphore, call_timeout_s: float,
+                 hold_s: Callable[[], float], closing: Callable[[], bool]) -> None:
+        self._client, self._keys, self._slots = client, keys, slots
+        self._call_timeout_s = call_timeout_s
+        self._hold_s = hold_s  # how long a handed-out pop may wait for the next POP
+        self._closing = closing  # the pump is closing: no more deferring, FINISH at once
+        self.pops: set[Pop] = set()  # popped and not yet finished in Redis
+        self._done: dict[Pop, None] = {}  # all handed out: forgotten by the next POP
+        self._done_timer: asyncio.TimerHandle | None = None
+        self._returning: set[asyncio.Future[Any]] = set()  # FINISHes that give items back
+
+    def __repr__(self) -> str:
+        return (f"<Handoff {self._keys.destination!r} unfinished={len(self.pops)} done={len(self._done)} "
+                f"returning={len(self._returning)}>")
+
+    async def returns_landed(self) -> None:
+        """Wait for the FINISHes that give items back (each try bounded by ``call_timeout_s``)."""
+        if self._returning:
+            await asyncio.wait(set(self._returning), timeout=self._call_timeout_s)
+
+    def forgotten(self, done: list[Pop]) -> list[bytes]:
+        """The call ids a POP forgets for ``done`` (counted as one finish attempt each)."""
+        for pop in done:
+            pop.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
+        return [pop.call_id for pop in done]
+
+    def forgot(self, done: list[Pop]) -> None:
+        """The POP that carried ``done`` succeeded: they are gone from Redis."""
+        self.pops.difference_update(done)
+
+    def refinish(self, done: list[Pop]) -> None:
+        """The POP that carried ``done`` failed: FINISH them (idempotent, whether or not it forgot them)."""
+        for pop in done:
+            self._finish_soon(pop)
+
+    def maybe_finish(self, pop: Pop, *, unknown: bool = False) -> None:
+        """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
+        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing). A pop whose
+        items were all handed out waits for the next POP to forget it instead (see ``take_done``)."""
+        if pop.finishing is not None or not (unknown or pop.settled) or pop not in self.pops:
+            return
+        if not unknown and not self._closing() and all(v == "d" for v in pop.plan):
+            if pop not in self._done:
+                self._done[pop] = None
+                if self._done_timer is None:
+                    self._done_timer = asyncio.get_running_loop().call_later(self._hold_s(),
+                                                                             self._finish_done)
+            return
+        self._finish_soon(pop)
+        if "r" in pop.plan or unknown:
+            assert pop.finishing is not None
+            self._returning.add(pop.finishing)
+            pop.finishing.add_done_callback(self._returning.discard)
+
+    def take_done(self) -> list[Pop]:
+        """The pops whose items were all handed out, for the next POP to forget (see
+        :meth:`forgotten`); their FINISH timer is cancelled."""
+        if self._done_timer is not None:
+            self._done_timer.cancel()
+            self._done_timer = None
+        done = list(self._done)
+        self._done.clear()
+        return done
+
+    def _finish_done(self) -> None:
+        """No POP came within a round trip: FINISH the handed-out pops on their own."""
+        for pop in self.take_done():
+            self._finish_soon(pop)
+
+    def _finish_soon(self, pop: Pop) -> None:
+        """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again)."""
+        pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
+
+    async def finish(self, pop: Pop, deadline: float = math.inf) -> None:
+        """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""
+        plan = "*" if pop.size < 0 else "".join(v or "r" for v in pop.plan)
+        if not plan:  # an empty pop records nothing
+            self.pops.discard(pop)
+            return
+        k = self._keys
+
+        async def attempt(timeout_s: float) -> Any:
+            async with self._slots:
+                pop.finish_attempts += 1
+                return await run_script(
+                    self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
+                    [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
+                    what=f"finish a pop from {k.destination!r}")
+
+        try:
+            done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)
+        except BackendError as exc:
+            # Given up for good (a permanent error, or the close deadline): not tried again.
+            self.pops.discard(pop)
+            log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
+                        k.destination, exc)
+            return
+        self.pops.discard(pop)
+        if not done and pop.finish_attempts == 1 and "d" in plan:
+            # Found nothing, and no earlier FINISH of this pop may have been applied: the lease ran
+            # out and the items went back.
+            log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the queue "
+                        "and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
+
+    async def flush(self, deadline: float) -> bool:
+        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``,
+        through cancellations (a forced shutdown cancels every task, perhaps twice): a FINISH task
+        cancelled meanwhile is started again. Returns whether this task was cancelled meanwhile
+        (the caller raises it). What is left at the deadline goes back through the lease."""
+        loop = asyncio.get_running_loop()
+        started: set[asyncio.Future[Any]] = set()
+        cancelled = False
+        self.take_done()  # still in self.pops: FINISHed below
+        while self.pops and loop.time() < deadline:
+            pending: set[asyncio.Future[Any]] = set()
+            for pop in list(self.pops):
+                for index, verdict in enumerate(pop.plan):
+                    if verdict is None:
+                        pop.settle(index, "r")
+                if pop.finishing is None or pop.finishing.done():
+                    pop.finishing = keep(asyncio.ensure_future(self.finish(pop, deadline)))
+                pending.add(pop.finishing)
+            started |= pending
+            cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled
+        left = {task for task in started if not task.done()}
+        for task in left:
+            task.cancel()
+        if left:
+            # Cancelled exchanges drop their connections within a loop turn or two; wait for that,
+            # so no task outlives the loop.
+            cancelled = await wait_through_cancellation(left, 0.1) or cancelled
+        return cancelled

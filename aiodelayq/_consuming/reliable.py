@@ -1,0 +1,275 @@
+"""Reliable (at-least-once) consumption: messages in flight until acknowledged.
+
+A received message sits in the in-flight zset, scored by its visibility deadline (server ms). ``ack``
+removes it; ``nack(delay)`` makes it visible again after ``delay``; a message neither acked nor
+nacked becomes visible again at its deadline. Each redelivery counts; past ``max_deliveries`` the
+payload goes to the dead-letter list. RECEIVE pops and registers in one atomic step, under a call
+id: a lost reply is resent and returns the same messages, and a cancelled caller's call is undone
+by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw.
+
+Prefetch (see _consuming/prefetch.py): a receive may ask for more messages than its caller wants; the rest
+are in flight already, under the visibility timeout of the call that fetched them, and wait in a
+local buffer for the next receive with the same visibility timeout. Nobody came for them within one
+round trip: they are released (SETTLE 'release': as if never received, the count not raised), and
+once that landed the receivers that found nothing meanwhile look again (in every process: SETTLE
+publishes). Settles go through the :class:`~aiodelayq._consuming.settler.Settler`, many per round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Generic, TypeVar, cast
+
+from .._core.observe import hook
+from .._core.tasks import keep, run_through_cancellation
+from .._options import QueueOptions
+from .._redis.connections import AnyRedis, Script
+from .._redis.retry import resend_script, retry_until_done
+from .._scripts.reliable import RECEIVE, RELEASE_CALL
+from .._wire.codec import decode_item
+from .._wire.elements import parse_messages
+from .._wire.key_names import QueueKeys
+from ..exceptions import BackendError, DecodeError, QueueClosedError
+from .messages import Message
+from .prefetch import PrefetchBuffer
+from .settler import Settle, Settler
+
+__all__ = ["MessageIterator", "ReliableConsumer"]
+
+log = logging.getLogger("aiodelayq")
+
+T = TypeVar("T")
+
+# Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
+_RECHECK_S = 5.0
+# How long a cancelled receive() spends undoing its call before the cancellation propagates.
+_UNDO_BOUND_S = 0.5
+# Prefetch only when the visibility timeout leaves room for it: a held message must not spend a
+# noticeable part of its timeout waiting for a caller.
+_PREFETCH_MIN_VT_MS = 1000
+
+
+class ReliableConsumer(Generic[T]):
+    """``receive``/``receive_many`` and the settles of one queue object."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
+        self._client, self._keys, self._codec = client, keys, options.codec
+        self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
+        self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
+                               call_timeout_s=options.call_timeout_s, durability=options.durability)
+        self.settler.on_nacked = self._wake_after
+        self.settler.on_released = self.notify
+        self._durability = options.durability
+        # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
+        # wake-up during its call is never lost, and one receiver never consumes another's.
+        self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._side_tasks: set[asyncio.Future[Any]] = set()
+        self._closed = False
+        # Prefetched messages nobody has yet, in receive order, all of one visibility timeout.
+        self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
+        self._buffer_vt_ms = 0
+        self._prefetch = self._buffer.prefetch
+        self.undecodable = 0
+        self.exhausted = 0
+        self.released = 0  # prefetched messages nobody came for, released
+        self.receives = 0  # RECEIVE calls that returned messages
+        self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
+
+    def __repr__(self) -> str:
+        return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
+                f"prefetch={self._prefetch.size} waiting={self.waiting} side_tasks={len(self._side_tasks)} "
+                f"closed={self._closed}>")
+
+    def notify(self) -> None:
+        """Items may be due now: every waiting receiver looks again."""
+        if not self._signal.done():
+            self._signal.set_result(None)
+        self._signal = asyncio.get_running_loop().create_future()
+
+    def _wake_after(self, delay_ms: int) -> None:
+        """A message this process nacked is visible again after ``delay_ms``: wake receivers then."""
+        if not self._closed:
+            asyncio.get_running_loop().call_later(delay_ms / 1000, self.notify)
+
+    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None) -> list[Message[T]]:
+        """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if self._closed:
+                raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
+            if self._buffer and self._buffer_vt_ms == vt_ms:
+                return self._delivered(self._buffer.take(max_items))  # prefetched: no round trip, no await
+            signal = self._signal
+            asked = max(max_items, self._prefetch.size) if vt_ms >= _PREFETCH_MIN_VT_MS else max_items
+            sent = loop.time()
+            messages, wait_s = await self._receive_once(asked, vt_ms, sent)
+            self._prefetch.fetched(asked, len(messages), loop.time() - sent)
+            if messages:
+                self.receives += 1
+                self._keep(messages[max_items:], vt_ms)
+                return self._delivered(messages[:max_items])
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait_s = min(wait_s, remaining)
+            self.waiting += 1
+            try:
+                await asyncio.wait({signal}, timeout=wait_s)
+            finally:
+                self.waiting -= 1
+
+    def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
+        """``messages`` go to the caller now: reported to the metrics sink, if one is installed."""
+        sink = hook.sink
+        if sink is not None and messages:
+            name = self._keys.destination
+            sink.delivered(name, len(messages))
+            again = sum(m.delivery_count > 1 for m in messages)
+            if again:
+                sink.redelivered(name, again)
+        return messages
+
+    def _keep(self, extra: list[Message[T]], vt_ms: int) -> None:
+        """Prefetched ``extra`` waits for the next receiver, at most one round trip."""
+        if not extra:
+            return
+        if self._buffer_vt_ms != vt_ms:
+            self._buffer.give_back()  # another timeout's messages: a receiver of this one won't take them
+        self._buffer.keep(extra)
+        self._buffer_vt_ms = vt_ms
+        self.notify()  # a receiver waiting meanwhile takes them now
+
+    def _release_unclaimed(self, messages: list[Message[T]]) -> None:
+        """Release the prefetched messages nobody came for (in reverse: first deliveries go back
+        to the head of the list with LPUSH, and must keep their order)."""
+        self.released += len(messages)
+        self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
+
+    async def _receive_once(self, max_items: int, vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
+        """One RECEIVE call (sent at loop time ``sent``): its messages, and how long to wait for more."""
+        k = self._keys
+        call_id = os.urandom(16)
+        try:
+            # A cancellation here drops the exchange's connection (see _connections.call).
+            reply = await self._call(RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
+                                     [max_items, vt_ms, self._max_deliveries, call_id], "receive", durable=True)
+        except asyncio.CancelledError:
+            # The call may have received messages nobody will see: undo it by its id (or make a
+            # late arrival of it receive nothing), without counting a delivery. This caller waits
+            # for it, at most _UNDO_BOUND_S and through further cancellations (a forced shutdown
+            # cancels every task again, the undo's too), so asyncio.run does not close the loop
+            # under it. Then the cancellation propagates.
+            if not await self._undo_within(call_id, _UNDO_BOUND_S):
+                self._spawn(self._release_call(call_id))  # keeps trying unless the loop is going away
+            raise
+        except BackendError as exc:
+            if exc.maybe_applied:
+                self._spawn(self._release_call(call_id))
+            raise
+        now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
+        if dead:
+            self.exhausted += dead
+            if hook.sink is not None:
+                hook.sink.dead_lettered(k.destination, dead, "max_deliveries")
+            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
+                      dead, k.destination, self._max_deliveries, k.dead_letter)
+        wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))
+        messages: list[Message[T]] = []
+        elements = reply[3:]
+        deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
+        for element, (message_id, count, due_ms, payload) in zip(elements, parse_messages(elements), strict=True):
+            try:
+                value = decode_item(codec, payload)
+            except DecodeError as exc:
+                self.undecodable += 1
+                log.error("aiodelayq: %s; moving it to dead-letter list %r", exc, k.dead_letter)
+                # Atomic: out of flight and into the list. Written behind, so nothing here awaits
+                # after the call (a cancelled caller cannot strand the other messages); if it fails,
+                # the message comes back after its timeout and is tried again.
+                self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
+                continue
+            messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
+                                    expires, vt_ms))
+        return messages, wait_s
+
+    async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,
+                    timeout_s: float | None = None, durable: bool = False) -> Any:
+        """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
+        (default ``call_timeout_s``); ``durable``: confirmed by replicas (the queue's durability)."""
+        return await resend_script(self._client, script, keys, args,
+                                   timeout_s=self._call_timeout_s if timeout_s is None else timeout_s,
+                                   what=f"{what} on {self._keys.destination!r}",
+                                   durability=self._durability if durable else None)
+
+    async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
+        """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""
+        k = self._keys
+        await self._call(RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies], [call_id],
+                         "undo a cancelled receive", timeout_s)
+
+    async def _undo_within(self, call_id: bytes, timeout_s: float) -> bool:
+        """RELEASE_CALL within ``timeout_s``, through cancellations; returns whether it was applied."""
+        done = False
+
+        async def release() -> None:
+            nonlocal done
+            await self._release(call_id, timeout_s)
+            done = True
+
+        await run_through_cancellation(release, timeout_s)
+        return done
+
+    async def _release_call(self, call_id: bytes) -> None:
+        """RELEASE_CALL in the background until done (it is idempotent), or the queue closes."""
+        try:
+            await retry_until_done(lambda timeout_s: self._release(call_id, timeout_s),
+                                   per_try_s=self._call_timeout_s, stopped=lambda: self._closed)
+        except BackendError as exc:
+            log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come back "
+                        "after their visibility timeout", self._keys.destination, exc)
+
+    def _spawn(self, work: Any) -> asyncio.Future[Any]:
+        """A side task this consumer owns: :meth:`aclose` waits for it (bounded), then cancels it."""
+        task: asyncio.Future[Any] = keep(asyncio.ensure_future(work))
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
+
+    async def aclose(self, deadline: float) -> None:
+        """Wake receivers (they raise :class:`QueueClosedError`), release prefetched messages, and
+        wait for side tasks (undoing cancelled receives) and pending settles until ``deadline``
+        (loop time); then cancel what is left."""
+        self._closed = True
+        self.notify()
+        self._buffer.give_back()
+        loop = asyncio.get_running_loop()
+        if self._side_tasks:
+            await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
+        left = set(self._side_tasks)
+        for task in left:
+            task.cancel()
+        if left:  # cancelled calls drop their connections within a loop turn or two
+            await asyncio.wait(left, timeout=0.1)
+        await self.settler.aclose(deadline)
+
+
+class MessageIterator(Generic[T]):
+    """``async for msg in queue.messages(visibility_timeout)``: receives until the queue is closed."""
+
+    def __init__(self, consumer: ReliableConsumer[T], vt_ms: int) -> None:
+        self._consumer = consumer
+        self._vt_ms = vt_ms
+
+    def __aiter__(self) -> MessageIterator[T]:
+        return self
+
+    async def __anext__(self) -> Message[T]:
+        try:
+            [message] = await self._consumer.receive_many(1, self._vt_ms, None)
+        except QueueClosedError:
+            raise StopAsyncIteration from None
+        return message

@@ -1,0 +1,141 @@
+"""The dead-letter list of one queue: read it (:class:`DeadLetter`), requeue its entries, purge it.
+
+Entries are envelopes (``_wire/elements.py``: reason, delivery count, when, raw bytes) since the envelope
+was introduced; older entries are the raw bytes alone and read as reason ``"unknown"``. Requeue and
+purge carry a call id, so a resend after a lost reply is applied once and answers as the first run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from .._redis.client_facts import facts_for
+from .._redis.connections import AnyRedis
+from .._redis.durability import Durability
+from .._redis.retry import call_idempotent, resend_script
+from .._scripts.dead_letters import PURGE, REQUEUE
+from .._wire.codec import Codec, decode_item
+from .._wire.delays import delay_to_ms
+from .._wire.elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
+from .._wire.key_names import QueueKeys
+from ..exceptions import ConfigurationError, DecodeError
+
+__all__ = ["DeadLetter", "DeadLetters"]
+
+T = TypeVar("T")
+
+# Entries one REQUEUE call moves at most: a few ms of server time for small payloads.
+REQUEUE_PAGE = 500
+
+
+@dataclass(frozen=True)
+class DeadLetter(Generic[T]):
+    """One entry of the dead-letter list.
+
+    Attributes:
+        value: the decoded item; ``None`` when the raw bytes cannot be decoded (see ``decodable``).
+        raw: the payload bytes (for reason ``"malformed"``: the pending element as it was found).
+        reason: ``"max_deliveries"`` (nacked or expired once too often), ``"undecodable"`` (the codec
+            failed on it), ``"malformed"`` (a garbage pending or in-flight element), ``"nacked"``
+            (``nack(dead_letter=True)``), or ``"unknown"`` for an entry written before the envelope.
+        delivery_count: deliveries it had (``take()`` counts 1; ``None`` for an old entry; 0 for a
+            malformed element, never delivered).
+        dead_at_ms: when it died, epoch ms of the server clock (``None`` for an old entry).
+        decodable: whether ``value`` holds the decoded item.
+    """
+
+    value: T | None
+    raw: bytes = field(repr=False)
+    reason: DeadReason
+    delivery_count: int | None
+    dead_at_ms: int | None
+    decodable: bool
+
+
+class DeadLetters:
+    """``dead_letters``/``requeue_dead_letters``/``purge_dead_letters`` of one queue object."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, kind: ElementKind, *,
+                 call_timeout_s: float, durability: Durability | None = None) -> None:
+        self._client, self._keys, self._codec, self._kind = client, keys, codec, kind
+        self._call_timeout_s = call_timeout_s
+        self._durability = durability
+
+    def __repr__(self) -> str:
+        return f"<DeadLetters {self._keys.dead_letter!r}>"
+
+    async def read(self, limit: int | None) -> list[DeadLetter[Any]]:
+        """The oldest ``limit`` entries (``None``: all), oldest first, decoded where possible."""
+        _check_limit(limit)
+        stop = -1 if limit is None else limit - 1
+        entries: list[bytes] = await call_idempotent(self._client, "LRANGE", self._keys.dead_letter, 0, stop,
+                                                     what="dead_letters", timeout_s=self._call_timeout_s,
+                                                     route=self._keys.dead_letter)
+        return [self._letter(entry) for entry in entries]
+
+    def _letter(self, entry: bytes) -> DeadLetter[Any]:
+        parsed = parse_dead_letter(entry)
+        try:
+            value, decodable = decode_item(self._codec, parsed.raw), True
+        except DecodeError:
+            value, decodable = None, False
+        return DeadLetter(value, parsed.raw, parsed.reason, parsed.delivery_count, parsed.dead_at_ms, decodable)
+
+    async def requeue(self, limit: int | None, delay: float | timedelta) -> int:
+        """Move the oldest ``limit`` entries (``None``: every entry there when the call starts) back
+        into the queue as pending items due after ``delay``; malformed ones are skipped (they move
+        to the tail). Returns how many were requeued.
+
+        Raises:
+            ConfigurationError: a bad ``limit``. InvalidDelayError: a bad ``delay``.
+            BackendError: a call failed (the pages before it stay requeued).
+        """
+        _check_limit(limit)
+        delay_ms = delay_to_ms(delay)
+        k = self._keys
+        if limit is None:  # what is there now: entries dying meanwhile wait for the next call
+            limit = int(await call_idempotent(self._client, "LLEN", k.dead_letter, what="requeue_dead_letters",
+                                              timeout_s=self._call_timeout_s, route=k.dead_letter))
+        facts = facts_for(self._client)
+        loop = asyncio.get_running_loop()
+        requeued, seen = 0, 0
+        while seen < limit:
+            page = min(REQUEUE_PAGE, limit - seen)
+            ids = requeue_ids(facts.stamps, page)
+            args = [os.urandom(16), facts.clock.issue_arg(loop.time()), delay_ms, self._kind, page, ids]
+            reply = await resend_script(self._client, REQUEUE,
+                                        [k.dead_letter, k.timeout_set, k.delay_list, k.channel, k.calls,
+                                         k.call_replies],
+                                        args, timeout_s=self._call_timeout_s, what=f"requeue of {k.dead_letter!r}",
+                                        durability=self._durability)
+            done, skipped = (int(x) for x in reply)
+            requeued += done
+            seen += done + skipped
+            if done + skipped < page:  # the list ended
+                break
+        return requeued
+
+    async def purge(self) -> int:
+        """Delete every entry; returns how many there were.
+
+        Raises:
+            BackendError: the call failed.
+        """
+        k = self._keys
+        return int(await resend_script(self._client, PURGE, [k.dead_letter, k.calls, k.call_replies],
+                                       [os.urandom(16)], timeout_s=self._call_timeout_s,
+                                       what=f"purge of {k.dead_letter!r}"))
+
+
+def _check_limit(limit: object) -> None:
+    """Accept ``None`` or an ``int`` >= 1.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ConfigurationError(f"limit must be None or an int >= 1, got {limit!r}")

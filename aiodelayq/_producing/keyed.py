@@ -1,0 +1,163 @@
+"""Keys of pending items: what an ``offer`` with a key returns (:class:`Offered`), what ``get``
+returns (:class:`Pending`), and ``cancel``/``reschedule``/``get`` (:class:`KeyedItems`).
+
+A key is unique among the pending items of a queue. The key index (``QueueKeys.key_index``) maps the
+key's tag (the first 8 bytes of its SHA-1, top bit set) to the pending element; the element carries the tag in
+its id, so a transfer drops the index entry of what it moves: once a keyed item falls due its key is
+free again (a message in flight after ``receive()`` has no key). Every keyed call is one script call,
+O(log N) in the pending count for fast elements; strict and legacy elements also leave Redisson's
+insertion-order list, O(N) as Redisson's own removal. Calls that write carry a call id, so a resend
+after a lost reply answers as the first run did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from .._redis.client_facts import facts_for
+from .._redis.connections import AnyRedis, Script
+from .._redis.durability import Durability
+from .._redis.retry import resend_script
+from .._scripts.keys import CANCEL, GET, RESCHEDULE
+from .._wire.codec import Codec, decode_item
+from .._wire.delays import delay_to_ms
+from .._wire.key_names import QueueKeys
+from ..exceptions import InvalidKeyError
+
+__all__ = ["MAX_KEY_BYTES", "KeyedItems", "Offered", "Pending", "check_key", "key_tag", "parse_outcome"]
+
+T = TypeVar("T")
+
+MAX_KEY_BYTES = 1024
+
+
+class Offered(int):
+    """The due time of an offered item (epoch ms, server clock: use it as the ``int`` it is), and
+    for a keyed offer what happened.
+
+    Attributes:
+        key: the item's key (``None`` without one).
+        added: ``True`` if this call wrote the item; ``False`` if an item with this key was already
+            pending and nothing changed (then the value is that item's due time).
+        replaced: ``True`` if ``replace=True`` replaced a pending item of this key.
+    """
+
+    key: str | None
+    added: bool
+    replaced: bool
+
+    def __new__(cls, due_ms: int, *, key: str | None, added: bool = True, replaced: bool = False) -> Offered:
+        self = super().__new__(cls, due_ms)
+        self.key, self.added, self.replaced = key, added, replaced
+        return self
+
+    @property
+    def due_ms(self) -> int:
+        """The due time as a plain ``int``."""
+        return int(self)
+
+    def __repr__(self) -> str:
+        return f"Offered({int(self)}, key={self.key!r}, added={self.added}, replaced={self.replaced})"
+
+
+@dataclass(frozen=True)
+class Pending(Generic[T]):
+    """A pending keyed item (:meth:`DelayedQueue.get`).
+
+    Attributes:
+        key: its key.
+        value: the decoded item.
+        due_ms: when it falls due, epoch ms of the server clock.
+    """
+
+    key: str
+    value: T
+    due_ms: int
+
+
+def check_key(key: object) -> bytes:
+    """The UTF-8 bytes of a valid key.
+
+    Raises:
+        InvalidKeyError: not a non-empty ``str`` of at most ``MAX_KEY_BYTES`` UTF-8 bytes.
+    """
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"key must be a str, not {type(key).__name__}")
+    try:
+        raw = key.encode()
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise InvalidKeyError(f"key is not valid UTF-8: {exc}") from exc
+    if not raw or len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"key must be 1..{MAX_KEY_BYTES} UTF-8 bytes, got {len(raw)}")
+    return raw
+
+
+def key_tag(raw_key: bytes) -> bytes:
+    """The 8-byte tag of a key: its index field, carried in the id of its element; the first 8 bytes
+    of its SHA-1 with the top bit set (the random bytes of unkeyed elements have it clear, so a
+    transfer knows which moved elements own an index field)."""
+    digest = hashlib.sha1(raw_key).digest()
+    return bytes((digest[0] | 0x80,)) + digest[1:8]
+
+
+def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:
+    """OFFER's outcome of a keyed call: per item ``(letter, due ms of the kept pending item or None)``.
+
+    Raises:
+        ValueError: a reply that does not match ``count`` items.
+    """
+    letters, *dues = outcome.decode().split(",")
+    if len(letters) != count or letters.count("p") != len(dues):
+        raise ValueError(f"unexpected offer outcome {outcome!r} for {count} items")
+    kept = iter(int(d) for d in dues)
+    return [(letter, next(kept) if letter == "p" else None) for letter in letters]
+
+
+class KeyedItems:
+    """``cancel``/``reschedule``/``get`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
+                 durability: Durability | None = None) -> None:
+        self._client, self._keys, self._codec = client, keys, codec
+        self._call_timeout_s = call_timeout_s
+        self._durability = durability
+
+    def __repr__(self) -> str:
+        return f"<KeyedItems {self._keys.key_index!r}>"
+
+    async def _write(self, script: Script, args: list[Any], what: str) -> Any:
+        k = self._keys
+        return await resend_script(self._client, script,
+                                   [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies],
+                                   [os.urandom(16), *args], timeout_s=self._call_timeout_s,
+                                   what=f"{what} on {k.destination!r}", durability=self._durability)
+
+    async def cancel(self, key: str) -> bool:
+        """Remove the pending item of ``key``; whether there was one."""
+        raw = check_key(key)
+        return bool(int(await self._write(CANCEL, [raw, key_tag(raw)], "cancel")))
+
+    async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
+        """Make the pending item of ``key`` due ``delay`` after the call; its new due time, or
+        ``None`` when no item of that key is pending."""
+        raw = check_key(key)
+        delay_ms = delay_to_ms(delay)
+        issued = facts_for(self._client).clock.issue_arg(asyncio.get_running_loop().time())
+        reply = await self._write(RESCHEDULE, [raw, key_tag(raw), issued, delay_ms], "reschedule")
+        return None if reply is None else int(reply)
+
+    async def get(self, key: str) -> Pending[Any] | None:
+        """The pending item of ``key`` (decoded), or ``None``."""
+        raw = check_key(key)
+        k = self._keys
+        reply = await resend_script(self._client, GET, [k.timeout_set, k.key_index], [raw, key_tag(raw)],
+                                    timeout_s=self._call_timeout_s, what=f"get on {k.destination!r}")
+        if reply is None:
+            return None
+        payload, due = reply
+        return Pending(key, decode_item(self._codec, payload), int(due))

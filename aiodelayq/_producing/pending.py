@@ -1,0 +1,218 @@
+"""The pending side: what is scheduled and not yet due (Redisson's ``RDelayedQueue`` read/cancel
+calls).
+
+``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset in pages, one short
+script call per page, so no call holds the server for long whatever the backlog (Redis runs nothing
+else while a script runs). The zset holds every pending element (fast, strict, legacy, Java-written);
+Redisson's insertion-order list holds only the non-fast ones, so walking the zset alone sees
+everything. The walk goes in zset order, score (due ms) then member bytes, with a cursor that is the
+(score, member) of the last element seen: it survives concurrent changes (transfers remove elements
+from the low end, offers add anywhere, other removals anywhere), so no element is seen twice, an
+element pending during the whole walk is seen once, and one that moves or is added during the walk
+may or may not be seen.
+
+Removal happens inside the page script that finds the match, so it is atomic with the check. A page
+call that removed something remembers its reply under a call id for the call window (60 s): after a
+lost reply the page is resent with the same id and answers as the first run did, so ``remove()``
+never reports ``False`` for a removal its own first attempt made.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .._redis.connections import AnyRedis, Script, run_script
+from .._redis.retry import call_idempotent, resend_within
+from .._scripts.pending import CONTAINS_PAGE, COUNTS, PAGE_SIZE, PEEK, READ_PAGE, REMOVE_PAGE
+from .._wire.codec import Codec, decode_item, encode_item
+from .._wire.key_names import QueueKeys
+from ..exceptions import ConfigurationError, DecodeError
+
+__all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
+
+T = TypeVar("T")
+
+# Most elements one peek() returns: one short script call, whatever the backlog.
+MAX_PEEK = 1000
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """How much a queue holds, read in one atomic script call (:meth:`DelayedQueue.counts`).
+
+    Attributes:
+        pending: scheduled items not yet due (every element kind, Java's included).
+        ready: due items waiting in the destination list.
+        in_flight: messages received by reliable consumers and not acked, including nacked ones
+            waiting for their redelivery (the in-flight zset holds both).
+        dead_letters: entries of the dead-letter list.
+        next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
+            ``None`` when nothing is pending.
+    """
+
+    pending: int
+    ready: int
+    in_flight: int
+    dead_letters: int
+    next_due_ms: int | None
+
+
+@dataclass(frozen=True)
+class PendingItem(Generic[T]):
+    """One pending element as :meth:`DelayedQueue.peek` shows it.
+
+    Attributes:
+        due_ms: when it falls due, epoch ms of the server clock.
+        value: the decoded item; ``None`` when ``decodable`` is ``False``.
+        raw: the payload bytes (for a malformed element, the whole element as stored).
+        key: its key when it was offered with one and is indexed, else ``None``.
+        decodable: whether the codec could decode ``raw`` (``False`` for malformed elements too).
+        malformed: the element is not a valid packed element (the transfer dead-letters it).
+    """
+
+    due_ms: int
+    value: T | None
+    raw: bytes
+    key: str | None = None
+    decodable: bool = True
+    malformed: bool = False
+
+class PendingView:
+    """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
+
+    Attributes:
+        page_size: most elements one page script call reads (tests lower it to walk many pages).
+    """
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
+                 page_size: int = PAGE_SIZE) -> None:
+        self._client = client
+        self._keys = keys
+        self._codec = codec
+        self._timeout_s = call_timeout_s
+        self.page_size = page_size
+
+    def __repr__(self) -> str:
+        return f"<PendingView {self._keys.destination!r}>"
+
+    async def _call(self, *args: Any, what: str) -> Any:
+        """A read, or ``UNLINK``: resent after a transient failure within ``call_timeout_s``. args[1] is
+        a key of this queue (every command here names one): it routes the call on a cluster."""
+        return await call_idempotent(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
+
+    async def _page(self, script: Script, keys: Sequence[str], args: Sequence[Any], *, what: str,
+                    resend_args: Sequence[Any] | None = None) -> Any:
+        """One page script call, resent after a connection failure or timeout (with ``resend_args``
+        if given), with backoff, until ``call_timeout_s`` after the first send. Resending is
+        harmless: read pages only read, a remove page carries its call id.
+
+        Raises:
+            BackendError: a refusal (script error, OOM), a permanent error, or still failing when the
+                bound ends; ``maybe_applied`` if any attempt may have been applied.
+        """
+        return await resend_within(
+            lambda remaining_s, resend: run_script(
+                self._client, script, keys, resend_args if resend and resend_args is not None else args,
+                what=what, timeout_s=remaining_s),
+            timeout_s=self._timeout_s)
+
+    async def size(self) -> int:
+        """``ZCARD`` of the timeout zset: every pending element."""
+        return int(await self._call("ZCARD", self._keys.timeout_set, what="size"))
+
+    async def ready_size(self) -> int:
+        """``LLEN`` of the destination list."""
+        return int(await self._call("LLEN", self._keys.destination, what="ready_size"))
+
+    async def counts(self) -> QueueCounts:
+        """Pending, ready, in-flight and dead-letter counts and the earliest due time, in one
+        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        k = self._keys
+        reply = await self._page(COUNTS, [k.timeout_set, k.destination, k.in_flight, k.dead_letter], [],
+                                 what=f"counts of {k.destination!r}")
+        head = reply[4]
+        return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
+                           None if head is None else int(float(head)))
+
+    async def peek(self, limit: int) -> list[PendingItem[Any]]:
+        """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
+
+        Raises:
+            ConfigurationError: ``limit`` is not an ``int`` in 1..``MAX_PEEK``.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PEEK:
+            raise ConfigurationError(f"limit must be an int from 1 to {MAX_PEEK}, not {limit!r}")
+        k = self._keys
+        reply = await self._page(PEEK, [k.timeout_set, k.key_index], [limit], what=f"peek of {k.destination!r}")
+        items: list[PendingItem[Any]] = []
+        for i in range(0, len(reply), 4):
+            element, score, payload, key = reply[i:i + 4]
+            due_ms = int(float(score))
+            key_text = None if key is None else key.decode("utf-8", "replace")
+            if payload is None:
+                items.append(PendingItem(due_ms, None, element, key_text, decodable=False, malformed=True))
+                continue
+            try:
+                items.append(PendingItem(due_ms, decode_item(self._codec, payload), payload, key_text))
+            except DecodeError:
+                items.append(PendingItem(due_ms, None, payload, key_text, decodable=False))
+        return items
+
+    async def contains(self, item: Any) -> bool:
+        """Whether a pending element carries ``item``'s encoded payload (pages until a match)."""
+        payload = encode_item(self._codec, item)
+        keys = [self._keys.timeout_set]
+        what = f"contains on {self._keys.destination!r}"
+        score: bytes = b""
+        member: bytes = b""
+        while True:
+            reply = await self._page(CONTAINS_PAGE, keys, [score, member, self.page_size, payload], what=what)
+            if reply[0]:
+                return True
+            if len(reply) < 3:
+                return False
+            score, member = reply[1], reply[2]
+
+    async def read_all(self) -> list[Any]:
+        """Pending items in zset (due) order (see :meth:`DelayedQueue.read_all`)."""
+        keys = [self._keys.timeout_set]
+        what = f"read_all on {self._keys.destination!r}"
+        payloads: list[bytes] = []
+        score: bytes = b""
+        member: bytes = b""
+        while True:
+            reply = await self._page(READ_PAGE, keys, [score, member, self.page_size], what=what)
+            payloads.extend(reply[2:])
+            if reply[0] is None:
+                return [decode_item(self._codec, p) for p in payloads]
+            score, member = reply[0], reply[1]
+
+    async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:
+        """Cancel pending elements matching ``items`` (only the first found, in zset order, with
+        ``first_only``); returns how many this call removed."""
+        payloads = list(dict.fromkeys(encode_item(self._codec, item) for item in items))
+        if not payloads:
+            return 0
+        k = self._keys
+        keys = [k.timeout_set, k.delay_list, k.calls, k.call_replies]
+        what = f"remove on {k.destination!r}"
+        removed = 0
+        score: bytes = b""
+        member: bytes = b""
+        while True:
+            call_id = os.urandom(16)  # one per page; a resend of the page reuses it
+            head = [call_id, score, member, self.page_size, "1" if first_only else "0"]
+            reply = await self._page(REMOVE_PAGE, keys, [*head, "0", *payloads], what=what,
+                                     resend_args=[*head, "1", *payloads])
+            removed += int(reply[0])
+            if reply[1] is None or (first_only and removed):
+                return removed
+            score, member = reply[1], reply[2]
+
+    async def clear(self) -> None:
+        """``UNLINK`` both pending keys and the key index (freed in the background: a huge zset does not
+        block the server)."""
+        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index, what="clear")

@@ -1,0 +1,205 @@
+"""Producing: validate and encode items, pack them (``_elements``), then add them with OFFER.
+
+Offers carry a call id (16 random bytes) that OFFER remembers for 60 s: after a lost reply the
+producer resends the same call within ``call_timeout_s`` and the server applies it once. Calls are
+capped by count and by bytes, so one large item never fails small ones sent with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Awaitable, Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+from .._core.observe import hook
+from .._core.tasks import keep
+from .._options import QueueOptions
+from .._redis.client_facts import facts_for
+from .._redis.connections import AnyRedis, run_script
+from .._redis.durability import run_durable
+from .._redis.eviction import check_eviction_policy
+from .._redis.retry import resend_within
+from .._scripts.producer import NATIVE_LONG, OFFER
+from .._wire.codec import encode_item
+from .._wire.delays import delay_to_ms
+from .._wire.elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
+from .._wire.key_names import QueueKeys
+from ..exceptions import InvalidKeyError
+from .batcher import OfferBatcher
+from .keyed import Offered, check_key, key_tag, parse_outcome
+
+__all__ = ["MAX_CALL_ITEMS", "Producer"]
+
+MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
+
+
+class Producer:
+    """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
+        self._client, self._keys = client, keys
+        self._codec, self._kind = options.codec, options.kind
+        self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
+        self._durability = options.durability
+        self._facts = facts_for(client)  # looked up once: every offer reads it
+        self._batcher: OfferBatcher | None = None
+
+    def __repr__(self) -> str:
+        return f"<Producer {self._keys.destination!r} kind={self._kind} batcher={self._batcher!r}>"
+
+    @property
+    def kind(self) -> ElementKind:
+        """The element kind this producer writes."""
+        return self._kind
+
+    def rebind(self) -> None:
+        """Forget the batcher of a previous event loop."""
+        self._batcher = None
+
+    async def offer(self, item: Any, delay: float | timedelta, key: str | None = None,
+                    replace: bool = False) -> int:
+        """One item through the batcher; returns its due time (epoch ms, server clock), an
+        :class:`Offered` for a keyed item."""
+        issued = asyncio.get_running_loop().time()
+        check_eviction_policy(self._client)
+        fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace)
+        if self._batcher is None:
+            self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
+                                         max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
+        return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b""))
+
+    async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
+                         keys: Sequence[str | None] | None = None, replace: bool = False) -> list[int]:
+        """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
+        sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
+        When one call fails, the others are still awaited (none is left running unowned), then the
+        first failure is raised."""
+        if not pairs:
+            if keys:
+                raise InvalidKeyError(f"{len(keys)} keys for 0 items")
+            return []
+        issued = asyncio.get_running_loop().time()
+        check_eviction_policy(self._client)
+        fragments, entries = await self.prepare(pairs, keys, replace)
+        chunks: list[list[int]] = [[]]  # indexes into fragments
+        size = 0
+        for i, fragment in enumerate(fragments):
+            size_of = fragment_size(fragment)
+            if chunks[-1] and (len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += size_of
+
+        def send(chunk: list[int]) -> Awaitable[list[int]]:
+            return self._send([fragments[i] for i in chunk], issued,
+                              None if entries is None else [entries[i] for i in chunk])
+
+        if len(chunks) == 1:
+            return await send(chunks[0])
+        if entries is not None and _repeated_keys(entries):
+            # A key given twice: calls in order, so the later item sees the earlier one pending.
+            return [due for chunk in chunks for due in await send(chunk)]
+        results = await asyncio.gather(*(send(chunk) for chunk in chunks), return_exceptions=True)
+        dues: list[int] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            dues.extend(result)
+        return dues
+
+    async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
+                      replace: bool = False) -> tuple[list[Fragment], list[bytes] | None]:
+        """Validate, encode and pack every pair (see ``_elements.pack_fragments``), with its key's
+        OFFER entry (``None`` without keys); raises before anything is sent.
+
+        Raises:
+            InvalidDelayError, EncodeError, InvalidKeyError: bad input (nothing is sent).
+            BackendError: the server's long layout could not be read.
+        """
+        codec = self._codec
+        items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
+        tags: list[bytes | None] | None = None
+        entries: list[bytes] | None = None
+        if keys is not None:
+            if isinstance(keys, (str, bytes)) or len(keys) != len(items):
+                raise InvalidKeyError(f"keys must be a sequence of one key (or None) per item, {len(items)} items")
+            raws = [None if key is None else check_key(key) for key in keys]
+            tags = [None if raw is None else key_tag(raw) for raw in raws]
+            flag = b"r" if replace else b"n"
+            entries = [b"" if raw is None else flag + raw for raw in raws]
+        fmt = await self._native_long_format() if self._kind == "fast" else None
+        return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt, tags=tags), entries
+
+    async def _send_issued(self, batch: list[tuple[Fragment, float, bytes]]) -> list[int]:
+        """Coalesced offers in one call: it is issued when the first of them was; each later one's
+        delay grows by how much later it was issued, so every item is due at its own issue time
+        plus its delay (rounded up to the ms: never early)."""
+        first = min(issued for _, issued, _ in batch)
+        fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
+                     for fragment, issued, _ in batch]
+        entries = [entry for _, _, entry in batch]
+        return await self._send(fragments, first, entries if any(entries) else None)
+
+    async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None) -> list[int]:
+        """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
+        reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``)."""
+        k = self._keys
+        keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
+        clock = self._facts.clock
+        args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries)]
+        loop = asyncio.get_running_loop()
+
+        async def attempt(remaining_s: float, _resend: bool) -> Any:
+            sent = loop.time()
+            reply = await run_durable(self._client, OFFER, keys, args, durability=self._durability,
+                                      timeout_s=remaining_s, what=f"offer to {k.destination!r}")
+            if reply[1] is not None:  # a fresh run read the server clock between sent and now
+                clock.observe(sent, loop.time(), int(reply[1]))
+            return reply
+
+        reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        base = int(reply[0])
+        if entries is None:
+            if hook.sink is not None:
+                hook.sink.offered(k.destination, len(fragments))
+            return [base + fragment[0] for fragment in fragments]
+        outcome = parse_outcome(reply[2], len(fragments))
+        if hook.sink is not None:
+            # A key found pending ('p') changed nothing: not an offer that wrote anything.
+            hook.sink.offered(k.destination, sum(letter != "p" for letter, _ in outcome))
+        return [Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
+                        added=letter != "p", replaced=letter == "r")
+                for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
+
+    async def _native_long_format(self) -> str:
+        """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
+        client; concurrent first callers share one request (shielded: one caller's cancellation does
+        not fail the others)."""
+        facts = self._facts
+        if facts.long_format is not None:
+            return facts.long_format
+        ask = facts.long_format_ask
+        if ask is None or (ask.done() and (ask.cancelled() or ask.exception() is not None)):
+            ask = facts.long_format_ask = keep(asyncio.ensure_future(self._ask_native_long()))
+        return await asyncio.shield(ask)
+
+    async def _ask_native_long(self) -> str:
+        one: bytes = await run_script(self._client, NATIVE_LONG, [], [], timeout_s=self._call_timeout_s,
+                                      what="read the server's long size")
+        fmt = self._facts.long_format = long_format(one)
+        return fmt
+
+
+def _repeated_keys(entries: list[bytes]) -> bool:
+    keyed = [entry[1:] for entry in entries if entry]
+    return len(set(keyed)) < len(keyed)
+
+
+def _later(fragment: Fragment, extra_ms: int) -> Fragment:
+    """``fragment`` with its delay grown by ``extra_ms``."""
+    delay_ms, *rest = fragment
+    return cast(Fragment, (delay_ms + extra_ms, *rest))

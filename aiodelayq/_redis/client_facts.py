@@ -1,0 +1,46 @@
+"""What the library learns once per client (kept weakly by client): the server's native long layout
+(asked once), whether the eviction policy was checked, the insertion stamps of fast elements, and the
+estimate of the server's clock that producers send as the issue time of offers."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass, field
+
+from .._wire.clock import ServerClock
+from .._wire.elements import InsertionStamps
+from .connections import AnyRedis
+
+__all__ = ["ClientFacts", "facts_for"]
+
+
+@dataclass(eq=False)
+class ClientFacts:
+    """What the library learns once per client (it holds no reference to the client).
+
+    Attributes:
+        long_format: ``struct`` format of the server's native ``L`` (``None`` until asked).
+        long_format_ask: the request in flight, shared by concurrent first producers.
+        eviction_checked: whether the ``maxmemory-policy`` check was started.
+        stamps: insertion stamps of this client's fast elements.
+        clock: the estimate of the server's clock that producers send as the issue time of offers
+            (one server per plain client; see ``_wire/clock.py``).
+    """
+
+    long_format: str | None = None
+    long_format_ask: asyncio.Future[str] | None = None
+    eviction_checked: bool = False
+    stamps: InsertionStamps = field(default_factory=InsertionStamps)
+    clock: ServerClock = field(default_factory=ServerClock)
+
+
+_facts: weakref.WeakKeyDictionary[AnyRedis, ClientFacts] = weakref.WeakKeyDictionary()
+
+
+def facts_for(client: AnyRedis) -> ClientFacts:
+    """The facts of ``client`` (made on first use)."""
+    facts = _facts.get(client)
+    if facts is None:
+        facts = _facts[client] = ClientFacts()
+    return facts

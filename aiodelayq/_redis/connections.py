@@ -1,0 +1,198 @@
+"""How every Redis command of the library travels: one pooled connection, no hidden resend, a bound.
+
+redis-py's defaults break delivery guarantees in three ways, so library calls bypass
+``Redis.execute_command`` and ``Script.__call__``:
+
+- **Resends.** redis-py retries a command whose connection failed, even when the server had already
+  applied it and only the reply was lost. A resent pop loses items, a resent offer delivers twice.
+  Here nothing is resent behind the caller's back; the callers resend only calls that carry a call
+  id the scripts deduplicate (see ``_scripts/``), or that are idempotent.
+- **Half-read connections.** ``read_response(timeout=...)`` returns ``None`` on timeout and keeps
+  the connection, so the late reply answers the next command (redis/redis-py#2624). Here a call
+  that times out, fails or is cancelled always drops its connection before it goes back to the
+  pool.
+- **Connections the server closed while idle.** The server's ``timeout``, ``CLIENT KILL`` or a proxy's
+  idle cut closes a pooled connection that nobody uses. redis-py 8.1's pool hands such a connection
+  out (redis/redis-py#4252), so every exchange checks the connection it took first and reconnects a
+  closed or dirty one before sending: nothing was sent on it, so no call's outcome is in doubt.
+- **Swallowed cancellations.** redis-py code can swallow a ``CancelledError`` that lands inside it
+  (redis/redis-py#2028, #2551). Here the exchange runs in a child task that the caller awaits with
+  ``asyncio.wait``, which never swallows the caller's cancellation; the child is then cancelled and
+  its connection dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    AuthorizationError,
+    NoPermissionError,
+    NoScriptError,
+    ResponseError,
+)
+
+from .._core.tasks import keep
+from ..exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
+from .cluster import cluster_exchange, mark_stale
+from .exchange import exchange, reconnect_if_closed, result
+
+__all__ = ["AnyRedis", "Script", "call", "call_pipelined", "classify", "is_permanent", "run_script"]
+
+AnyRedis: TypeAlias = Redis | RedisCluster
+"""The clients the library takes: a single server (or Sentinel-managed primary) or a cluster."""
+
+class Script:
+    """A Lua script: its text and SHA1, shared by every client of the process.
+
+    Run with :func:`run_script`: ``EVALSHA``, and on ``NOSCRIPT`` a ``SCRIPT LOAD`` and one more
+    ``EVALSHA`` (safe: ``NOSCRIPT`` means nothing ran). Nothing is kept per client, so a client
+    handed to a queue can be garbage collected with it.
+    """
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying cannot help: missing permission, or a key on another cluster node."""
+    return isinstance(exc, (AccessDeniedError, WrongNodeError))
+
+
+def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
+    """Turn a redis-py or OS error into the library's error for ``what``.
+
+    ``sent`` says whether the command may have reached the server: then a connection failure or a
+    timeout leaves its outcome unknown (``maybe_applied``).
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, (NoPermissionError, AuthenticationError, AuthorizationError)) or _denied(text):
+        return AccessDeniedError(f"{what}: permission denied: {text}")
+    if isinstance(exc, AskError) or text.startswith(("MOVED", "ASK ")):
+        return WrongNodeError(f"{what}: the key lives on another cluster node ({text}); a plain "
+                              "redis.asyncio.Redis cannot follow it: use a redis.asyncio.RedisCluster")
+    if isinstance(exc, ResponseError):
+        # The server answered with an error: the call did not complete (a script that failed
+        # midway may have applied its first writes; the scripts order their writes for that).
+        return BackendError(f"{what} failed: {text}", maybe_applied=False)
+    # A dropped connection, a timeout, or a non-Redis error raised while redis-py tears a
+    # connection down under the call: the outcome is unknown if the command was sent.
+    return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
+
+
+# How servers word a permission refusal, also from inside a script (Redis 6.2/7, Valkey 8).
+_DENIED = ("NOPERM", "NOAUTH", "WRONGPASS", "ACL failure", "can't run this command", "no permissions",
+           "No permissions", "can't access")
+
+
+def _denied(text: str) -> bool:
+    return text.startswith(_DENIED[:3]) or any(marker in text for marker in _DENIED[3:])
+
+
+async def _exchange(client: AnyRedis, commands: Sequence[Sequence[Any]], sent: list[bool], route: Any,
+                    then: Sequence[Any] | None, node: Any) -> list[Any]:
+    if isinstance(client, RedisCluster):
+        assert len(commands) == 1, "a cluster exchange carries one command"
+        return [await cluster_exchange(client, commands[0], route, sent, then, node=node)]
+    pool: Any = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        await reconnect_if_closed(conn)
+        replies = await exchange(conn, commands, sent, then)
+    finally:
+        await pool.release(conn)
+    return [result(replies, then)] if len(commands) == 1 else replies
+
+
+async def _bounded(client: AnyRedis, commands: Sequence[Sequence[Any]], *, what: str, timeout_s: float,
+                   route: Any = None, then: Sequence[Any] | None = None, node: Any = None) -> list[Any]:
+    sent = [False]
+    # Kept referenced until it ends: a cancelled child needs a few loop turns to close its
+    # connection, and an abandoned one may end with the error of a connection dropped under it.
+    child = keep(asyncio.get_running_loop().create_task(_exchange(client, commands, sent, route, then, node)),
+                 quiet=True)
+    try:
+        done, _ = await asyncio.wait({child}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        child.cancel()  # drops its connection: never returned to the pool half-read
+        raise
+    if not done:
+        child.cancel()
+        if isinstance(client, RedisCluster):
+            mark_stale(client)  # the node may be gone (a failover): read the slot map again
+        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
+                               maybe_applied=sent[0])
+    try:
+        return child.result()
+    except Exception as exc:
+        raise classify(what, exc, sent=sent[0]) from exc
+
+
+async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None,
+               then: Sequence[Any] | None = None, node: Any = None) -> Any:
+    """Send one command and return its reply, within ``timeout_s`` seconds. Never resent (on a
+    cluster, only where the cluster said it did not run it: see ``_redis/cluster.py``).
+
+    ``route``: a key the command touches (a cluster sends it to that key's primary; ``None``: any
+    node); ``node``: a cluster node to send it to as it is (``SCRIPT LOAD`` where ``NOSCRIPT`` came
+    from). ``then``: a command on the same connection after it succeeded (``WAIT``); the reply is
+    then ``(reply, reply to then)``, the second possibly a ``ResponseError`` (the first ran).
+
+    Raises:
+        CallTimeoutError: no reply within ``timeout_s`` (``maybe_applied``: the command was sent).
+        AccessDeniedError, WrongNodeError: permanent errors.
+        BackendError: any other failure; ``maybe_applied`` tells whether it may have been applied.
+        asyncio.CancelledError: the caller's cancellation (the command may have been applied).
+    """
+    [reply] = await _bounded(client, [args], what=what, timeout_s=timeout_s, route=route, then=then, node=node)
+    return reply
+
+
+async def call_pipelined(client: Redis, commands: Sequence[Sequence[Any]], *, what: str,
+                         timeout_s: float) -> list[Any]:
+    """Send ``commands`` (two or more) to a single server in one write on one connection and return
+    their replies in order, an error reply as its ``ResponseError`` (returned, not raised), within
+    ``timeout_s`` seconds. Never resent; not for a cluster, whose keys live on several nodes.
+
+    Raises: as :func:`call`.
+    """
+    return await _bounded(client, commands, what=what, timeout_s=timeout_s)
+
+
+async def run_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                     timeout_s: float, what: str | None = None, then: Sequence[Any] | None = None) -> Any:
+    """``EVALSHA`` ``script`` (loading it on ``NOSCRIPT``) within ``timeout_s`` seconds in all; on a
+    cluster, on the primary of ``keys[0]``'s slot (a queue's keys share one). ``then``: as in :func:`call`.
+
+    Raises: as :func:`call`.
+    """
+    route = keys[0] if keys else None
+    label = what or script.name
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return await call(client, *command, what=label, timeout_s=timeout_s, route=route, then=then)
+    except BackendError as exc:
+        if not isinstance(exc.__cause__, NoScriptError):
+            raise
+        # On a cluster, the node that said NOSCRIPT (an ASK target is not the slot's owner yet).
+        node = getattr(exc.__cause__, "node", None)
+    await call(client, "SCRIPT", "LOAD", script.text, what=f"{label} (SCRIPT LOAD)",
+               timeout_s=max(0.001, deadline - loop.time()), route=route, node=node)
+    return await call(client, *command, what=label, timeout_s=max(0.001, deadline - loop.time()), route=route,
+                      then=then)

@@ -1,0 +1,144 @@
+"""Retry policy: the backoff, and the one retry loop behind both ways the library tries again.
+
+- :func:`resend_within` (a caller waits): a call is resent only after a failure that may be transient
+  (a dropped connection, a timeout), never after the server refused it (an error reply: OOM, a script
+  error) or a permanent error (permission, wrong node), and only while the caller's bound lasts. The
+  callers make a resend harmless (call ids, or the resend flag): see docs/design.md, "Connections and
+  resends".
+- :func:`retry_until_done` (background cleanup of idempotent calls: FINISH of a pop, RELEASE_CALL of a
+  cancelled receive): tried again after any non-permanent failure, refusals included (memory may be
+  freed), until it succeeds, a deadline passes or the owner stops.
+
+Background loops that are driven by events rather than by one call (the scheduler's transfers, the
+pump's pops, the subscriber's reconnects) pace themselves with a :class:`Backoff`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ResponseError
+
+from ..exceptions import BackendError, NotReplicatedError
+from .connections import AnyRedis, Script, call, is_permanent
+from .durability import Durability, run_durable
+
+__all__ = ["RETRY_BACKOFF", "Backoff", "call_idempotent", "may_resend", "resend_script", "resend_within",
+           "retry_until_done"]
+
+T = TypeVar("T")
+
+# Delay before the n-th retry after a Redis error: full jitter, 50 ms doubling up to 2 s (a
+# restarted server is found within ~2 s; a down one sees at most a few commands per second).
+RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+
+
+class Backoff:
+    """Consecutive failures of one background loop, and the pause before its next try."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        return f"<Backoff failures={self.failures}>"
+
+    def failed(self) -> float:
+        """Count a failure; returns the pause (seconds) before the next try."""
+        self.failures += 1
+        return RETRY_BACKOFF.compute(self.failures)
+
+    def succeeded(self) -> None:
+        """The next failure starts a fresh backoff."""
+        self.failures = 0
+
+    def level(self, exc: BackendError) -> int:
+        """The log level of the failure just counted: ``DEBUG`` for the first of a streak when trying
+        again may fix it (a connection the server closed, a lost reply: a reconnect that works is no
+        incident), ``WARNING`` for the next ones and for refusals and permanent errors."""
+        return logging.DEBUG if self.failures <= 1 and may_resend(exc) else logging.WARNING
+
+
+def may_resend(exc: BackendError) -> bool:
+    """Whether a failed call may be tried again: not refused by the server, not permanent, and not
+    a durable write that ran but was not confirmed in time (it waited ``replication_timeout_s``
+    already: the caller decides)."""
+    return (not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
+            and not isinstance(exc, NotReplicatedError))
+
+
+async def _retry(attempt: Callable[[float, bool], Awaitable[T]], *, deadline: float, per_try_s: float,
+                 retry_refused: bool, stopped: Callable[[], bool]) -> T:
+    loop = asyncio.get_running_loop()
+    backoff = Backoff()
+    resend = False
+    while True:
+        try:
+            return await attempt(max(0.001, min(per_try_s, deadline - loop.time())), resend)
+        except BackendError as exc:
+            pause = backoff.failed()
+            retryable = not is_permanent(exc) if retry_refused else may_resend(exc)
+            if not retryable or stopped() or loop.time() + pause >= deadline:
+                exc.maybe_applied = exc.maybe_applied or resend  # any attempt may have been applied
+                raise
+            resend = resend or exc.maybe_applied
+            await asyncio.sleep(pause)
+
+
+async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeout_s: float) -> T:
+    """Run ``attempt(remaining_s, resend)`` until it succeeds, resending after transient failures
+    with backoff, all within ``timeout_s`` seconds. ``resend`` is ``True`` once an earlier attempt
+    may have been applied (it was sent and its reply lost).
+
+    Raises:
+        BackendError: the last failure, once the bound is spent or the failure is final
+            (``maybe_applied`` if any attempt may have been applied).
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    return await _retry(attempt, deadline=deadline, per_try_s=math.inf, retry_refused=False,
+                        stopped=lambda: False)
+
+
+async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                        timeout_s: float, what: str, durability: Durability | None = None) -> Any:
+    """:func:`resend_within` of one script call whose resend is harmless with the same arguments
+    (it is read-only, idempotent, or carries a call id among ``args``); with ``durability``, a
+    durable write (:func:`run_durable`).
+
+    Raises: as :func:`resend_within`; NotReplicatedError when it ran but was not confirmed.
+    """
+    confirm = durability or Durability()  # the default waits for nothing: a plain run_script
+    return await resend_within(
+        lambda remaining_s, _resend: run_durable(client, script, keys, args, durability=confirm,
+                                                 timeout_s=remaining_s, what=what),
+        timeout_s=timeout_s)
+
+
+async def call_idempotent(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None) -> Any:
+    """:func:`resend_within` of one command whose resend is harmless (a read, or ``UNLINK``): sent
+    again on a fresh connection after a transient failure, all within ``timeout_s`` seconds.
+    ``route``: a key it touches (a cluster sends it to that key's primary).
+
+    Raises: as :func:`resend_within`.
+    """
+    return await resend_within(
+        lambda remaining_s, _resend: call(client, *args, what=what, timeout_s=remaining_s, route=route),
+        timeout_s=timeout_s)
+
+
+async def retry_until_done(attempt: Callable[[float], Awaitable[T]], *, per_try_s: float,
+                           deadline: float = math.inf, stopped: Callable[[], bool] = lambda: False) -> T:
+    """Run ``attempt(timeout_s)`` (an idempotent call, each try bounded by ``per_try_s`` seconds)
+    until it succeeds, with backoff between tries, until ``deadline`` (loop time; default: forever)
+    or until ``stopped()``.
+
+    Raises:
+        BackendError: a permanent failure, or the last failure once the deadline passed or the owner
+            stopped.
+    """
+    return await _retry(lambda timeout_s, _resend: attempt(timeout_s), deadline=deadline, per_try_s=per_try_s,
+                        retry_refused=True, stopped=stopped)

@@ -1,0 +1,165 @@
+"""The registry of what open queues share, kept weakly by event loop and client:
+
+- :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
+  pub/sub subscriber, one refcounted transfer scheduler per queue name, the shared safety poll (a
+  single server), and the slots that cap the client's concurrent background calls.
+
+No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
+and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
+own deadline, so a close never waits for another queue's open, even during a server stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass
+
+from redis.asyncio.cluster import RedisCluster
+
+from .._core.tasks import stop_task
+from .._redis.cluster import is_cluster
+from .._redis.connections import AnyRedis
+from .._wire.key_names import QueueKeys
+from ..exceptions import BackendError
+from .safety_poll import SafetyPoll
+from .scheduler import TransferScheduler
+from .subscriber import Subscriber
+
+__all__ = [
+    "CLUSTER_TRANSFER_SLOTS",
+    "TRANSFER_SLOTS",
+    "ClientRuntime",
+    "acquire_scheduler",
+    "release_scheduler",
+    "runtime_for",
+]
+
+# Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
+# connections a client's queues use stay below this plus the pub/sub connection, however many
+# queues are open. A cluster client's queues may all live on one node: 3, so that node sees at most
+# 5 connections of the client's consumers (with the pub/sub one, and redis-py's own connection to a
+# startup node, which it keeps for reading the slot map).
+TRANSFER_SLOTS = 8
+CLUSTER_TRANSFER_SLOTS = 3
+
+
+@dataclass(eq=False)
+class _Entry:
+    scheduler: TransferScheduler
+    refs: int
+    ready: asyncio.Task[None]
+
+
+class ClientRuntime:
+    """What one client shares among its open queues on one event loop."""
+
+    def __init__(self, client: AnyRedis, *, call_timeout_s: float) -> None:
+        self.client = client
+        self.subscriber = Subscriber(client)
+        self.entries: dict[str, _Entry] = {}
+        self.transfer_slots = asyncio.Semaphore(CLUSTER_TRANSFER_SLOTS if is_cluster(client) else TRANSFER_SLOTS)
+        # A single server's queues are polled together; a cluster's each by its own scheduler.
+        self.safety_poll = (None if isinstance(client, RedisCluster)
+                            else SafetyPoll(client, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
+
+    def __repr__(self) -> str:
+        return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r}>"
+
+    def scheduler(self, name: str) -> TransferScheduler | None:
+        """The running scheduler of queue ``name``, if one is open here."""
+        entry = self.entries.get(name)
+        return entry.scheduler if entry else None
+
+
+# Weak in the loop and the client; a runtime exists only while one of its queues is open (its value
+# holds the client strongly), so a client that is done with is collected.
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[AnyRedis, ClientRuntime]]
+_runtimes = weakref.WeakKeyDictionary()
+
+
+def runtime_for(client: AnyRedis) -> ClientRuntime | None:
+    """The runtime of ``client`` on the running event loop, if it has open queues."""
+    per_loop = _runtimes.get(asyncio.get_running_loop())
+    return per_loop.get(client) if per_loop is not None else None
+
+
+async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    scheduler.start()
+    if not await runtime.subscriber.add(keys.channel, scheduler, timeout_s):
+        raise BackendError(f"could not subscribe to {keys.channel!r} within {timeout_s} s: "
+                           f"{runtime.subscriber.last_error or 'no confirmation'}")
+    if not await scheduler.wait_transferred(max(0.0, deadline - loop.time())):
+        raise BackendError(f"first transfer of {keys.destination!r} failed: "
+                           f"{scheduler.stats.last_error or 'timed out'}")
+
+
+async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+                            open_timeout_s: float, call_timeout_s: float) -> TransferScheduler:
+    """Start (or share) the scheduler of ``keys`` on ``client``; returns once subscribed and
+    transferred once. A cancelled caller drops its reference.
+
+    Raises:
+        BackendError: the subscription or the first transfer did not succeed in time (or failed
+            with a permanent error such as a missing permission).
+    """
+    loop = asyncio.get_running_loop()
+    per_loop = _runtimes.setdefault(loop, weakref.WeakKeyDictionary())
+    runtime = per_loop.get(client)
+    if runtime is None:
+        runtime = per_loop[client] = ClientRuntime(client, call_timeout_s=call_timeout_s)
+    entry = runtime.entries.get(keys.destination)
+    if entry is None:
+        scheduler = TransferScheduler(client, keys, batch=batch, safety_poll_s=safety_poll_s,
+                                      call_timeout_s=call_timeout_s, slots=runtime.transfer_slots,
+                                      shared_poll=runtime.safety_poll is not None)
+        if runtime.safety_poll is not None:
+            runtime.safety_poll.add(scheduler)
+        ready = loop.create_task(_start(runtime, keys, scheduler, open_timeout_s),
+                                 name=f"aiodelayq-open:{keys.destination}")
+        entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
+    entry.refs += 1
+    try:
+        done, _ = await asyncio.wait({entry.ready}, timeout=open_timeout_s)
+        if not done:
+            raise BackendError(f"opening {keys.destination!r} did not finish within {open_timeout_s} s")
+        entry.ready.result()
+    except BaseException:
+        await release_scheduler(client, keys, timeout_s=1.0)
+        raise
+    return entry.scheduler
+
+
+async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float) -> None:
+    """Drop one reference; the last one stops the scheduler (and the subscriber if idle), within
+    ``timeout_s``."""
+    runtime = runtime_for(client)
+    entry = runtime.entries.get(keys.destination) if runtime else None
+    if runtime is None or entry is None:
+        return
+    entry.refs -= 1
+    if entry.refs > 0:
+        return
+    # Unregistered at once: an open() from now on starts afresh instead of waiting for this close.
+    # Whether this was the client's last queue is decided here, before any await, so that of many
+    # queues closing together exactly one closes the subscriber and the others only leave it.
+    del runtime.entries[keys.destination]
+    last = not runtime.entries
+    if last:
+        per_loop = _runtimes.get(asyncio.get_running_loop())
+        if per_loop is not None and per_loop.get(client) is runtime:
+            del per_loop[client]
+    else:
+        runtime.subscriber.remove(keys.channel)
+    if runtime.safety_poll is not None:
+        runtime.safety_poll.discard(entry.scheduler)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    await stop_task(entry.ready, max(0.0, deadline - loop.time()))
+    await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
+    if last:
+        if runtime.safety_poll is not None:
+            await runtime.safety_poll.aclose(max(0.0, deadline - loop.time()))
+        await runtime.subscriber.aclose(max(0.0, deadline - loop.time()))

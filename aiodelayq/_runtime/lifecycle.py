@@ -1,0 +1,238 @@
+"""The life of one queue object: its event loop, the open/close state machine, and what an open queue
+owns (a share of the transfer scheduler, the take pump, the reliable consumer) and counts.
+
+States: ``new`` -> ``opening`` -> ``open`` -> ``closing`` -> ``closed``; a failed or abandoned
+opening goes back to ``new``. A queue is opened at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._consuming.reliable import ReliableConsumer
+from .._consuming.take import TakePump
+from .._options import QueueOptions
+from .._redis.connections import AnyRedis
+from .._redis.eviction import check_eviction_policy
+from .._wire.codec import decode_item
+from .._wire.key_names import QueueKeys
+from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
+from .client_runtime import acquire_scheduler, release_scheduler
+from .scheduler import TransferScheduler
+
+__all__ = ["Lifecycle", "QueueStats"]
+
+log = logging.getLogger("aiodelayq")
+
+State = Literal["new", "opening", "open", "closing", "closed"]
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counters of one queue in this process.
+
+    Attributes:
+        transfers: transfer script runs by this process's scheduler for the queue.
+        moved: items this process moved from pending to the destination list.
+        dead_lettered: malformed pending elements moved to the dead-letter list.
+        undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
+        transfer_errors: failed transfer attempts (retried with backoff).
+        returned: popped items handed back to the list because their caller had gone, or because
+            nobody came for prefetched items within a round trip.
+        recovered: popped items whose consumer did not finish with them within the hand-off lease,
+            returned to the head of the list by this process's transfers.
+        exhausted: messages this queue object moved to the dead-letter list because they ran out
+            of deliveries (``max_deliveries``), or were not message elements.
+        released: prefetched messages nobody received within a round trip, released (as if never
+            received: their delivery count is not raised).
+        unconfirmed_settles: acks (and releases) sent without waiting that could not be confirmed
+            (each batch logged at WARNING): unless they landed, their messages are delivered again
+            after their visibility timeout.
+    """
+
+    transfers: int
+    moved: int
+    dead_lettered: int
+    undecodable: int
+    transfer_errors: int
+    returned: int
+    recovered: int = 0
+    exhausted: int = 0
+    released: int = 0
+    unconfirmed_settles: int = 0
+
+
+class Lifecycle:
+    """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *,
+                 on_new_loop: Callable[[], None]) -> None:
+        self._client = client
+        self._keys = keys
+        self._options = options
+        self._on_new_loop = on_new_loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.state: State = "new"
+        self._opening: asyncio.Task[None] | None = None
+        self._openers = 0
+        self._close_task: asyncio.Task[None] | None = None
+        self._scheduler: TransferScheduler | None = None
+        self._pump: TakePump | None = None
+        self._reliable: ReliableConsumer[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Lifecycle {self._keys.destination!r} {self.state} openers={self._openers}>"
+
+    def bind_loop(self) -> None:
+        """Bind to the running loop on first use (again once that loop is closed, if never opened).
+
+        Raises:
+            WrongEventLoopError: the queue belongs to another event loop.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is None or (self._loop.is_closed() and self.state == "new"):
+            self._loop = loop
+            self._on_new_loop()
+            return
+        raise WrongEventLoopError(
+            f"queue {self._keys.destination!r} is bound to the event loop of its first use; it cannot be used "
+            "from another one (create one DelayedQueue, and one redis client, per event loop)")
+
+    def pump(self) -> TakePump:
+        """The take pump of the open queue.
+
+        Raises:
+            QueueNotOpenError, QueueClosedError: the queue is not open.
+        """
+        self.bind_loop()
+        if self.state == "open" and self._pump is not None:
+            return self._pump
+        name = self._keys.destination
+        if self.state in ("closing", "closed"):
+            raise QueueClosedError(f"queue {name!r} is closed")
+        raise QueueNotOpenError(f"queue {name!r} is not open: use 'async with queue:' (or 'await queue.open()') "
+                                "to consume")
+
+    def reliable(self) -> ReliableConsumer[Any]:
+        """The reliable consumer of the open queue (raises as :meth:`pump`)."""
+        self.pump()
+        assert self._reliable is not None
+        return self._reliable
+
+    def stats(self) -> QueueStats:
+        """A snapshot of the counters of what this queue object owns."""
+        s = self._scheduler.stats if self._scheduler else None
+        pump, reliable = self._pump, self._reliable
+        return QueueStats(
+            transfers=s.transfers if s else 0,
+            moved=s.moved if s else 0,
+            dead_lettered=s.dead_lettered if s else 0,
+            undecodable=(pump.undecodable if pump else 0) + (reliable.undecodable if reliable else 0),
+            transfer_errors=s.errors if s else 0,
+            returned=pump.returned if pump else 0,
+            recovered=s.recovered if s else 0,
+            exhausted=reliable.exhausted + reliable.settler.exhausted if reliable else 0,
+            released=reliable.released if reliable else 0,
+            unconfirmed_settles=reliable.settler.unconfirmed if reliable else 0,
+        )
+
+    async def open(self) -> None:
+        """Open once; concurrent openers share the opening task, which the last one to leave cancels
+        (the queue owns it: :meth:`aclose` waits for it to end).
+
+        Raises:
+            QueueClosedError: closed (or closed while opening); the opening's own errors.
+        """
+        self.bind_loop()
+        if self.state == "open":
+            return
+        name = self._keys.destination
+        if self.state in ("closing", "closed"):
+            raise QueueClosedError(f"queue {name!r} is {self.state}; create a new DelayedQueue")
+        if self._opening is None:
+            self.state = "opening"
+            self._opening = asyncio.get_running_loop().create_task(self._open(), name=f"aiodelayq-open:{name}")
+        opening = self._opening
+        self._openers += 1
+        try:
+            await asyncio.wait({opening})
+        except asyncio.CancelledError:
+            self._openers -= 1
+            if self._openers == 0 and not opening.done():
+                opening.cancel()  # nobody waits any more: do not open behind everyone's back
+            raise
+        self._openers -= 1
+        if opening.cancelled() or self.state in ("closing", "closed"):
+            raise QueueClosedError(f"queue {name!r} was closed while opening")
+        opening.result()
+
+    async def _open(self) -> None:
+        o, keys = self._options, self._keys
+        try:
+            check_eviction_policy(self._client)
+            scheduler = await acquire_scheduler(
+                self._client, keys, batch=o.transfer_batch, safety_poll_s=o.safety_poll_s,
+                open_timeout_s=o.open_timeout_s, call_timeout_s=o.call_timeout_s)
+        except BaseException:
+            if self.state == "opening":
+                self.state = "new"
+            self._opening = None
+            raise
+        if self.state != "opening":  # aclose() ran while we were opening
+            await release_scheduler(self._client, keys, o.close_timeout_s)
+            raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
+        self._scheduler = scheduler
+        self._pump = TakePump(self._client, keys, decode=lambda raw: decode_item(o.codec, raw),
+                              slots=scheduler.slots, call_timeout_s=o.call_timeout_s)
+        self._reliable = ReliableConsumer(self._client, keys, o)
+        scheduler.listeners.append(self._pump.notify)
+        scheduler.wakers.append(self._reliable.notify)
+        scheduler.takers.append(self._pump.ask_transfer)
+        self.state = "open"
+        log.info("aiodelayq: queue %r opened (subscribed, first transfer done)", keys.destination)
+
+    async def aclose(self) -> None:
+        """Close once, in a task of its own; a cancelled caller stops waiting, the close completes
+        (within ``close_timeout_s``)."""
+        if self._close_task is None:
+            self._close_task = asyncio.get_running_loop().create_task(
+                self._close(), name=f"aiodelayq-close:{self._keys.destination}")
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self._options.close_timeout_s
+        was_open = self.state == "open"
+        self.state = "closing"
+        try:
+            opening = self._opening
+            if opening is not None and not opening.done():
+                opening.cancel()
+                await asyncio.wait({opening}, timeout=max(0.0, deadline - loop.time()))
+            if not was_open:
+                return
+            scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
+            if scheduler is not None and pump is not None and reliable is not None:
+                if pump.notify in scheduler.listeners:
+                    scheduler.listeners.remove(pump.notify)
+                if reliable.notify in scheduler.wakers:
+                    scheduler.wakers.remove(reliable.notify)
+                if pump.ask_transfer in scheduler.takers:
+                    scheduler.takers.remove(pump.ask_transfer)
+            if pump is not None:
+                pump.fail_waiters(QueueClosedError(f"queue {self._keys.destination!r} was closed"))
+                await pump.aclose(max(0.0, deadline - loop.time()) * 0.8)
+            if reliable is not None:
+                await reliable.aclose(loop.time() + max(0.0, deadline - loop.time()) * 0.5)
+            await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
+        finally:
+            self.state = "closed"
+            if was_open:
+                log.info("aiodelayq: queue %r closed in %.3f s", self._keys.destination, loop.time() - started)

@@ -1,0 +1,141 @@
+"""The safety poll of a single-server client's open queues: one pipelined read for many queues.
+
+A queue's scheduler is woken by published due times, its own "next due" timers and its hand-off
+leases. The safety poll covers what none of those announces: a publish that never arrived, items a
+process or Redisson moved to the destination while this one's consumers wait, a lease taken by
+another process that died. Each queue is looked at within ``safety_poll_s`` of its last transfer.
+
+On a single server (or a Sentinel-managed primary) the poller reads, for each queue due a look, the
+head of its timeout zset and of its hand-off leases and the length of its destination, together
+with the server's ``TIME``, in one pipelined write of plain read commands per ``_CHUNK`` queues.
+Only a queue with something due, an expired lease or ready items is acted on; an idle queue costs
+three O(1) reads per period instead of a script call. A round takes every queue whose look is due
+within a fifth of its period, so the reads of many queues go in a few full writes. A cluster's
+queues live on many nodes, so there each scheduler polls by itself with a transfer
+(``TransferScheduler(shared_poll=False)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+import anyio
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from .._core.tasks import Supervised
+from .._redis.connections import call_pipelined
+from .._redis.retry import Backoff
+from ..exceptions import BackendError
+from .scheduler import TransferScheduler
+
+__all__ = ["SafetyPoll"]
+
+log = logging.getLogger("aiodelayq")
+
+# Queues read in one pipelined write: 3 commands each, about 1.5 ms of server time per write.
+_CHUNK = 200
+# A round also looks at the queues whose look is due within this share of their safety_poll_s, so
+# that a client's queues are read in a few full writes per period rather than one per queue.
+_EARLY = 0.2
+
+
+class SafetyPoll:
+    """One task per client and event loop that looks at every registered scheduler's queue when
+    its ``poll_at`` (loop time) comes (see the module docstring)."""
+
+    def __init__(self, client: Redis, *, slots: asyncio.Semaphore, call_timeout_s: float) -> None:
+        self._client = client
+        self._slots = slots
+        self._call_timeout_s = call_timeout_s
+        self._schedulers: set[TransferScheduler] = set()
+        self._changed = asyncio.Event()
+        self._task = Supervised("aiodelayq-safety-poll", self._run, restart_after_s=1.0,
+                                wanted=lambda: bool(self._schedulers))
+        self.polls = 0  # pipelined reads that succeeded
+
+    def __repr__(self) -> str:
+        return f"<SafetyPoll queues={len(self._schedulers)} polls={self.polls} task={self._task!r}>"
+
+    def add(self, scheduler: TransferScheduler) -> None:
+        """Look at ``scheduler``'s queue from now on (the poll starts with its first queue)."""
+        self._schedulers.add(scheduler)
+        self._changed.set()
+        self._task.start()
+
+    def discard(self, scheduler: TransferScheduler) -> None:
+        """Stop looking at ``scheduler``'s queue."""
+        self._schedulers.discard(scheduler)
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop polling (idempotent)."""
+        self._schedulers.clear()
+        await self._task.stop(timeout_s)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff()
+        while True:
+            self._changed.clear()
+            now = loop.time()
+            due = [s for s in self._schedulers if s.poll_at <= now]
+            if due:  # with them, the queues due within a fifth of their period: fewer, fuller reads
+                due = [s for s in self._schedulers if s.poll_at <= now + s.safety_poll_s * _EARLY]
+            if not due:
+                # poll_at only moves later for a registered scheduler; a new one may come sooner.
+                wake_at = min((s.poll_at for s in self._schedulers), default=math.inf)
+                with anyio.move_on_after(wake_at - now):
+                    await self._changed.wait()
+                continue
+            try:
+                for start in range(0, len(due), _CHUNK):
+                    await self._poll(due[start:start + _CHUNK])
+            except BackendError as exc:
+                pause = backoff.failed()
+                log.log(backoff.level(exc), "aiodelayq: safety poll of %d queue(s) failed (%s); retrying in "
+                        "%.2f s", len(due), exc, pause)
+                await asyncio.sleep(pause)
+                continue
+            if backoff.failures > 1:
+                log.info("aiodelayq: the safety poll works again after %d failed attempt(s)", backoff.failures)
+            backoff.succeeded()
+
+    async def _poll(self, schedulers: list[TransferScheduler]) -> None:
+        loop = asyncio.get_running_loop()
+        commands: list[tuple[Any, ...]] = [("TIME",)]
+        for s in schedulers:
+            keys = s.keys
+            commands += [("ZRANGE", keys.timeout_set, 0, 0, "WITHSCORES"),
+                         ("ZRANGE", keys.handoff_leases, 0, 0, "WITHSCORES"),
+                         ("LLEN", keys.destination)]
+        async with self._slots:
+            sent = loop.time()
+            replies = await call_pipelined(self._client, commands, what=f"safety poll of {len(schedulers)} queue(s)",
+                                           timeout_s=self._call_timeout_s)
+            received = loop.time()
+        time_reply = replies[0]
+        if isinstance(time_reply, ResponseError):
+            raise BackendError(f"safety poll: TIME failed: {time_reply}", maybe_applied=False)
+        seconds, micros = time_reply
+        anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
+        self.polls += 1
+        for index, s in enumerate(schedulers):
+            head, lease, ready = replies[1 + 3 * index:4 + 3 * index]
+            if s not in self._schedulers:
+                continue  # closed meanwhile
+            if any(isinstance(r, ResponseError) for r in (head, lease, ready)):
+                s.wake()  # e.g. a key of another type: the transfer reports it
+                continue
+            s.polled(anchor, _score(head), _score(lease), int(ready))
+
+
+def _score(reply: list[Any]) -> float | None:
+    """The score of a ``ZRANGE key 0 0 WITHSCORES`` reply (RESP2 ``[member, score]`` or RESP3
+    ``[[member, score]]``), ``None`` for an empty zset."""
+    if not reply:
+        return None
+    pair = reply[0] if isinstance(reply[0], (list, tuple)) else reply
+    return float(pair[1])

@@ -1,0 +1,374 @@
+"""The transfer scheduler: one per queue, client and event loop; moves due items with ``loop.call_at``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .._core.observe import MetricsSink, hook, transfer_limit
+from .._core.tasks import Supervised
+from .._redis.connections import AnyRedis, is_permanent, run_script
+from .._redis.retry import Backoff
+from .._scripts.transfer import TRANSFER
+from .._wire.key_names import QueueKeys
+from ..exceptions import BackendError
+
+__all__ = ["SchedulerStats", "TransferScheduler"]
+
+log = logging.getLogger("aiodelayq")
+
+# Least delay before the next timed transfer after one that moved nothing because others did.
+_AFTER_EMPTY_S = 0.002
+# A due-time timer is armed this much early. asyncio sleeps in whole milliseconds (selectors round
+# epoll/kqueue timeouts up, uvloop's libuv counts in ms), so a timer less than a millisecond away
+# fires up to a millisecond late: at 20k items/s that was most of the p50 lateness. Early by half
+# the granularity, a transfer lands on average on the due time; one that comes too early (it moved
+# nothing and the item it aimed at is still next) is retried at the due time without the
+# _AFTER_EMPTY_S pause.
+_TIMER_LEAD_S = 0.0005
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of one transfer scheduler (this process only).
+
+    Attributes:
+        transfers: transfer script calls that succeeded.
+        moved: items moved to the destination list.
+        dead_lettered: malformed elements moved to the dead-letter list.
+        errors: transfer calls that failed (each retried with backoff).
+        recovered: popped items whose consumer did not finish with them within the hand-off lease,
+            returned to the head of the destination by this process's transfers.
+        last_error: the latest failure, if any.
+    """
+
+    transfers: int = 0
+    moved: int = 0
+    dead_lettered: int = 0
+    errors: int = 0
+    recovered: int = 0
+    last_error: str | None = field(default=None)
+
+
+class TransferScheduler:
+    """Runs the transfer script when the earliest pending item falls due.
+
+    Two clocks, never mixed: due times are epoch milliseconds of the **Redis server** clock, timers
+    are ``loop.time()``. Each transfer reply carries the server's ``TIME``, which anchors one clock
+    to the other (taken at the midpoint of the round trip), so skew between this machine and the
+    server does not move delivery.
+
+    Wake-ups come from: a subscribe confirmation (compensation after downtime), a published due
+    time, the transfer's own "next due" reply, the earliest hand-off lease (so a dead consumer's
+    items come back on time) and a safety poll every ``safety_poll_s``. A wake-up never replaces an
+    earlier one; while a whole batch was due, transfers run back to back; Redis errors are logged
+    and retried with jittered exponential backoff.
+
+    After every successful transfer that leaves items in the destination list, whether or not it
+    moved them itself, the listeners run: items may have been moved by another process's (or
+    Redisson's) transfer at the same due time, so consumers look at the destination then. After
+    every successful transfer the wakers run (reliable receivers): a due time published by another
+    process's nack or release concerns the in-flight zset, not the destination.
+    """
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+                 call_timeout_s: float, slots: asyncio.Semaphore, shared_poll: bool = False) -> None:
+        self._client = client
+        self._keys = keys
+        self._batch = batch
+        self._safety_poll_s = safety_poll_s
+        self._call_timeout_s = call_timeout_s
+        # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
+        # connections) when many queues wake at once.
+        self._slots = slots
+        self._loop = asyncio.get_running_loop()
+        # Whether the client's SafetyPoll looks at this queue (a single server); else this scheduler
+        # arms its own safety timer (a cluster).
+        self._shared_poll = shared_poll
+        # Loop time by which the queue is looked at again, if nothing transfers before.
+        self.poll_at = self._loop.time() + safety_poll_s
+        self._wake = asyncio.Event()
+        self._transferred = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        # (loop.time(), server epoch ms) measured at the same instant.
+        self._anchor: tuple[float, float] | None = None
+        # The due time (server ms) the latest due-time timer was armed for (see _TIMER_LEAD_S).
+        self._aimed_ms: float | None = None
+        self._task = Supervised(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
+                                on_crash=self._crashed)
+        self._permanent: BackendError | None = None
+        # The current streak of failed transfers: its length and when it began (loop time), for the
+        # INFO line when transfers work again.
+        self._failures = 0
+        self._failing_since = 0.0
+        self.stats = SchedulerStats()
+        # Called after a successful transfer that left items in the destination (takers pop them).
+        self.listeners: list[Callable[[], None]] = []
+        # Called after every successful transfer, whatever the destination holds: a published due
+        # time may be another process's nack or release, visible in the in-flight zset, which the
+        # destination's length does not show (reliable receivers look again: one RECEIVE each).
+        self.wakers: list[Callable[[], None]] = []
+        # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
+        # callers waiting, its POP moves the due items and pops them in one round trip. The argument
+        # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
+        # the lateness of what moves).
+        self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
+
+    @property
+    def safety_poll_s(self) -> float:
+        """The longest the queue goes without being looked at while open (seconds)."""
+        return self._safety_poll_s
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The Redis keys of the queue."""
+        return self._keys
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        """The client's shared limit on concurrent background calls."""
+        return self._slots
+
+    def __repr__(self) -> str:
+        return (f"<TransferScheduler {self._keys.destination!r} transfers={self.stats.transfers} "
+                f"armed_at={self._timer_at:.3f} task={self._task!r}>")
+
+    @property
+    def armed_at(self) -> float:
+        """Loop time of the next timed wake-up (``inf`` when none)."""
+        return self._timer_at
+
+    def start(self) -> None:
+        """Start the worker task; the first transfer runs at once."""
+        self._task.start()
+        self._wake.set()
+
+    def _crashed(self, exc: BaseException) -> None:
+        # A bug in the worker: counted like a failed transfer; the restarted worker transfers at once.
+        self.stats.errors += 1
+        self.stats.last_error = repr(exc)
+        if hook.sink is not None:
+            hook.sink.transfer_error(self._keys.destination)
+        self._wake.set()
+
+    async def wait_transferred(self, timeout_s: float) -> bool:
+        """Wait until one transfer has succeeded since start; return whether it did within the bound.
+
+        Raises:
+            AccessDeniedError, WrongNodeError: the transfer failed with a permanent error.
+        """
+        with anyio.move_on_after(timeout_s):
+            await self._transferred.wait()
+        if not self._transferred.is_set() and self._permanent is not None:
+            raise self._permanent
+        return self._transferred.is_set()
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Cancel the timer and stop the worker (idempotent)."""
+        self._cancel_timer()
+        await self._task.stop(timeout_s)
+
+    # -- wake-up sources -------------------------------------------------------------------------
+
+    def on_subscribed(self) -> None:
+        """Channel (re)subscribed: transfer now, as the queue may have fallen due while unheard."""
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Transfer now."""
+        self._wake.set()
+
+    def polled(self, anchor: tuple[float, float], head_ms: float | None, lease_ms: float | None, ready: int) -> None:
+        """The client's safety poll read the queue: ``anchor`` is ``(loop time, server epoch ms)`` of
+        its ``TIME``, ``head_ms`` the earliest pending due time, ``lease_ms`` the earliest hand-off
+        lease deadline (``None``: none), ``ready`` the destination's length. Transfers if something
+        is due or a lease ran out, else aims at what comes next; wakes the consumers if items are
+        ready (another process, or Redisson, may have moved them)."""
+        self._anchor = anchor
+        self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+        now_ms = anchor[1]
+        if (head_ms is not None and head_ms <= now_ms) or (lease_ms is not None and lease_ms <= now_ms):
+            self._wake.set()
+            return
+        if head_ms is not None:
+            self.on_due(int(head_ms))
+        if lease_ms is not None:
+            self.arm_at(self._server_ms_to_loop(lease_ms) + 0.001)
+        if ready > 0:
+            for listener in list(self.listeners):
+                listener()
+            for waker in list(self.wakers):
+                waker()
+
+    def on_due(self, due_ms: int | None) -> None:
+        """A producer published a new earliest due time (epoch ms, server clock)."""
+        if due_ms is None or self._anchor is None:
+            self._wake.set()
+        else:
+            when = self._server_ms_to_loop(due_ms) - _TIMER_LEAD_S
+            if when < self._timer_at:  # only an earlier due time is aimed at (arm_at keeps the earlier)
+                self._aimed_ms = due_ms
+                self.arm_at(when)
+
+    def arm_at(self, when: float) -> None:
+        """Wake at loop time ``when`` unless a wake-up at or before it is already armed."""
+        if when <= self._loop.time():
+            self._wake.set()
+            return
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._wake.set()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = math.inf
+
+    def _server_ms_to_loop(self, due_ms: float) -> float:
+        assert self._anchor is not None
+        anchor_loop, anchor_ms = self._anchor
+        return anchor_loop + (due_ms - anchor_ms) / 1000.0
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                reply = await self._transfer()
+            except BackendError as exc:
+                self.stats.errors += 1
+                self.stats.last_error = str(exc)
+                if self._failures == 0:
+                    self._failing_since = self._loop.time()
+                self._failures += 1
+                if hook.sink is not None:
+                    hook.sink.transfer_error(self._keys.destination)
+                if is_permanent(exc):
+                    self._permanent = exc
+                    self._transferred.set()  # wakes open(), which raises it
+                    self._transferred.clear()
+                delay = backoff.failed()
+                log.log(backoff.level(exc), "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
+                        self._keys.destination, exc, delay)
+                self.arm_at(self._loop.time() + delay)
+                continue
+            backoff.succeeded()
+            if self._failures:
+                # The end of an outage (or of a stall): one line, the failures were each logged. After
+                # a single failure (a connection the server had closed) it stays at DEBUG, as it did.
+                log.log(logging.INFO if self._failures > 1 else logging.DEBUG,
+                        "aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
+                        self._keys.destination, self._failures, self._loop.time() - self._failing_since)
+                self._failures = 0
+            moved, dead, next_due, lease_due = reply
+            if lease_due is not None:
+                self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
+            if moved + dead >= self._batch:
+                self._wake.set()  # more may be due: go again without waiting
+                continue
+            # Jittered so that many queues opened together do not poll in lockstep.
+            self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+            when = math.inf if self._shared_poll else self.poll_at
+            if next_due is not None:
+                due_at = self._server_ms_to_loop(next_due)
+                if moved + dead > 0:
+                    due_at -= _TIMER_LEAD_S
+                elif next_due != self._aimed_ms:
+                    # Nothing moved: another process (or Redisson) moved the items at the same
+                    # due time. Never spin, and leave the race to the others for a moment (2 ms):
+                    # with several consuming processes each would otherwise transfer every item.
+                    due_at = max(due_at, self._loop.time() + _AFTER_EMPTY_S)
+                # else: too early for the item it aimed at (the timer's lead, or the anchor): at
+                # its due time, without the lead.
+                self._aimed_ms = next_due
+                when = min(when, due_at)
+            if when < math.inf:
+                self.arm_at(when)
+
+    async def _transfer(self) -> tuple[int, int, float | None, float | None]:
+        keys = self._keys
+        limit = transfer_limit(self._batch)  # negative (lateness measured) only with a sink
+        delegated = await self._delegate(limit)
+        if delegated is not None:
+            sent, received, reply = delegated
+        else:
+            async with self._slots:
+                sent = self._loop.time()
+                reply = await run_script(
+                    self._client, TRANSFER,
+                    [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
+                     keys.handoff_leases, keys.key_index],
+                    [limit], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
+                received = self._loop.time()
+        # 8 entries, and a 9th (the lateness list) only when a negative limit asked for it.
+        moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply[:8]
+        self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
+        self.stats.transfers += 1
+        self.stats.moved += int(moved)
+        sink = hook.sink
+        if sink is not None and (moved or dead):
+            _report(sink, keys.destination, int(moved), int(dead), int(micros), reply[8] if len(reply) > 8 else None)
+        if dead:
+            self.stats.dead_lettered += int(dead)
+            log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
+                      dead, keys.destination, keys.dead_letter)
+        if recovered:
+            self.stats.recovered += int(recovered)
+            log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
+                        "went back to the head of the queue", recovered, keys.destination)
+        self._transferred.set()
+        for waker in list(self.wakers):
+            waker()
+        if int(ready) > 0:
+            # Items wait in the destination (moved by us, by another process at the same due time,
+            # or put there by others): consumers look. An empty list wakes nobody.
+            for listener in list(self.listeners):
+                listener()
+        return (int(moved), int(dead), float(next_due) if next_due is not None else None,
+                float(lease_due) if lease_due is not None else None)
+
+    async def _delegate(self, limit: int) -> tuple[float, float, Any] | None:
+        """Let a consumer with waiting callers transfer (``limit``: the scripts' transfer argument)
+        in its next POP; its ``(sent, received, reply)``, or ``None`` when none did (nobody waits, its
+        POP failed or was a resend)."""
+        for ask in list(self.takers):
+            future = ask(limit)
+            if future is None:
+                continue
+            # The pump always answers (its POP is bounded; closing answers None); the bound here
+            # only guards the scheduler against a bug there.
+            done, _ = await asyncio.wait({future}, timeout=self._call_timeout_s * 3)
+            result: tuple[float, float, Any] | None = future.result() if done else None
+            return result if result is not None and result[2] is not None else None
+        return None
+
+
+def _report(sink: MetricsSink, queue: str, moved: int, dead: int, micros: int, late: Any) -> None:
+    """One transfer's events. ``late``: the script's lateness list (whole ms: its clock's ms minus each
+    due score), or ``None`` when the call did not ask for it; the sub-millisecond part of the
+    transfer's ``TIME`` is added back here, so each value is the exact server time minus the due time."""
+    if moved:
+        frac_ms = (micros % 1000) / 1000
+        sink.moved(queue, moved, [int(ms) + frac_ms for ms in late] if late else ())
+    if dead:
+        sink.dead_lettered(queue, dead, "malformed")

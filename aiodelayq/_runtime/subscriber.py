@@ -1,0 +1,253 @@
+"""The pub/sub side: one connection per client and event loop, serving every open queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol, cast
+
+import anyio
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from .._core.tasks import Supervised, detached, keep, stop_task
+from .._redis.cluster import mark_stale
+from .._redis.connections import AnyRedis, classify, is_permanent
+from .._redis.retry import Backoff
+from ..exceptions import BackendError
+
+__all__ = ["ChannelListener", "Subscriber"]
+
+log = logging.getLogger("aiodelayq")
+
+
+class ChannelListener(Protocol):
+    """What a transfer scheduler exposes to the subscriber."""
+
+    def on_subscribed(self) -> None:
+        """The channel was (re)subscribed: run a compensating transfer."""
+
+    def on_due(self, due_ms: int | None) -> None:
+        """A new earliest due time (epoch ms, server clock) was published; ``None`` if unreadable."""
+
+
+class Subscriber:
+    """Owns one ``PubSub`` of a client and a reader task that dispatches to channel listeners.
+
+    Every ``subscribe`` confirmation (first subscribe, redis-py's own reconnect, or this reader's
+    reconnect after an error) calls the listener's ``on_subscribed``, which is Redisson's
+    "transfer on subscribe" compensation. The reader pings an idle connection every
+    ``ping_interval_s`` and reconnects when the server stops answering, so a half-open connection
+    cannot silence a queue for long (the schedulers' safety poll covers the gap).
+    """
+
+    def __init__(self, client: AnyRedis, *, ping_interval_s: float = 30.0) -> None:
+        self._client = client
+        self._ping_interval_s = ping_interval_s
+        self._listeners: dict[bytes, ChannelListener] = {}
+        self._confirmed: dict[bytes, asyncio.Event] = {}
+        self._pubsub: Any = None
+        # Serialises (un)subscribe calls: PubSub connects lazily and two concurrent first calls
+        # could each take a connection from the pool.
+        self._lock = asyncio.Lock()
+        self._task = Supervised("aiodelayq-subscriber", self._run, restart_after_s=1.0,
+                                wanted=lambda: bool(self._listeners))
+        # Channels whose queues closed, unsubscribed together by one task (many queues may close at once).
+        self._leaving: set[bytes] = set()
+        self._unsubscriber: asyncio.Task[None] | None = None
+        # Set (and replaced) when a subscribe fails for good (e.g. no permission for the channel),
+        # so open() raises it instead of waiting out its timeout.
+        self._failed: asyncio.Future[BackendError] = asyncio.get_running_loop().create_future()
+        self.reconnects = 0
+        self.last_error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Subscriber channels={len(self._listeners)} reconnects={self.reconnects} task={self._task!r}>"
+
+    @property
+    def channels(self) -> int:
+        """How many channels this subscriber serves."""
+        return len(self._listeners)
+
+    async def add(self, channel: str, listener: ChannelListener, timeout_s: float) -> bool:
+        """Subscribe ``listener`` to ``channel``; return whether the server confirmed within ``timeout_s``.
+
+        When it did not, the reader keeps retrying in the background; the caller decides.
+
+        Raises:
+            AccessDeniedError: the server refused the subscription (the user may not use the channel).
+        """
+        key = channel.encode()
+        self._listeners[key] = listener
+        self._leaving.discard(key)
+        confirmed = self._confirmed[key] = asyncio.Event()
+        if self._failed.done():
+            self._failed = asyncio.get_running_loop().create_future()
+        failed = self._failed
+        self._task.start()  # unless running; the reader subscribes every listener when it connects
+        subscribing = asyncio.ensure_future(self._subscribe(key, confirmed))
+        waits: set[asyncio.Future[Any]] = {subscribing, failed}
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_task(subscribing, 0.1, report=False)  # its subscribe call is detached
+        if confirmed.is_set():
+            return True
+        if failed.done():
+            raise failed.result()
+        return False
+
+    async def _subscribe(self, key: bytes, confirmed: asyncio.Event) -> None:
+        if not confirmed.is_set():
+            async with self._lock:
+                if self._pubsub is not None and not confirmed.is_set():
+                    try:
+                        await detached(self._pubsub.subscribe(key))
+                    # As in _unsubscribe: redis-py may raise non-Redis errors mid-reconnect.
+                    except Exception as exc:
+                        # The reader sees the same broken connection, reconnects and resubscribes all.
+                        log.debug("aiodelayq: subscribe %r failed, the reader will retry: %r", key, exc)
+        await confirmed.wait()
+
+    def remove(self, channel: str, timeout_s: float = 1.0) -> None:
+        """Stop dispatching ``channel`` now, and unsubscribe it in the background within ``timeout_s``
+        (best effort: the connection may be gone; a channel left subscribed is dropped at the next
+        reconnect). Channels removed together go in one ``UNSUBSCRIBE``. Closing a queue never waits
+        for the server here."""
+        key = channel.encode()
+        self._listeners.pop(key, None)
+        self._confirmed.pop(key, None)
+        if not self._listeners:
+            return  # the owner closes the whole subscriber next
+        self._leaving.add(key)
+        if self._unsubscriber is None or self._unsubscriber.done():
+            self._unsubscriber = asyncio.get_running_loop().create_task(
+                self._unsubscribe_leaving(timeout_s), name="aiodelayq-unsubscribe")
+            keep(self._unsubscriber)
+
+    async def _unsubscribe_leaving(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s):
+            while self._leaving:
+                async with self._lock:
+                    keys, self._leaving = self._leaving, set()
+                    if self._pubsub is None:
+                        continue  # the reader subscribes only the listeners when it connects
+                    try:
+                        await detached(self._pubsub.unsubscribe(*keys))
+                    # redis-py can also fail here with non-Redis errors while its connection is being
+                    # re-established (AttributeError on a closed writer); nothing else runs in this try.
+                    except Exception as exc:
+                        log.debug("aiodelayq: unsubscribe of %d channel(s) failed: %r", len(keys), exc)
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop the reader and release its connection; idempotent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._leaving.clear()
+        unsubscriber, self._unsubscriber = self._unsubscriber, None
+        await stop_task(unsubscriber, timeout_s, report=False)  # the connection goes with the reader anyway
+        await self._task.stop(max(0.0, deadline - loop.time()))
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        failures = 0  # connection losses since the last successful (re)subscribe
+        while True:
+            pubsub = await self._new_pubsub()
+            try:
+                async with self._lock:
+                    self._pubsub = pubsub
+                    if self._listeners:
+                        await pubsub.subscribe(*self._listeners)
+                backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
+                if failures:
+                    # Says the drop is over (each channel's confirmation then runs its scheduler's
+                    # compensating transfer): INFO after an outage that was warned about, DEBUG after
+                    # one loss that one reconnect mended (a proxy's idle cut, CLIENT KILL).
+                    log.log(logging.INFO if failures > 1 else logging.DEBUG,
+                            "aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
+                            len(self._listeners), failures)
+                    failures = 0
+                await self._read(pubsub)
+            except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
+                self.reconnects += 1
+                failures += 1
+                if isinstance(self._client, RedisCluster):
+                    mark_stale(self._client)  # its node may be gone: the next data call reads the map
+                error = classify("subscribe", exc, sent=True)
+                self.last_error = str(error)
+                if is_permanent(error) and not self._failed.done():
+                    self._failed.set_result(error)
+                delay = backoff.failed()
+                # The first loss of a streak once at INFO: a reconnect usually mends it.
+                log.log(logging.INFO if backoff.level(error) == logging.DEBUG else logging.WARNING,
+                        "aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+            finally:
+                self._pubsub = None
+                # reset() closes the connection; shielded so a cancelled reader still releases it.
+                await asyncio.shield(cast(Any, pubsub).aclose())
+
+    async def _new_pubsub(self) -> Any:
+        """A ``PubSub`` of the client. On a cluster any node hears every channel (a ``PUBLISH``, also
+        Redisson's from Lua, is broadcast over the cluster bus), so one connection serves every queue
+        of the client whatever their slots; each reconnect takes the next node, so a node that died
+        is not asked again until the others were."""
+        client = self._client
+        if not isinstance(client, RedisCluster):
+            return client.pubsub()
+        try:
+            await client.initialize()
+        except (RedisError, RedisClusterException, OSError):
+            return client.pubsub()  # its first subscribe fails the same way and the reader retries
+        nodes = client.get_primaries() + client.get_replicas()
+        return client.pubsub(node=nodes[self.reconnects % len(nodes)]) if nodes else client.pubsub()
+
+    async def _read(self, pubsub: Any) -> None:
+        loop = asyncio.get_running_loop()
+        ping_sent_at: float | None = None
+        last_seen = loop.time()
+        while True:
+            message = await pubsub.get_message(timeout=self._ping_interval_s)
+            now = loop.time()
+            if message is None:
+                if ping_sent_at is not None and now - ping_sent_at >= self._ping_interval_s:
+                    raise ConnectionError("pub/sub connection did not answer PING")
+                if ping_sent_at is None and now - last_seen >= self._ping_interval_s:
+                    await pubsub.ping()
+                    ping_sent_at = now
+                continue
+            last_seen = now
+            ping_sent_at = None
+            try:
+                self._dispatch(message)
+            except Exception:  # synchronous listener code: a bug there must not end the reader
+                log.exception("aiodelayq: could not dispatch pub/sub message %r", message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if not isinstance(channel, bytes):
+            return
+        listener = self._listeners.get(channel)
+        if listener is None:
+            return
+        if kind == "subscribe":
+            event = self._confirmed.get(channel)
+            if event is not None:
+                event.set()
+            listener.on_subscribed()
+        elif kind == "message":
+            listener.on_due(_parse_due(message.get("data")))
+
+
+_MAX_DUE_MS = 2**53
+
+
+def _parse_due(data: object) -> int | None:
+    # Redisson publishes the due time with LongCodec (decimal text). Anything else, or a number no
+    # due time can be, just wakes the scheduler, whose transfer then reads the true head.
+    try:
+        due = int(data) if isinstance(data, (bytes, str)) and len(data) <= 20 else None
+    except ValueError:
+        return None
+    return due if due is not None and -_MAX_DUE_MS < due < _MAX_DUE_MS else None

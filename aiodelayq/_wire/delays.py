@@ -1,0 +1,84 @@
+"""Delays, timeouts and counts given by users: parsing, rounding and limits (pure functions)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from ..exceptions import ConfigurationError, InvalidDelayError
+
+__all__ = ["MAX_DELAY_MS", "check_max_items", "check_timeout", "delay_to_ms", "visibility_ms"]
+
+# Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
+MAX_DELAY_MS = 2**52
+
+# Float noise allowed below a whole millisecond before rounding up: 0.1 s is 100.00000000000001 ms
+# as a float and must stay 100 ms, while 1e-9 s must become 1 ms (never early). Relative to the
+# value for large delays: a few times a double's precision (2.2e-16), far below a millisecond:
+# it was 1e-6 relative, which made an hour 3,599,997 ms (3 ms early) and a day 86 ms early.
+_NOISE_MS = 1e-6
+_NOISE_RELATIVE = 1e-15
+
+
+def delay_to_ms(delay: float | timedelta) -> int:
+    """Convert a delay (seconds, or a ``timedelta``) to whole milliseconds, rounding up: an item is
+    never due early. Any positive delay is at least 1 ms.
+
+    Raises:
+        InvalidDelayError: negative, NaN, infinite, too large, or not a number/``timedelta``.
+    """
+    if isinstance(delay, timedelta):
+        # Exact integer arithmetic: a timedelta is whole microseconds.
+        micros = (delay.days * 86_400 + delay.seconds) * 1_000_000 + delay.microseconds
+        if micros < 0:
+            raise InvalidDelayError(f"delay must not be negative, got {delay!r}")
+        delay_ms = -(-micros // 1000)
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+        if math.isnan(seconds) or math.isinf(seconds):
+            raise InvalidDelayError(f"delay must be finite, got {delay!r}")
+        if seconds < 0:
+            raise InvalidDelayError(f"delay must not be negative, got {delay!r}")
+        ms = seconds * 1000.0
+        delay_ms = math.ceil(ms - max(_NOISE_MS, ms * _NOISE_RELATIVE)) if ms > 0 else 0
+        if ms > 0 and delay_ms == 0:
+            delay_ms = 1
+    else:
+        raise InvalidDelayError(f"delay must be seconds (int/float) or a timedelta, not {type(delay).__name__}")
+    if delay_ms > MAX_DELAY_MS:
+        raise InvalidDelayError(f"delay {delay!r} is too large (max {MAX_DELAY_MS} ms)")
+    return int(delay_ms)
+
+
+def check_timeout(timeout: float | None, label: str = "timeout") -> None:
+    """Accept ``None`` or a number of seconds >= 0.
+
+    Raises:
+        InvalidDelayError: anything else (negative, NaN, a bool, a string...).
+    """
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or math.isnan(timeout) or timeout < 0):
+        raise InvalidDelayError(f"{label} must be None or seconds >= 0, got {timeout!r}")
+
+
+def check_max_items(max_items: object) -> int:
+    """Accept an ``int`` >= 1 (a batch size).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
+        raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
+    return max_items
+
+
+def visibility_ms(visibility_timeout: float | timedelta) -> int:
+    """A visibility timeout (seconds or ``timedelta``) in whole ms, at least 1.
+
+    Raises:
+        InvalidDelayError: a bad value (as :func:`delay_to_ms`) or zero.
+    """
+    vt_ms = delay_to_ms(visibility_timeout)
+    if vt_ms < 1:
+        raise InvalidDelayError("visibility_timeout must be at least 1 ms")
+    return vt_ms

@@ -1,0 +1,89 @@
+"""Key names of one queue, exactly as Redisson's ``RedissonObject.prefixName`` builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..exceptions import InvalidNameError
+
+__all__ = ["QueueKeys", "prefix_name"]
+
+
+def prefix_name(prefix: str, name: str) -> str:
+    """Return Redisson's ``prefixName(prefix, name)``.
+
+    ``prefix:{name}`` puts every key of the queue in the cluster slot of ``name``; a name that
+    already carries a ``{...}`` hash tag is used as is (``prefix:name``) so its own tag still decides.
+    """
+    if "{" in name:
+        return f"{prefix}:{name}"
+    return f"{prefix}:{{{name}}}"
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The Redis keys and channel of the delayed queue whose destination list is ``name``.
+
+    Attributes:
+        destination: list of due payloads (Redisson: the queue's raw name; its consumers ``BLPOP`` it).
+        timeout_set: zset of pending packed elements scored by due time in epoch milliseconds.
+        delay_list: list of the same packed elements in insertion order.
+        channel: pub/sub channel carrying a new earliest due time (epoch ms, decimal text).
+        dead_letter: list of raw entries that could not be delivered (aiodelayq only).
+        in_flight: zset of received, unacknowledged messages scored by visibility deadline (epoch
+            ms); aiodelayq's reliable consumption only.
+        handoff: hash of items popped for a ``take()`` and not yet handed to a caller, by pop call
+            id (aiodelayq only); an entry whose lease ran out goes back to the destination.
+        handoff_leases: zset of those pop call ids scored by lease deadline (epoch ms).
+        calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
+            the dedupe window is not applied twice (aiodelayq only).
+        call_replies: hash of the replies of those calls that a resend must repeat.
+        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the key's
+            tag (the first 8 bytes of SHA-1(key), top bit set; ``#`` + the SHA-1 hex for a key
+            whose tag another pending key holds), value = version byte 0x01 + the key and its
+            pending element. Entries whose element is no longer pending are stale: ignored, and
+            removed by transfers, keyed calls and sampling.
+    """
+
+    destination: str
+    timeout_set: str
+    delay_list: str
+    channel: str
+    dead_letter: str
+    in_flight: str
+    handoff: str
+    handoff_leases: str
+    calls: str
+    call_replies: str
+    key_index: str
+
+    @classmethod
+    def for_name(cls, name: str) -> QueueKeys:
+        """Build the keys for a queue name.
+
+        Raises:
+            InvalidNameError: ``name`` is not a non-empty ``str``.
+        """
+        if not isinstance(name, str):
+            raise InvalidNameError(f"queue name must be a str, not {type(name).__name__}")
+        if not name:
+            raise InvalidNameError("queue name must not be empty")
+        return cls(
+            destination=name,
+            timeout_set=prefix_name("redisson_delay_queue_timeout", name),
+            delay_list=prefix_name("redisson_delay_queue", name),
+            channel=prefix_name("redisson_delay_queue_channel", name),
+            dead_letter=prefix_name("aiodelayq_dead_letter", name),
+            in_flight=prefix_name("aiodelayq_in_flight", name),
+            handoff=prefix_name("aiodelayq_handoff", name),
+            handoff_leases=prefix_name("aiodelayq_handoff_leases", name),
+            calls=prefix_name("aiodelayq_calls", name),
+            call_replies=prefix_name("aiodelayq_call_replies", name),
+            key_index=prefix_name("aiodelayq_keys", name),
+        )
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
+        return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
+                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index)
