@@ -40,20 +40,41 @@ SERVER_KINDS_PROBE = (
 )
 
 
-@nox.session
-def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict."""
-    session.install("-e", ".[lint]", silent=False)
+LUA = Path("aiodelayq/_scripts/lua")
+LUA_GLOBALS = ("redis", "KEYS", "ARGV", "struct", "cjson", "cmsgpack", "bit")
+
+
+def _lint(session: nox.Session) -> None:
+    """ruff, mypy --strict, and luacheck (Debian's lua-check) on the Lua scripts."""
     session.run("ruff", "check", "aiodelayq", "tests", "benchmarks", "noxfile.py")
     session.run("mypy", "--strict", "aiodelayq")
+    if shutil.which("luacheck") is None:
+        session.warn("luacheck not found (Debian: apt-get install lua-check): the Lua scripts were not linted")
+        return
+    # A script uses the names its library files define (each starts with "-- defines: names"); a
+    # library file may define more than one script uses.
+    defined = [name for path in sorted((LUA / "lib").glob("*.lua"))
+               for name in path.read_text().splitlines()[0].removeprefix("-- defines:").split()]
+    common = ["--std", "lua51", "--no-max-line-length", "--formatter", "plain", "--codes",
+              "--globals", *LUA_GLOBALS, "--read-globals", *defined]
+    # Files first: --globals and --read-globals take every value after them.
+    session.run("luacheck", *map(str, sorted(LUA.glob("*.lua"))), *common, external=True)
+    session.run("luacheck", *map(str, sorted((LUA / "lib").glob("*.lua"))), "--ignore", "211", *common,
+                external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, mypy --strict, luacheck."""
+    session.install("-e", ".[lint]", silent=False)
+    _lint(session)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Lint, then the suite once per server kind present (REDIS_URL: once, against that server)."""
     session.install("-e", ".[test,lint]", silent=False)
-    session.run("ruff", "check", "aiodelayq", "tests", "benchmarks", "noxfile.py")
-    session.run("mypy", "--strict", "aiodelayq")
+    _lint(session)
     if os.environ.get("REDIS_URL"):
         session.run("pytest", *session.posargs)
         return

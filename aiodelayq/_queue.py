@@ -22,6 +22,7 @@ from ._producing.keyed import KeyedItems, Offered, Pending
 from ._producing.pending import PendingItem, PendingView, QueueCounts
 from ._producing.producer import Producer
 from ._runtime.lifecycle import Lifecycle, QueueStats
+from ._scripts import QueueScripts
 from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
 from ._wire.key_names import QueueKeys
@@ -87,12 +88,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof)
-        self._producer = Producer(client, keys, o)
-        self._pending = PendingView(client, keys, o.codec, call_timeout_s=o.call_timeout_s)
-        self._keyed = KeyedItems(client, keys, o.codec, call_timeout_s=o.call_timeout_s, durability=o.durability)
-        self._dead = DeadLetters(client, keys, o.codec, o.kind, call_timeout_s=o.call_timeout_s,
-                                 durability=o.durability)
-        self._life = Lifecycle(client, keys, o, on_new_loop=self._producer.rebind)
+        scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
+        self._producer = Producer(scripts, o)
+        self._pending = PendingView(scripts, o.codec)
+        self._keyed = KeyedItems(scripts, o.codec)
+        self._dead = DeadLetters(scripts, o.codec, o.kind)
+        self._life = Lifecycle(scripts, o, on_new_loop=self._producer.rebind)
 
     @property
     def name(self) -> str:

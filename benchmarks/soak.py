@@ -87,10 +87,14 @@ if str(ROOT) not in sys.path:
 
 from aiodelayq import BackendError, DelayedQueue  # noqa: E402
 from aiodelayq._consuming.handoff import HANDOFF_LEASE_MS  # noqa: E402
-from aiodelayq._scripts.producer import OFFER  # noqa: E402
-from aiodelayq._scripts.reliable import RECEIVE, SETTLE  # noqa: E402
-from aiodelayq._scripts.take import FINISH, POP  # noqa: E402
-from aiodelayq._scripts.transfer import TRANSFER  # noqa: E402
+from aiodelayq._scripts import (  # noqa: E402  # noqa: E402
+    FINISH,
+    OFFER,
+    POP,
+    RECEIVE,
+    SETTLE,
+    TRANSFER,
+)
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
 

@@ -135,11 +135,18 @@ def _one_letter_apart(a: str, b: str) -> bool:
     return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
-def test_lua_lives_in_the_scripts_package_and_byte_layouts_in_elements() -> None:
+def test_lua_lives_in_lua_files_with_headers_and_byte_layouts_in_elements() -> None:
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         relative = path.relative_to(PACKAGE).as_posix()
-        if not relative.startswith("_scripts/"):
-            assert "redis.call(" not in text, f"Lua outside aiodelayq/_scripts/: {relative}"
+        assert "redis.call(" not in text, f"Lua in a Python file: {relative}"
         if relative != "_wire/elements.py":
             assert "import struct" not in text, f"a byte layout outside aiodelayq/_wire/elements.py: {relative}"
+    scripts = sorted((PACKAGE / "_scripts" / "lua").glob("*.lua"))
+    assert scripts
+    for path in scripts:
+        head = [line for line in path.read_text().splitlines() if line.startswith("--")]
+        name = path.stem.upper()
+        assert head[0].startswith(f"-- {name}: "), f"{path.name}: first line '-- {name}: what it does'"
+        for part in ("-- KEYS:", "-- ARGV", "-- returns"):
+            assert any(line.startswith(part) for line in head), f"{path.name}: no '{part}' header line"

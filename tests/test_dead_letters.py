@@ -95,7 +95,7 @@ async def test_requeue_in_pages_keeps_order(client: Redis, make_queue: Any, monk
 
 async def test_a_resent_requeue_is_applied_once(own_server: Any, make_proxy: Any, make_client: Any,
                                                make_queue: Any) -> None:
-    from aiodelayq._scripts.dead_letters import REQUEUE
+    from aiodelayq._scripts import REQUEUE
 
     server = own_server()
     proxy = make_proxy(server)

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError
 from aiodelayq._producing.keyed import key_tag
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts.keys import CANCEL
+from aiodelayq._scripts import CANCEL
 from aiodelayq.testing import ThrowawayServer, server_version
 from aiodelayq.testing.topologies import replicate
 from tests.faults import debug_args, stall_server

@@ -27,9 +27,7 @@ from aiodelayq import (
     WrongEventLoopError,
     delay_to_ms,
 )
-from aiodelayq._scripts.producer import OFFER
-from aiodelayq._scripts.reliable import RECEIVE, SETTLE
-from aiodelayq._scripts.take import POP
+from aiodelayq._scripts import OFFER, POP, RECEIVE, SETTLE
 from aiodelayq.testing import ThrowawayServer, server_version
 from tests.faults import stall_server
 from tests.helpers import until

@@ -159,7 +159,7 @@ async def test_stale_index_entries_are_ignored_and_swept(client: Redis, make_que
 
 async def test_a_resent_keyed_offer_answers_as_its_first_run(own_server: Any, make_proxy: Any, make_client: Any,
                                                             make_queue: Any) -> None:
-    from aiodelayq._scripts.producer import OFFER
+    from aiodelayq._scripts import OFFER
 
     proxy = make_proxy(own_server())
     q = make_queue("keys-resend", redis=make_client(proxy), codec="json")

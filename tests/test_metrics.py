@@ -24,8 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 from aiodelayq import DelayedQueue, QueueCounts
 from aiodelayq._core import observe as _observe
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts.take import POP
-from aiodelayq._scripts.transfer import TRANSFER
+from aiodelayq._scripts import POP, TRANSFER
 from aiodelayq.prometheus import QueueMetrics
 from tests.helpers import llen_is, server_ms, until
 

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts.pending import READ_PAGE, REMOVE_PAGE
+from aiodelayq._scripts import READ_PAGE, REMOVE_PAGE
 from tests.helpers import server_ms, until
 
 

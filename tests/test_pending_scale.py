@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq._redis.connections import Script, call
-from aiodelayq._scripts.pending import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
+from aiodelayq._scripts import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
 
 pytestmark = pytest.mark.slow
 

@@ -88,7 +88,7 @@ async def test_a_waiting_taker_gets_due_items_in_the_pop_that_transfers_them(cli
 
 async def test_a_pop_that_transferred_and_lost_its_reply_delivers_once(
         own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any) -> None:
-    from aiodelayq._scripts.take import POP
+    from aiodelayq._scripts import POP
 
     proxy = make_proxy(own_server())
     q = make_queue("lost-tp", redis=make_client(proxy), codec="json", safety_poll_s=300)

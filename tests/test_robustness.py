@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from aiodelayq import DelayedQueue, QueueClosedError
 from aiodelayq._redis.connections import run_script
 from aiodelayq._runtime.client_runtime import TRANSFER_SLOTS, runtime_for
-from aiodelayq._scripts.producer import OFFER
+from aiodelayq._scripts import OFFER
 from tests.helpers import until
 
 

@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.tasks import keep, wait_through_cancellation
-from .._redis.connections import AnyRedis, run_script
 from .._redis.retry import retry_until_done
-from .._scripts.take import FINISH
-from .._wire.key_names import QueueKeys
+from .._scripts import QueueScripts
 from ..exceptions import BackendError
 
 __all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop"]
@@ -64,10 +62,10 @@ class Pop:
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, *, slots: asyncio.Semaphore, call_timeout_s: float,
-                 hold_s: Callable[[], float], closing: Callable[[], bool]) -> None:
-        self._client, self._keys, self._slots = client, keys, slots
-        self._call_timeout_s = call_timeout_s
+    def __init__(self, scripts: QueueScripts, *, slots: asyncio.Semaphore, hold_s: Callable[[], float],
+                 closing: Callable[[], bool]) -> None:
+        self._scripts, self._keys, self._slots = scripts, scripts.keys, slots
+        self._call_timeout_s = scripts.call_timeout_s
         self._hold_s = hold_s  # how long a handed-out pop may wait for the next POP
         self._closing = closing  # the pump is closing: no more deferring, FINISH at once
         self.pops: set[Pop] = set()  # popped and not yet finished in Redis
@@ -148,10 +146,8 @@ class Handoff:
         async def attempt(timeout_s: float) -> Any:
             async with self._slots:
                 pop.finish_attempts += 1
-                return await run_script(
-                    self._client, FINISH, [k.destination, k.handoff, k.handoff_leases, k.dead_letter, k.channel],
-                    [pop.call_id, plan, HANDOFF_LEASE_MS], timeout_s=timeout_s,
-                    what=f"finish a pop from {k.destination!r}")
+                return await self._scripts.finish(pop.call_id, plan, HANDOFF_LEASE_MS, timeout_s=timeout_s,
+                                                  what=f"finish a pop from {k.destination!r}")
 
         try:
             done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)

@@ -25,12 +25,10 @@ from typing import Any, Generic, TypeVar, cast
 from .._core.observe import hook
 from .._core.tasks import keep, run_through_cancellation
 from .._options import QueueOptions
-from .._redis.connections import AnyRedis, Script
-from .._redis.retry import resend_script, retry_until_done
-from .._scripts.reliable import RECEIVE, RELEASE_CALL
+from .._redis.retry import retry_until_done
+from .._scripts import QueueScripts
 from .._wire.codec import decode_item
 from .._wire.elements import parse_messages
-from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .messages import Message
 from .prefetch import PrefetchBuffer
@@ -54,14 +52,12 @@ _PREFETCH_MIN_VT_MS = 1000
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
-        self._client, self._keys, self._codec = client, keys, options.codec
+    def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
+        self._scripts, self._keys, self._codec = scripts, scripts.keys, options.codec
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
-        self.settler = Settler(client, keys, max_deliveries=options.max_deliveries,
-                               call_timeout_s=options.call_timeout_s, durability=options.durability)
+        self.settler = Settler(scripts, max_deliveries=options.max_deliveries)
         self.settler.on_nacked = self._wake_after
         self.settler.on_released = self.notify
-        self._durability = options.durability
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -155,8 +151,7 @@ class ReliableConsumer(Generic[T]):
         call_id = os.urandom(16)
         try:
             # A cancellation here drops the exchange's connection (see _connections.call).
-            reply = await self._call(RECEIVE, [k.destination, k.in_flight, k.dead_letter, k.calls, k.call_replies],
-                                     [max_items, vt_ms, self._max_deliveries, call_id], "receive", durable=True)
+            reply = await self._scripts.receive.resend(max_items, vt_ms, self._max_deliveries, call_id, durable=True)
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a
             # late arrival of it receive nothing), without counting a delivery. This caller waits
@@ -196,20 +191,10 @@ class ReliableConsumer(Generic[T]):
                                     expires, vt_ms))
         return messages, wait_s
 
-    async def _call(self, script: Script, keys: list[str], args: list[Any], what: str,
-                    timeout_s: float | None = None, durable: bool = False) -> Any:
-        """A call with a call id: resent with the same id after a lost reply, within ``timeout_s``
-        (default ``call_timeout_s``); ``durable``: confirmed by replicas (the queue's durability)."""
-        return await resend_script(self._client, script, keys, args,
-                                   timeout_s=self._call_timeout_s if timeout_s is None else timeout_s,
-                                   what=f"{what} on {self._keys.destination!r}",
-                                   durability=self._durability if durable else None)
-
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
         """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""
-        k = self._keys
-        await self._call(RELEASE_CALL, [k.in_flight, k.destination, k.calls, k.call_replies], [call_id],
-                         "undo a cancelled receive", timeout_s)
+        await self._scripts.release_call.resend(
+            call_id, timeout_s=timeout_s, what=f"undo a cancelled receive on {self._keys.destination!r}")
 
     async def _undo_within(self, call_id: bytes, timeout_s: float) -> bool:
         """RELEASE_CALL within ``timeout_s``, through cancellations; returns whether it was applied."""

@@ -18,11 +18,8 @@ from typing import Any, Literal
 
 from .._core.observe import MetricsSink, hook
 from .._core.tasks import keep
-from .._redis.connections import AnyRedis
-from .._redis.durability import Durability, run_durable
-from .._redis.retry import resend_script, resend_within
-from .._scripts.reliable import EXTEND, SETTLE
-from .._wire.key_names import QueueKeys
+from .._redis.retry import resend_within
+from .._scripts import QueueScripts
 from ..exceptions import BackendError
 
 __all__ = ["Settle", "SettleMode", "Settler"]
@@ -53,14 +50,12 @@ class Settle:
 class Settler:
     """Sends the settles of one queue, many per round trip (see the module docstring)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, *, max_deliveries: int, call_timeout_s: float,
-                 durability: Durability | None = None) -> None:
-        self._client, self._keys = client, keys
-        self._max_deliveries, self._call_timeout_s = max_deliveries, call_timeout_s
-        # Settles are durable writes too. A resend after a lost reply may find its first try
-        # applied and write nothing, so its WAIT can come back before that first try reached the
-        # replicas: an ack lost that way in a failover brings a duplicate, never a loss.
-        self._durability = durability or Durability()
+    def __init__(self, scripts: QueueScripts, *, max_deliveries: int) -> None:
+        # Settles are durable writes (the queue's durability). A resend after a lost reply may find
+        # its first try applied and write nothing, so its WAIT can come back before that first try
+        # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
+        self._scripts, self._keys = scripts, scripts.keys
+        self._max_deliveries, self._call_timeout_s = max_deliveries, scripts.call_timeout_s
         self._pending: list[Settle] = []
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
@@ -119,9 +114,7 @@ class Settler:
         Raises:
             BackendError: the call failed within ``call_timeout_s``.
         """
-        k = self._keys
-        reply = await resend_script(self._client, EXTEND, [k.in_flight], [element, vt_ms],
-                                    timeout_s=self._call_timeout_s, what=f"extend on {k.destination!r}")
+        reply = await self._scripts.extend.resend(element, vt_ms)
         return None if reply is None else int(reply)
 
     def behind(self, settles: Sequence[Settle]) -> None:
@@ -146,16 +139,14 @@ class Settler:
 
     async def _send(self, batch: list[Settle]) -> None:
         k = self._keys
-        keys = [k.in_flight, k.dead_letter, k.destination, k.channel]
         body: list[Any] = []
         for s in batch:
             body += [s.element, s.mode, s.delay_ms, s.deadline_ms]
 
         async def attempt(remaining_s: float, resend: bool) -> Any:
             # A resend says so: the script then tells "my first try applied it" per message.
-            return await run_durable(self._client, SETTLE, keys, [self._max_deliveries, "1" if resend else "", *body],
-                                     durability=self._durability, timeout_s=remaining_s,
-                                     what=f"settle on {k.destination!r}")
+            return await self._scripts.settle.durable(self._max_deliveries, "1" if resend else "", *body,
+                                                      timeout_s=remaining_s)
 
         try:
             self.calls += 1

@@ -33,10 +33,9 @@ from typing import Any
 
 from .._core.observe import hook
 from .._core.tasks import Supervised
-from .._redis.connections import AnyRedis, is_permanent, run_script
+from .._redis.connections import is_permanent
 from .._redis.retry import Backoff, resend_within
-from .._scripts.take import POP
-from .._wire.key_names import QueueKeys
+from .._scripts import QueueScripts
 from ..exceptions import BackendError, DecodeError
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from .prefetch import PrefetchBuffer
@@ -70,13 +69,12 @@ class _Waiter:
 class TakePump:
     """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, *, decode: Callable[[bytes], Any],
-                 slots: asyncio.Semaphore, call_timeout_s: float) -> None:
-        self._client = client
-        self._keys = keys
+    def __init__(self, scripts: QueueScripts, *, decode: Callable[[bytes], Any], slots: asyncio.Semaphore) -> None:
+        self._scripts = scripts
+        self._keys = keys = scripts.keys
         self._decode = decode
         self._slots = slots
-        self._call_timeout_s = call_timeout_s
+        self._call_timeout_s = scripts.call_timeout_s
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._wake = asyncio.Event()
         self._maybe_ready = True
@@ -90,8 +88,8 @@ class TakePump:
         # round trip, then back to the head of the list.
         self._buffer: PrefetchBuffer[tuple[Pop, int, Any]] = PrefetchBuffer(self._return)
         self._prefetch = self._buffer.prefetch
-        self._handoff = Handoff(client, keys, slots=slots, call_timeout_s=call_timeout_s,
-                                hold_s=lambda: self._prefetch.hold_s, closing=lambda: self._closed is not None)
+        self._handoff = Handoff(scripts, slots=slots, hold_s=lambda: self._prefetch.hold_s,
+                                closing=lambda: self._closed is not None)
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._backing_off = False  # after a failed POP: the scheduler transfers itself meanwhile
@@ -412,10 +410,8 @@ class TakePump:
 
         async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, list[bytes]]:
             async with self._slots:
-                reply: list[Any] = await run_script(
-                    self._client, POP, [k.destination, k.handoff, k.handoff_leases, k.timeout_set, k.delay_list,
-                                        k.dead_letter, k.key_index],
-                    [pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget],
+                reply: list[Any] = await self._scripts.pop(
+                    pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget,
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
             return reply[0], reply[1:]
 

@@ -14,14 +14,11 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from .._redis.client_facts import facts_for
-from .._redis.connections import AnyRedis
-from .._redis.durability import Durability
-from .._redis.retry import call_idempotent, resend_script
-from .._scripts.dead_letters import PURGE, REQUEUE
+from .._redis.retry import call_idempotent
+from .._scripts import QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.delays import delay_to_ms
 from .._wire.elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
-from .._wire.key_names import QueueKeys
 from ..exceptions import ConfigurationError, DecodeError
 
 __all__ = ["DeadLetter", "DeadLetters"]
@@ -59,11 +56,9 @@ class DeadLetter(Generic[T]):
 class DeadLetters:
     """``dead_letters``/``requeue_dead_letters``/``purge_dead_letters`` of one queue object."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, kind: ElementKind, *,
-                 call_timeout_s: float, durability: Durability | None = None) -> None:
-        self._client, self._keys, self._codec, self._kind = client, keys, codec, kind
-        self._call_timeout_s = call_timeout_s
-        self._durability = durability
+    def __init__(self, scripts: QueueScripts, codec: Codec, kind: ElementKind) -> None:
+        self._scripts, self._keys, self._codec, self._kind = scripts, scripts.keys, codec, kind
+        self._client, self._call_timeout_s = scripts.client, scripts.call_timeout_s
 
     def __repr__(self) -> str:
         return f"<DeadLetters {self._keys.dead_letter!r}>"
@@ -107,11 +102,7 @@ class DeadLetters:
             page = min(REQUEUE_PAGE, limit - seen)
             ids = requeue_ids(facts.stamps, page)
             args = [os.urandom(16), facts.clock.issue_arg(loop.time()), delay_ms, self._kind, page, ids]
-            reply = await resend_script(self._client, REQUEUE,
-                                        [k.dead_letter, k.timeout_set, k.delay_list, k.channel, k.calls,
-                                         k.call_replies],
-                                        args, timeout_s=self._call_timeout_s, what=f"requeue of {k.dead_letter!r}",
-                                        durability=self._durability)
+            reply = await self._scripts.requeue.resend(*args, what=f"requeue of {k.dead_letter!r}", durable=True)
             done, skipped = (int(x) for x in reply)
             requeued += done
             seen += done + skipped
@@ -125,10 +116,7 @@ class DeadLetters:
         Raises:
             BackendError: the call failed.
         """
-        k = self._keys
-        return int(await resend_script(self._client, PURGE, [k.dead_letter, k.calls, k.call_replies],
-                                       [os.urandom(16)], timeout_s=self._call_timeout_s,
-                                       what=f"purge of {k.dead_letter!r}"))
+        return int(await self._scripts.purge.resend(os.urandom(16), what=f"purge of {self._keys.dead_letter!r}"))
 
 
 def _check_limit(limit: object) -> None:

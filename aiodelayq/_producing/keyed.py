@@ -20,13 +20,9 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from .._redis.client_facts import facts_for
-from .._redis.connections import AnyRedis, Script
-from .._redis.durability import Durability
-from .._redis.retry import resend_script
-from .._scripts.keys import CANCEL, GET, RESCHEDULE
+from .._scripts import BoundScript, QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.delays import delay_to_ms
-from .._wire.key_names import QueueKeys
 from ..exceptions import InvalidKeyError
 
 __all__ = ["MAX_KEY_BYTES", "KeyedItems", "Offered", "Pending", "check_key", "key_tag", "parse_outcome"]
@@ -121,42 +117,34 @@ def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:
 class KeyedItems:
     """``cancel``/``reschedule``/``get`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
-                 durability: Durability | None = None) -> None:
-        self._client, self._keys, self._codec = client, keys, codec
-        self._call_timeout_s = call_timeout_s
-        self._durability = durability
+    def __init__(self, scripts: QueueScripts, codec: Codec) -> None:
+        self._scripts, self._keys, self._codec = scripts, scripts.keys, codec
 
     def __repr__(self) -> str:
         return f"<KeyedItems {self._keys.key_index!r}>"
 
-    async def _write(self, script: Script, args: list[Any], what: str) -> Any:
-        k = self._keys
-        return await resend_script(self._client, script,
-                                   [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies],
-                                   [os.urandom(16), *args], timeout_s=self._call_timeout_s,
-                                   what=f"{what} on {k.destination!r}", durability=self._durability)
+    async def _write(self, script: BoundScript, args: list[Any]) -> Any:
+        """A durable write with a call id (a resend answers as the first run)."""
+        return await script.resend(os.urandom(16), *args, durable=True)
 
     async def cancel(self, key: str) -> bool:
         """Remove the pending item of ``key``; whether there was one."""
         raw = check_key(key)
-        return bool(int(await self._write(CANCEL, [raw, key_tag(raw)], "cancel")))
+        return bool(int(await self._write(self._scripts.cancel, [raw, key_tag(raw)])))
 
     async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
         """Make the pending item of ``key`` due ``delay`` after the call; its new due time, or
         ``None`` when no item of that key is pending."""
         raw = check_key(key)
         delay_ms = delay_to_ms(delay)
-        issued = facts_for(self._client).clock.issue_arg(asyncio.get_running_loop().time())
-        reply = await self._write(RESCHEDULE, [raw, key_tag(raw), issued, delay_ms], "reschedule")
+        issued = facts_for(self._scripts.client).clock.issue_arg(asyncio.get_running_loop().time())
+        reply = await self._write(self._scripts.reschedule, [raw, key_tag(raw), issued, delay_ms])
         return None if reply is None else int(reply)
 
     async def get(self, key: str) -> Pending[Any] | None:
         """The pending item of ``key`` (decoded), or ``None``."""
         raw = check_key(key)
-        k = self._keys
-        reply = await resend_script(self._client, GET, [k.timeout_set, k.key_index], [raw, key_tag(raw)],
-                                    timeout_s=self._call_timeout_s, what=f"get on {k.destination!r}")
+        reply = await self._scripts.get.resend(raw, key_tag(raw))
         if reply is None:
             return None
         payload, due = reply

@@ -24,11 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .._redis.connections import AnyRedis, Script, run_script
 from .._redis.retry import call_idempotent, resend_within
-from .._scripts.pending import CONTAINS_PAGE, COUNTS, PAGE_SIZE, PEEK, READ_PAGE, REMOVE_PAGE
+from .._scripts import PAGE_SIZE, BoundScript, QueueScripts
 from .._wire.codec import Codec, decode_item, encode_item
-from .._wire.key_names import QueueKeys
 from ..exceptions import ConfigurationError, DecodeError
 
 __all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
@@ -87,12 +85,12 @@ class PendingView:
         page_size: most elements one page script call reads (tests lower it to walk many pages).
     """
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, codec: Codec, *, call_timeout_s: float,
-                 page_size: int = PAGE_SIZE) -> None:
-        self._client = client
-        self._keys = keys
+    def __init__(self, scripts: QueueScripts, codec: Codec, *, page_size: int = PAGE_SIZE) -> None:
+        self._scripts = scripts
+        self._client = scripts.client
+        self._keys = scripts.keys
         self._codec = codec
-        self._timeout_s = call_timeout_s
+        self._timeout_s = scripts.call_timeout_s
         self.page_size = page_size
 
     def __repr__(self) -> str:
@@ -103,7 +101,7 @@ class PendingView:
         a key of this queue (every command here names one): it routes the call on a cluster."""
         return await call_idempotent(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
 
-    async def _page(self, script: Script, keys: Sequence[str], args: Sequence[Any], *, what: str,
+    async def _page(self, script: BoundScript, args: Sequence[Any], *, what: str,
                     resend_args: Sequence[Any] | None = None) -> Any:
         """One page script call, resent after a connection failure or timeout (with ``resend_args``
         if given), with backoff, until ``call_timeout_s`` after the first send. Resending is
@@ -114,9 +112,8 @@ class PendingView:
                 bound ends; ``maybe_applied`` if any attempt may have been applied.
         """
         return await resend_within(
-            lambda remaining_s, resend: run_script(
-                self._client, script, keys, resend_args if resend and resend_args is not None else args,
-                what=what, timeout_s=remaining_s),
+            lambda remaining_s, resend: script(*(resend_args if resend and resend_args is not None else args),
+                                               what=what, timeout_s=remaining_s),
             timeout_s=self._timeout_s)
 
     async def size(self) -> int:
@@ -131,8 +128,7 @@ class PendingView:
         """Pending, ready, in-flight and dead-letter counts and the earliest due time, in one
         read-only script call (resent after a transient failure within ``call_timeout_s``)."""
         k = self._keys
-        reply = await self._page(COUNTS, [k.timeout_set, k.destination, k.in_flight, k.dead_letter], [],
-                                 what=f"counts of {k.destination!r}")
+        reply = await self._page(self._scripts.counts, [], what=f"counts of {k.destination!r}")
         head = reply[4]
         return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            None if head is None else int(float(head)))
@@ -146,7 +142,7 @@ class PendingView:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PEEK:
             raise ConfigurationError(f"limit must be an int from 1 to {MAX_PEEK}, not {limit!r}")
         k = self._keys
-        reply = await self._page(PEEK, [k.timeout_set, k.key_index], [limit], what=f"peek of {k.destination!r}")
+        reply = await self._page(self._scripts.peek, [limit], what=f"peek of {k.destination!r}")
         items: list[PendingItem[Any]] = []
         for i in range(0, len(reply), 4):
             element, score, payload, key = reply[i:i + 4]
@@ -164,12 +160,11 @@ class PendingView:
     async def contains(self, item: Any) -> bool:
         """Whether a pending element carries ``item``'s encoded payload (pages until a match)."""
         payload = encode_item(self._codec, item)
-        keys = [self._keys.timeout_set]
         what = f"contains on {self._keys.destination!r}"
         score: bytes = b""
         member: bytes = b""
         while True:
-            reply = await self._page(CONTAINS_PAGE, keys, [score, member, self.page_size, payload], what=what)
+            reply = await self._page(self._scripts.contains_page, [score, member, self.page_size, payload], what=what)
             if reply[0]:
                 return True
             if len(reply) < 3:
@@ -178,13 +173,12 @@ class PendingView:
 
     async def read_all(self) -> list[Any]:
         """Pending items in zset (due) order (see :meth:`DelayedQueue.read_all`)."""
-        keys = [self._keys.timeout_set]
         what = f"read_all on {self._keys.destination!r}"
         payloads: list[bytes] = []
         score: bytes = b""
         member: bytes = b""
         while True:
-            reply = await self._page(READ_PAGE, keys, [score, member, self.page_size], what=what)
+            reply = await self._page(self._scripts.read_page, [score, member, self.page_size], what=what)
             payloads.extend(reply[2:])
             if reply[0] is None:
                 return [decode_item(self._codec, p) for p in payloads]
@@ -196,16 +190,14 @@ class PendingView:
         payloads = list(dict.fromkeys(encode_item(self._codec, item) for item in items))
         if not payloads:
             return 0
-        k = self._keys
-        keys = [k.timeout_set, k.delay_list, k.calls, k.call_replies]
-        what = f"remove on {k.destination!r}"
+        what = f"remove on {self._keys.destination!r}"
         removed = 0
         score: bytes = b""
         member: bytes = b""
         while True:
             call_id = os.urandom(16)  # one per page; a resend of the page reuses it
             head = [call_id, score, member, self.page_size, "1" if first_only else "0"]
-            reply = await self._page(REMOVE_PAGE, keys, [*head, "0", *payloads], what=what,
+            reply = await self._page(self._scripts.remove_page, [*head, "0", *payloads], what=what,
                                      resend_args=[*head, "1", *payloads])
             removed += int(reply[0])
             if reply[1] is None or (first_only and removed):

@@ -18,15 +18,12 @@ from .._core.observe import hook
 from .._core.tasks import keep
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for
-from .._redis.connections import AnyRedis, run_script
-from .._redis.durability import run_durable
 from .._redis.eviction import check_eviction_policy
 from .._redis.retry import resend_within
-from .._scripts.producer import NATIVE_LONG, OFFER
+from .._scripts import QueueScripts
 from .._wire.codec import encode_item
 from .._wire.delays import delay_to_ms
 from .._wire.elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
-from .._wire.key_names import QueueKeys
 from ..exceptions import InvalidKeyError
 from .batcher import OfferBatcher
 from .keyed import Offered, check_key, key_tag, parse_outcome
@@ -39,12 +36,11 @@ MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> None:
-        self._client, self._keys = client, keys
+    def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
+        self._scripts, self._keys = scripts, scripts.keys
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
-        self._durability = options.durability
-        self._facts = facts_for(client)  # looked up once: every offer reads it
+        self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
         self._batcher: OfferBatcher | None = None
 
     def __repr__(self) -> str:
@@ -64,7 +60,7 @@ class Producer:
         """One item through the batcher; returns its due time (epoch ms, server clock), an
         :class:`Offered` for a keyed item."""
         issued = asyncio.get_running_loop().time()
-        check_eviction_policy(self._client)
+        check_eviction_policy(self._scripts.client)
         fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace)
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
@@ -82,7 +78,7 @@ class Producer:
                 raise InvalidKeyError(f"{len(keys)} keys for 0 items")
             return []
         issued = asyncio.get_running_loop().time()
-        check_eviction_policy(self._client)
+        check_eviction_policy(self._scripts.client)
         fragments, entries = await self.prepare(pairs, keys, replace)
         chunks: list[list[int]] = [[]]  # indexes into fragments
         size = 0
@@ -148,15 +144,13 @@ class Producer:
         """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
         reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``)."""
         k = self._keys
-        keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
         clock = self._facts.clock
         args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:
             sent = loop.time()
-            reply = await run_durable(self._client, OFFER, keys, args, durability=self._durability,
-                                      timeout_s=remaining_s, what=f"offer to {k.destination!r}")
+            reply = await self._scripts.offer.durable(*args, timeout_s=remaining_s, what=f"offer to {k.destination!r}")
             if reply[1] is not None:  # a fresh run read the server clock between sent and now
                 clock.observe(sent, loop.time(), int(reply[1]))
             return reply
@@ -188,8 +182,7 @@ class Producer:
         return await asyncio.shield(ask)
 
     async def _ask_native_long(self) -> str:
-        one: bytes = await run_script(self._client, NATIVE_LONG, [], [], timeout_s=self._call_timeout_s,
-                                      what="read the server's long size")
+        one: bytes = await self._scripts.native_long(what="read the server's long size")
         fmt = self._facts.long_format = long_format(one)
         return fmt
 

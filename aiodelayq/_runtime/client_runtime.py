@@ -20,6 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from .._core.tasks import stop_task
 from .._redis.cluster import is_cluster
 from .._redis.connections import AnyRedis
+from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
 from .safety_poll import SafetyPoll
@@ -112,8 +113,8 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
         runtime = per_loop[client] = ClientRuntime(client, call_timeout_s=call_timeout_s)
     entry = runtime.entries.get(keys.destination)
     if entry is None:
-        scheduler = TransferScheduler(client, keys, batch=batch, safety_poll_s=safety_poll_s,
-                                      call_timeout_s=call_timeout_s, slots=runtime.transfer_slots,
+        scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), batch=batch,
+                                      safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
                                       shared_poll=runtime.safety_poll is not None)
         if runtime.safety_poll is not None:
             runtime.safety_poll.add(scheduler)

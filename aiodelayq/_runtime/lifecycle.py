@@ -16,10 +16,9 @@ from typing import Any, Literal
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
 from .._options import QueueOptions
-from .._redis.connections import AnyRedis
 from .._redis.eviction import check_eviction_policy
+from .._scripts import QueueScripts
 from .._wire.codec import decode_item
-from .._wire.key_names import QueueKeys
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 from .client_runtime import acquire_scheduler, release_scheduler
 from .scheduler import TransferScheduler
@@ -69,10 +68,10 @@ class QueueStats:
 class Lifecycle:
     """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *,
-                 on_new_loop: Callable[[], None]) -> None:
-        self._client = client
-        self._keys = keys
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, *, on_new_loop: Callable[[], None]) -> None:
+        self._scripts = scripts
+        self._client = scripts.client
+        self._keys = scripts.keys
         self._options = options
         self._on_new_loop = on_new_loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -188,9 +187,8 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._client, keys, decode=lambda raw: decode_item(o.codec, raw),
-                              slots=scheduler.slots, call_timeout_s=o.call_timeout_s)
-        self._reliable = ReliableConsumer(self._client, keys, o)
+        self._pump = TakePump(self._scripts, decode=lambda raw: decode_item(o.codec, raw), slots=scheduler.slots)
+        self._reliable = ReliableConsumer(self._scripts, o)
         scheduler.listeners.append(self._pump.notify)
         scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)

@@ -14,9 +14,9 @@ import anyio
 
 from .._core.observe import MetricsSink, hook, transfer_limit
 from .._core.tasks import Supervised
-from .._redis.connections import AnyRedis, is_permanent, run_script
+from .._redis.connections import is_permanent
 from .._redis.retry import Backoff
-from .._scripts.transfer import TRANSFER
+from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
 
@@ -78,13 +78,13 @@ class TransferScheduler:
     process's nack or release concerns the in-flight zset, not the destination.
     """
 
-    def __init__(self, client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
-                 call_timeout_s: float, slots: asyncio.Semaphore, shared_poll: bool = False) -> None:
-        self._client = client
-        self._keys = keys
+    def __init__(self, scripts: QueueScripts, *, batch: int, safety_poll_s: float, slots: asyncio.Semaphore,
+                 shared_poll: bool = False) -> None:
+        self._scripts = scripts
+        self._keys = keys = scripts.keys
         self._batch = batch
         self._safety_poll_s = safety_poll_s
-        self._call_timeout_s = call_timeout_s
+        self._call_timeout_s = scripts.call_timeout_s
         # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
         self._slots = slots
@@ -314,11 +314,7 @@ class TransferScheduler:
         else:
             async with self._slots:
                 sent = self._loop.time()
-                reply = await run_script(
-                    self._client, TRANSFER,
-                    [keys.destination, keys.timeout_set, keys.delay_list, keys.dead_letter, keys.handoff,
-                     keys.handoff_leases, keys.key_index],
-                    [limit], timeout_s=self._call_timeout_s, what=f"transfer of {keys.destination!r}")
+                reply = await self._scripts.transfer(limit, what=f"transfer of {keys.destination!r}")
                 received = self._loop.time()
         # 8 entries, and a 9th (the lateness list) only when a negative limit asked for it.
         moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply[:8]

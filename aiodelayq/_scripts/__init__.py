@@ -1,11 +1,16 @@
-"""Every Lua script of the library, by concern: ``prelude`` (shared Lua functions), ``producer``
-(OFFER, NATIVE_LONG), ``transfer`` (TRANSFER), ``take`` (POP, FINISH), ``reliable`` (RECEIVE,
-RELEASE_CALL, SETTLE) and ``pending`` (the paged walks).
+"""Every Lua script of the library, and their binding to one queue.
 
-Each script is a module constant whose header names its KEYS, ARGV and reply, wrapped in a
-:class:`~aiodelayq._redis.connections.Script` (text + SHA1, made once per process and shared by every
-client) and run with :func:`~aiodelayq._redis.connections.run_script`, as redis-py's ``asyncio/lock.py``
+Each script is a file ``lua/<name>.lua`` whose header names its KEYS (``-- KEYS:`` and the
+:class:`~aiodelayq._wire.key_names.QueueKeys` attributes, in order), then what each KEYS and ARGV
+entry holds and what it returns. Functions several scripts share are in ``lua/lib/``, each file
+starting with ``-- defines:`` and the names it defines; a script gets the library files whose names
+it uses (directly or through another library file), in :data:`LIBRARY` order, and nothing else:
+Redis runs a script's definitions on every call. The files are read once per process; a
+:class:`QueueScript` (text + SHA1) is shared by every client, as redis-py's ``asyncio/lock.py``
 registers its scripts once per class.
+
+A queue's components call them through :class:`QueueScripts`, which binds each script to the
+queue's client and keys: ``await scripts.pop(call_id, n, lease_ms, 0)``, never a positional key list.
 
 Time inside a script is always the **server** clock (``TIME``): producers and consumers with skewed
 clocks still agree on when an item is due. Elements are parsed inside Lua with the server's own
@@ -18,3 +23,198 @@ RECEIVE and REMOVE_PAGE carry a call id remembered for 60 s, POP records its ite
 id in the hand-off, FINISH and TRANSFER are idempotent, SETTLE is told it is a resend and the
 message's deadline, so it can tell "my first attempt applied it" from "it went to someone else".
 """
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from importlib.resources import files
+from typing import Any
+
+from .._redis.connections import AnyRedis, Script, run_script
+from .._redis.durability import Durability, run_durable
+from .._redis.retry import resend_script
+from .._wire.key_names import QueueKeys
+
+__all__ = [
+    "CANCEL", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER", "PAGE_SIZE",
+    "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE", "RESCHEDULE", "SCRIPTS",
+    "SETTLE", "TRANSFER", "BoundScript", "QueueScript", "QueueScripts", "assemble",
+]
+
+# The shared library files, in the order a script's text includes them: a file may use the names
+# of those before it.
+LIBRARY = ("parse", "dead", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex", "sweep",
+           "transfer", "walk", "messages")
+
+# Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
+# after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
+PAGE_SIZE = 1000
+
+_LUA = files(__name__) / "lua"
+_KEY_NAMES = {f.name for f in fields(QueueKeys)}
+
+
+def _library() -> list[tuple[str, tuple[str, ...], str]]:
+    out = []
+    for name in LIBRARY:
+        text = (_LUA / "lib" / f"{name}.lua").read_text(encoding="utf-8")
+        first, _, body = text.partition("\n")
+        if not first.startswith("-- defines:"):
+            raise RuntimeError(f"lua/lib/{name}.lua must start with '-- defines: <names>'")
+        out.append((name, tuple(first.split(":", 1)[1].split()), body))
+    return out
+
+
+_LIB = _library()
+
+
+def _code(lua: str) -> str:
+    """``lua`` without its ``--`` comments (outside string literals): what it uses."""
+    out = []
+    for line in lua.splitlines():
+        quote = None
+        for i, char in enumerate(line):
+            if quote:
+                quote = None if char == quote and line[i - 1] != "\\" else quote
+            elif char in "'\"":
+                quote = char
+            elif line.startswith("--", i):
+                line = line[:i]
+                break
+        out.append(line)
+    return "\n".join(out)
+
+
+def assemble(body: str) -> str:
+    """``body`` preceded by the library files its code uses (names outside comments), directly or
+    through other library files, in :data:`LIBRARY` order."""
+    needed: set[str] = set()
+    code = _code(body)
+    changed = True
+    while changed:  # a library file may use another one (index -> parse, lists)
+        changed = False
+        for name, names, lua in _LIB:
+            if name not in needed and any(re.search(rf"\b{n}\b", code) for n in names):
+                needed.add(name)
+                code += _code(lua)
+                changed = True
+    return "\n" + "".join(lua for name, _, lua in _LIB if name in needed) + body
+
+
+class QueueScript(Script):
+    """A script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order."""
+
+    def __init__(self, name: str) -> None:
+        body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
+        match = re.search(r"^-- KEYS: *(.*)$", body, re.M)
+        if match is None:
+            raise RuntimeError(f"lua/{name}.lua has no '-- KEYS:' header line")
+        key_names = tuple(k for k in match.group(1).split() if k != "(none)")
+        unknown = [k for k in key_names if k not in _KEY_NAMES]
+        if unknown:
+            raise RuntimeError(f"lua/{name}.lua names keys a queue does not have: {unknown}")
+        super().__init__(name, assemble(body))
+        self.key_names = key_names
+
+
+OFFER = QueueScript("offer")
+NATIVE_LONG = QueueScript("native_long")
+TRANSFER = QueueScript("transfer")
+POP = QueueScript("pop")
+FINISH = QueueScript("finish")
+RECEIVE = QueueScript("receive")
+RELEASE_CALL = QueueScript("release_call")
+SETTLE = QueueScript("settle")
+EXTEND = QueueScript("extend")
+COUNTS = QueueScript("counts")
+PEEK = QueueScript("peek")
+CONTAINS_PAGE = QueueScript("contains_page")
+READ_PAGE = QueueScript("read_page")
+REMOVE_PAGE = QueueScript("remove_page")
+CANCEL = QueueScript("cancel")
+RESCHEDULE = QueueScript("reschedule")
+GET = QueueScript("get")
+REQUEUE = QueueScript("requeue")
+PURGE = QueueScript("purge")
+
+SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
+                                    COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
+                                    REQUEUE, PURGE)
+"""Every script, for tests and tools (the Lua lint assembles each)."""
+
+
+class BoundScript:
+    """One script bound to a queue's client, keys (in the script's order), call bound and durability.
+
+    ``await bound(*argv)`` runs it once; ``bound.durable(*argv)`` also waits for the queue's replicas
+    (when it asks for any); ``bound.resend(*argv)`` resends it after a transient failure, for a
+    script whose resend is harmless (read-only, idempotent, or carrying a call id). Each is bounded by
+    ``timeout_s`` (default: the queue's ``call_timeout_s``) and raises as
+    :func:`~aiodelayq._redis.connections.run_script`; ``what`` names the call in errors.
+    """
+
+    __slots__ = ("_client", "_durability", "_timeout_s", "_what", "keys", "script")
+
+    def __init__(self, scripts: QueueScripts, script: QueueScript) -> None:
+        self.script = script
+        self.keys = tuple(getattr(scripts.keys, name) for name in script.key_names)
+        self._client = scripts.client
+        self._timeout_s = scripts.call_timeout_s
+        self._durability = scripts.durability
+        self._what = f"{script.name} on {scripts.keys.destination!r}"
+
+    def __repr__(self) -> str:
+        return f"<BoundScript {self._what}>"
+
+    async def __call__(self, *argv: Any, timeout_s: float | None = None, what: str | None = None) -> Any:
+        return await run_script(self._client, self.script, self.keys, argv,
+                                timeout_s=self._timeout_s if timeout_s is None else timeout_s, what=what or self._what)
+
+    async def durable(self, *argv: Any, timeout_s: float | None = None, what: str | None = None) -> Any:
+        """Run once, confirmed by the queue's durability (:func:`~aiodelayq._redis.durability.run_durable`)."""
+        return await run_durable(self._client, self.script, self.keys, argv, durability=self._durability,
+                                 timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+                                 what=what or self._what)
+
+    async def resend(self, *argv: Any, timeout_s: float | None = None, what: str | None = None,
+                     durable: bool = False) -> Any:
+        """Run, resent with the same ``argv`` after a transient failure within ``timeout_s`` (with
+        ``durable``: confirmed by the queue's durability)."""
+        return await resend_script(self._client, self.script, self.keys, argv,
+                                   timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+                                   what=what or self._what, durability=self._durability if durable else None)
+
+
+class QueueScripts:
+    """The library's scripts bound to one queue: its client, keys, call bound (``call_timeout_s``,
+    seconds) and durability, the four things every component that talks to Redis needs."""
+
+    def __init__(self, client: AnyRedis, keys: QueueKeys, *, call_timeout_s: float,
+                 durability: Durability | None = None) -> None:
+        self.client = client
+        self.keys = keys
+        self.call_timeout_s = call_timeout_s
+        self.durability = durability or Durability()
+        self.offer = BoundScript(self, OFFER)
+        self.native_long = BoundScript(self, NATIVE_LONG)
+        self.transfer = BoundScript(self, TRANSFER)
+        self.pop = BoundScript(self, POP)
+        self.finish = BoundScript(self, FINISH)
+        self.receive = BoundScript(self, RECEIVE)
+        self.release_call = BoundScript(self, RELEASE_CALL)
+        self.settle = BoundScript(self, SETTLE)
+        self.extend = BoundScript(self, EXTEND)
+        self.counts = BoundScript(self, COUNTS)
+        self.peek = BoundScript(self, PEEK)
+        self.contains_page = BoundScript(self, CONTAINS_PAGE)
+        self.read_page = BoundScript(self, READ_PAGE)
+        self.remove_page = BoundScript(self, REMOVE_PAGE)
+        self.cancel = BoundScript(self, CANCEL)
+        self.reschedule = BoundScript(self, RESCHEDULE)
+        self.get = BoundScript(self, GET)
+        self.requeue = BoundScript(self, REQUEUE)
+        self.purge = BoundScript(self, PURGE)
+
+    def __repr__(self) -> str:
+        return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"

@@ -1,14 +1,5 @@
-"""Lua of the producing side: OFFER, and NATIVE_LONG (the server's ``L`` layout, for fast elements
-packed by the client)."""
-
-from __future__ import annotations
-
-from .._redis.connections import Script
-from .prelude import with_prelude
-
-__all__ = ["NATIVE_LONG", "OFFER"]
-
-OFFER = Script("offer", with_prelude("""
+-- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
@@ -134,13 +125,13 @@ else
         kept[#kept + 1] = ',' .. score
       else
         if score then
-          local old = kv[2]
-          if not written[old] then
-            redis.call('zrem', KEYS[2], old)
-            local _, fast = parse(old)
-            if not fast then redis.call('lrem', KEYS[3], 1, old) end
+          local replaced = kv[2]
+          if not written[replaced] then
+            redis.call('zrem', KEYS[2], replaced)
+            local _, fast = parse(replaced)
+            if not fast then redis.call('lrem', KEYS[3], 1, replaced) end
           end
-          written[old], gone[old] = nil, true
+          written[replaced], gone[replaced] = nil, true
           letters[#letters + 1] = 'r'
         else
           letters[#letters + 1] = 'a'
@@ -191,9 +182,3 @@ if keys then sweep_index(KEYS[7], KEYS[2], 2) end
 -- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.
 remember(KEYS[5], KEYS[6], ARGV[1], base, outcome ~= '' and outcome or nil)
 return {base, now, outcome}
-"""))
-
-NATIVE_LONG = Script("native_long", """
--- returns: struct.pack('L', 1): the size and byte order of the server's native unsigned long
-return struct.pack('L', 1)
-""")

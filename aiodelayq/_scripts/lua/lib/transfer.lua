@@ -1,15 +1,4 @@
-"""Lua of the transfer scheduler: TRANSFER moves due elements to the destination list."""
-
-from __future__ import annotations
-
-from .._redis.connections import Script
-from .prelude import with_prelude
-
-__all__ = ["TRANSFER", "TRANSFER_FN"]
-
-# The transfer itself, shared by TRANSFER and by POP (a pop that moves the due items first, sent by a
-# consumer that is waiting when the scheduler's timer fires: one round trip instead of two).
-TRANSFER_FN = """
+-- defines: transfer
 -- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
 --          leases zset, key index hash, limit: at most |limit| elements; negative: also measure
 --          the lateness of what moves)
@@ -90,18 +79,3 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
   end
   return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}, late
 end
-"""
-
-TRANSFER = Script("transfer", with_prelude(TRANSFER_FN + """
--- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
--- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset, KEYS[7] key index hash
--- ARGV[1] at most |ARGV[1]| elements are moved; negative: the reply also carries their lateness
---         (sent only while a metrics sink is installed; see transfer())
--- returns: transfer()'s reply (above, 7 entries), then the length of the destination list
--- (consumers need not look when it is 0): 8 entries; for a negative ARGV[1] a 9th, the list of the
--- moved items' lateness (ms, integers). Readers take the first 8 and an optional 9th.
-local r, late = transfer(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], tonumber(ARGV[1]))
-r[#r + 1] = redis.call('llen', KEYS[1])
-if late then r[#r + 1] = late end
-return r
-"""))

@@ -1,13 +1,5 @@
-"""Lua of the dead-letter list: REQUEUE (entries back into the queue as pending items) and PURGE."""
-
-from __future__ import annotations
-
-from .._redis.connections import Script
-from .prelude import with_prelude
-
-__all__ = ["PURGE", "REQUEUE"]
-
-REQUEUE = Script("requeue", with_prelude("""
+-- REQUEUE: move dead letters back into the pending zset, once per call id.
+-- KEYS: dead_letter timeout_set delay_list channel calls call_replies
 -- KEYS[1] dead-letter list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] channel, KEYS[5] calls
 -- zset, KEYS[6] call replies hash
 -- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]
@@ -67,16 +59,3 @@ end
 local requeued = #entries - #skipped
 remember(KEYS[5], KEYS[6], ARGV[1], now, string.format('%10d%10d', requeued, #skipped))
 return {requeued, #skipped}
-"""))
-
-PURGE = Script("purge", with_prelude("""
--- KEYS[1] dead-letter list, KEYS[2] calls zset, KEYS[3] call replies hash
--- ARGV[1] call id
--- returns: how many entries were deleted (a resend of the call id: the first run's count).
-local first = first_run(KEYS[2], ARGV[1])
-if first then return tonumber(redis.call('hget', KEYS[3], ARGV[1])) end
-local n = redis.call('llen', KEYS[1])
-redis.call('unlink', KEYS[1])
-remember(KEYS[2], KEYS[3], ARGV[1], now_ms(), string.format('%d', n))
-return n
-"""))

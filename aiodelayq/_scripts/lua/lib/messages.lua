@@ -1,0 +1,32 @@
+-- defines: MSG_MAGIC message received release
+-- Message elements (layout in aiodelayq/_wire/elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery
+-- count | '>d' due ms of this delivery (0 = unknown: a first delivery) | payload. A message in flight
+-- sits in the in-flight zset scored by its visibility deadline (server ms).
+local MSG_MAGIC = 'adq' .. string.char(2)
+local function message(id, count, due, payload)
+  return MSG_MAGIC .. id .. struct.pack('>I4>d', count, due) .. payload
+end
+-- Undo one delivery nobody saw: a first delivery goes back to the head of the destination, as
+-- if never received; a redelivery gets its count lowered and is visible again at once.
+local function release(inflight, destination, m, now)
+  local count, due = struct.unpack('>I4>d', m, 21)
+  if count <= 1 then
+    redis.call('lpush', destination, string.sub(m, 33))
+  else
+    redis.call('zadd', inflight, now, message(string.sub(m, 5, 20), count - 1, due, string.sub(m, 33)))
+  end
+  redis.call('zrem', inflight, m)
+end
+-- The messages a RECEIVE call returned, from its remembered record (deadline '>d' | 16-byte ids).
+local function received(inflight, record)
+  local out = {}
+  if record and string.len(record) >= 8 then
+    local deadline = struct.unpack('>d', record, 1)
+    local ids = {}
+    for p = 9, string.len(record), 16 do ids[string.sub(record, p, p + 15)] = true end
+    for _, m in ipairs(redis.call('zrangebyscore', inflight, deadline, deadline)) do
+      if ids[string.sub(m, 5, 20)] then out[#out + 1] = m end
+    end
+  end
+  return out
+end

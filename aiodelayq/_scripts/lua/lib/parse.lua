@@ -1,0 +1,34 @@
+-- defines: parse LSZ FAST_MAGIC
+-- Element kinds (the layouts, seen from Python, are in aiodelayq/_wire/elements.py):
+-- - strict (Redisson >= 3.21.1, and strict=True): struct.pack('Bc0Lc0', 8, <8 random bytes>,
+--   #payload, payload), in the timeout zset and in Redisson's insertion-order list;
+-- - legacy (Redisson < 3.21.1, and wire_format="redisson-legacy"): struct.pack('dLc0', <random
+--   double>, #payload, payload), zset and list;
+-- - fast (aiodelayq's default): struct.pack('Bc0Lc0', 20, <id>, #payload, payload) with id =
+--   'adq' 0x01 | 8-byte big-endian insertion stamp (us) | 8 random bytes, zset only. Redisson's own
+--   unpack('Bc0Lc0') reads it like any other element.
+-- parse accepts every kind and checks every length, so a legacy element is never read as a strict
+-- one (or the reverse) and garbage is recognised as garbage. An element that satisfies both the
+-- strict and the legacy layout needs a legacy double whose first byte is 0x08 and a one-byte payload
+-- "\0"; it is read as strict. parse returns the payload (or nil), whether the element is a fast one
+-- (kept out of the insertion-order list, so nothing has to be removed from that list when it moves),
+-- and where its key tag would start (see lib/index.lua).
+local LSZ = string.len(struct.pack('L', 0))
+local FAST_MAGIC = 'adq' .. string.char(1)
+local function parse(v)
+  local n = string.len(v)
+  local b0 = string.byte(v, 1)
+  if b0 == 8 and n >= 9 + LSZ then
+    local len = struct.unpack('L', v, 10)
+    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false, 2 end
+  end
+  if b0 == 20 and n >= 21 + LSZ and string.sub(v, 2, 5) == FAST_MAGIC then
+    local len = struct.unpack('L', v, 22)
+    if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true, 14 end
+  end
+  if n >= 8 + LSZ then
+    local len = struct.unpack('L', v, 9)
+    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ), false, 1 end
+  end
+  return nil, false, nil
+end

@@ -1,0 +1,67 @@
+-- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
+-- KEYS: destination in_flight dead_letter calls call_replies
+-- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
+-- KEYS[5] call replies hash
+-- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
+-- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
+-- a 4-byte index)
+-- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
+--           dead-lettered count, messages...}
+-- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
+-- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
+-- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
+-- that dies, only delays it until its deadline. A resend of the call id returns the same messages
+-- (those still in flight as that delivery), without popping or counting anything.
+local now = now_ms()
+local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, dead = {}, 0
+local first = first_run(KEYS[4], ARGV[4])
+if first then
+  out = received(KEYS[2], redis.call('hget', KEYS[5], ARGV[4]))
+  -- Reply with the first run's time: the client computes each message's deadline from it.
+  now = first
+else
+  local expired = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+  for _, e in ipairs(expired) do
+    local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC
+    local count = valid and struct.unpack('>I4', e, 21) or 0
+    if not valid then
+      -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
+      redis.call('rpush', KEYS[3], dead_entry(DEAD_MALFORMED, 0, now, e))
+      dead = dead + 1
+    elseif max > 0 and count >= max then
+      redis.call('rpush', KEYS[3], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
+      dead = dead + 1
+    else
+      local became_due = tonumber(redis.call('zscore', KEYS[2], e))
+      local m = message(string.sub(e, 5, 20), count + 1, became_due, string.sub(e, 33))
+      redis.call('zadd', KEYS[2], now + vt, m)
+      out[#out + 1] = m
+    end
+    redis.call('zrem', KEYS[2], e)
+  end
+  local want = limit - #out - dead
+  if want > 0 then
+    local fresh = redis.call('lpop', KEYS[1], want)
+    if fresh then
+      local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
+      for i, payload in ipairs(fresh) do
+        local m = message(prefix .. struct.pack('>I4', i), 1, 0, payload)
+        scored[2 * i - 1], scored[2 * i] = deadline, m
+        out[#out + 1] = m
+      end
+      -- One ZADD per 500 messages, not one per message: a receive of 100 cost 4.3 us of server
+      -- time per message with a call each.
+      chunked('zadd', KEYS[2], nil, scored)
+    end
+  end
+  if #out > 0 then
+    local ids = {struct.pack('>d', now + vt)}
+    for _, m in ipairs(out) do ids[#ids + 1] = string.sub(m, 5, 20) end
+    remember(KEYS[4], KEYS[5], ARGV[4], now, table.concat(ids))
+  end
+end
+local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+local result = {now, head[2] or false, dead}
+for _, m in ipairs(out) do result[#result + 1] = m end
+return result

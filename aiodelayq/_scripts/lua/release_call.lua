@@ -1,0 +1,19 @@
+-- RELEASE_CALL: undo a receive nobody saw, by its call id.
+-- KEYS: in_flight destination calls call_replies
+-- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash
+-- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
+-- returns: how many messages were released (their delivery undone, see release()).
+-- If that RECEIVE has not run (yet), its id is remembered with an empty record, so a late arrival
+-- of it on a dropped connection receives nothing.
+local now = now_ms()
+local n = 0
+if first_run(KEYS[3], ARGV[1]) then
+  for _, m in ipairs(received(KEYS[1], redis.call('hget', KEYS[4], ARGV[1]))) do
+    release(KEYS[1], KEYS[2], m, now)
+    n = n + 1
+  end
+  redis.call('hset', KEYS[4], ARGV[1], '')
+else
+  remember(KEYS[3], KEYS[4], ARGV[1], now, '')
+end
+return n

@@ -1,0 +1,85 @@
+-- SETTLE: ack, nack, dead-letter or release messages in flight.
+-- KEYS: in_flight dead_letter destination channel
+-- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel
+-- ARGV[1] max deliveries (0 = unlimited), ARGV[2] '' for a first attempt, '1' for a resend after a
+--         lost reply
+-- then per settle, 4 arguments: the message element; 'ack' | 'nack' | 'dead' (its payload to the
+--         dead-letter list, reason nacked) | 'undecodable' (the same, reason undecodable) |
+--         'release' (undo this delivery: nobody saw the message); the nack delay
+--         ms; the message's visibility deadline ms. On a resend, a message gone before its deadline
+--         can only have been settled by the first attempt (nobody else touches it before then).
+-- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
+-- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
+-- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
+local now = now_ms()
+local max, resend = tonumber(ARGV[1]), ARGV[2] ~= ''
+local results, earliest = {}, false
+-- Acks come in runs (a consumer's write-behind acks): a run is checked with one ZMSCORE and removed
+-- with one ZREM (per 1,000) instead of two calls per ack. The other modes go one by one, in order.
+local run = {}
+local function flush_acks()
+  for c = 1, #run, 1000 do
+    local last = math.min(c + 999, #run)
+    local members = {}
+    for j = c, last do members[#members + 1] = ARGV[run[j]] end
+    local scores = redis.call('zmscore', KEYS[1], unpack(members))
+    local gone, seen = {}, {}
+    for j = c, last do
+      local i = run[j]
+      local result = 1
+      if scores[j - c + 1] and not seen[ARGV[i]] then
+        -- (the same delivery acked twice in one call: the second finds it gone, as one by one)
+        seen[ARGV[i]] = true
+        gone[#gone + 1] = ARGV[i]
+      elseif not (resend and now < tonumber(ARGV[i + 3])) then
+        result = 0
+      end
+      results[(i - 3) / 4 + 1] = result
+    end
+    if #gone > 0 then redis.call('zrem', KEYS[1], unpack(gone)) end
+  end
+  run = {}
+end
+local function settle_one(i)
+  local m, mode = ARGV[i], ARGV[i + 1]
+  local result = 1
+  if not redis.call('zscore', KEYS[1], m) then
+    if not (resend and now < tonumber(ARGV[i + 3])) then result = 0 end
+  elseif mode == 'dead' or mode == 'undecodable' then
+    local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
+    redis.call('rpush', KEYS[2], dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
+    redis.call('zrem', KEYS[1], m)
+  elseif mode == 'release' then
+    release(KEYS[1], KEYS[3], m, now)
+    -- Visible again now: receivers that looked before this landed, here or elsewhere, look again.
+    earliest = now
+  else
+    local count = struct.unpack('>I4', m, 21)
+    if max > 0 and count >= max then
+      -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
+      redis.call('rpush', KEYS[2], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
+      redis.call('zrem', KEYS[1], m)
+      result = 2
+    else
+      local due = now + tonumber(ARGV[i + 2])
+      redis.call('zadd', KEYS[1], 'XX', due, m)
+      if not earliest or due < earliest then earliest = due end
+    end
+  end
+  results[(i - 3) / 4 + 1] = result
+end
+for i = 3, #ARGV, 4 do
+  if ARGV[i + 1] == 'ack' then
+    run[#run + 1] = i
+  else
+    flush_acks()
+    settle_one(i)
+  end
+end
+flush_acks()
+if earliest then
+  -- Every process's scheduler wakes at that time (a nack's due time; now after a release), and its
+  -- receivers look again.
+  redis.call('publish', KEYS[4], string.format('%d', earliest))
+end
+return results
