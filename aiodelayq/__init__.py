@@ -11,7 +11,7 @@
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Reject, Retry, Worker, WorkerStats
-from ._options import WireFormat
+from ._options import WireFormat, WorkerOptions
 from ._producing.dead_letters import DeadLetter
 from ._producing.keyed import Offered, Pending
 from ._producing.pending import PendingItem, QueueCounts
@@ -77,6 +77,7 @@ __all__ = [
     "StrCodec",
     "WireFormat",
     "Worker",
+    "WorkerOptions",
     "WorkerStats",
     "WrongEventLoopError",
     "WrongNodeError",

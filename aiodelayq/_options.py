@@ -1,21 +1,25 @@
-"""The options of one :class:`~aiodelayq.DelayedQueue`, checked once when the queue is made."""
+"""Options objects, one per concern, each checked once when made (messages name the option; the rule
+for durations is in ``_core/checks.py``): :class:`QueueOptions` (a :class:`~aiodelayq.DelayedQueue`'s)
+and :class:`WorkerOptions` (a worker's, whichever way it is started)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.backoff import AbstractBackoff
 
+from ._core import checks
 from ._redis.connections import AnyRedis
 from ._redis.durability import Durability
 from ._wire.codec import Codec, resolve_codec
+from ._wire.delays import MIN_VISIBILITY_TIMEOUT_S
 from ._wire.elements import ElementKind, element_kind
 from .exceptions import ConfigurationError
 
-__all__ = ["QueueOptions", "WireFormat", "check_client"]
+__all__ = ["QueueOptions", "WireFormat", "WorkerOptions", "check_client"]
 
 WireFormat = Literal["redisson", "redisson-legacy"]
 """How this producer packs pending elements: ``"redisson"`` (Redisson >= 3.21.1, ``Bc0Lc0``: fast or
@@ -74,24 +78,60 @@ class QueueOptions:
         """
         if wire_format not in ("redisson", "redisson-legacy"):
             raise ConfigurationError(f"wire_format must be 'redisson' or 'redisson-legacy', not {wire_format!r}")
-        if max_deliveries is not None and (not isinstance(max_deliveries, int) or max_deliveries < 1):
-            raise ConfigurationError("max_deliveries must be None or an int >= 1")
-        if not isinstance(transfer_batch, int) or not 1 <= transfer_batch <= 10_000:
-            raise ConfigurationError("transfer_batch must be an int in 1..10000")
-        if not isinstance(max_call_bytes, int) or max_call_bytes < 1024:
-            raise ConfigurationError("max_call_bytes must be an int >= 1024")
-        seconds = {"safety_poll_s": safety_poll_s, "open_timeout_s": open_timeout_s,
-                   "close_timeout_s": close_timeout_s, "call_timeout_s": call_timeout_s}
-        for label, value in seconds.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{label} must be a positive number of seconds")
+        if not isinstance(strict, bool):
+            raise ConfigurationError(f"strict must be a bool, not {strict!r}")
+        if max_deliveries is not None:
+            checks.count("max_deliveries", max_deliveries, minimum=1)
+        checks.count("transfer_batch", transfer_batch, minimum=1, maximum=10_000)
+        checks.count("max_call_bytes", max_call_bytes, minimum=1024)
+        durations = {name: checks.seconds(name, value, above_minimum=True) for name, value in (
+            ("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
+            ("close_timeout_s", close_timeout_s), ("call_timeout_s", call_timeout_s))}
         try:
             resolved = resolve_codec(codec)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         return cls(codec=resolved, wire_format=wire_format,  # type: ignore[arg-type]
                    kind=element_kind(strict=strict, wire_format=wire_format), max_deliveries=max_deliveries or 0,
-                   transfer_batch=transfer_batch, safety_poll_s=float(safety_poll_s),
-                   open_timeout_s=float(open_timeout_s), close_timeout_s=float(close_timeout_s),
-                   call_timeout_s=float(call_timeout_s), max_call_bytes=max_call_bytes,
+                   transfer_batch=transfer_batch, max_call_bytes=max_call_bytes, **durations,
                    durability=Durability.build(min_replicas, replication_timeout_s, wait_aof))
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs a handler on a queue's items: one set of options, checked here, for every way
+    a worker starts (:meth:`DelayedQueue.consume`, :meth:`DelayedQueue.worker`,
+    :meth:`Queues.add_worker`, :func:`aiodelayq.worker.run_worker` and ``aiodelayq worker``, each
+    taking these names as keywords or flags).
+
+    Attributes:
+        concurrency: handlers running at once (an ``int`` >= 1).
+        visibility_timeout_s: seconds a received message stays invisible to other consumers (at least
+            ``MIN_VISIBILITY_TIMEOUT_S``); a slow handler's message is extended every third of it.
+        reliable: ``True``: at least once (receive, ack on return, nack on failure); ``False``: at most
+            once (``take_many``: a failure is logged with the item, which is gone).
+        drain_timeout_s: on :meth:`Worker.stop`, seconds running handlers get to finish before they
+            are cut off and their messages handed back (0: at once).
+        retry_backoff: the delay before a failed message is delivered again, from its delivery count
+            (a redis-py backoff; ``None``: ``EqualJitterBackoff(cap=300, base=1)``).
+
+    Raises:
+        ConfigurationError: a bad option, named.
+    """
+
+    concurrency: int = 16
+    visibility_timeout_s: float = 30.0
+    reliable: bool = True
+    drain_timeout_s: float = 30.0
+    retry_backoff: AbstractBackoff | None = None
+
+    def __post_init__(self) -> None:
+        checks.count("concurrency", self.concurrency, minimum=1)
+        object.__setattr__(self, "visibility_timeout_s", checks.seconds(
+            "visibility_timeout_s", self.visibility_timeout_s, minimum_s=MIN_VISIBILITY_TIMEOUT_S))
+        object.__setattr__(self, "drain_timeout_s", checks.seconds("drain_timeout_s", self.drain_timeout_s))
+        if not isinstance(self.reliable, bool):
+            raise ConfigurationError(f"reliable must be a bool, not {self.reliable!r}")
+        if self.retry_backoff is not None and not isinstance(self.retry_backoff, AbstractBackoff):
+            raise ConfigurationError(
+                f"retry_backoff must be a redis.backoff.AbstractBackoff, not {self.retry_backoff!r}")

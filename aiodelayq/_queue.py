@@ -16,7 +16,7 @@ from redis.backoff import AbstractBackoff
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
-from ._options import QueueOptions, WireFormat, check_client
+from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._producing.dead_letters import DeadLetter, DeadLetters
 from ._producing.keyed import KeyedItems, Offered, Pending
 from ._producing.pending import PendingItem, PendingView, QueueCounts
@@ -315,25 +315,26 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- a worker (see _consuming/worker.py) -----------------------------------------------------------------
 
     def worker(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
-               visibility_timeout: float = 30.0, reliable: bool = True, retry_backoff: AbstractBackoff | None = None,
-               drain_timeout: float = 30.0) -> Worker[T]:
-        """A :class:`Worker` of :meth:`consume`'s options, to stop gracefully: ``await worker.run()``
-        until ``worker.stop()`` (running handlers get ``drain_timeout`` seconds, then are cut off and
-        their messages handed back) or ``worker.abort()`` (at once). Raises as :meth:`consume`."""
-        return Worker(self, handler, concurrency=concurrency, visibility_timeout=visibility_timeout,
-                      reliable=reliable, retry_backoff=retry_backoff, drain_timeout=drain_timeout)
+               visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
+               retry_backoff: AbstractBackoff | None = None) -> Worker[T]:
+        """A :class:`Worker` of :meth:`consume`'s options (:class:`WorkerOptions`), to stop gracefully:
+        ``await worker.run()`` until ``worker.stop()`` (running handlers get ``drain_timeout_s``
+        seconds, then are cut off and their messages handed back) or ``worker.abort()`` (at once).
+        Raises as :meth:`consume`."""
+        return Worker(self, handler, WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s,
+                                                   retry_backoff))
 
     async def consume(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
-                      visibility_timeout: float = 30.0, reliable: bool = True,
-                      retry_backoff: AbstractBackoff | None = None, drain_timeout: float = 30.0) -> None:
+                      visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
+                      retry_backoff: AbstractBackoff | None = None) -> None:
         """Run ``await handler(item)`` on every item as it falls due, at most ``concurrency`` at a
         time, until the queue is closed or this call is cancelled (then running handlers are cut off
         and their messages handed back, bounded); opens the queue if needed, and then closes it.
 
-        Reliable (the default, at-least-once): each item is a :class:`Message` received with
-        ``visibility_timeout`` seconds, kept alive while its handler runs longer (extended every
-        third of it). Returned: acked. Raised :class:`Retry`: nacked for its delay. Raised
-        :class:`Reject`: dead-lettered now. Raised anything else: logged and nacked after
+        The options are :class:`WorkerOptions`'s. Reliable (the default, at-least-once): each item is
+        a :class:`Message` received with ``visibility_timeout_s`` seconds, kept alive while its
+        handler runs longer (extended every third of it). Returned: acked. Raised :class:`Retry`:
+        nacked for its delay. Raised :class:`Reject`: dead-lettered now. Raised anything else: logged and nacked after
         ``retry_backoff.compute(delivery_count)`` seconds (a redis-py backoff; default
         ``EqualJitterBackoff(cap=300, base=1)``: 1-2 s, 2-4 s, 4-8 s...); past the queue's
         ``max_deliveries`` it is dead-lettered (set it: without a limit a failing item is retried
@@ -341,11 +342,11 @@ class DelayedQueue(AsyncResource, Generic[T]):
         logged at ERROR and dropped. For a graceful stop (signals), use :meth:`worker`.
 
         Raises:
-            ConfigurationError, InvalidDelayError: bad options.
+            ConfigurationError: a bad option, named.
             BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
         """
-        worker = self.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout,
-                             reliable=reliable, retry_backoff=retry_backoff, drain_timeout=drain_timeout)
+        worker = self.worker(handler, concurrency=concurrency, visibility_timeout_s=visibility_timeout_s,
+                             reliable=reliable, drain_timeout_s=drain_timeout_s, retry_backoff=retry_backoff)
         if self.is_open:
             await worker.run()
             return

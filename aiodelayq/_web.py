@@ -21,8 +21,10 @@ import anyio
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.backoff import AbstractBackoff
 
 from ._consuming.worker import Worker
+from ._options import WorkerOptions
 from ._queue import DelayedQueue
 from .exceptions import ConfigurationError, QueueNotOpenError
 
@@ -40,7 +42,7 @@ State = Literal["new", "opening", "open", "closing"]
 @dataclass
 class _Declared:
     options: dict[str, Any]
-    workers: list[tuple[Callable[[Any], Awaitable[object]], dict[str, Any]]] = field(default_factory=list)
+    workers: list[tuple[Callable[[Any], Awaitable[object]], WorkerOptions]] = field(default_factory=list)
 
 
 class Queues(AsyncResource):
@@ -56,7 +58,7 @@ class Queues(AsyncResource):
             closed at each close), a zero-argument function returning a client (idem), or a client
             (used as is, never closed here: its owner closes it).
         close_timeout_s: bound of :meth:`aclose`, seconds: workers drain within their own
-            ``drain_timeout`` and this bound less 2.5 s; then they are cut off (their messages
+            ``drain_timeout_s`` and this bound less 2.5 s; then they are cut off (their messages
             handed back); then each queue closes within its own ``close_timeout_s`` and the
             client within what is left (at least 0.5 s).
         redis_options: keyword arguments for ``Redis.from_url`` (``decode_responses`` must stay off).
@@ -99,16 +101,19 @@ class Queues(AsyncResource):
         if known is None:
             self._declared[name] = _Declared(dict(options))
 
-    def add_worker(self, name: str, handler: Callable[[Any], Awaitable[object]], **worker_options: Any) -> None:
-        """Run ``queue.worker(handler, **worker_options)`` on the queue ``name`` while the group is
-        open (the queue is declared with default options if it was not). See
+    def add_worker(self, name: str, handler: Callable[[Any], Awaitable[object]], *, concurrency: int = 16,
+                   visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
+                   retry_backoff: AbstractBackoff | None = None) -> None:
+        """Run a worker of ``handler`` (:class:`WorkerOptions`) on the queue ``name`` while the group
+        is open (the queue is declared with default options if it was not). See
         :meth:`DelayedQueue.consume` for what the worker does with each item.
 
         Raises:
-            ConfigurationError: the group is open.
+            ConfigurationError: the group is open, or a bad option (named).
         """
         self._check_new("add a worker")
-        self._declared.setdefault(name, _Declared({})).workers.append((handler, dict(worker_options)))
+        options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s, retry_backoff)
+        self._declared.setdefault(name, _Declared({})).workers.append((handler, options))
 
     def _check_new(self, what: str) -> None:
         if self.state != "new":
@@ -196,7 +201,7 @@ class Queues(AsyncResource):
                 if declared.workers:
                     await self._queues[name].open()
                 for handler, options in declared.workers:
-                    worker = self._queues[name].worker(handler, **options)
+                    worker = Worker(self._queues[name], handler, options)
                     task = asyncio.get_running_loop().create_task(worker.run(), name=f"aiodelayq-worker:{name}")
                     task.add_done_callback(_report)
                     self._workers.append((worker, task))

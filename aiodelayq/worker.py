@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from ._consuming.worker import Reject, Retry, Worker, WorkerStats
 from ._core.urls import redact
+from ._options import WorkerOptions
 from ._queue import DelayedQueue
 from .exceptions import ConfigurationError, DelayedQueueError
 
@@ -65,11 +66,14 @@ def load_handler(spec: str) -> Handler:
 
 
 def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://localhost:6379/0",
-               concurrency: int = 16, visibility_timeout_s: float = 30.0, max_deliveries: int | None = 5,
-               codec: str = "json", drain_timeout_s: float = 30.0, reliable: bool = True) -> int:
+               max_deliveries: int | None = 5, codec: str = "json", concurrency: int = 16,
+               visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0) -> int:
     """Blocking: run a worker on ``queue`` until SIGTERM/SIGINT, then drain (see the module docstring).
-    Logs lifecycle events at INFO (configures logging to stderr if nothing did). ``max_deliveries``:
-    the queue's limit before a failing item is dead-lettered (5; 0 or ``None``: no limit).
+    Logs lifecycle events at INFO (configures logging to stderr if nothing did). The worker's options
+    are :class:`~aiodelayq.WorkerOptions`'s, with its defaults. ``max_deliveries``: the queue's limit
+    before a failing item is dead-lettered. It is 5 here where a :class:`~aiodelayq.DelayedQueue` has
+    none: a worker process retries failures by itself, so without a limit one item that always fails
+    would be retried for ever (0 or ``None``: no limit).
 
     Returns:
         The process exit code: 0 once stopped by a signal or because the queue closed; 1 if the
@@ -80,9 +84,9 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         function = load_handler(handler) if isinstance(handler, str) else handler
-        return asyncio.run(_serve(function, queue=queue, redis_url=redis_url, concurrency=concurrency,
-                                  visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries,
-                                  codec=codec, drain_timeout_s=drain_timeout_s, reliable=reliable))
+        options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s)
+        return asyncio.run(_serve(function, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries,
+                                  codec=codec, options=options))
     except (ConfigurationError, ValueError) as exc:  # ValueError: a malformed Redis URL
         print(f"aiodelayq worker: {exc}", file=sys.stderr)
         return 2
@@ -91,8 +95,8 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
         return 1
 
 
-async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: int, visibility_timeout_s: float,
-                 max_deliveries: int | None, codec: str, drain_timeout_s: float, reliable: bool) -> int:
+async def _serve(handler: Handler, *, queue: str, redis_url: str, max_deliveries: int | None, codec: str,
+                 options: WorkerOptions) -> int:
     client = Redis.from_url(redis_url)
     try:
         try:
@@ -104,14 +108,14 @@ async def _serve(handler: Handler, *, queue: str, redis_url: str, concurrency: i
                   file=sys.stderr)
             return 1
         q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries or None)
-        worker = q.worker(handler, concurrency=concurrency, visibility_timeout=visibility_timeout_s,
-                          reliable=reliable, drain_timeout=drain_timeout_s)
+        worker = Worker(q, handler, options)
         with _signals(worker) as stopped_early:
             try:
                 async with q:
                     log.info("aiodelayq: worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
-                             "max deliveries %s)", queue, concurrency, "reliable" if reliable else "plain",
-                             visibility_timeout_s, max_deliveries)
+                             "max deliveries %s)", queue, options.concurrency,
+                             "reliable" if options.reliable else "plain", options.visibility_timeout_s,
+                             max_deliveries)
                     await worker.run()
             except asyncio.CancelledError:
                 if not stopped_early:  # not our signal: someone else cancelled this task

@@ -199,7 +199,7 @@ async def test_queues_run_workers_and_drain_them_before_closing(client: Redis, m
             await release.wait()  # running when the group closes: drained, not cut off
         handled.append(item)
 
-    queues.add_worker(probe.name, handler, concurrency=4, drain_timeout=10)
+    queues.add_worker(probe.name, handler, concurrency=4, drain_timeout_s=10)
     async with queues:
         await queues[probe.name].offer_many([(i, 0) for i in range(10)])
         await until(lambda: len(handled) == 9, timeout_s=10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import signal
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, Reject, Retry, Worker
+from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions
+from aiodelayq.worker import run_worker
 from tests.faults import REPO_ROOT
 from tests.helpers import until
 
@@ -109,7 +111,7 @@ async def test_a_slow_handler_keeps_its_message(make_queue: Any) -> None:
         await asyncio.sleep(2.6)  # more than twice the visibility timeout
 
     await q.offer(1, 0)
-    worker = await _run(q, handler, lambda w: w.stats.succeeded == 1, 10, visibility_timeout=1.0, concurrency=2)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 1, 10, visibility_timeout_s=1.0, concurrency=2)
     assert calls == {1: 1}
     assert worker.stats.lost_leases == 0
     assert await _counts_settle(q, in_flight=0, ready=0, pending=0)
@@ -128,7 +130,7 @@ async def test_stop_drains_running_handlers_and_starts_nothing_new(make_queue: A
 
     await q.offer_many([(i, 0) for i in range(10)])
     async with q:
-        worker = q.worker(handler, concurrency=4, drain_timeout=10)
+        worker = q.worker(handler, concurrency=4, drain_timeout_s=10)
         task = asyncio.create_task(worker.run())
         await until(lambda: len(started) == 4)
         worker.stop()
@@ -184,7 +186,7 @@ async def test_cut_off_handlers_hand_their_messages_back(make_queue: Any, how: s
 
     await q.offer_many([(i, 0) for i in range(3)])
     async with q:
-        worker = q.worker(handler, concurrency=3, drain_timeout=0.2 if how == "drain_timeout" else 30)
+        worker = q.worker(handler, concurrency=3, drain_timeout_s=0.2 if how == "drain_timeout" else 30)
         task = asyncio.create_task(worker.run())
         await until(lambda: len(started) == 3)
         t0 = asyncio.get_running_loop().time()
@@ -243,7 +245,7 @@ async def test_steady_slow_handlers_never_run_a_message_twice(make_queue: Any) -
         await asyncio.sleep(0.05)
 
     await q.offer_many([(i, 0) for i in range(100)])
-    worker = await _run(q, handler, lambda w: w.stats.succeeded == 100, 20, concurrency=4, visibility_timeout=1.0)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 100, 20, concurrency=4, visibility_timeout_s=1.0)
     assert set(runs) == set(range(100))
     assert max(runs.values()) == 1
     assert worker.stats.lost_leases == 0
@@ -289,15 +291,23 @@ async def test_a_bad_retry_delay_falls_back_to_the_backoff(make_queue: Any, dela
     assert calls == {0: 2, 1: 2, 2: 2}
 
 
-@pytest.mark.parametrize(("options", "error"), [
-    ({"concurrency": 0}, ConfigurationError), ({"concurrency": 2.5}, ConfigurationError),
-    ({"visibility_timeout": 0.5}, ConfigurationError), ({"drain_timeout": -1}, InvalidDelayError)])
-async def test_bad_worker_options_are_refused(make_queue: Any, options: dict[str, Any], error: type) -> None:
+@pytest.mark.parametrize("options", [
+    {"concurrency": 0}, {"concurrency": 2.5}, {"concurrency": True}, {"visibility_timeout_s": 0.05},
+    {"visibility_timeout_s": "30"}, {"drain_timeout_s": -1}, {"drain_timeout_s": math.inf}, {"reliable": 1},
+    {"retry_backoff": 5}])
+async def test_bad_worker_options_are_refused_naming_the_option_wherever_a_worker_starts(
+        make_queue: Any, options: dict[str, Any]) -> None:
     async def handler(item: Any) -> None:
         pass
 
-    with pytest.raises(error):
-        make_queue().worker(handler, **options)
+    [name] = options
+    queues = Queues("redis://127.0.0.1:1")
+    for start in (lambda: make_queue().worker(handler, **options), lambda: WorkerOptions(**options),
+                  lambda: queues.add_worker("q", handler, **options)):
+        with pytest.raises(ConfigurationError, match=name):
+            start()
+    if name != "retry_backoff":  # not a process runner's option
+        assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1", **options) == 2  # before connecting
 
 
 # -- the worker process: real signals ---------------------------------------------------------------

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
-from redis.backoff import AbstractBackoff, EqualJitterBackoff
+from redis.backoff import EqualJitterBackoff
 
 from .._core.tasks import run_through_cancellation
-from .._wire.delays import delay_to_ms
+from .._options import WorkerOptions
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
 from .messages import Message
 
@@ -102,17 +102,12 @@ class Worker(Generic[T]):
     """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
     docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped."""
 
-    def __init__(self, queue: Source[T], handler: Callable[[T], Awaitable[object]], *,
-                 concurrency: int = 16, visibility_timeout: float = 30.0, reliable: bool = True,
-                 retry_backoff: AbstractBackoff | None = None, drain_timeout: float = 30.0) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"concurrency must be an int >= 1, not {concurrency!r}")
-        if delay_to_ms(visibility_timeout) < 1000:
-            raise ConfigurationError("visibility_timeout must be at least 1 s: a lease extends it every third")
-        self.queue, self.handler, self.concurrency, self.reliable = queue, handler, concurrency, reliable
-        self.visibility_timeout_s = float(visibility_timeout)
-        self.drain_timeout_s = delay_to_ms(drain_timeout) / 1000  # InvalidDelayError for a bad bound
-        self.retry_backoff = retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
+    def __init__(self, queue: Source[T], handler: Callable[[T], Awaitable[object]], options: WorkerOptions) -> None:
+        self.queue, self.handler, self.options = queue, handler, options
+        self.concurrency, self.reliable = concurrency, reliable = options.concurrency, options.reliable
+        self.visibility_timeout_s = options.visibility_timeout_s
+        self.drain_timeout_s = options.drain_timeout_s
+        self.retry_backoff = options.retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
         self.stats = WorkerStats()
         self.state: State = "new"
         # `concurrency` slot tasks take fetched entries from `_ahead` one after the other; `_busy`

@@ -24,7 +24,6 @@ last write).
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from .._core import checks
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, NotReplicatedError
 from .connections import AnyRedis, Script, call, run_script
 
@@ -60,13 +60,11 @@ class Durability:
         Raises:
             ConfigurationError: a bad option, named.
         """
-        if not isinstance(min_replicas, int) or isinstance(min_replicas, bool) or min_replicas < 0:
-            raise ConfigurationError("min_replicas must be an int >= 0")
-        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
-            raise ConfigurationError("replication_timeout_s must be a positive number of seconds")
+        replicas = checks.count("min_replicas", min_replicas, minimum=0)
+        timeout = checks.seconds("replication_timeout_s", timeout_s, above_minimum=True)
         if not isinstance(aof, bool):
-            raise ConfigurationError("wait_aof must be a bool")
-        return cls(min_replicas, float(timeout_s), aof)
+            raise ConfigurationError(f"wait_aof must be a bool, not {aof!r}")
+        return cls(replicas, timeout, aof)
 
     @property
     def enabled(self) -> bool:

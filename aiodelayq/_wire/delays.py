@@ -7,22 +7,26 @@ from datetime import timedelta
 
 from ..exceptions import ConfigurationError, InvalidDelayError
 
-__all__ = ["MAX_DELAY_MS", "check_max_items", "check_timeout", "delay_to_ms", "visibility_ms"]
+__all__ = ["MAX_DELAY_MS", "MIN_VISIBILITY_TIMEOUT_S", "check_max_items", "check_timeout", "delay_to_ms",
+           "visibility_ms"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
 
+MIN_VISIBILITY_TIMEOUT_S = 0.1
+"""The shortest visibility timeout anywhere (``receive``, ``messages``, workers): 100 ms."""
+
 # Float noise allowed below a whole millisecond before rounding up: 0.1 s is 100.00000000000001 ms
 # as a float and must stay 100 ms, while 1e-9 s must become 1 ms (never early). Relative to the
-# value for large delays: a few times a double's precision (2.2e-16), far below a millisecond:
-# it was 1e-6 relative, which made an hour 3,599,997 ms (3 ms early) and a day 86 ms early.
+# value for large delays: a few times a double's precision (2.2e-16), far below a millisecond (a
+# larger relative allowance would make an hour of delay a few ms early).
 _NOISE_MS = 1e-6
 _NOISE_RELATIVE = 1e-15
 
 
-def delay_to_ms(delay: float | timedelta) -> int:
+def delay_to_ms(delay: float | timedelta, name: str = "delay") -> int:
     """Convert a delay (seconds, or a ``timedelta``) to whole milliseconds, rounding up: an item is
-    never due early. Any positive delay is at least 1 ms.
+    never due early. Any positive delay is at least 1 ms. ``name`` names the value in errors.
 
     Raises:
         InvalidDelayError: negative, NaN, infinite, too large, or not a number/``timedelta``.
@@ -31,22 +35,22 @@ def delay_to_ms(delay: float | timedelta) -> int:
         # Exact integer arithmetic: a timedelta is whole microseconds.
         micros = (delay.days * 86_400 + delay.seconds) * 1_000_000 + delay.microseconds
         if micros < 0:
-            raise InvalidDelayError(f"delay must not be negative, got {delay!r}")
+            raise InvalidDelayError(f"{name} must not be negative, got {delay!r}")
         delay_ms = -(-micros // 1000)
     elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
         seconds = float(delay)
         if math.isnan(seconds) or math.isinf(seconds):
-            raise InvalidDelayError(f"delay must be finite, got {delay!r}")
+            raise InvalidDelayError(f"{name} must be finite, got {delay!r}")
         if seconds < 0:
-            raise InvalidDelayError(f"delay must not be negative, got {delay!r}")
+            raise InvalidDelayError(f"{name} must not be negative, got {delay!r}")
         ms = seconds * 1000.0
         delay_ms = math.ceil(ms - max(_NOISE_MS, ms * _NOISE_RELATIVE)) if ms > 0 else 0
         if ms > 0 and delay_ms == 0:
             delay_ms = 1
     else:
-        raise InvalidDelayError(f"delay must be seconds (int/float) or a timedelta, not {type(delay).__name__}")
+        raise InvalidDelayError(f"{name} must be seconds (int/float) or a timedelta, not {type(delay).__name__}")
     if delay_ms > MAX_DELAY_MS:
-        raise InvalidDelayError(f"delay {delay!r} is too large (max {MAX_DELAY_MS} ms)")
+        raise InvalidDelayError(f"{name} {delay!r} is too large (max {MAX_DELAY_MS} ms)")
     return int(delay_ms)
 
 
@@ -73,12 +77,13 @@ def check_max_items(max_items: object) -> int:
 
 
 def visibility_ms(visibility_timeout: float | timedelta) -> int:
-    """A visibility timeout (seconds or ``timedelta``) in whole ms, at least 1.
+    """A visibility timeout (seconds or ``timedelta``) in whole ms, at least ``MIN_VISIBILITY_TIMEOUT_S``.
 
     Raises:
-        InvalidDelayError: a bad value (as :func:`delay_to_ms`) or zero.
+        InvalidDelayError: a bad value (as :func:`delay_to_ms`) or one under the minimum.
     """
-    vt_ms = delay_to_ms(visibility_timeout)
-    if vt_ms < 1:
-        raise InvalidDelayError("visibility_timeout must be at least 1 ms")
+    vt_ms = delay_to_ms(visibility_timeout, "visibility_timeout")
+    if vt_ms < MIN_VISIBILITY_TIMEOUT_S * 1000:
+        raise InvalidDelayError(f"visibility_timeout must be at least {MIN_VISIBILITY_TIMEOUT_S:g} s, "
+                                f"got {visibility_timeout!r}")
     return vt_ms

@@ -346,7 +346,7 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
                                                  "e.g. myapp.jobs:handle.")],
            queue: Annotated[str, typer.Option("--queue", help="The queue to consume.")],
            concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Items handled at once.")] = 16,
-           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", min=1.0,
+           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", min=0.1,
                                                              help="Seconds a received item stays invisible to "
                                                              "others (extended while the handler runs).")] = 30.0,
            max_deliveries: Annotated[int, typer.Option("--max-deliveries", min=0,
@@ -354,13 +354,15 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
                                                        "deliveries (0: no limit).")] = 5,
            drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Seconds running handlers "
                                                         "get to finish on SIGTERM/Ctrl-C.")] = 30.0,
+           plain: Annotated[bool, typer.Option("--plain", help="At most once: take items (no acks); a failed "
+                                               "item is logged and gone.")] = False,
            redis_url: RedisUrl = DEFAULT_URL, codec: CodecOpt = CodecName.JSON) -> None:
-    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once)."""
+    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once, unless --plain)."""
     # Imported here: the worker is only this command's business. run_worker loads MODULE:FUNC itself,
     # prints its own one-line errors and returns the exit code.
     from ..worker import run_worker
 
-    code = run_worker(target, queue=queue, redis_url=redis_url, concurrency=concurrency,
-                      visibility_timeout_s=visibility_timeout, codec=codec.value, drain_timeout_s=drain_timeout,
-                      max_deliveries=max_deliveries)
+    code = run_worker(target, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries, codec=codec.value,
+                      concurrency=concurrency, visibility_timeout_s=visibility_timeout, reliable=not plain,
+                      drain_timeout_s=drain_timeout)
     raise typer.Exit(code)

@@ -1,0 +1,52 @@
+"""The one validator of user-given numbers: every message names the option.
+
+The rule for durations, everywhere in the library: a duration is a number of seconds (an ``int`` or
+a ``float``, never a ``bool``) or a :class:`datetime.timedelta`, finite. Option names carry the unit
+(``call_timeout_s``, ``visibility_timeout_s``); the arguments of the queue's own calls keep their
+short names (``offer(item, delay)``, ``receive(visibility_timeout, timeout)``). Durations sent to
+Redis are whole milliseconds, rounded up (``_wire/delays.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from ..exceptions import ConfigurationError
+
+__all__ = ["count", "seconds"]
+
+
+def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: bool = False) -> float:
+    """``value`` as seconds: a number or a ``timedelta``, finite, at least ``minimum_s`` (strictly
+    above it with ``above_minimum``).
+
+    Raises:
+        ConfigurationError: anything else, naming ``name``.
+    """
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise ConfigurationError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
+    if math.isnan(result) or math.isinf(result):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, not {value!r}")
+    if result < minimum_s or (above_minimum and result == minimum_s):
+        bound = f"more than {minimum_s:g}" if above_minimum else f"at least {minimum_s:g}"
+        raise ConfigurationError(f"{name} must be {bound} seconds, not {value!r}")
+    return result
+
+
+def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` (never a ``bool``) from ``minimum`` to ``maximum``.
+
+    Raises:
+        ConfigurationError: anything else, naming ``name``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be an int, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        span = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ConfigurationError(f"{name} must be an int {span}, not {value!r}")
+    return value
