@@ -439,7 +439,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def dead_letters(self, limit: int | None = None) -> list[DeadLetter[T]]:
         """The oldest ``limit`` entries of the dead-letter list (``None``: all), oldest first: each
         with its ``value`` (or ``raw`` bytes when undecodable), ``reason``, ``delivery_count`` and
-        ``dead_at_ms``. Entries written before these fields existed read as reason ``"unknown"``.
+        ``dead_at_ms``. An entry the library did not write reads as reason ``"malformed"``.
 
         Raises:
             ConfigurationError: a bad ``limit``. BackendError: the read failed.

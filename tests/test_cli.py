@@ -306,13 +306,13 @@ async def test_dead_letters_list_requeue_purge(client: Redis, make_queue: Any, c
     rows = rows_by_first_cell(table.out)
     assert re.fullmatch(r"\d+\.\d s ago \(\d{4}-\d\d-\d\dT[\d:.]+Z\)", rows["0"][0]), rows
     assert rows["0"][1:] == ["nacked", "1", '{"order": 7}', ""]
-    assert rows["1"] == ["-", "unknown", "-", "b'garbage'", "undecodable"]
+    assert rows["1"] == ["-", "malformed", "-", "b'garbage'", "undecodable"]
     assert "2 of 2 shown" in table.out
     doc = json.loads(as_json.out)
     assert doc["total"] == 2
     assert [(d["reason"], d["delivery_count"], d["value"], d["decodable"], base64.b64decode(d["raw_b64"]))
             for d in doc["dead_letters"]] == [("nacked", 1, {"order": 7}, True, b'{"order":7}'),
-                                              ("unknown", None, None, False, b"garbage")]
+                                              ("malformed", None, None, False, b"garbage")]
 
     requeued = await cli("dead-letters", "requeue", qname, "--limit", "1", "--delay", "60")
     assert (requeued.code, requeued.out.strip()) == (0, f"requeued 1 dead letter(s) of {qname}, due in 60 s")

@@ -43,8 +43,8 @@ class MetricsSink(Protocol):
     def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:
         """One transfer moved ``n`` due items to the destination list; ``lateness_ms`` has one entry per
         moved item: the transfer's server time minus the item's due time, in milliseconds (>= 0,
-        sub-millisecond resolution). Empty when the transfer ran without lateness (a reply from an
-        older script, or the sink was installed while the call was in flight)."""
+        sub-millisecond resolution). Empty when the transfer ran without lateness (the sink was
+        installed while the call was in flight)."""
 
     def delivered(self, queue: str, n: int) -> None:
         """A consumer call returned ``n`` items (plain) or messages (reliable)."""

@@ -38,7 +38,7 @@ class DeadLetter(Generic[T]):
         raw: the payload bytes (for reason ``"malformed"``: the pending element as it was found).
         reason: ``"max_deliveries"`` (nacked or expired once too often), ``"undecodable"`` (the codec
             failed on it), ``"malformed"`` (a garbage pending or in-flight element), ``"nacked"``
-            (``nack(dead_letter=True)``), or ``"unknown"`` for an entry written before the envelope.
+            (``nack(dead_letter=True)``); an entry the library did not write reads as ``"malformed"``.
         delivery_count: deliveries it had (``take()`` counts 1; ``None`` for an old entry; 0 for a
             malformed element, never delivered).
         dead_at_ms: when it died, epoch ms of the server clock (``None`` for an old entry).

@@ -24,8 +24,9 @@ delivery count | ``>d`` due ms of this delivery (0: a first delivery) | payload.
 
 A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery
 count | ``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was
-found). Entries written before the envelope existed are the raw bytes alone; an entry is read as an
-envelope only when it starts with the marker, is long enough and names a known reason.
+found). An entry is read as an envelope only when it starts with the marker, is long enough and names
+a known reason; anything else in the list was not written by the library and reads as ``malformed``
+(its bytes as they are).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "fragment_size",
     "long_format",
     "offer_args",
+    "pack_dead_letter",
     "pack_fragments",
     "parse_dead_letter",
     "requeue_ids",
@@ -59,7 +61,7 @@ _MESSAGE_MAGIC = b"adq\x02"
 _MESSAGE_HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
 _DEAD_MAGIC = b"adq\x03"
 _DEAD_HEADER = struct.Struct(">B I d")  # reason, delivery count, dead at (server ms)
-DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked", "unknown"]
+DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked"]
 _DEAD_REASONS: dict[int, DeadReason] = {1: "max_deliveries", 2: "undecodable", 3: "malformed", 4: "nacked"}
 
 Fragment = tuple[int, bytes] | tuple[int, bytes | int, bytes]
@@ -191,8 +193,8 @@ def requeue_ids(stamps: InsertionStamps, count: int) -> bytes:
 
 
 class ParsedDeadLetter(NamedTuple):
-    """The fields of a dead-letter entry (``reason`` ``"unknown"`` and no count or time for an entry
-    written before the envelope: the raw bytes alone)."""
+    """The fields of a dead-letter entry (for an entry that is not an envelope: reason
+    ``"malformed"``, no count or time, its bytes as they are)."""
 
     reason: DeadReason
     delivery_count: int | None
@@ -200,9 +202,15 @@ class ParsedDeadLetter(NamedTuple):
     raw: bytes
 
 
+def pack_dead_letter(raw: bytes, reason: DeadReason, delivery_count: int, dead_at_ms: int) -> bytes:
+    """The dead-letter envelope of ``raw`` (the layout the scripts write, for tools and tests)."""
+    code = next(code for code, name in _DEAD_REASONS.items() if name == reason)
+    return _DEAD_MAGIC + _DEAD_HEADER.pack(code, delivery_count, dead_at_ms) + raw
+
+
 def parse_dead_letter(entry: bytes) -> ParsedDeadLetter:
-    """Split a dead-letter entry into its fields; never fails (anything else is an old raw entry)."""
+    """Split a dead-letter entry into its fields; never fails (anything but an envelope is malformed)."""
     if entry[:4] == _DEAD_MAGIC and len(entry) >= 4 + _DEAD_HEADER.size and entry[4] in _DEAD_REASONS:
         code, count, dead_at = _DEAD_HEADER.unpack_from(entry, 4)
         return ParsedDeadLetter(_DEAD_REASONS[code], count, int(dead_at), entry[4 + _DEAD_HEADER.size:])
-    return ParsedDeadLetter("unknown", None, None, entry)
+    return ParsedDeadLetter("malformed", None, None, entry)

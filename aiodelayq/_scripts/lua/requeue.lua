@@ -7,9 +7,8 @@
 -- ARGV[6] 16 bytes per entry (fast: insertion stamp | random; strict/legacy: random)
 -- returns: {requeued, skipped}. The oldest entries (the head of the list) become pending items of
 -- the queue's kind, due at the issue time + delay, in their order; malformed entries (garbage
--- elements, not payloads) are skipped: they move to the tail of the list, in their order. Entries
--- written before the envelope are requeued as payloads. A resend of the call id returns the first
--- run's reply and changes nothing.
+-- elements, not payloads, and anything that is not an envelope) are skipped: they move to the tail of
+-- the list, in their order. A resend of the call id returns the first run's reply and changes nothing.
 local first = first_run(KEYS[5], ARGV[1])
 if first then
   local r = redis.call('hget', KEYS[6], ARGV[1])
@@ -21,10 +20,10 @@ local kind, ids = ARGV[4], ARGV[6]
 local entries = redis.call('lrange', KEYS[1], 0, tonumber(ARGV[5]) - 1)
 local zargs, listed, skipped = {}, {}, {}
 for i, e in ipairs(entries) do
-  local raw, reason = e, 0
+  local raw, reason = e, DEAD_MALFORMED
   if string.sub(e, 1, 4) == DEAD_MAGIC and string.len(e) >= 17 then
     reason = string.byte(e, 5)
-    if reason >= DEAD_MAX_DELIVERIES and reason <= DEAD_NACKED then raw = string.sub(e, 18) else reason = 0 end
+    if reason >= DEAD_MAX_DELIVERIES and reason <= DEAD_NACKED then raw = string.sub(e, 18) else reason = DEAD_MALFORMED end
   end
   if reason == DEAD_MALFORMED then
     skipped[#skipped + 1] = e
