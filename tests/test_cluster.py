@@ -33,6 +33,7 @@ def _name(label: str) -> str:
     return f"aiodelayq-test:{label}:{uuid.uuid4().hex[:10]}"
 
 
+@pytest.mark.smoke
 async def test_queues_on_every_primary_deliver(cluster: ThrowawayCluster, cluster_clients: Clients) -> None:
     rc = cluster_clients(cluster)
     # Random names land on only two of the three primaries about once in 40 draws of 12 (CI
