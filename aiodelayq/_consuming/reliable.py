@@ -40,8 +40,6 @@ log = logging.getLogger("aiodelayq")
 
 T = TypeVar("T")
 
-# Longest a waiting receiver sleeps without a wake-up: the scheduler's transfers wake it sooner.
-_RECHECK_S = 5.0
 # How long a cancelled receive() spends undoing its call before the cancellation propagates.
 _UNDO_BOUND_S = 0.5
 # Prefetch only when the visibility timeout leaves room for it: a held message must not spend a
@@ -55,6 +53,9 @@ class ReliableConsumer(Generic[T]):
     def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
         self._scripts, self._keys, self._codec = scripts, scripts.keys, options.codec
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
+        # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
+        # sooner): the queue's safety poll, which bounds every other missed wake-up too.
+        self._recheck_s = options.safety_poll_s
         self.settler = Settler(scripts, max_deliveries=options.max_deliveries)
         self.settler.on_nacked = self._wake_after
         self.settler.on_released = self.notify
@@ -172,7 +173,8 @@ class ReliableConsumer(Generic[T]):
                 hook.sink.dead_lettered(k.destination, dead, "max_deliveries")
             log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
                       dead, k.destination, self._max_deliveries, k.dead_letter)
-        wait_s = _RECHECK_S if head is None else min(_RECHECK_S, max(0.001, (float(head) - now_ms) / 1000))
+        recheck_s = self._recheck_s
+        wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
         messages: list[Message[T]] = []
         elements = reply[3:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec

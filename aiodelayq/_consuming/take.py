@@ -54,7 +54,7 @@ _SHUTDOWN_FLUSH_S = 0.5
 # After a pop that came back short (the list was empty then), a waiter arriving within this long
 # does not pop by itself: every way items reach the list through the queue (a transfer of this or
 # another process at a due time, items given back) wakes the pump anyway. Without it, `async for`
-# sent one empty POP after every transfer (half of its calls at 20k items/s). Items pushed straight
+# would send one empty POP after every transfer, as many calls as the useful ones. Items pushed straight
 # into the list by other code are seen by such a waiter at most this much later.
 _DRAINED_FOR_S = 0.05
 

@@ -117,10 +117,11 @@ class Worker(Generic[T]):
         self._busy: dict[asyncio.Task[None], Message[T] | None] = {}
         self._ahead: collections.deque[Any] = collections.deque()
         # Reliable mode fetches up to `_ahead_max` messages beyond the free slots, and the next
-        # fetch goes out while slots work through them (a worker without it ran at 0.46x of `async
-        # for`). Dropped to 0 when one waited `_hold_s` (those are released, uncounted, for other
-        # consumers: slow handlers do not hoard work, nor let messages age ahead); doubled back
-        # up to the cap each time a slot finds none waiting.
+        # fetch goes out while slots work through them: without it every slot waits a round trip
+        # per message, and the worker falls far behind `async for` (the drain benchmark). Dropped to
+        # 0 when one waited `_hold_s` (those are released, uncounted, for other consumers: slow
+        # handlers do not hoard work, nor let messages age ahead); doubled back up to the cap each
+        # time a slot finds none waiting.
         self._ahead_cap = max(concurrency, 128) if reliable else 0
         self._ahead_max = self._ahead_cap
         self._low_water = max(1, self._ahead_max)  # fewer entries waiting: fetch more
@@ -290,8 +291,8 @@ class Worker(Generic[T]):
             message = entry if reliable else None
             busy[me] = message
             stats.started += 1
-            # The handler runs here, not in a helper coroutine: a no-op handler's worker is
-            # measured against a plain `async for`, and every layer per message counts.
+            # The handler runs here, not in a helper coroutine: every layer per message costs, and
+            # a no-op handler's worker is held against a plain `async for` (the drain benchmark).
             try:
                 await handler(message.value if message is not None else entry)
             except asyncio.CancelledError as exc:

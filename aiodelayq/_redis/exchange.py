@@ -37,8 +37,8 @@ _HIREDIS_MAX_ARG = 65536
 def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
     """The wire bytes of ``commands``. hiredis's packer (C) when every argument is small and the
     client encodes text as UTF-8 (hiredis always does): redis-py's asyncio connection packs in
-    Python, 6x slower, and packing was a quarter of a reliable consumer's CPU (a settle carries
-    four arguments per message)."""
+    Python, several times slower, and packing is a large share of a reliable consumer's CPU (a
+    settle carries four arguments per message)."""
     if (_hiredis_pack is None or conn.encoder.encoding.lower().replace("-", "") != "utf8"
             or any(len(a) > _HIREDIS_MAX_ARG for c in commands for a in c if type(a) in (bytes, str))):
         return conn.pack_commands([tuple(c) for c in commands])

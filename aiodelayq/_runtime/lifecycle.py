@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
+from .._core.tasks import wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
@@ -26,6 +27,10 @@ from .scheduler import TransferScheduler
 __all__ = ["Lifecycle", "QueueStats"]
 
 log = logging.getLogger("aiodelayq")
+
+# Of a queue's close_timeout_s, what is kept for stopping its background tasks by cancellation once
+# the pump and the reliable consumer have settled what they hold: a few loop turns.
+STOP_RESERVE_S = 0.1
 
 State = Literal["new", "opening", "open", "closing", "closed"]
 
@@ -224,12 +229,31 @@ class Lifecycle:
                     scheduler.wakers.remove(reliable.notify)
                 if pump.ask_transfer in scheduler.takers:
                     scheduler.takers.remove(pump.ask_transfer)
+            # The pump and the reliable consumer settle what they hold side by side, both until the
+            # close deadline less STOP_RESERVE_S, which is left for stopping the background tasks by
+            # cancellation (they need no server, only a few loop turns). Their tasks wait through a
+            # forced shutdown's cancellations; one that arrived is raised once they are done.
+            settle_by = max(loop.time(), deadline - STOP_RESERVE_S)
+            closing: set[asyncio.Future[None]] = set()
             if pump is not None:
                 pump.fail_waiters(QueueClosedError(f"queue {self._keys.destination!r} was closed"))
-                await pump.aclose(max(0.0, deadline - loop.time()) * 0.8)
+                closing.add(asyncio.ensure_future(pump.aclose(settle_by - loop.time())))
             if reliable is not None:
-                await reliable.aclose(loop.time() + max(0.0, deadline - loop.time()) * 0.5)
+                closing.add(asyncio.ensure_future(reliable.aclose(settle_by)))
+            cancelled = await wait_through_cancellation(closing, max(0.0, deadline - loop.time()))
+            overdue = {task for task in closing if not task.done()}  # each is bounded: not expected
+            for task in overdue:
+                task.cancel()
+            if overdue:
+                cancelled = await wait_through_cancellation(overdue, STOP_RESERVE_S) or cancelled
+            for task in closing - overdue:
+                if task.cancelled():  # a forced shutdown reached it: raised below, once all is stopped
+                    cancelled = True
+                elif task.exception() is not None:
+                    log.error("aiodelayq: closing %r failed", self._keys.destination, exc_info=task.exception())
             await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
+            if cancelled:
+                raise asyncio.CancelledError
         finally:
             self.state = "closed"
             if was_open:

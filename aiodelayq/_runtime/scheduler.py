@@ -28,7 +28,7 @@ log = logging.getLogger("aiodelayq")
 _AFTER_EMPTY_S = 0.002
 # A due-time timer is armed this much early. asyncio sleeps in whole milliseconds (selectors round
 # epoll/kqueue timeouts up, uvloop's libuv counts in ms), so a timer less than a millisecond away
-# fires up to a millisecond late: at 20k items/s that was most of the p50 lateness. Early by half
+# fires up to a millisecond late, most of the median lateness at high rates. Early by half
 # the granularity, a transfer lands on average on the due time; one that comes too early (it moved
 # nothing and the item it aimed at is still next) is retried at the due time without the
 # _AFTER_EMPTY_S pause.
