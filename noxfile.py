@@ -107,11 +107,12 @@ def ci(session: nox.Session) -> None:
         label = "every test" if index == 0 else "without slow, Java and topology tests"
         session.log(f"=== suite against {name} {version} ({label}) ===")
         session.run("pytest", *VERBOSE, *selection, env={"AIODELAYQ_SERVER_KIND": name})
-    # The delivery, pending, reliable, keys and Redisson tests once more with the session server a
-    # 3-primary + 3-replica cluster of the first kind (RedisCluster clients; the real Java Redisson in
-    # its cluster mode).
-    session.log(f"=== delivery, pending, reliable, keys and Redisson tests on a cluster of {first} ===")
-    session.run("pytest", *VERBOSE, *CLUSTER_MODULES, env={"AIODELAYQ_SERVER_KIND": first, "AIODELAYQ_CLUSTER": "1"})
+    # The tests of the queue's calls (CLUSTER_MODULES) once more with the session server a 3-primary +
+    # 3-replica cluster of the first kind (RedisCluster clients; the real Java Redisson in its cluster
+    # mode). The slow ones run on private servers of their own: once is enough.
+    session.log(f"=== the queue's calls on a cluster of {first} (without slow tests) ===")
+    session.run("pytest", *VERBOSE, "-m", "not slow", *CLUSTER_MODULES,
+                env={"AIODELAYQ_SERVER_KIND": first, "AIODELAYQ_CLUSTER": "1"})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
     # cancellation and timeout semantics differ between them.
     current = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -156,9 +157,8 @@ SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 # run for tens of seconds, and the command must never sit silent that long.
 VERBOSE = ("-v",)
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
-    "delivery", "pending", "reliable", "redisson_compat", "redisson_java", "keys", "keys_codecs_input",
-    "dead_letters", "leases", "settles", "take_wakeups", "prefetch", "multi", "due_times", "offer_batches",
-    "worker", "inspect", "metrics", "web"))
+    "offer", "names_and_options", "scheduling", "take", "reliable", "keys", "pending", "dead_letters", "redisson",
+    "lifecycle", "faults", "worker", "metrics", "web"))
 
 
 def _python(version: str) -> str | None:

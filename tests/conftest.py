@@ -20,6 +20,8 @@ closed, then proxies and private servers are stopped (newest first).
 * ``own_server(**options)``: a private server process (the session's kind) a test may kill or
   reconfigure; ``debug_server``: one that allows ``DEBUG``; ``make_proxy(server)``: a started
   :class:`~tests.faults.FaultProxy` in front of one.
+* ``single_server``: the session server's ``ServerInfo`` for a test that needs a single server (a plain
+  client on its URL, one server's connections); skips when the session server is a cluster.
 * ``make_client(target=None, **kwargs)``: a ``Redis.from_url`` client on the session server, a URL, or
   anything with a ``url`` (a private server, a proxy); ``client`` is one on the session server;
   ``acl_client(user, password, rules)``: a client logged in as a new ACL user on a private server.
@@ -176,6 +178,15 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"aiodelayq server: REDIS_URL={os.environ['REDIS_URL']}"
     kind = _pick_kind()
     return f"aiodelayq server: {kind.name} {server_version(kind.binary)}" if kind else "aiodelayq server: none"
+
+
+@pytest.fixture
+def single_server(redis_server: ServerInfo) -> ServerInfo:
+    """The session server, for a test that needs it to be a single server: a plain client on its URL,
+    or one server's connections and pool; skips when the session server is a cluster."""
+    if redis_server.cluster:
+        pytest.skip("needs a single server: a plain client on its URL, one server's connections")
+    return redis_server
 
 
 # -- servers and proxies: stopped last ------------------------------------------------------------
@@ -393,7 +404,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     skipped: set[str] = set()
     for status in ("passed", "failed", "skipped"):
         for report in terminalreporter.stats.get(status, []):
-            if "test_redisson_java.py" not in getattr(report, "nodeid", ""):
+            if "java" not in getattr(report, "keywords", {}):  # the tests marked java
                 continue
             if status == "skipped":
                 longrepr = report.longrepr

@@ -1,5 +1,5 @@
-"""Helpers shared by the tests: bounded waits, the server clock, a queue with a ready backlog, a
-queue for code that runs its own event loop, and a child's first line."""
+"""Helpers shared by the tests: bounded waits, the server clock, a queue with a ready backlog, how
+many callers wait on a queue, a queue for code that runs its own event loop, and a child's first line."""
 
 from __future__ import annotations
 
@@ -69,6 +69,18 @@ async def open_with_ready(client: Redis, q: DelayedQueue[Any], n: int) -> AsyncI
 async def llen_is(client: Redis, q: DelayedQueue[Any], n: int) -> bool:
     """Whether ``q``'s destination list holds ``n`` items."""
     return int(await client.llen(q.keys.destination)) == n
+
+
+def takers_waiting(q: DelayedQueue[Any]) -> int:
+    """How many ``take()``/``poll()``/``take_many()`` callers of the open queue ``q`` found nothing and
+    wait for a wake-up (0 while its pump is still popping or about to)."""
+    pump = q._life.pump()
+    return 0 if pump._wake.is_set() else len(pump._waiters)
+
+
+def receivers_waiting(q: DelayedQueue[Any]) -> int:
+    """How many ``receive()`` callers of the open queue ``q`` found nothing and wait for a wake-up."""
+    return q._life.reliable().waiting
 
 
 async def first_line(child: SubprocessConsumer, timeout_s: float = 60.0) -> str:

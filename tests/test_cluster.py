@@ -1,4 +1,4 @@
-"""Redis Cluster (issue 12): the same API on a ``RedisCluster`` client, on a real 3-primary +
+"""Redis Cluster: the same API on a ``RedisCluster`` client, on a real 3-primary +
 3-replica cluster of the session's server kind: queues on every primary, keys, the pending view,
 dead letters, reliable consumption, Redisson's notifications heard from another node, bounded
 connections per node, a slot migration under load, and a primary killed under load."""
@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from aiodelayq import DelayedQueue
 from aiodelayq._redis.cluster import REDIRECTS
 from aiodelayq.testing import ThrowawayCluster
-from aiodelayq.testing.topologies import _cmd
+from aiodelayq.testing.topologies import _cmd, _info
 from tests.faults import debug_args, stall_server
 from tests.helpers import FailoverLoad, until
 from tests.redisson_scripts import OFFER_CURRENT
@@ -36,9 +36,9 @@ def _name(label: str) -> str:
 @pytest.mark.smoke
 async def test_queues_on_every_primary_deliver(cluster: ThrowawayCluster, cluster_clients: Clients) -> None:
     rc = cluster_clients(cluster)
-    # Random names land on only two of the three primaries about once in 40 draws of 12 (CI
-    # hit it), so pick names until every primary owns four queues: the test is about delivery
-    # from every primary, not about how names hash.
+    # Random names land on only two of the three primaries about once in 40 draws of 12, so pick
+    # names until every primary owns four queues: the test is about delivery from every primary,
+    # not about how names hash.
     per_primary: dict[int, list[DelayedQueue[int]]] = {}
     for i in range(300):
         q: DelayedQueue[int] = DelayedQueue(rc, _name(f"spread{i}"))
@@ -173,9 +173,10 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
     async with q:
         consumer = asyncio.create_task(consume())
         producer = asyncio.create_task(produce())
-        await asyncio.sleep(0.3)
+        await until(lambda: len(got) >= 20, timeout_s=10)  # the load runs (counted, not timed)
         moved = await asyncio.to_thread(cl.migrate_slot, slot, target, pause_s=0.2)
-        await asyncio.sleep(0.3)
+        after = len(offered)
+        await until(lambda: len(offered) >= after + 20, timeout_s=10)  # and goes on after the migration
         stop.set()
         await producer
         with contextlib.suppress(AssertionError):  # what is missing then shows in the assertion below
@@ -227,12 +228,13 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     async with q, FailoverLoad(q) as load:
         await until(lambda: len(load.confirmed) >= 25, 20)  # the load runs (counted, not timed)
         # The replicas stop for 1.5 s, their links to the primary are cut (asleep, they cannot come
-        # back), and the primary dies 0.3 s later: offers it took in those 0.3 s never reach a
-        # replica. Without WAIT they would be confirmed and lost; with it they wait, fail with the
-        # primary, are resent and land on the new one.
+        # back), and the primary dies once it has taken writes after the cut: offers it took then
+        # never reach a replica. Without WAIT they would be confirmed and lost; with it they wait,
+        # fail with the primary, are resent and land on the new one.
         stalls = [stall_server(r.url, 1.5) for r in cl.replicas_of(primary)]
         _cmd(primary.port, "CLIENT", "KILL", "TYPE", "replica")
-        await asyncio.sleep(0.3)
+        cut_at = _info(primary.port, "replication")["master_repl_offset"]
+        await until(lambda: _info(primary.port, "replication")["master_repl_offset"] > cut_at, timeout_s=5)
         first_new, killed_at = load.next_value, loop.time()
         cl.kill(primary)
         await asyncio.to_thread(cl.wait_ok, 30)

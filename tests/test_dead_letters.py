@@ -1,4 +1,4 @@
-"""The dead-letter list: envelopes with reasons, old raw entries, requeue, purge."""
+"""The dead-letter list: entries with their reason and count, entries others wrote, requeue, purge."""
 
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ def test_programs_print_what_their_page_shows(key: tuple[str, str], own_server: 
     expected = output_after(program)
     if program.page in INTERLEAVED:
         # Each subject's lines in the page's order and the same lines overall: which subject's retry
-        # comes first is up to timers (a loaded CI machine ran three 0.05 s retries past one 0.5 s).
+        # comes first is up to timers (on a loaded machine three 0.05 s retries can run past one 0.5 s).
         assert by_subject(result.stdout) == by_subject(expected), f"{program} printed:\n{result.stdout}"
         assert sorted(result.stdout.splitlines()) == sorted(expected.splitlines()), (
             f"{program} printed:\n{result.stdout}")

@@ -1,4 +1,4 @@
-"""Durable writes (issue 12): with ``min_replicas``, a write returns only once that many replicas have
+"""Durable writes: with ``min_replicas``, a write returns only once that many replicas have
 it, checked by reading the replica right after the call returns; an unconfirmed one raises
 ``NotReplicatedError`` and is neither undone nor doubled; a resend after a lost reply is covered too."""
 

@@ -171,8 +171,8 @@ async def test_metrics_over_http_after_real_traffic(client: Redis, make_queue: A
     print(f"\n/metrics after traffic:\n{text}")
 
 
-async def test_without_a_sink_the_scripts_get_and_return_what_they_did_before(client: Redis,
-                                                                              make_queue: Any) -> None:
+async def test_the_transfer_scripts_return_lateness_only_when_their_limit_asks_for_it(
+        client: Redis, make_queue: Any) -> None:
     assert _observe.hook.sink is None
     assert _observe.transfer_limit(500) == 500
     q = make_queue()

@@ -1,18 +1,21 @@
-"""The pending side, with Redisson RDelayedQueue semantics: size, contains, read_all, remove, clear."""
+"""The pending side, with Redisson RDelayedQueue semantics: size, contains, read_all, remove, clear; what
+on-call people read: counts() (one atomic call) and peek() (the soonest due, decoded, keyed); and walks
+that page over the pending items, correct while transfers run and with a million pending."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import random
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue
+from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import READ_PAGE, REMOVE_PAGE
+from aiodelayq._scripts import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
 from tests.helpers import server_ms, until
 
 
@@ -25,8 +28,7 @@ async def test_duplicates_stay_distinct(make_queue: Any) -> None:
 
 
 async def test_read_all_is_due_order(make_queue: Any) -> None:
-    # Was insertion order (one server-blocking scan of the list, then fast elements sorted by stamp);
-    # read_all() now pages over the timeout zset, the one key that holds every pending element.
+    # read_all() pages over the timeout zset, the one key that holds every pending element.
     q = make_queue()
     for i, delay in enumerate([50, 10, 30, 20]):
         await q.offer(i, delay)
@@ -79,28 +81,61 @@ async def test_clear_drops_pending_but_not_ready_items(client: Redis, make_queue
         assert await q.take() == "ready"
 
 
-async def test_offer_many_longer_than_one_script_call(make_queue: Any) -> None:
-    q = make_queue()
-    dues = await q.offer_many([(i, 60) for i in range(2500)])
-    assert len(dues) == 2500
-    assert await q.size() == 2500
-    # Due order: the three calls run concurrently, so a later chunk may get the earlier server time.
-    # Within one call the items share their due time and come in insertion order (the stamp).
-    got = await q.read_all()
-    assert sorted(got) == list(range(2500))
-    for chunk in (range(0, 1000), range(1000, 2000), range(2000, 2500)):
-        assert [i for i in got if i in chunk] == list(chunk)
+# -- counts() and peek(): what on-call people read ---------------------------------------------------
 
 
-async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:
-    q = make_queue(strict=True)
-    await q.offer_many([(i, 0.05 * (i % 3)) for i in range(30)])
-    assert await client.llen(q.keys.delay_list) == 30
+async def test_counts_reads_every_part_of_a_queue(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json", max_deliveries=1)
+    assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
+    later = await q.offer({"n": 1}, 60)
+    await q.offer({"n": 2}, 120)
+    for n in range(3):
+        await q.offer({"ready": n}, 0)
+    await client.rpush(q.keys.dead_letter, b"garbage")
     async with q:
-        got = [await q.take() for _ in range(30)]
-    assert sorted(got) == list(range(30))
-    assert await client.llen(q.keys.delay_list) == 0  # LREMed as Redisson's transfer does
-    assert await client.zcard(q.keys.timeout_set) == 0
+        await until(lambda: _ready_is(q, 3))
+        message = await q.receive(30)
+        assert message is not None
+        counts = await q.counts()
+        assert counts == QueueCounts(pending=2, ready=2, in_flight=1, dead_letters=1, next_due_ms=int(later))
+        await message.ack(confirm=True)
+    assert (await q.counts()).in_flight == 0
+
+
+async def _ready_is(q: Any, n: int) -> bool:
+    return bool(await q.ready_size() == n)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_peek_lists_the_soonest_due_with_keys(client: Redis, make_queue: Any, strict: bool) -> None:
+    q = make_queue(codec="json", strict=strict)
+    third = await q.offer({"n": 3}, 300)
+    first = await q.offer({"n": 1}, 100, key="order-1")
+    second = await q.offer({"n": 2}, 200)
+    await q.offer({"n": 4}, 400, key="order-4")
+    items = await q.peek(3)
+    assert [(i.due_ms, i.value, i.key) for i in items] == [
+        (int(first), {"n": 1}, "order-1"), (int(second), {"n": 2}, None), (int(third), {"n": 3}, None)]
+    assert all(i.decodable and not i.malformed for i in items)
+    assert items[0].raw == b'{"n":1}'
+    assert len(await q.peek(1000)) == 4
+
+
+async def test_peek_shows_undecodable_and_malformed_raw(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json")
+    raw_q = make_queue(codec="bytes")
+    due = await raw_q.offer(b"\xffnot json", 100)
+    await client.zadd(q.keys.timeout_set, {b"junk": int(due) + 1})
+    undecodable, malformed = await q.peek(5)
+    assert (undecodable.value, undecodable.raw, undecodable.decodable, undecodable.malformed) == (
+        None, b"\xffnot json", False, False)
+    assert (malformed.raw, malformed.malformed, malformed.due_ms) == (b"junk", True, int(due) + 1)
+
+
+@pytest.mark.parametrize("limit", [0, 1001, -1, 2.0, True])
+async def test_peek_rejects_a_bad_limit(make_queue: Any, limit: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        await make_queue().peek(limit)
 
 
 # -- paged walks (contains / read_all / remove page over the timeout zset) --------------------------
@@ -253,9 +288,9 @@ async def test_walks_are_correct_while_transfers_run(client: Redis, make_queue: 
             for x in cancel_far:
                 removed[x] = await q.remove(x)
             await until(lambda: len(delivered) + sum(removed.values()) >= len(soon), timeout_s=10)
-            await asyncio.sleep(0.1)
         finally:
             consumer.cancel()
+    assert await client.llen(q.keys.destination) == 0  # no copy of anything left over, taken or not
     assert len(delivered) == len(set(delivered))
     for x in cancel_soon:  # each was either cancelled (True) or delivered, never both, never neither
         assert removed[x] != (x in delivered), x
@@ -335,3 +370,56 @@ async def test_a_remove_page_runs_once_per_call_id(client: Redis, make_queue: An
     calls = await client.zcard(k.calls)
     assert (await run_script(client, REMOVE_PAGE, keys, [b"D" * 16, "", "", 1000, "1", "0", "x"], timeout_s=5))[0] == 0
     assert await client.zcard(k.calls) == calls
+
+
+# -- a million pending: every walk pages, one script call per page ----------------------------------------
+# The walks page over the timeout zset: no script call reads more than a page, so none holds the server
+# for long (how long a page takes, and what other clients see meanwhile, is measured by the benchmarks).
+
+MILLION = 1_000_000
+
+
+async def _load_a_million(q: DelayedQueue[str]) -> None:
+    """A million fast elements through the producer (offer_many, 1000 per call, 8 calls in flight), due
+    in an hour plus up to 10 minutes: about 1.7 per ms, so many share a score."""
+    rng = random.Random(1)
+    slots = asyncio.Semaphore(8)
+
+    async def chunk(start: int) -> None:
+        async with slots:
+            await q.offer_many([(f"item-{i:07d}", 3600 + rng.random() * 600) for i in range(start, start + 1000)])
+
+    await asyncio.gather(*(chunk(s) for s in range(0, MILLION, 1000)))
+
+
+async def _script_calls(admin: Redis, walk: Awaitable[None]) -> int:
+    """The script calls the server ran for ``walk``."""
+    await admin.config_resetstat()
+    await walk
+    return int((await admin.info("commandstats"))["cmdstat_evalsha"]["calls"])
+
+
+async def _false(result: Awaitable[bool]) -> None:
+    assert await result is False
+
+
+async def _count(result: Awaitable[list[Any]]) -> None:
+    assert len(await result) == MILLION
+
+
+@pytest.mark.slow
+async def test_walks_over_a_million_pending_take_one_script_call_per_page(own_server: Any, make_client: Any,
+                                                                          make_queue: Any) -> None:
+    server = own_server()
+    admin = make_client(server)
+    q: DelayedQueue[str] = make_queue("scale", redis=make_client(server, max_connections=32), codec="str")
+    await _load_a_million(q)
+    assert await q.size() == MILLION
+    for script in (CONTAINS_PAGE, REMOVE_PAGE, READ_PAGE):
+        await admin.script_load(script.text)  # so that every call counted is a page, none a NOSCRIPT attempt
+    pages = MILLION // PAGE_SIZE
+    # contains and remove of an absent item, and read_all, visit every element, a page per call.
+    assert await _script_calls(admin, _false(q.contains("absent"))) >= pages
+    assert await _script_calls(admin, _false(q.remove("absent"))) >= pages
+    assert await _script_calls(admin, _count(q.read_all())) >= pages
+    assert await q.size() == MILLION

@@ -1,4 +1,4 @@
-"""Sentinel (issue 12): a ``Sentinel.master_for`` client through ``SENTINEL FAILOVER`` during a steady
+"""Sentinel: a ``Sentinel.master_for`` client through ``SENTINEL FAILOVER`` during a steady
 offer/receive/ack load, with durable writes: no confirmed offer lost, delivery resumes by itself,
 duplicates counted (an ack the old primary took but did not pass on brings the message again)."""
 

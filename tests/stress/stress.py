@@ -628,7 +628,7 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     pf.shutdowns.append(await child.stop(signal.SIGINT))
     for task in consumers:
         await stop_task(task)
-    dead = [int(x) for x in await retrying(q.dead_letters, "dead_letters")]
+    dead = [int(d.value) for d in await retrying(q.dead_letters, "dead_letters")]
     await q.aclose()  # sends the acks still written behind
     q_unconfirmed = [q.stats.unconfirmed_settles]
     await client.aclose()

@@ -1,10 +1,14 @@
-"""Interop with the real Java Redisson (3.52.0: ``Bc0Lc0`` elements; 3.20.1: legacy ``dLc0``), one JVM per
-build for this module (``tests/redisson_java.py``). Payloads are strings on both sides (Redisson's
-``StringCodec``, aiodelayq's ``"str"`` codec). Marked ``java``: they run on one server kind."""
+"""Sharing a queue with Redisson: Redisson's own Lua scripts (its offer, transfer and remove of both
+element formats) on queues aiodelayq writes and reads, the element layouts of each ``wire_format``, and
+the real Java Redisson (3.52.0: ``Bc0Lc0`` elements; 3.20.1: legacy ``dLc0``), one JVM per build for this
+module (``tests/redisson_java.py``), with string payloads on both sides (Redisson's ``StringCodec``,
+aiodelayq's ``"str"`` codec). The Java tests are marked ``java``: they run on one server kind."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,10 +16,160 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from tests import redisson_scripts as rs
 from tests.conftest import ServerInfo
+from tests.helpers import server_ms, server_past, until
 from tests.redisson_java import BUILDS, Build, JavaRedisson, compile_driver, unavailable
 
-pytestmark = pytest.mark.java
+# -- Redisson's scripts ------------------------------------------------------------------------------
+
+
+async def _redisson_offer(client: Redis, keys: Any, payload: bytes, delay_ms: int, legacy: bool) -> None:
+    # Redisson computes the due time on the client (System.currentTimeMillis() + delay).
+    due = int(await server_ms(client)) + delay_ms
+    script = rs.OFFER_LEGACY if legacy else rs.OFFER_CURRENT
+    random_id: Any = int.from_bytes(os.urandom(8), "big", signed=True) if legacy else os.urandom(8)
+    await client.eval(script, 4, keys.destination, keys.timeout_set, keys.delay_list, keys.channel,
+                      due, random_id, payload)
+
+
+async def _redisson_transfer(client: Redis, keys: Any, legacy: bool) -> Any:
+    script = rs.TRANSFER_LEGACY if legacy else rs.TRANSFER_CURRENT
+    return await client.eval(script, 3, keys.destination, keys.timeout_set, keys.delay_list,
+                             int(await server_ms(client)), 100)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["redisson>=3.21.1", "redisson<3.21.1"])
+async def test_elements_written_by_redisson_scripts_are_delivered(client: Redis, make_queue: Any,
+                                                                  legacy: bool) -> None:
+    q = make_queue(codec="str")
+    for i in range(5):
+        await _redisson_offer(client, q.keys, f"java-{i}".encode(), 100 + 50 * i, legacy)
+    assert await q.size() == 5
+    assert await q.read_all() == [f"java-{i}" for i in range(5)]
+    assert await q.contains("java-3")
+    assert await q.remove("java-4")
+    async with q:
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(4)]
+    assert got == [f"java-{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize(("wire_format", "strict"), [("redisson", True), ("redisson-legacy", True),
+                                                     ("redisson", False)])
+async def test_redisson_scripts_move_and_remove_our_elements(client: Redis, make_queue: Any,
+                                                             wire_format: str, strict: bool) -> None:
+    legacy = wire_format == "redisson-legacy"
+    q = make_queue(codec="str", wire_format=wire_format, strict=strict)
+    dues = await q.offer_many([("a", 0), ("b", 0), ("c", 0), ("later", 60)])
+    await until(lambda: server_past(client, max(dues[:3])))  # due by the server's clock: Redisson's transfer moves them
+    remove = rs.REMOVE_LEGACY if legacy else rs.REMOVE_CURRENT
+    # Redisson's remove() scans its insertion-order list: it sees strict elements only (documented).
+    assert await client.eval(remove, 2, q.keys.delay_list, q.keys.timeout_set, b"b") == int(strict)
+    if not strict:
+        assert await q.remove("b")
+    next_due = await _redisson_transfer(client, q.keys, legacy)
+    assert next_due is not None  # "later" is still pending
+    assert sorted(await client.lrange(q.keys.destination, 0, -1)) == [b"a", b"c"]
+    assert await q.read_all() == ["later"]
+
+
+async def test_both_wire_formats_in_one_queue(client: Redis, make_queue: Any, qname: str) -> None:
+    current = make_queue(codec="str", strict=True)
+    legacy = make_queue(codec="str", wire_format="redisson-legacy")
+    fast = make_queue(codec="str")
+    await current.offer("new-1", 0.05)
+    await legacy.offer("old-1", 0.05)
+    await _redisson_offer(client, current.keys, b"java-old", 50, legacy=True)
+    await _redisson_offer(client, current.keys, b"java-new", 50, legacy=False)
+    await current.offer("new-2", 60)
+    await legacy.offer("old-2", 60)
+    await fast.offer("fast-1", 0.05)
+    await fast.offer("fast-2", 60)
+    lengths = sorted(len(e) for e in await client.lrange(current.keys.delay_list, 0, -1))
+    assert lengths == sorted([17 + 5, 16 + 5, 16 + 8, 17 + 8, 17 + 5, 16 + 5])
+    assert await current.size() == 8
+    got = await current.read_all()  # due order; the ~50 ms group may share milliseconds
+    assert sorted(got[:5]) == sorted(["new-1", "old-1", "java-old", "java-new", "fast-1"])
+    assert sorted(got[5:]) == sorted(["new-2", "old-2", "fast-2"])
+    assert await current.remove("fast-2")
+    assert await legacy.contains("new-2")
+    assert await current.contains("old-2")
+    assert await current.remove("old-2")
+    assert await legacy.remove("new-2")
+    async with current:
+        got = {await asyncio.wait_for(current.take(), 5) for _ in range(5)}
+    assert got == {"new-1", "old-1", "java-old", "java-new", "fast-1"}
+    assert await current.size() == 0
+
+
+async def test_lengths_are_checked_so_formats_are_never_confused(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="bytes")
+    # A legacy element whose random double starts with byte 8 and whose payload is 16+ bytes: a
+    # reader that only looked at the first byte would take it for the current format.
+    payload = b"P" * 20
+    legacy_like = struct.pack("<dQ", struct.unpack("<d", b"\x08" + os.urandom(7))[0], len(payload)) + payload
+    assert legacy_like[0] == 8
+    # A current element whose payload starts like a legacy length field.
+    current = b"\x08" + os.urandom(8) + struct.pack("<Q", 9) + struct.pack("<Q", 1) + b"x"
+    await client.rpush(q.keys.delay_list, legacy_like, current)
+    await client.zadd(q.keys.timeout_set, {legacy_like: 1, current: 2})
+    assert await q.read_all() == [payload, struct.pack("<Q", 1) + b"x"]
+    async with q:
+        assert await q.take() == payload
+        assert await q.take() == struct.pack("<Q", 1) + b"x"
+    assert await q.dead_letters() == []
+
+
+async def test_redisson_remove_cancels_redisson_offers_in_a_queue_we_serve(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="str")
+    async with q:
+        await _redisson_offer(client, q.keys, b"java-cancel-me", 300, legacy=False)
+        await _redisson_offer(client, q.keys, b"java-keep", 300, legacy=False)
+        await q.offer("python-fast", 0.3)
+        assert await client.eval(rs.REMOVE_CURRENT, 2, q.keys.delay_list, q.keys.timeout_set, b"java-cancel-me") == 1
+        got = {await asyncio.wait_for(q.take(), 5) for _ in range(2)}
+        assert got == {"java-keep", "python-fast"}
+        assert await q.poll(0.2) is None
+    assert await client.llen(q.keys.delay_list) == 0  # our transfer LREMed Java's element as Redisson does
+
+
+# -- element layouts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("wire_format", "strict", "id_len"), [
+    ("redisson", False, 20), ("redisson", True, 8), ("redisson-legacy", False, None)])
+async def test_element_layout_matches_wire_format(client: Redis, make_queue: Any, wire_format: str,
+                                                  strict: bool, id_len: int | None) -> None:
+    q = make_queue(codec="str", wire_format=wire_format, strict=strict)
+    await q.offer("payload", 60)
+    [element] = await client.zrange(q.keys.timeout_set, 0, -1)
+    if id_len is None:  # legacy dLc0
+        assert len(element) == 8 + 8 + len("payload")
+        assert struct.unpack_from("<Q", element, 8)[0] == len("payload")
+    else:  # Bc0Lc0
+        assert element[0] == id_len
+        assert len(element) == 1 + id_len + 8 + len("payload")
+        assert struct.unpack_from("<Q", element, 1 + id_len)[0] == len("payload")
+    if id_len == 20:
+        assert element[1:5] == b"adq\x01"
+    assert element.endswith(b"payload")
+    # Fast elements stay out of Redisson's insertion-order list; strict ones are in both.
+    assert await client.lrange(q.keys.delay_list, 0, -1) == ([] if id_len == 20 else [element])
+    assert q.strict == (id_len != 20)
+
+
+async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:
+    q = make_queue(strict=True)
+    await q.offer_many([(i, 0.05 * (i % 3)) for i in range(30)])
+    assert await client.llen(q.keys.delay_list) == 30
+    async with q:
+        got = [await q.take() for _ in range(30)]
+    assert sorted(got) == list(range(30))
+    assert await client.llen(q.keys.delay_list) == 0  # LREMed as Redisson's transfer does
+    assert await client.zcard(q.keys.timeout_set) == 0
+
+
+# -- the real Java Redisson ------------------------------------------------------------------------------
 
 N = 40  # items per delivery test: enough to spread due times, cheap for Java's one-by-one poll
 
@@ -54,6 +208,7 @@ def other_kinds(java: JavaRedisson) -> list[dict[str, Any]]:
     return [{"wire_format": "redisson-legacy"}]
 
 
+@pytest.mark.java
 async def test_python_offers_are_delivered_by_javas_transfer_alone_and_none_early(
         java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
     for index, options in enumerate(python_kinds(java)):
@@ -71,6 +226,7 @@ async def test_python_offers_are_delivered_by_javas_transfer_alone_and_none_earl
         await jcall(java, "destroy", name=q.name)
 
 
+@pytest.mark.java
 async def test_keyed_python_items_are_delivered_by_javas_transfer_and_their_keys_are_then_absent(
         java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
     for index, options in enumerate(python_kinds(java)):
@@ -93,6 +249,7 @@ async def test_keyed_python_items_are_delivered_by_javas_transfer_and_their_keys
         await jcall(java, "destroy", name=q.name)
 
 
+@pytest.mark.java
 async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, make_queue: Any,
                                                              client: Redis) -> None:
     q = make_queue(codec="str")
@@ -116,6 +273,7 @@ async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, 
     assert await client.llen(q.keys.delay_list) == 0  # Java's list entries went with them
 
 
+@pytest.mark.java
 async def test_both_transfers_and_both_consumers_deliver_every_item_exactly_once(
         java: JavaRedisson, make_queue: Any, client: Redis) -> None:
     n = 300
@@ -142,6 +300,7 @@ async def test_both_transfers_and_both_consumers_deliver_every_item_exactly_once
         assert await client.exists(key) == 0, key
 
 
+@pytest.mark.java
 async def test_java_pending_calls_see_strict_python_items_and_not_fast_ones(java: JavaRedisson,
                                                                                make_queue: Any) -> None:
     strict_options = python_kinds(java)[-1]  # strict (3.52) or legacy (3.20.1): kept in Redisson's list
@@ -168,6 +327,7 @@ async def test_java_pending_calls_see_strict_python_items_and_not_fast_ones(java
         assert await fast.read_all() == items
 
 
+@pytest.mark.java
 async def test_aiodelayq_pending_calls_work_on_java_items(java: JavaRedisson, make_queue: Any) -> None:
     q = make_queue(codec="str")
     items = ["j1", "j2", "j3"]
@@ -181,6 +341,7 @@ async def test_aiodelayq_pending_calls_work_on_java_items(java: JavaRedisson, ma
     assert sorted(await jcall(java, "readAll", name=q.name)) == ["j1", "j3"]
 
 
+@pytest.mark.java
 async def test_an_element_in_the_other_format_stays_pending_and_aiodelayq_delivers_it(
         java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
     for index, options in enumerate(other_kinds(java)):

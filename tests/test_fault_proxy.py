@@ -1,4 +1,5 @@
-"""The fault-injection helpers in tests/faults.py do what they claim, against real servers."""
+"""The test suite's fault-injection helpers (tests/faults.py: FaultProxy, stall_server, pause_server,
+SubprocessConsumer) do what they claim, against real servers."""
 
 from __future__ import annotations
 

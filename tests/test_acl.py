@@ -1,0 +1,145 @@
+"""Restricted users: a producer and a consumer work as the minimal ACL user of docs/deployments.md
+(keep the two in step), and missing permissions are clear, permanent errors."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from aiodelayq import (
+    AccessDeniedError,
+    ConfigurationError,
+    DelayedQueue,
+    NotReplicatedError,
+    QueueClosedError,
+    QueueCounts,
+    Retry,
+)
+from aiodelayq.testing import server_version
+from tests.helpers import takers_waiting, until
+
+# The minimal ACL of docs/deployments.md for a queue named NAME (keep the two in step).
+ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
+             "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
+             "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
+             "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
+             "+zmscore", "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange",
+             "+hget", "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
+             "+unsubscribe", "+ping", "+unlink", "+wait"]
+# ... and, on servers that have WAITAOF (Redis and Valkey >= 7.2; ACL SETUSER refuses unknown commands):
+ACL_RULES_WAITAOF = ["+waitaof"]
+
+
+def acl_rules(name: str, version: tuple[int, ...] = (0,)) -> list[str]:
+    """The minimal ACL of docs/deployments.md for queue ``name`` on a server of ``version``."""
+    rules = ACL_RULES + (ACL_RULES_WAITAOF if version >= (7, 2) else [])
+    return [rule.replace("NAME", name) for rule in rules]
+
+
+async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl_client: Any, make_queue: Any,
+                                                                             redis_server: Any) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    client = await acl_client("queue-user", "secret", acl_rules("orders", version))
+    q: DelayedQueue[int] = make_queue("orders", redis=client, max_deliveries=3)
+    await q.offer_many([(i, 0.05) for i in range(20)])
+    async with q:
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
+        msgs: list[Any] = []
+        while len(got) + len(msgs) < 20:  # items the takes prefetched come back within a round trip
+            batch = await q.receive_many(10, 30, timeout=5)
+            assert batch, "receive found nothing within 5 s"
+            msgs += batch
+        for m in msgs[:-1]:
+            assert await m.ack()
+        assert await msgs[-1].ack(confirm=True)  # waits for its SETTLE (and those before it): refused if denied
+        assert sorted(got + [m.value for m in msgs]) == list(range(20))
+        assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
+        assert await q.size() == 0
+        assert await q.read_all() == []
+        await q.offer_many([(100, 60), (101, 60)])
+        assert await q.contains(100)
+        assert await q.remove(100)
+        assert await q.remove_all([101])
+        assert await q.ready_size() == 0
+        assert await q.dead_letters() == []
+        # Keys, leases and dead letters as the same user.
+        assert (await q.offer(200, 60, key="k200")).added
+        assert not (await q.offer(201, 60, key="k200")).added
+        assert (await q.offer(202, 60, key="k200", replace=True)).replaced
+        assert (await q.get("k200")).value == 202  # type: ignore[union-attr]
+        assert await q.reschedule("k200", 0.05) is not None
+        await q.offer_many([(300, 60), (301, 60)], keys=["k300", None])
+        assert await q.cancel("k300")
+        msg = await q.receive(30, timeout=5)
+        assert msg is not None
+        assert msg.value == 202
+        assert await msg.extend(30)
+        async with msg.lease(every=0.05) as lease:
+            await until(lambda: lease.extensions >= 2)  # EXTEND allowed
+        assert await msg.nack(dead_letter=True)
+        [letter] = await q.dead_letters()
+        assert (letter.value, letter.reason) == (202, "nacked")
+        assert await q.requeue_dead_letters(delay=60) == 1
+        await client.rpush(q.keys.dead_letter, b"1")
+        assert await q.purge_dead_letters() == 1
+        # peek as the same user: 301 (unkeyed) and 202, requeued from the dead letters without its key
+        assert sorted((p.value, p.key) for p in await q.peek(5)) == [(202, None), (301, None)]
+        # The worker as the same user: ack, retry, dead letter.
+        await q.purge_dead_letters()
+        seen: list[int] = []
+
+        async def handler(item: int) -> None:
+            seen.append(item)
+            if item == 401 and seen.count(401) == 1:
+                raise Retry(0.05)
+
+        await q.offer_many([(400, 0), (401, 0)])
+        worker = q.worker(handler, concurrency=2)
+        running = asyncio.create_task(worker.run())
+        await until(lambda: sorted(seen) == [400, 401, 401], timeout_s=10)
+        worker.stop()
+        await running
+        await q.clear()
+        loop = asyncio.get_running_loop()
+        taker = asyncio.create_task(q.take())
+        await until(lambda: takers_waiting(q) == 1)
+        start = loop.time()
+    # A few round trips; a close that waited for the take would run into close_timeout_s (5 s).
+    assert loop.time() - start <= 1.0
+    with pytest.raises(QueueClosedError):
+        await taker
+    # Durable writes: WAIT is allowed; this server has no replica, so none confirms.
+    durable: DelayedQueue[int] = make_queue("orders", redis=client, min_replicas=1, replication_timeout_s=0.05)
+    with pytest.raises(NotReplicatedError) as caught:
+        await durable.offer(1, 60)
+    assert caught.value.replicas == 0
+    if version >= (7, 2):  # WAITAOF is allowed too: refused only because this server has no AOF
+        aof: DelayedQueue[int] = make_queue("orders", redis=client, wait_aof=True)
+        with pytest.raises(ConfigurationError, match="appendonly"):
+            await aof.offer(2, 60)
+    await durable.clear()
+
+
+async def test_missing_permissions_are_clear_permanent_errors(acl_client: Any, make_queue: Any) -> None:
+    client = await acl_client("reader", "pw", ["on", ">pw", "~*", "&*", "+@read", "+ping", "+hello", "+subscribe",
+                                               "+evalsha", "+script|load"])
+    q: DelayedQueue[int] = make_queue("orders", redis=client, open_timeout_s=30)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(AccessDeniedError):
+        await q.offer(1, 0)
+    with pytest.raises(AccessDeniedError):
+        await q.open()
+    assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
+
+
+async def test_the_first_take_without_permission_to_pop_raises_it(acl_client: Any, make_queue: Any) -> None:
+    client = await acl_client("nopop", "secret", [r for r in acl_rules("orders") if r != "+lpop"])
+    async with make_queue("orders", redis=client) as q:
+        await q.offer(1, 0)
+        with pytest.raises(AccessDeniedError):
+            await asyncio.wait_for(q.take(), 5)
+        with pytest.raises(AccessDeniedError):
+            await asyncio.wait_for(q.receive(30), 5)
