@@ -16,6 +16,7 @@ from redis.backoff import AbstractBackoff
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
+from ._core.observe import Events
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._producing.dead_letters import DeadLetter, DeadLetters
 from ._producing.keyed import KeyedItems, Offered, Pending
@@ -89,11 +90,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof)
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
-        self._producer = Producer(scripts, o)
+        events = Events(keys.destination)
+        self._producer = Producer(scripts, o, events)
         self._pending = PendingView(scripts, o.codec)
         self._keyed = KeyedItems(scripts, o.codec)
         self._dead = DeadLetters(scripts, o.codec, o.kind)
-        self._life = Lifecycle(scripts, o, on_new_loop=self._producer.rebind)
+        self._life = Lifecycle(scripts, o, events, on_new_loop=self._producer.rebind)
 
     @property
     def name(self) -> str:

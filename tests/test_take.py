@@ -91,7 +91,7 @@ async def test_one_at_a_time_takes_are_served_from_a_prefetch_in_order(client: R
         assert got == list(range(n))  # list order, one by one, none twice
         # One round trip per item would be n pops; the prefetch grows to 100 per pop (it may halve
         # when the machine stalls a take past the hold, so the bound leaves room for that).
-        assert q._life.pump().pops <= n // 4
+        assert q.stats.pops <= n // 4
         assert await client.llen(q.keys.destination) == 0
         # The last pop's hand-off entry is forgotten by the next POP, or by FINISH within a round trip.
         await until(lambda: _handoff_empty(client, q), timeout_s=1)
@@ -108,7 +108,7 @@ async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client:
         await until(lambda: llen_is(client, q, n - len(taken)), timeout_s=1)
         await until(lambda: _handoff_empty(client, q), timeout_s=1)
         assert not pump._buffer
-        assert pump.returned >= 1
+        assert q.stats.returned >= 1
         rest = await client.lrange(q.keys.destination, 0, -1)
         assert [int(x) for x in rest] == list(range(len(taken), n))
         assert taken == list(range(len(taken)))
@@ -146,13 +146,12 @@ async def test_concurrent_takers_keep_their_order_with_a_prefetch(client: Redis,
 async def test_a_waiting_taker_gets_due_items_in_the_pop_that_transfers_them(client: Redis, make_queue: Any) -> None:
     q = make_queue(codec="json", safety_poll_s=300)
     async with q:
-        pump = q._life.pump()
         for i in range(5):
             taker = asyncio.ensure_future(q.take())
             await q.offer(i, 0.05)
             assert await asyncio.wait_for(taker, 5) == i
         # The scheduler's timer found a waiting taker each time: its POP moved the item and popped it.
-        assert pump.transfers >= 4
+        assert q.stats.pops_that_transferred >= 4
         assert q.stats.moved == 5
         await until(lambda: _handoff_empty(client, q), timeout_s=1)
 
@@ -161,7 +160,6 @@ async def test_a_stream_of_due_items_makes_no_empty_pop_after_each_transfer(make
     q = make_queue(codec="json", safety_poll_s=300)
     n = 40
     async with q:
-        pump = q._life.pump()
         await q.offer_many([(i, 0.2 + 0.01 * i) for i in range(n)])  # one due every 10 ms
         got = []
         async for item in q:
@@ -173,7 +171,7 @@ async def test_a_stream_of_due_items_makes_no_empty_pop_after_each_transfer(make
         # the next one right after the list was found empty, and waits for the next transfer
         # instead of popping, which would be one empty POP per item. A loop that lags past the
         # drained window may add an empty POP now and then: a quarter is allowed.
-        assert pump.idle_pops <= n // 4, pump
+        assert q.stats.empty_pops <= n // 4, q.stats
 
 
 async def test_items_pushed_straight_into_the_list_reach_a_waiter_that_did_not_pop(
@@ -212,7 +210,7 @@ async def test_a_transfer_request_waits_for_the_caller_taking_from_the_buffer(cl
         sent, received, reply = await asyncio.wait_for(ask, 5)
         assert sent <= received
         assert reply is not None
-        assert pump.transfers == 1
+        assert q.stats.pops_that_transferred == 1
 
         for _ in range(20):
             await q.take()

@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any, Generic, TypeVar, cast
 
-from .._core.observe import hook
+from .._core.observe import Events
 from .._core.tasks import keep, run_through_cancellation
 from .._options import QueueOptions
 from .._redis.retry import retry_until_done
@@ -50,13 +50,13 @@ _PREFETCH_MIN_VT_MS = 1000
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
-        self._scripts, self._keys, self._codec = scripts, scripts.keys, options.codec
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events) -> None:
+        self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.codec, events
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
         # sooner): the queue's safety poll, which bounds every other missed wake-up too.
         self._recheck_s = options.safety_poll_s
-        self.settler = Settler(scripts, max_deliveries=options.max_deliveries)
+        self.settler = Settler(scripts, max_deliveries=options.max_deliveries, events=events)
         self.settler.on_nacked = self._wake_after
         self.settler.on_released = self.notify
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
@@ -68,10 +68,6 @@ class ReliableConsumer(Generic[T]):
         self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
         self._buffer_vt_ms = 0
         self._prefetch = self._buffer.prefetch
-        self.undecodable = 0
-        self.exhausted = 0
-        self.released = 0  # prefetched messages nobody came for, released
-        self.receives = 0  # RECEIVE calls that returned messages
         self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
 
     def __repr__(self) -> str:
@@ -105,7 +101,7 @@ class ReliableConsumer(Generic[T]):
             messages, wait_s = await self._receive_once(asked, vt_ms, sent)
             self._prefetch.fetched(asked, len(messages), loop.time() - sent)
             if messages:
-                self.receives += 1
+                self._events.count("receives")
                 self._keep(messages[max_items:], vt_ms)
                 return self._delivered(messages[:max_items])
             if deadline is not None:
@@ -120,14 +116,12 @@ class ReliableConsumer(Generic[T]):
                 self.waiting -= 1
 
     def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
-        """``messages`` go to the caller now: reported to the metrics sink, if one is installed."""
-        sink = hook.sink
-        if sink is not None and messages:
-            name = self._keys.destination
-            sink.delivered(name, len(messages))
+        """``messages`` go to the caller now: reported as delivered (and redelivered)."""
+        if messages:
+            self._events.delivered(len(messages))
             again = sum(m.delivery_count > 1 for m in messages)
             if again:
-                sink.redelivered(name, again)
+                self._events.redelivered(again)
         return messages
 
     def _keep(self, extra: list[Message[T]], vt_ms: int) -> None:
@@ -143,7 +137,7 @@ class ReliableConsumer(Generic[T]):
     def _release_unclaimed(self, messages: list[Message[T]]) -> None:
         """Release the prefetched messages nobody came for (in reverse: first deliveries go back
         to the head of the list with LPUSH, and must keep their order)."""
-        self.released += len(messages)
+        self._events.count("released", len(messages))
         self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
 
     async def _receive_once(self, max_items: int, vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
@@ -168,9 +162,8 @@ class ReliableConsumer(Generic[T]):
             raise
         now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
         if dead:
-            self.exhausted += dead
-            if hook.sink is not None:
-                hook.sink.dead_lettered(k.destination, dead, "max_deliveries")
+            self._events.count("exhausted", dead)
+            self._events.dead_lettered(dead, "max_deliveries")
             log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
                       dead, k.destination, self._max_deliveries, k.dead_letter)
         recheck_s = self._recheck_s
@@ -182,7 +175,7 @@ class ReliableConsumer(Generic[T]):
             try:
                 value = decode_item(codec, payload)
             except DecodeError as exc:
-                self.undecodable += 1
+                self._events.count("undecodable")
                 log.error("aiodelayq: %s; moving it to dead-letter list %r", exc, k.dead_letter)
                 # Atomic: out of flight and into the list. Written behind, so nothing here awaits
                 # after the call (a cancelled caller cannot strand the other messages); if it fails,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._core.observe import MetricsSink, hook
+from .._core.observe import Events
 from .._core.tasks import keep
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
@@ -50,19 +50,16 @@ class Settle:
 class Settler:
     """Sends the settles of one queue, many per round trip (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, *, max_deliveries: int) -> None:
+    def __init__(self, scripts: QueueScripts, *, max_deliveries: int, events: Events) -> None:
         # Settles are durable writes (the queue's durability). A resend after a lost reply may find
         # its first try applied and write nothing, so its WAIT can come back before that first try
         # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
-        self._scripts, self._keys = scripts, scripts.keys
+        self._scripts, self._keys, self._events = scripts, scripts.keys, events
         self._max_deliveries, self._call_timeout_s = max_deliveries, scripts.call_timeout_s
         self._pending: list[Settle] = []
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
-        self.calls = 0
-        self.unconfirmed = 0  # written-behind settles that could not be confirmed
-        self.exhausted = 0  # nacks of a last allowed delivery (dead-lettered)
         # Called with the delay (ms) of each nack that landed: the consumer wakes its waiting
         # receivers then, instead of at their next recheck (up to 5 s late).
         self.on_nacked: Callable[[int], None] | None = None
@@ -73,7 +70,7 @@ class Settler:
 
     def __repr__(self) -> str:
         return (f"<Settler {self._keys.destination!r} pending={len(self._pending)} "
-                f"flushing={self._flusher is not None} calls={self.calls} unconfirmed={self.unconfirmed}>")
+                f"flushing={self._flusher is not None}>")
 
     @property
     def idle(self) -> bool:
@@ -149,15 +146,14 @@ class Settler:
                                                       timeout_s=remaining_s)
 
         try:
-            self.calls += 1
+            self._events.count("settle_calls")
             results = await resend_within(attempt, timeout_s=self._call_timeout_s)
         except BaseException as exc:
             self._give_up(batch, exc)
             if not isinstance(exc, BackendError):
                 raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
             return
-        if hook.sink is not None:
-            _report(hook.sink, k.destination, batch, results)
+        _report(self._events, batch, results)
         superseded, released = 0, False
         for s, result in zip(batch, results, strict=True):
             if s.mode == "release" and int(result) == 1:
@@ -165,7 +161,7 @@ class Settler:
             if s.future is not None:
                 if int(result) == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
-                    self.exhausted += 1
+                    self._events.count("exhausted")
                     log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery "
                               "(max_deliveries=%d); moved to dead-letter list %r", k.destination,
                               self._max_deliveries, k.dead_letter)
@@ -176,7 +172,7 @@ class Settler:
         if released and self.on_released is not None:
             self.on_released()
         if superseded:
-            self.unconfirmed += superseded
+            self._events.count("unconfirmed_settles", superseded)
             log.warning("aiodelayq: %d ack(s) on %r arrived after the visibility timeout and the message(s) had "
                         "been delivered again", superseded, k.destination)
 
@@ -191,7 +187,7 @@ class Settler:
                                                     "the queue was closing", maybe_applied=True))
                 s.future.exception()  # retrieved: its caller may have left
         if behind:
-            self.unconfirmed += behind
+            self._events.count("unconfirmed_settles", behind)
             log.warning("aiodelayq: %d settle(s) on %r not confirmed (%s); unless they landed, their messages are "
                         "delivered again after their visibility timeout", behind, self._keys.destination,
                         exc if isinstance(exc, BackendError) else "cancelled")
@@ -214,9 +210,9 @@ class Settler:
 _DEAD_REASONS = {"dead": "nacked", "undecodable": "undecodable"}
 
 
-def _report(sink: MetricsSink, queue: str, batch: list[Settle], results: list[Any]) -> None:
-    """The metrics events of one SETTLE call: what it applied (result 1, or 2: a nack of a last
-    delivery that dead-lettered it), counted per call."""
+def _report(events: Events, batch: list[Settle], results: list[Any]) -> None:
+    """The events of one SETTLE call: what it applied (result 1, or 2: a nack of a last delivery
+    that dead-lettered it), counted per call."""
     acked = nacked = exhausted = 0
     dead: dict[str, int] = {}
     for settle, result in zip(batch, results, strict=True):
@@ -234,10 +230,10 @@ def _report(sink: MetricsSink, queue: str, batch: list[Settle], results: list[An
             reason = _DEAD_REASONS[mode]
             dead[reason] = dead.get(reason, 0) + 1
     if acked:
-        sink.acked(queue, acked)
+        events.acked(acked)
     if nacked:
-        sink.nacked(queue, nacked)
+        events.nacked(nacked)
     if exhausted:
         dead["max_deliveries"] = exhausted
     for reason, n in dead.items():
-        sink.dead_lettered(queue, n, reason)
+        events.dead_lettered(n, reason)

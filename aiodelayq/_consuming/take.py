@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.observe import hook
+from .._core.observe import Events
 from .._core.tasks import Supervised
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff, resend_within
@@ -69,8 +69,10 @@ class _Waiter:
 class TakePump:
     """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, *, decode: Callable[[bytes], Any], slots: asyncio.Semaphore) -> None:
+    def __init__(self, scripts: QueueScripts, *, decode: Callable[[bytes], Any], slots: asyncio.Semaphore,
+                 events: Events) -> None:
         self._scripts = scripts
+        self._events = events
         self._keys = keys = scripts.keys
         self._decode = decode
         self._slots = slots
@@ -95,11 +97,6 @@ class TakePump:
         self._backing_off = False  # after a failed POP: the scheduler transfers itself meanwhile
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
-        self.returned = 0
-        self.undecodable = 0
-        self.pops = 0  # POP calls that returned items
-        self.transfers = 0  # POP calls that transferred for the scheduler
-        self.idle_pops = 0  # POP calls that neither transferred nor found an item
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
@@ -125,8 +122,7 @@ class TakePump:
                 pop.settle(index, "d")
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
-                if hook.sink is not None:
-                    hook.sink.delivered(self._keys.destination, 1)
+                self._events.delivered(1)
                 return [value]
             return self._deliver(self._buffer.take(max_items))
         loop = asyncio.get_running_loop()
@@ -151,8 +147,8 @@ class TakePump:
     def _deliver(self, entries: list[tuple[Pop, int, Any]]) -> list[Any]:
         """The caller has ``entries``: record them as taken; returns their values."""
         self._settle(entries, "d")
-        if hook.sink is not None and entries:
-            hook.sink.delivered(self._keys.destination, len(entries))
+        if entries:
+            self._events.delivered(len(entries))
         return [value for _, _, value in entries]
 
     def _settle(self, entries: list[tuple[Pop, int, Any]], verdict: str) -> None:
@@ -164,7 +160,7 @@ class TakePump:
 
     def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
-        self.returned += len(entries)
+        self._events.count("returned", len(entries))
         self._drained_at = None  # they will be in the list: the next waiter pops them
         self._settle(entries, "r")
         self._wake.set()  # a transfer request kept for the buffer's taker is answered now (see _run)
@@ -320,7 +316,8 @@ class TakePump:
                     self._prefetch.fetched(count, len(raws), received - sent)
                     self._handoff.forgot(done)
                     if ask is not None:
-                        self.transfers += moved is not None
+                        if moved is not None:
+                            self._events.count("pops_that_transferred")
                         _resolve(ask, (sent, received, moved))
                 except BaseException as exc:
                     if ask is not None:  # the scheduler transfers itself (and reports its own failure)
@@ -351,11 +348,12 @@ class TakePump:
                 if len(raws) < count and not self._maybe_ready:  # the list was empty, and nothing said since
                     self._drained_at = received
                 if not raws:
-                    self.idle_pops += moved is None
+                    if moved is None:
+                        self._events.count("empty_pops")
                     self._handoff.pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
-                self.pops += 1
+                self._events.count("pops")
                 if len(raws) >= count:
                     self._maybe_ready = True  # there may be more
                 self._received(pop, raws)
@@ -377,12 +375,12 @@ class TakePump:
             try:
                 entries.append((pop, index, self._decode(raw)))
             except DecodeError as exc:
-                self.undecodable += 1
+                self._events.count("undecodable")
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
                 pop.settle(index, "x")
-        if len(entries) < len(raws) and hook.sink is not None:
+        if len(entries) < len(raws):
             # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
-            hook.sink.dead_lettered(self._keys.destination, len(raws) - len(entries), "undecodable")
+            self._events.dead_lettered(len(raws) - len(entries), "undecodable")
         self._hand_out(entries)
         self._handoff.maybe_finish(pop)
 

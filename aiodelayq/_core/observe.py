@@ -1,4 +1,7 @@
-"""The metrics hook: one optional, process-wide sink that the queue's own code reports events to.
+"""Events and counters: every event of a queue is reported once, to its :class:`Events`, which counts
+it (what ``queue.stats`` shows) and passes it on to the metrics hook, so the two never disagree.
+
+The metrics hook is one optional, process-wide sink.
 
 Zero dependencies, and free when unused: ``hook.sink`` is ``None`` by default and every place that
 reports reads it once per batch or call (``if hook.sink is not None: ...``), never per item. The only
@@ -18,10 +21,11 @@ delivery.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["Hook", "MetricsSink", "hook", "install", "installed", "transfer_limit", "uninstall"]
+__all__ = ["Events", "Hook", "MetricsSink", "hook", "install", "installed", "transfer_limit", "uninstall"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -175,6 +179,87 @@ def installed() -> MetricsSink | None:
     """The sink given to :func:`install`, or ``None``."""
     current = hook.sink
     return current.inner if isinstance(current, _Guarded) else current
+
+
+class Events:
+    """The events of one queue object (or of the transfer scheduler the queue objects of one client
+    and name share), this process only: each is counted in :attr:`counts` and, for those the metrics
+    know, passed on to the installed sink. A component reports an event here and nowhere else.
+
+    Attributes:
+        queue: the queue's name (its destination list).
+        counts: by event name; ``dead_lettered:<reason>`` per reason; the library's own events (calls
+            and what they found, items given back or recovered) through :meth:`count`.
+    """
+
+    __slots__ = ("counts", "queue")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.counts: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"<Events {self.queue!r} {dict(self.counts)}>"
+
+    def count(self, event: str, n: int = 1) -> None:
+        """An event the metrics do not have (e.g. ``pop_calls``, ``returned``): counted only."""
+        self.counts[event] += n
+
+    def offered(self, n: int) -> None:
+        """See :meth:`MetricsSink.offered`."""
+        self.counts["offered"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.offered(self.queue, n)
+
+    def moved(self, n: int, lateness_ms: Sequence[float] = ()) -> None:
+        """See :meth:`MetricsSink.moved`."""
+        self.counts["moved"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.moved(self.queue, n, lateness_ms)
+
+    def delivered(self, n: int) -> None:
+        """See :meth:`MetricsSink.delivered`."""
+        self.counts["delivered"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.delivered(self.queue, n)
+
+    def redelivered(self, n: int) -> None:
+        """See :meth:`MetricsSink.redelivered`."""
+        self.counts["redelivered"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.redelivered(self.queue, n)
+
+    def acked(self, n: int) -> None:
+        """See :meth:`MetricsSink.acked`."""
+        self.counts["acked"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.acked(self.queue, n)
+
+    def nacked(self, n: int) -> None:
+        """See :meth:`MetricsSink.nacked`."""
+        self.counts["nacked"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.nacked(self.queue, n)
+
+    def dead_lettered(self, n: int, reason: str) -> None:
+        """See :meth:`MetricsSink.dead_lettered`."""
+        self.counts[f"dead_lettered:{reason}"] += n
+        sink = hook.sink
+        if sink is not None:
+            sink.dead_lettered(self.queue, n, reason)
+
+    def transfer_error(self) -> None:
+        """See :meth:`MetricsSink.transfer_error`."""
+        self.counts["transfer_errors"] += 1
+        sink = hook.sink
+        if sink is not None:
+            sink.transfer_error(self.queue)
 
 
 def transfer_limit(batch: int) -> int:

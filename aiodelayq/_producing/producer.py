@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-from .._core.observe import hook
+from .._core.observe import Events
 from .._core.tasks import keep
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for
@@ -36,8 +36,8 @@ MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
-        self._scripts, self._keys = scripts, scripts.keys
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events) -> None:
+        self._scripts, self._keys, self._events = scripts, scripts.keys, events
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
@@ -158,13 +158,11 @@ class Producer:
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
         base = int(reply[0])
         if entries is None:
-            if hook.sink is not None:
-                hook.sink.offered(k.destination, len(fragments))
+            self._events.offered(len(fragments))
             return [base + fragment[0] for fragment in fragments]
         outcome = parse_outcome(reply[2], len(fragments))
-        if hook.sink is not None:
-            # A key found pending ('p') changed nothing: not an offer that wrote anything.
-            hook.sink.offered(k.destination, sum(letter != "p" for letter, _ in outcome))
+        # A key found pending ('p') changed nothing: not an offer that wrote anything.
+        self._events.offered(sum(letter != "p" for letter, _ in outcome))
         return [Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
                         added=letter != "p", replaced=letter == "r")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]

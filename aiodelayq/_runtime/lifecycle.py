@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
+from .._core.observe import Events
 from .._core.tasks import wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
@@ -37,7 +39,9 @@ State = Literal["new", "opening", "open", "closing", "closed"]
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Counters of one queue in this process.
+    """Counters of one queue object in this process: a snapshot of the events it reported (those of
+    the transfer scheduler it shares with the queue objects of the same client and name included),
+    the same events the metrics sink gets.
 
     Attributes:
         transfers: transfer script runs by this process's scheduler for the queue.
@@ -56,6 +60,11 @@ class QueueStats:
         unconfirmed_settles: acks (and releases) sent without waiting that could not be confirmed
             (each batch logged at WARNING): unless they landed, their messages are delivered again
             after their visibility timeout.
+        offered: items written by this object's offer calls.
+        delivered: items and messages handed to callers.
+        pops: POP calls that returned items; empty_pops: those that found none and transferred
+            nothing; pops_that_transferred: those that ran the scheduler's transfer first.
+        receives: RECEIVE calls that returned messages; settle_calls: SETTLE calls.
     """
 
     transfers: int
@@ -68,13 +77,35 @@ class QueueStats:
     exhausted: int = 0
     released: int = 0
     unconfirmed_settles: int = 0
+    offered: int = 0
+    delivered: int = 0
+    pops: int = 0
+    empty_pops: int = 0
+    pops_that_transferred: int = 0
+    receives: int = 0
+    settle_calls: int = 0
+
+    @classmethod
+    def of(cls, own: Events, scheduler: Events | None) -> QueueStats:
+        """The stats of a queue object's events and its scheduler's (``None``: never opened)."""
+        mine, shared = own.counts, scheduler.counts if scheduler is not None else Counter[str]()
+        return cls(transfers=shared["transfers"], moved=shared["moved"],
+                   dead_lettered=shared["dead_lettered:malformed"], undecodable=mine["undecodable"],
+                   transfer_errors=shared["transfer_errors"], returned=mine["returned"],
+                   recovered=shared["recovered"], exhausted=mine["exhausted"], released=mine["released"],
+                   unconfirmed_settles=mine["unconfirmed_settles"], offered=mine["offered"],
+                   delivered=mine["delivered"], pops=mine["pops"], empty_pops=mine["empty_pops"],
+                   pops_that_transferred=mine["pops_that_transferred"], receives=mine["receives"],
+                   settle_calls=mine["settle_calls"])
 
 
 class Lifecycle:
     """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, options: QueueOptions, *, on_new_loop: Callable[[], None]) -> None:
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
+                 on_new_loop: Callable[[], None]) -> None:
         self._scripts = scripts
+        self._events = events
         self._client = scripts.client
         self._keys = scripts.keys
         self._options = options
@@ -130,21 +161,9 @@ class Lifecycle:
         return self._reliable
 
     def stats(self) -> QueueStats:
-        """A snapshot of the counters of what this queue object owns."""
-        s = self._scheduler.stats if self._scheduler else None
-        pump, reliable = self._pump, self._reliable
-        return QueueStats(
-            transfers=s.transfers if s else 0,
-            moved=s.moved if s else 0,
-            dead_lettered=s.dead_lettered if s else 0,
-            undecodable=(pump.undecodable if pump else 0) + (reliable.undecodable if reliable else 0),
-            transfer_errors=s.errors if s else 0,
-            returned=pump.returned if pump else 0,
-            recovered=s.recovered if s else 0,
-            exhausted=reliable.exhausted + reliable.settler.exhausted if reliable else 0,
-            released=reliable.released if reliable else 0,
-            unconfirmed_settles=reliable.settler.unconfirmed if reliable else 0,
-        )
+        """A snapshot of the counters of this queue object's events (and of its scheduler's)."""
+        scheduler = self._scheduler
+        return QueueStats.of(self._events, scheduler.events if scheduler is not None else None)
 
     async def open(self) -> None:
         """Open once; concurrent openers share the opening task, which the last one to leave cancels
@@ -192,8 +211,9 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, decode=lambda raw: decode_item(o.codec, raw), slots=scheduler.slots)
-        self._reliable = ReliableConsumer(self._scripts, o)
+        self._pump = TakePump(self._scripts, decode=lambda raw: decode_item(o.codec, raw), slots=scheduler.slots,
+                              events=self._events)
+        self._reliable = ReliableConsumer(self._scripts, o, self._events)
         scheduler.listeners.append(self._pump.notify)
         scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from .._core.observe import MetricsSink, hook, transfer_limit
+from .._core.observe import Events, transfer_limit
 from .._core.tasks import Supervised
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff
@@ -37,7 +37,7 @@ _TIMER_LEAD_S = 0.0005
 
 @dataclass
 class SchedulerStats:
-    """Counters of one transfer scheduler (this process only).
+    """Counters of one transfer scheduler (this process only): a snapshot of its events.
 
     Attributes:
         transfers: transfer script calls that succeeded.
@@ -109,7 +109,9 @@ class TransferScheduler:
         # INFO line when transfers work again.
         self._failures = 0
         self._failing_since = 0.0
-        self.stats = SchedulerStats()
+        # Its events (shared by the queue objects of this client and name); QueueStats reads them.
+        self.events = Events(keys.destination)
+        self._last_error: str | None = None
         # Called after a successful transfer that left items in the destination (takers pop them).
         self.listeners: list[Callable[[], None]] = []
         # Called after every successful transfer, whatever the destination holds: a published due
@@ -121,6 +123,14 @@ class TransferScheduler:
         # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
         # the lateness of what moves).
         self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """A snapshot of this scheduler's counters."""
+        counts = self.events.counts
+        return SchedulerStats(transfers=counts["transfers"], moved=counts["moved"],
+                              dead_lettered=counts["dead_lettered:malformed"], errors=counts["transfer_errors"],
+                              recovered=counts["recovered"], last_error=self._last_error)
 
     @property
     def safety_poll_s(self) -> float:
@@ -153,10 +163,8 @@ class TransferScheduler:
 
     def _crashed(self, exc: BaseException) -> None:
         # A bug in the worker: counted like a failed transfer; the restarted worker transfers at once.
-        self.stats.errors += 1
-        self.stats.last_error = repr(exc)
-        if hook.sink is not None:
-            hook.sink.transfer_error(self._keys.destination)
+        self._last_error = repr(exc)
+        self.events.transfer_error()
         self._wake.set()
 
     async def wait_transferred(self, timeout_s: float) -> bool:
@@ -256,13 +264,11 @@ class TransferScheduler:
             try:
                 reply = await self._transfer()
             except BackendError as exc:
-                self.stats.errors += 1
-                self.stats.last_error = str(exc)
+                self._last_error = str(exc)
                 if self._failures == 0:
                     self._failing_since = self._loop.time()
                 self._failures += 1
-                if hook.sink is not None:
-                    hook.sink.transfer_error(self._keys.destination)
+                self.events.transfer_error()
                 if is_permanent(exc):
                     self._permanent = exc
                     self._transferred.set()  # wakes open(), which raises it
@@ -319,17 +325,14 @@ class TransferScheduler:
         # 8 entries, and a 9th (the lateness list) only when a negative limit asked for it.
         moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply[:8]
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
-        self.stats.transfers += 1
-        self.stats.moved += int(moved)
-        sink = hook.sink
-        if sink is not None and (moved or dead):
-            _report(sink, keys.destination, int(moved), int(dead), int(micros), reply[8] if len(reply) > 8 else None)
+        self.events.count("transfers")
+        if moved or dead:
+            _report(self.events, int(moved), int(dead), int(micros), reply[8] if len(reply) > 8 else None)
         if dead:
-            self.stats.dead_lettered += int(dead)
             log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
                       dead, keys.destination, keys.dead_letter)
         if recovered:
-            self.stats.recovered += int(recovered)
+            self.events.count("recovered", int(recovered))
             log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
                         "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
@@ -359,12 +362,12 @@ class TransferScheduler:
         return None
 
 
-def _report(sink: MetricsSink, queue: str, moved: int, dead: int, micros: int, late: Any) -> None:
+def _report(events: Events, moved: int, dead: int, micros: int, late: Any) -> None:
     """One transfer's events. ``late``: the script's lateness list (whole ms: its clock's ms minus each
     due score), or ``None`` when the call did not ask for it; the sub-millisecond part of the
     transfer's ``TIME`` is added back here, so each value is the exact server time minus the due time."""
     if moved:
         frac_ms = (micros % 1000) / 1000
-        sink.moved(queue, moved, [int(ms) + frac_ms for ms in late] if late else ())
+        events.moved(moved, [int(ms) + frac_ms for ms in late] if late else ())
     if dead:
-        sink.dead_lettered(queue, dead, "malformed")
+        events.dead_lettered(dead, "malformed")
