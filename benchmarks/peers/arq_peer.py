@@ -8,7 +8,7 @@
   logging set up, so the per-job log lines are not printed (that would cost arq time, not save it).
   ``on_startup`` tells ``run.py`` the worker is ready (it runs after the pool is created, before polling).
 
-Runs with ``.envs/arq/bin/python`` (arq pins ``redis<6``).
+Runs with ``.nox/peers-arq/bin/python`` (arq pins ``redis<6``).
 """
 
 from __future__ import annotations
@@ -52,13 +52,10 @@ def consume_main(args: Any, settings: RedisSettings) -> None:
         rec.ready()
         state["watcher"] = asyncio.ensure_future(stop_when_done(state["worker"], rec))
 
-    async def make_recorder() -> Recorder:  # the Recorder binds to the loop it is created on
-        return Recorder(args)
-
     # Worker takes the current event loop (asyncio.get_event_loop) and run() drives it, like arq's CLI.
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    state["rec"] = loop.run_until_complete(make_recorder())
+    state["rec"] = Recorder(args)
     # func(..., name=): the job function is a closure here, so its qualified name is not "job".
     worker = Worker(functions=[func(job, name="job")], redis_settings=settings, on_startup=on_startup)
     state["worker"] = worker

@@ -6,14 +6,14 @@
 //   drainDelay 5 s, lockDuration 30 s, stalledInterval 30 s; the worker itself promotes delayed jobs.
 //   Jobs are kept after completion (removeOnComplete is off by default).
 //
-// bullmq is loaded from .node/ beside this file (installed there by envs.py), not from a node_modules of
-// the repository.
+// bullmq is loaded from $PEERS_NODE_DIR (installed there by envs.py), not from a node_modules of the
+// repository.
 
 import { createRequire } from 'node:module';
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
-const require = createRequire(new URL('./.node/package.json', import.meta.url));
+const require = createRequire(`${process.env.PEERS_NODE_DIR}/package.json`);
 const { Queue, Worker } = require('bullmq');
 const bullmqVersion = require('bullmq/package.json').version;
 

@@ -1,9 +1,8 @@
-"""The peers' own environments: one virtualenv per Python peer (``.envs/<peer>/``: their redis-py pins
-conflict with each other and with aiodelayq's) and ``.node/node_modules`` for BullMQ, installed from the
+"""The peers' own environments, under ``.nox/`` at the repository root (git-ignored, outside
+``benchmarks/``): one virtualenv per Python peer (``.nox/peers-<peer>/``: their redis-py pins conflict with
+each other and with aiodelayq's) and ``.nox/peers-node/node_modules`` for BullMQ, installed from the
 package registries on first use with pinned versions. A peer that cannot be installed is returned as
-skipped, with the reason; the run reports it instead of dropping it.
-
-``python envs.py`` installs every peer and prints what it got (``run.py --setup-only`` does the same).
+skipped, with the reason; the run reports it instead of dropping it (``run.py --setup-only``: install only).
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-ENVS = HERE / ".envs"
-NODE_DIR = HERE / ".node"
+NOX_DIR = REPO / ".nox"
+NODE_DIR = NOX_DIR / "peers-node"
 
 # Pinned to the versions current when this benchmark was written; bump them here (the stamp files make
 # the next run reinstall). saq 0.26.4 imports typing_extensions without declaring it.
@@ -45,7 +44,7 @@ class Peer:
     skipped: str | None = None  # the reason, when it cannot run
 
 
-def _tail(text: str, lines: int = 3) -> str:
+def tail(text: str, lines: int = 4) -> str:
     kept = [line for line in text.strip().splitlines() if line.strip() and "WARNING: Location" not in line]
     text = " | ".join(kept[-lines:]) or "(no output)"
     return text if len(text) <= 300 else text[:297] + "..."
@@ -68,38 +67,37 @@ def _stamp_matches(stamp: Path, spec: object) -> bool:
         return False
 
 
-def python_peer(name: str, log: bool = True) -> Peer:
+def python_peer(name: str) -> Peer:
     """A virtualenv with the peer's pinned requirements (reused while the pins are unchanged)."""
     reqs = PYTHON_PEERS[name]
-    env_dir = ENVS / name
+    env_dir = NOX_DIR / f"peers-{name}"
     python = env_dir / "bin" / "python"
     stamp = env_dir / "peers-stamp.json"
     driver = HERE / f"{name}_peer.py"
     spec = {"requirements": reqs, "python": sys.version.split()[0]}
     if not (python.exists() and _stamp_matches(stamp, spec)):
-        if log:
-            print(f"setup: creating {env_dir.relative_to(REPO)} and installing {' '.join(reqs)}", flush=True)
+        print(f"setup: creating {env_dir.relative_to(REPO)} and installing {' '.join(reqs)}", flush=True)
         shutil.rmtree(env_dir, ignore_errors=True)
         ok, out = _run([sys.executable, "-m", "venv", str(env_dir)])
         if not ok:
-            return Peer(name, skipped=f"venv creation failed: {_tail(out)}")
+            return Peer(name, skipped=f"venv creation failed: {tail(out)}")
         ok, out = _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs])
         if not ok:
-            return Peer(name, skipped=f"pip install {' '.join(reqs)} failed: {_tail(out)}")
+            return Peer(name, skipped=f"pip install {' '.join(reqs)} failed: {tail(out)}")
         stamp.write_text(json.dumps(spec))
     probe = (f"import json, importlib.metadata as m, {name}; "
              f"print(json.dumps({{d: m.version(d) for d in ({name!r}, 'redis', 'hiredis')}}))")
     ok, out = _run([str(python), "-c", probe], timeout=60)
     if not ok:
-        return Peer(name, skipped=f"installed but `import {name}` fails: {_tail(out)}")
+        return Peer(name, skipped=f"installed but `import {name}` fails: {tail(out)}")
     versions = json.loads(out.strip().splitlines()[-1])
     versions["python"] = sys.version.split()[0]
     # No PYTHONPATH: the driver imports ``common`` from its own folder and nothing of this checkout.
     return Peer(name, [str(python), str(driver)], {"PYTHONPATH": ""}, versions)
 
 
-def node_peer(name: str, log: bool = True) -> Peer:
-    """``npm install`` of the pinned package into ``.node/`` (the driver ``require``s it from there)."""
+def node_peer(name: str) -> Peer:
+    """``npm install`` of the pinned packages into :data:`NODE_DIR` (the driver ``require``s them from there)."""
     packages = NODE_PEERS[name]
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
@@ -112,24 +110,23 @@ def node_peer(name: str, log: bool = True) -> Peer:
     stamp = NODE_DIR / "peers-stamp.json"
     spec = {"packages": packages, "node": version}
     if not ((NODE_DIR / "node_modules" / name).is_dir() and _stamp_matches(stamp, spec)):
-        if log:
-            print(f"setup: npm install {' '.join(packages)} into {NODE_DIR.relative_to(REPO)}", flush=True)
+        print(f"setup: npm install {' '.join(packages)} into {NODE_DIR.relative_to(REPO)}", flush=True)
         shutil.rmtree(NODE_DIR, ignore_errors=True)
         NODE_DIR.mkdir(parents=True)
         (NODE_DIR / "package.json").write_text(json.dumps({"name": "aiodelayq-peers", "private": True}) + "\n")
         ok, out = _run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error", *packages],
                        cwd=NODE_DIR)
         if not ok:
-            return Peer(name, skipped=f"npm install {' '.join(packages)} failed: {_tail(out)}")
+            return Peer(name, skipped=f"npm install {' '.join(packages)} failed: {tail(out)}")
         stamp.write_text(json.dumps(spec))
     ok, out = _run([node, "-e", f"console.log(require('{name}/package.json').version)"], cwd=NODE_DIR, timeout=60)
     if not ok:
-        return Peer(name, skipped=f"installed but require('{name}') fails: {_tail(out)}")
+        return Peer(name, skipped=f"installed but require('{name}') fails: {tail(out)}")
     versions = {name: out.strip(), "node": version}
     ok, out = _run([node, "-e", "console.log(require('ioredis/package.json').version)"], cwd=NODE_DIR, timeout=60)
     if ok:
         versions["ioredis"] = out.strip()
-    return Peer(name, [node, str(HERE / f"{name}_peer.mjs")], {}, versions)
+    return Peer(name, [node, str(HERE / f"{name}_peer.mjs")], {"PEERS_NODE_DIR": str(NODE_DIR)}, versions)
 
 
 def aiodelayq_peer() -> Peer:
@@ -141,7 +138,7 @@ def aiodelayq_peer() -> Peer:
                     "'redis': redis.__version__, 'hiredis': m.version('hiredis')}))"],
                    timeout=60, env={"PYTHONPATH": path})
     if not ok:
-        return Peer("aiodelayq", skipped=f"`import aiodelayq` fails in {sys.executable}: {_tail(out)}")
+        return Peer("aiodelayq", skipped=f"`import aiodelayq` fails in {sys.executable}: {tail(out)}")
     versions = json.loads(out.strip().splitlines()[-1])
     versions["python"] = sys.version.split()[0]
     ok, commit = _run(["git", "describe", "--always", "--dirty"], cwd=REPO, timeout=30)
@@ -149,18 +146,13 @@ def aiodelayq_peer() -> Peer:
     return Peer("aiodelayq", [sys.executable, str(HERE / "aiodelayq_peer.py")], {"PYTHONPATH": path}, versions)
 
 
-def ensure(name: str, log: bool = True) -> Peer:
+def ensure(name: str) -> Peer:
     """Install (when needed) and describe one peer: ``aiodelayq``, ``bullmq``, ``arq`` or ``saq``."""
     if name == "aiodelayq":
         return aiodelayq_peer()
     if name in PYTHON_PEERS:
-        return python_peer(name, log)
+        return python_peer(name)
     if name in NODE_PEERS:
-        return node_peer(name, log)
+        return node_peer(name)
     raise ValueError(f"unknown peer {name!r}")
 
-
-if __name__ == "__main__":
-    for peer_name in ("aiodelayq", *NODE_PEERS, *PYTHON_PEERS):
-        peer = ensure(peer_name)
-        print(f"{peer_name}: {'skipped: ' + peer.skipped if peer.skipped else peer.versions}")

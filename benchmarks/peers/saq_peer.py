@@ -9,7 +9,7 @@
   ``worker_info=10``; dequeue by a blocking ``BLMOVE``. ``startup`` tells ``run.py`` the
   worker is ready.
 
-Runs with ``.envs/saq/bin/python`` (saq pins ``redis<8``).
+Runs with ``.nox/peers-saq/bin/python`` (saq pins ``redis<8``).
 """
 
 from __future__ import annotations

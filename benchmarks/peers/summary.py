@@ -102,7 +102,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
 
 
 def plot(result: dict[str, Any], path: Path) -> bool:
-    """Bars of the medians with every round as a dot; ``False`` when matplotlib is missing."""
+    """Bars of the medians, one panel per metric; ``False`` when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -114,56 +114,40 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     names = [n for n in result["peers"] if n in result["medians"]]
     if not names:
         return False
-
-    def rounds_of(name: str, scenario: str, get: Any) -> list[float]:
-        out = []
-        for r in result["rounds"][name]:
-            sc = r.get(scenario)
-            if sc and "error" not in sc:
-                v = get(sc)
-                if v is not None:
-                    out.append(v)
-        return out
-
     tail_ms = result["sizes"]["a_tail_s"] * 1000.0
-    panels: list[tuple[str, str, Any, bool]] = [
-        ("enqueue, 64 in flight (jobs/s)", "A", lambda sc: sc["enqueue_rate"], False),
-        ("enqueue, bulk call (jobs/s; arq, saq: none)", "B",
-         lambda sc: sc["fill_rate"] if sc["fill_mode"] == "bulk" else None, False),
-        ("lateness p50 (ms, log)", "A", lambda sc: sc["late_ms"]["p50"] if sc["late_ms"]["p50"] is not None
-         else tail_ms, True),
-        ("lateness p99 (ms, log)", "A", lambda sc: sc["late_ms"]["p99"] if sc["late_ms"]["p99"] is not None
-         else tail_ms, True),
-        ("drain of due backlog (jobs/s, log)", "B", lambda sc: sc["drain_rate"], True),
-        ("memory per pending job (bytes)", "C", lambda sc: sc["bytes_per_job"], False),
-    ]
+    panels = [("enqueue, 64 in flight (jobs/s)", "enqueue_rate", False),
+              ("enqueue, bulk call (jobs/s; arq, saq: none)", "fill_rate", False),
+              ("lateness p50 (ms, log)", "late_p50_ms", True), ("lateness p99 (ms, log)", "late_p99_ms", True),
+              ("drain of a due backlog (jobs/s, log)", "drain_rate", True),
+              ("memory per pending job (bytes)", "bytes_per_job", False)]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (title, scenario, get, log_scale) in zip(axes.flat, panels, strict=True):
+    for ax, (title, key, log_scale) in zip(axes.flat, panels, strict=True):
         for x, name in enumerate(names):
-            values = rounds_of(name, scenario, get)
-            if not values:
+            m = result["medians"][name]
+            value = m.get(key)
+            if key == "fill_rate" and not result["peers"][name]["has_bulk"]:
+                value = None
+            if key.startswith("late_") and m.get(key.replace("_ms", "_censored")):
+                value = tail_ms  # beyond the tail bound
+            if value is None:
                 ax.annotate("none", (x, 0), ha="center", va="bottom", fontsize=8)
                 continue
-            values.sort()
-            med = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1]
-                                                                      + values[len(values) // 2]) / 2
-            ax.bar(x, med, color=COLOR[name], alpha=0.8)
-            ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
-            m = result["medians"][name]
-            note = ""
-            if scenario == "B" and "drain" in title and m.get("drain_bounded_rounds"):
-                note = " (bounded)"
-            if scenario == "A" and "lateness" in title and m.get(f"late_{title.split()[1]}_censored"):
-                note = " (> tail)"
-            ax.annotate(_num(med) + note, (x, med), ha="center", va="bottom", fontsize=8)
+            ax.bar(x, value, color=COLOR[name], alpha=0.8)
+            ax.annotate(_num(value), (x, value), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(names)), [LABEL[n] for n in names])
         ax.set_title(title, fontsize=10)
         if log_scale:
             ax.set_yscale("log")
-    s = result["sizes"]
     fig.suptitle(f"aiodelayq vs BullMQ, arq, saq: defaults, one consumer process, {result['machine']['server']}; "
-                 f"medians of {s['rounds']} interleaved round(s), dots = rounds", fontsize=10)
+                 f"medians of {result['sizes']['rounds']} interleaved round(s)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+if __name__ == "__main__":  # python benchmarks/peers/summary.py RESULTS.json: the tables of a peers results file
+    import json
+    import sys
+
+    print("\n".join(table_lines(json.loads(Path(sys.argv[1]).read_text()))))

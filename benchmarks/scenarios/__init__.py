@@ -1,8 +1,5 @@
-"""The scenarios, one module each; every module's ``run(bench)`` says in its docstring what it measures.
-
-:data:`REGISTRY` is the order they run in; the ones in :data:`EXTRA` run only when asked for
-(``--only NAME`` or their own option), the others by default.
-"""
+"""The scenarios, one module each (``lateness`` holds two); each ``run`` function's docstring says what it
+measures. :data:`REGISTRY` is the order they run in; those in :data:`EXTRA` run only when asked for."""
 
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ from . import (
     idle,
     keys,
     lateness,
-    lateness_async_for,
     memory,
     offer,
     offer_many,
@@ -29,7 +25,7 @@ REGISTRY: dict[str, Scenario] = {
     "offer_many": offer_many.run,
     "transfer": transfer.run,
     "lateness": lateness.run,
-    "lateness_async_for": lateness_async_for.run,
+    "lateness_async_for": lateness.run_async_for,
     "reliable_lateness": reliable_lateness.run,
     "e2e": e2e.run,
     "idle": idle.run,

@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from _harness import FAR_S, Bench, log, payload
-from lateness import summarize  # benchmarks/lateness.py
+from _harness import FAR_S, Bench, log, payload, summarize
 
 from aiodelayq import DelayedQueue
 from aiodelayq._redis.client_facts import facts_for
@@ -30,15 +29,14 @@ async def _load(bench: Bench, name: str, stop: asyncio.Event) -> None:
 
 
 async def run(bench: Bench) -> dict[str, Any]:
-    """While ``LOADERS`` (4) other clients offer batches of 1,000 items back to back (each OFFER holds
-    the server ~1-2 ms), this process calls ``offer_many`` with 1,000 items (delay 1 h) ``due_calls``
-    times each way, alternating: "ours" (the producer sends the call's issue time) and "script time"
-    (another client whose server-clock estimate is cleared before each call, so the script uses its
-    own clock: the behaviour before issue 10). Lag of a call = its first item's due time - delay - the
+    """While ``LOADERS`` (4) other clients offer batches of 1,000 items back to back (each holds the server
+    ~1-2 ms), this process calls ``offer_many`` with 1,000 items (delay 1 h) ``due_calls`` times each
+    way, alternating: "ours" (the producer sends the call's issue time, as the library does) and "script
+    time" (a client whose server-clock estimate is cleared before each call, so the script uses its own
+    clock, read when the script finally runs). Lag of a call = its first item's due time - delay - the
     server clock when the call was issued (this process's clock + the offset measured at the start).
     Negative would mean early."""
     s = bench.sizes
-    far_ms = FAR_S * 1000
     loaders = [bench.name("due_times", f"load{i}") for i in range(LOADERS)]
     stop = asyncio.Event()
     load = [asyncio.ensure_future(_load(bench, n, stop)) for n in loaders]
@@ -57,7 +55,7 @@ async def run(bench: Bench) -> dict[str, Any]:
                         facts_for(script_client).clock = ServerClock()
                     issued_ms = bench.server_now_ms()
                     dues = await q.offer_many(batch)
-                    lags[impl].append(dues[0] - far_ms - issued_ms)
+                    lags[impl].append(dues[0] - FAR_S * 1000 - issued_ms)
     finally:
         stop.set()
         for task in load:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
-from _harness import FAR_S, Bench, log, payload
-from reference import ReferenceQueue, encode_item
+from _harness import FAR_S, Bench, log, payload, ratio
+from reference import ReferenceQueue
 
 from aiodelayq import DelayedQueue
 
@@ -15,28 +14,25 @@ async def run(bench: Bench) -> dict[str, Any]:
     """``memory_items`` pending items (the same payloads, delay 1 h): ``MEMORY USAGE key SAMPLES 0`` of the
     zset and the insertion-order list, per item. Ours (fast mode, zset only), the reference (zset +
     list, Redisson's layout) and, for information, ours with ``strict=True``."""
-    s = bench.sizes
-    out: dict[str, Any] = {"items": s.memory_items}
-    avg = statistics.fmean(len(encode_item(payload(i))) for i in range(0, s.memory_items, 97))
-    out["payload_bytes_avg"] = avg
+    n = bench.sizes.memory_items
+    out: dict[str, Any] = {"items": n}
     for impl in ("ours", "reference", "ours_strict"):
         async with bench.fresh_queue("memory", impl) as (client, name):
             if impl == "reference":
                 ref = await ReferenceQueue(client, name).prepare()
-                for b in range(0, s.memory_items, 1000):
-                    await ref.offer_pipeline((payload(i), FAR_S) for i in range(b, min(s.memory_items, b + 1000)))
+                for b in range(0, n, 1000):
+                    await ref.offer_pipeline((payload(i), FAR_S) for i in range(b, min(n, b + 1000)))
             else:
                 q: DelayedQueue[Any] = DelayedQueue(client, name, strict=impl == "ours_strict")
-                for b in range(0, s.memory_items, 10_000):
-                    await q.offer_many([(payload(i), FAR_S) for i in range(b, min(s.memory_items, b + 10_000))])
+                for b in range(0, n, 10_000):
+                    await q.offer_many([(payload(i), FAR_S) for i in range(b, min(n, b + 10_000))])
             keys = DelayedQueue(bench.ctl, name).keys
             zset = await bench.ctl.memory_usage(keys.timeout_set, samples=0) or 0
             lst = await bench.ctl.memory_usage(keys.delay_list, samples=0) or 0
-            n = await bench.ctl.zcard(keys.timeout_set)
-            out[impl] = {"zset_bytes": zset, "list_bytes": lst, "items": n,
-                         "bytes_per_item": (zset + lst) / n if n else None}
-            log(f"    {impl:11}: {n:,} items, zset {zset / 2**20:.1f} MiB + list {lst / 2**20:.1f} MiB = "
-                f"{(zset + lst) / n:.1f} B/item")
-    o, r = out["ours"]["bytes_per_item"], out["reference"]["bytes_per_item"]
-    out["ratio"] = o / r if o and r else None
+            count = await bench.ctl.zcard(keys.timeout_set)
+            out[impl] = {"zset_bytes": zset, "list_bytes": lst, "items": count,
+                         "bytes_per_item": (zset + lst) / count if count else None}
+            log(f"    {impl:11}: {count:,} items, zset {zset / 2**20:.1f} MiB + list {lst / 2**20:.1f} MiB = "
+                f"{out[impl]['bytes_per_item']:.1f} B/item")
+    out["ratio"] = ratio(out["ours"]["bytes_per_item"], out["reference"]["bytes_per_item"])
     return out
