@@ -31,14 +31,23 @@ import pathlib
 import sys
 
 import aiodelayq
-import aiodelayq._scripts.transfer
+import aiodelayq._consuming
+import aiodelayq._core
+import aiodelayq._producing
+import aiodelayq._redis
+import aiodelayq._runtime
+import aiodelayq._wire
 import aiodelayq.cli
 import aiodelayq.testing
+from aiodelayq._scripts import SCRIPTS
 
 where = pathlib.Path(aiodelayq.__file__).resolve()
 repo = pathlib.Path(sys.argv[1]).resolve()
 assert repo not in where.parents, f"imported from the source tree: {where}"
 assert (where.parent / "py.typed").exists(), "py.typed is missing from the wheel"
+lua = sorted(p.name for p in (where.parent / "_scripts" / "lua").glob("*.lua"))
+assert lua == sorted(f"{s.name}.lua" for s in SCRIPTS), f"the wheel's Lua scripts: {lua}"
+assert all("redis.call" in s.text or s.name == "native_long" for s in SCRIPTS)
 print(f"aiodelayq {aiodelayq.__version__} from {where.parent}")
 PY
 "$work/venv/bin/aiodelayq" --version

@@ -61,11 +61,11 @@ class Settler:
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
         # Called with the delay (ms) of each nack that landed: the consumer wakes its waiting
-        # receivers then, instead of at their next recheck (up to 5 s late).
+        # receivers then, instead of at their next recheck (up to safety_poll_s late).
         self.on_nacked: Callable[[int], None] | None = None
         # Called after a SETTLE call that released messages (prefetched, nobody came for them):
         # they are visible again, and a receiver that asked Redis before they landed (and found
-        # nothing) is waiting for a wake-up. Without it, it slept until its recheck (up to 5 s).
+        # nothing) is waiting for a wake-up, which would otherwise come at its recheck (safety_poll_s).
         self.on_released: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
