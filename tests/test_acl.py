@@ -17,6 +17,7 @@ from aiodelayq import (
     QueueCounts,
     Retry,
 )
+from aiodelayq._runtime.client_runtime import runtime_for
 from aiodelayq.testing import server_version
 from tests.helpers import takers_waiting, until
 
@@ -110,6 +111,15 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
     assert loop.time() - start <= 1.0
     with pytest.raises(QueueClosedError):
         await taker
+    # The client's safety poll (TIME, ZRANGE and LLEN, pipelined) as the same user.
+    polled: DelayedQueue[int] = make_queue("orders", redis=client, safety_poll_s=0.2)
+    async with polled:
+        runtime = runtime_for(client)
+        assert runtime is not None
+        assert runtime.safety_poll is not None
+        poll = runtime.safety_poll
+        before = poll.polls
+        await until(lambda: poll.polls >= before + 2, timeout_s=10)
     # Durable writes: WAIT is allowed; this server has no replica, so none confirms.
     durable: DelayedQueue[int] = make_queue("orders", redis=client, min_replicas=1, replication_timeout_s=0.05)
     with pytest.raises(NotReplicatedError) as caught:
@@ -143,3 +153,4 @@ async def test_the_first_take_without_permission_to_pop_raises_it(acl_client: An
             await asyncio.wait_for(q.take(), 5)
         with pytest.raises(AccessDeniedError):
             await asyncio.wait_for(q.receive(30), 5)
+

@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from .._core.tasks import Supervised
-from .._redis.connections import call_pipelined
+from .._redis.connections import call_pipelined, classify, is_permanent
 from .._redis.retry import Backoff
 from ..exceptions import BackendError
 from .scheduler import TransferScheduler
@@ -116,9 +116,13 @@ class SafetyPoll:
             replies = await call_pipelined(self._client, commands, what=f"safety poll of {len(schedulers)} queue(s)",
                                            timeout_s=self._call_timeout_s)
             received = loop.time()
+        what = f"safety poll of {len(schedulers)} queue(s)"
+        for reply in replies:
+            if isinstance(reply, ResponseError) and is_permanent(classify(what, reply, sent=True)):
+                raise classify(what, reply, sent=True)  # a missing permission: logged at WARNING
         time_reply = replies[0]
         if isinstance(time_reply, ResponseError):
-            raise BackendError(f"safety poll: TIME failed: {time_reply}", maybe_applied=False)
+            raise BackendError(f"{what}: TIME failed: {time_reply}", maybe_applied=False)
         seconds, micros = time_reply
         anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.polls += 1
@@ -127,7 +131,7 @@ class SafetyPoll:
             if s not in self._schedulers:
                 continue  # closed meanwhile
             if any(isinstance(r, ResponseError) for r in (head, lease, ready)):
-                s.wake()  # e.g. a key of another type: the transfer reports it
+                s.wake()  # e.g. a key of another type (WRONGTYPE): the transfer reports it
                 continue
             s.polled(anchor, _score(head), _score(lease), int(ready))
 
