@@ -23,8 +23,8 @@ a call holds one for one exchange, as on a single server.
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,11 +44,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exchange import exchange, reconnect_if_closed, result
 
-__all__ = ["REDIRECTS", "cluster_exchange", "is_cluster", "mark_stale"]
+__all__ = ["cluster_exchange", "is_cluster", "mark_stale"]
 
-REDIRECTS: Counter[str] = Counter()
-"""How many times this process's calls met each cluster answer (``MOVED``, ``ASK``, ``TRYAGAIN``,
-``CLUSTERDOWN``, ``uncovered``) and had to go again: diagnostics for logs and tests."""
+log = logging.getLogger("aiodelayq")
 
 # Redirections and pauses one call may take: a migration answers ASK/TRYAGAIN until its last key
 # moved, a failover CLUSTERDOWN until the replica took over (about 2x cluster-node-timeout).
@@ -56,9 +54,15 @@ _MAX_ATTEMPTS = 64
 # Pause before sending again after TRYAGAIN or CLUSTERDOWN: 10 ms doubling up to 200 ms.
 _PAUSE_S = (0.01, 0.2)
 
-# The REDIRECTS label of an answer that is sent again after a pause (ClusterDownError's subclasses,
+# The logged name of an answer that is sent again after a pause (ClusterDownError's subclasses,
 # such as MasterDownError, count as CLUSTERDOWN).
 _PAUSED = {TryAgainError: "TRYAGAIN", ClusterDownError: "CLUSTERDOWN", SlotNotCoveredError: "uncovered"}
+
+
+def _redirected(answer: str, slot: int | None) -> None:
+    """A call met ``answer`` (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``uncovered``) and goes again."""
+    log.debug("aiodelayq: cluster answered %s for slot %s; sending again", answer, slot)
+
 
 # Clients whose slot map must be read again before their next call (a node failed under a call).
 _stale: weakref.WeakSet[RedisCluster] = weakref.WeakSet()
@@ -110,15 +114,15 @@ async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any
             return await _send(node, args, sent, asking=asking, then=then)
         except MovedError as exc:  # before AskError: MovedError is a subclass of it
             sent[0] = False
-            REDIRECTS["MOVED"] += 1
+            _redirected("MOVED", slot)
             await client.nodes_manager.move_slot(exc)
         except AskError as exc:
             sent[0] = False
-            REDIRECTS["ASK"] += 1
+            _redirected("ASK", slot)
             target = _node_at(client, exc.host, exc.port)
         except (TryAgainError, ClusterDownError, SlotNotCoveredError) as exc:
             sent[0] = False
-            REDIRECTS[_PAUSED.get(type(exc), "CLUSTERDOWN")] += 1
+            _redirected(_PAUSED.get(type(exc), "CLUSTERDOWN"), slot)
             await asyncio.sleep(pause_s)
             pause_s = min(_PAUSE_S[1], pause_s * 2)
             if isinstance(exc, SlotNotCoveredError):  # this client's map lacks the slot (read mid-failover)
