@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anyio
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
 from ._consuming.worker import Worker
+from ._core.tasks import TaskOwner, timeout
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
 from .exceptions import ConfigurationError, QueueNotOpenError
@@ -79,6 +79,7 @@ class Queues(AsyncResource):
         self._workers: list[tuple[Worker[Any], asyncio.Task[None]]] = []
         self.state: State = "new"
         self._closing: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner("workers of Queues")  # the workers' run tasks; a new one per open
         self._opened = asyncio.Event()  # set when an open() ends, either way
 
     def __repr__(self) -> str:
@@ -193,6 +194,7 @@ class Queues(AsyncResource):
             raise ConfigurationError(f"Queues is {self.state}; close it before opening it again")
         self.state = "opening"
         self._opened = asyncio.Event()
+        self._tasks = TaskOwner("workers of Queues")
         try:
             client = self._make_client()
             self._client = client
@@ -202,7 +204,7 @@ class Queues(AsyncResource):
                     await self._queues[name].open()
                 for handler, options in declared.workers:
                     worker = Worker(self._queues[name], handler, options)
-                    task = asyncio.get_running_loop().create_task(worker.run(), name=f"aiodelayq-worker:{name}")
+                    task = self._tasks.spawn(worker.run(), name=f"aiodelayq-worker:{name}", quiet=True)
                     task.add_done_callback(_report)
                     self._workers.append((worker, task))
         except BaseException:
@@ -248,15 +250,15 @@ class Queues(AsyncResource):
             if tasks:
                 # Drains get the bound less what cutting off and handing back can take.
                 await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time() - _CUT_OFF_S))
-                for task in tasks:
-                    task.cancel()  # past the bound: cut off, their messages handed back
-                await asyncio.wait(tasks, timeout=_CUT_OFF_S)
+            # Past the bound: cut off, their messages handed back.
+            await self._tasks.aclose(loop.time() + _CUT_OFF_S)
             # Each queue's close is bounded by its own close_timeout_s.
             await asyncio.gather(*(q.aclose() for q in self._queues.values()), return_exceptions=True)
             client = self._client
             if client is not None and client is not self._redis:
-                with anyio.move_on_after(max(0.5, deadline - loop.time())):
-                    await client.aclose()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with timeout(max(0.5, deadline - loop.time())):
+                        await client.aclose()
         finally:
             self._workers, self._queues, self._client = [], {}, None
             self.state, self._closing = "new", None

@@ -90,6 +90,96 @@ async def test_a_cancelled_aclose_still_closes_everything(client: Redis, make_qu
     assert runtime_for(client) is None
 
 
+def _library_tasks() -> set[str]:
+    """The names of the library's background tasks still running in this loop."""
+    return {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aiodelayq-") and not t.done()}
+
+
+async def test_closing_a_used_queue_leaves_none_of_its_tasks_running(client: Redis, make_queue: Any) -> None:
+    q = make_queue()
+    await q.open()
+    await q.offer_many([(i, 0) for i in range(40)])
+    assert await q.take_many(5) == [0, 1, 2, 3, 4]
+    messages = await q.receive_many(10, visibility_timeout=5)  # prefetched messages wait in a buffer
+    assert await messages[0].ack(confirm=True)
+    assert await messages[1].nack(delay=30)
+    assert await messages[2].ack()  # written behind
+    receiving = asyncio.create_task(q.receive(visibility_timeout=5, timeout=5))
+    await asyncio.sleep(0)
+    receiving.cancel()  # undone by its call id
+    with contextlib.suppress(asyncio.CancelledError):
+        await receiving
+    assert _library_tasks()  # the pump, the transfer scheduler, the subscriber...
+    await q.aclose()
+    assert _library_tasks() == set()
+    assert runtime_for(client) is None
+
+
+async def test_a_task_owner_delivers_a_swallowed_cancellation_again_within_its_deadline() -> None:
+    # redis-py can swallow a cancellation that lands inside a command: the owner cancels again.
+    from aiodelayq._core.tasks import TaskOwner
+
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 3:
+                    raise
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    owner = TaskOwner("a test")
+    tasks = [owner.spawn(stubborn(), name="stubborn"), owner.spawn(forever(), name="forever")]
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    assert await owner.aclose(loop.time() + 5.0)
+    assert swallowed == 3
+    assert all(t.cancelled() for t in tasks)
+    assert len(owner) == 0
+    assert await owner.aclose(loop.time())  # idempotent
+
+
+async def test_a_task_owner_stops_its_tasks_even_when_its_close_is_cancelled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from aiodelayq._core.tasks import TaskOwner
+
+    released = False
+
+    async def never_stops() -> None:
+        while not released:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(10)
+
+    async def cleans_up() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.2)  # bounded cleanup that must not be cut short
+
+    owner = TaskOwner("a test")
+    cleaning = owner.spawn(cleans_up(), name="cleans-up")
+    stuck = owner.spawn(never_stops(), name="never-stops")
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    closing = asyncio.create_task(owner.aclose(loop.time() + 1.0))
+    await asyncio.sleep(0.05)
+    closing.cancel()  # a forced shutdown: the stop goes on to its deadline, then the cancellation is raised
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(closing, 5.0)
+    assert cleaning.cancelled()  # its cleanup ran to the end first
+    assert not stuck.done()  # it holds off every cancellation: reported, not waited for beyond the deadline
+    assert "did not stop by the close deadline: never-stops" in caplog.text
+    released = True
+    stuck.cancel()
+    await asyncio.wait({stuck})
+
+
 async def test_open_racing_the_last_close_shares_one_runtime(client: Redis, make_queue: Any, qname: str) -> None:
     for _ in range(20):
         a, b = make_queue(), make_queue()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.tasks import keep, wait_through_cancellation
+from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
 from ..exceptions import BackendError
@@ -62,9 +62,9 @@ class Pop:
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, *, slots: asyncio.Semaphore, hold_s: Callable[[], float],
-                 closing: Callable[[], bool]) -> None:
-        self._scripts, self._keys, self._slots = scripts, scripts.keys, slots
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, slots: asyncio.Semaphore,
+                 hold_s: Callable[[], float], closing: Callable[[], bool]) -> None:
+        self._scripts, self._keys, self._slots, self._tasks = scripts, scripts.keys, slots, tasks
         self._call_timeout_s = scripts.call_timeout_s
         self._hold_s = hold_s  # how long a handed-out pop may wait for the next POP
         self._closing = closing  # the pump is closing: no more deferring, FINISH at once
@@ -133,7 +133,7 @@ class Handoff:
 
     def _finish_soon(self, pop: Pop) -> None:
         """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again)."""
-        pop.finishing = keep(asyncio.ensure_future(self.finish(pop)))
+        pop.finishing = self._tasks.spawn(self.finish(pop), name="aiodelayq-finish")
 
     async def finish(self, pop: Pop, deadline: float = math.inf) -> None:
         """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""
@@ -180,7 +180,7 @@ class Handoff:
                     if verdict is None:
                         pop.settle(index, "r")
                 if pop.finishing is None or pop.finishing.done():
-                    pop.finishing = keep(asyncio.ensure_future(self.finish(pop, deadline)))
+                    pop.finishing = self._tasks.spawn(self.finish(pop, deadline), name="aiodelayq-finish")
                 pending.add(pop.finishing)
             started |= pending
             cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled

@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar, cast
 
 from .._core.observe import Events
-from .._core.tasks import keep, run_through_cancellation
+from .._core.tasks import TaskOwner, run_through_cancellation
 from .._options import QueueOptions
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
@@ -50,13 +51,14 @@ _PREFETCH_MIN_VT_MS = 1000
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, options: QueueOptions, events: Events) -> None:
         self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.codec, events
+        self._tasks = tasks
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
         # sooner): the queue's safety poll, which bounds every other missed wake-up too.
         self._recheck_s = options.safety_poll_s
-        self.settler = Settler(scripts, max_deliveries=options.max_deliveries, events=events)
+        self.settler = Settler(scripts, tasks, max_deliveries=options.max_deliveries, events=events)
         self.settler.on_nacked = self._wake_after
         self.settler.on_released = self.notify
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
@@ -212,9 +214,9 @@ class ReliableConsumer(Generic[T]):
             log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come back "
                         "after their visibility timeout", self._keys.destination, exc)
 
-    def _spawn(self, work: Any) -> asyncio.Future[Any]:
-        """A side task this consumer owns: :meth:`aclose` waits for it (bounded), then cancels it."""
-        task: asyncio.Future[Any] = keep(asyncio.ensure_future(work))
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """A side task of the queue's owner that :meth:`aclose` waits for (bounded)."""
+        task = self._tasks.spawn(work, name="aiodelayq-undo-receive")
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
         return task
@@ -222,18 +224,13 @@ class ReliableConsumer(Generic[T]):
     async def aclose(self, deadline: float) -> None:
         """Wake receivers (they raise :class:`QueueClosedError`), release prefetched messages, and
         wait for side tasks (undoing cancelled receives) and pending settles until ``deadline``
-        (loop time); then cancel what is left."""
+        (loop time); the queue's task owner stops what is left."""
         self._closed = True
         self.notify()
         self._buffer.give_back()
         loop = asyncio.get_running_loop()
         if self._side_tasks:
             await asyncio.wait(set(self._side_tasks), timeout=max(0.0, deadline - loop.time()))
-        left = set(self._side_tasks)
-        for task in left:
-            task.cancel()
-        if left:  # cancelled calls drop their connections within a loop turn or two
-            await asyncio.wait(left, timeout=0.1)
         await self.settler.aclose(deadline)
 
 

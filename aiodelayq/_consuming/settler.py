@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._core.observe import Events
-from .._core.tasks import keep
+from .._core.tasks import TaskOwner
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
 from ..exceptions import BackendError
@@ -50,11 +50,11 @@ class Settle:
 class Settler:
     """Sends the settles of one queue, many per round trip (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, *, max_deliveries: int, events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, max_deliveries: int, events: Events) -> None:
         # Settles are durable writes (the queue's durability). A resend after a lost reply may find
         # its first try applied and write nothing, so its WAIT can come back before that first try
         # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
-        self._scripts, self._keys, self._events = scripts, scripts.keys, events
+        self._scripts, self._keys, self._events, self._tasks = scripts, scripts.keys, events, tasks
         self._max_deliveries, self._call_timeout_s = max_deliveries, scripts.call_timeout_s
         self._pending: list[Settle] = []
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
@@ -86,7 +86,7 @@ class Settler:
             return False
         self._pending.append(Settle(element, "ack", deadline_ms))
         if self._flusher is None:
-            self._flusher = keep(self._loop.create_task(self._flush(), name="aiodelayq-settle"))
+            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
         return True
 
     async def confirmed(self, settle: Settle) -> int:
@@ -121,7 +121,7 @@ class Settler:
     def _submit(self, settles: Sequence[Settle]) -> None:
         self._pending.extend(settles)
         if self._flusher is None:
-            self._flusher = keep(asyncio.get_running_loop().create_task(self._flush(), name="aiodelayq-settle"))
+            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
 
     async def _flush(self) -> None:
         try:
@@ -193,17 +193,13 @@ class Settler:
                         exc if isinstance(exc, BackendError) else "cancelled")
 
     async def aclose(self, deadline: float) -> None:
-        """Send what is pending until ``deadline`` (loop time); then cancel the call in flight (its
-        written-behind settles are counted as unconfirmed). Later settles wait for their answer."""
+        """Send what is pending until ``deadline`` (loop time). A call still in flight then is
+        stopped by the queue's task owner (its written-behind settles are counted as unconfirmed).
+        Later settles wait for their answer."""
         self.closed = True
         flusher = self._flusher
-        if flusher is None:
-            return
-        loop = asyncio.get_running_loop()
-        await asyncio.wait({flusher}, timeout=max(0.0, deadline - loop.time()))
-        if not flusher.done():
-            flusher.cancel()
-            await asyncio.wait({flusher}, timeout=0.1)  # a cancelled call drops its connection at once
+        if flusher is not None:
+            await asyncio.wait({flusher}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
 # SETTLE modes that write a dead letter when applied (result 1), and the reason they write.

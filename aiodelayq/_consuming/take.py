@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.observe import Events
-from .._core.tasks import Supervised
+from .._core.tasks import TaskOwner
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff, resend_within
 from .._scripts import QueueScripts
@@ -69,8 +69,8 @@ class _Waiter:
 class TakePump:
     """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, *, decode: Callable[[bytes], Any], slots: asyncio.Semaphore,
-                 events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
+                 slots: asyncio.Semaphore, events: Events) -> None:
         self._scripts = scripts
         self._events = events
         self._keys = keys = scripts.keys
@@ -83,14 +83,14 @@ class TakePump:
         self._drained_at: float | None = None  # loop time of the latest short pop (see _DRAINED_FOR_S)
         self._recheck: asyncio.TimerHandle | None = None
         # Started by the first caller; restarted after a crash while callers wait.
-        self._task = Supervised(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
-                                wanted=lambda: self._closed is None and bool(self._waiters),
-                                on_crash=lambda _exc: self.notify())
+        self._task = tasks.supervise(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
+                                     wanted=lambda: self._closed is None and bool(self._waiters),
+                                     on_crash=lambda _exc: self.notify())
         # Prefetched items no caller has yet, in pop order, still in the hand-off; held at most one
         # round trip, then back to the head of the list.
         self._buffer: PrefetchBuffer[tuple[Pop, int, Any]] = PrefetchBuffer(self._return)
         self._prefetch = self._buffer.prefetch
-        self._handoff = Handoff(scripts, slots=slots, hold_s=lambda: self._prefetch.hold_s,
+        self._handoff = Handoff(scripts, tasks, slots=slots, hold_s=lambda: self._prefetch.hold_s,
                                 closing=lambda: self._closed is not None)
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None

@@ -25,10 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-import anyio
 from redis.backoff import EqualJitterBackoff
 
-from .._core.tasks import run_through_cancellation
+from .._core.tasks import run_through_cancellation, wait_event
 from .._options import WorkerOptions
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
 from .messages import Message
@@ -94,8 +93,8 @@ class Source(Protocol[T]):
     @property
     def max_deliveries(self) -> int | None: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
-                           timeout: float | None = None) -> list[Message[T]]: ...  # noqa: ASYNC109
-    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...  # noqa: ASYNC109
+                           timeout: float | None = None) -> list[Message[T]]: ...
+    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...
 
 
 class Worker(Generic[T]):
@@ -199,10 +198,12 @@ class Worker(Generic[T]):
                 log.error("aiodelayq: worker on %r: fetching failed", name, exc_info=fetcher.exception())
             raise
         finally:
-            if keeper is not None:
-                keeper.cancel()
-                await asyncio.wait({keeper})
-            self.state = "stopped"
+            try:
+                if keeper is not None:
+                    keeper.cancel()
+                    await asyncio.wait({keeper})
+            finally:
+                self.state = "stopped"
         if not fetcher.cancelled() and fetcher.exception() is not None:
             raise fetcher.exception()  # type: ignore[misc]
 
@@ -348,8 +349,7 @@ class Worker(Generic[T]):
             check_s = self._hold_s / 2 if self._ahead else None
             if want <= 0 or len(self._ahead) >= self._low_water:
                 self._need.clear()
-                with anyio.move_on_after(math.inf if check_s is None else check_s):
-                    await self._need.wait()
+                await wait_event(self._need, check_s)
                 continue
             try:
                 self._fetching = True

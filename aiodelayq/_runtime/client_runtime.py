@@ -2,7 +2,8 @@
 
 - :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
   pub/sub subscriber, one refcounted transfer scheduler per queue name, the shared safety poll (a
-  single server), and the slots that cap the client's concurrent background calls.
+  single server), and the slots that cap the client's concurrent background calls. Their tasks have
+  one owner, the runtime's :class:`~aiodelayq._core.tasks.TaskOwner`, closed with the last queue.
 
 No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
 and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from redis.asyncio.cluster import RedisCluster
 
-from .._core.tasks import stop_task
+from .._core.tasks import TaskOwner, stop_task
 from .._redis.cluster import is_cluster
 from .._redis.connections import AnyRedis
 from .._scripts import QueueScripts
@@ -57,15 +58,16 @@ class ClientRuntime:
 
     def __init__(self, client: AnyRedis, *, call_timeout_s: float) -> None:
         self.client = client
-        self.subscriber = Subscriber(client)
+        self.tasks = TaskOwner("the shared tasks of a client's queues")
+        self.subscriber = Subscriber(client, self.tasks)
         self.entries: dict[str, _Entry] = {}
         self.transfer_slots = asyncio.Semaphore(CLUSTER_TRANSFER_SLOTS if is_cluster(client) else TRANSFER_SLOTS)
         # A single server's queues are polled together; a cluster's each by its own scheduler.
-        self.safety_poll = (None if isinstance(client, RedisCluster)
-                            else SafetyPoll(client, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
+        self.safety_poll = (None if isinstance(client, RedisCluster) else
+                            SafetyPoll(client, self.tasks, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
 
     def __repr__(self) -> str:
-        return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r}>"
+        return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r} tasks={self.tasks!r}>"
 
     def scheduler(self, name: str) -> TransferScheduler | None:
         """The running scheduler of queue ``name``, if one is open here."""
@@ -113,13 +115,13 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
         runtime = per_loop[client] = ClientRuntime(client, call_timeout_s=call_timeout_s)
     entry = runtime.entries.get(keys.destination)
     if entry is None:
-        scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), batch=batch,
-                                      safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
+        scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
+                                      batch=batch, safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
                                       shared_poll=runtime.safety_poll is not None)
         if runtime.safety_poll is not None:
             runtime.safety_poll.add(scheduler)
-        ready = loop.create_task(_start(runtime, keys, scheduler, open_timeout_s),
-                                 name=f"aiodelayq-open:{keys.destination}")
+        ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s),
+                                    name=f"aiodelayq-open:{keys.destination}", quiet=True)
         entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
     entry.refs += 1
     try:
@@ -160,7 +162,8 @@ async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float)
     deadline = loop.time() + timeout_s
     await stop_task(entry.ready, max(0.0, deadline - loop.time()))
     await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
-    if last:
+    if last:  # the subscriber and the safety poll first (they release their connections), then the rest
         if runtime.safety_poll is not None:
             await runtime.safety_poll.aclose(max(0.0, deadline - loop.time()))
         await runtime.subscriber.aclose(max(0.0, deadline - loop.time()))
+        await runtime.tasks.aclose(deadline)

@@ -1,6 +1,9 @@
 """The life of one queue object: its event loop, the open/close state machine, and what an open queue
 owns (a share of the transfer scheduler, the take pump, the reliable consumer) and counts.
 
+The queue object's background tasks (its opening, the pump's pops and finishes, settles, undone
+receives) have one owner, a :class:`~aiodelayq._core.tasks.TaskOwner`; the close ends with it.
+
 States: ``new`` -> ``opening`` -> ``open`` -> ``closing`` -> ``closed``; a failed or abandoned
 opening goes back to ``new``. A queue is opened at most once.
 """
@@ -17,7 +20,7 @@ from typing import Any, Literal
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
 from .._core.observe import Events
-from .._core.tasks import wait_through_cancellation
+from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
@@ -112,6 +115,7 @@ class Lifecycle:
         self._on_new_loop = on_new_loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self.state: State = "new"
+        self._tasks = TaskOwner(f"queue {self._keys.destination!r}")
         self._opening: asyncio.Task[None] | None = None
         self._openers = 0
         self._close_task: asyncio.Task[None] | None = None
@@ -120,7 +124,7 @@ class Lifecycle:
         self._reliable: ReliableConsumer[Any] | None = None
 
     def __repr__(self) -> str:
-        return f"<Lifecycle {self._keys.destination!r} {self.state} openers={self._openers}>"
+        return f"<Lifecycle {self._keys.destination!r} {self.state} openers={self._openers} tasks={len(self._tasks)}>"
 
     def bind_loop(self) -> None:
         """Bind to the running loop on first use (again once that loop is closed, if never opened).
@@ -180,7 +184,7 @@ class Lifecycle:
             raise QueueClosedError(f"queue {name!r} is {self.state}; create a new DelayedQueue")
         if self._opening is None:
             self.state = "opening"
-            self._opening = asyncio.get_running_loop().create_task(self._open(), name=f"aiodelayq-open:{name}")
+            self._opening = self._tasks.spawn(self._open(), name=f"aiodelayq-open:{name}", quiet=True)
         opening = self._opening
         self._openers += 1
         try:
@@ -211,9 +215,9 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, decode=lambda raw: decode_item(o.codec, raw), slots=scheduler.slots,
-                              events=self._events)
-        self._reliable = ReliableConsumer(self._scripts, o, self._events)
+        self._pump = TakePump(self._scripts, self._tasks, decode=lambda raw: decode_item(o.codec, raw),
+                              slots=scheduler.slots, events=self._events)
+        self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events)
         scheduler.listeners.append(self._pump.notify)
         scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)
@@ -234,47 +238,46 @@ class Lifecycle:
         deadline = started + self._options.close_timeout_s
         was_open = self.state == "open"
         self.state = "closing"
+        cancelled = False
         try:
-            opening = self._opening
-            if opening is not None and not opening.done():
-                opening.cancel()
-                await asyncio.wait({opening}, timeout=max(0.0, deadline - loop.time()))
-            if not was_open:
-                return
-            scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
-            if scheduler is not None and pump is not None and reliable is not None:
-                if pump.notify in scheduler.listeners:
-                    scheduler.listeners.remove(pump.notify)
-                if reliable.notify in scheduler.wakers:
-                    scheduler.wakers.remove(reliable.notify)
-                if pump.ask_transfer in scheduler.takers:
-                    scheduler.takers.remove(pump.ask_transfer)
-            # The pump and the reliable consumer settle what they hold side by side, both until the
-            # close deadline less STOP_RESERVE_S, which is left for stopping the background tasks by
-            # cancellation (they need no server, only a few loop turns). Their tasks wait through a
-            # forced shutdown's cancellations; one that arrived is raised once they are done.
-            settle_by = max(loop.time(), deadline - STOP_RESERVE_S)
-            closing: set[asyncio.Future[None]] = set()
-            if pump is not None:
-                pump.fail_waiters(QueueClosedError(f"queue {self._keys.destination!r} was closed"))
-                closing.add(asyncio.ensure_future(pump.aclose(settle_by - loop.time())))
-            if reliable is not None:
-                closing.add(asyncio.ensure_future(reliable.aclose(settle_by)))
-            cancelled = await wait_through_cancellation(closing, max(0.0, deadline - loop.time()))
-            overdue = {task for task in closing if not task.done()}  # each is bounded: not expected
-            for task in overdue:
-                task.cancel()
-            if overdue:
-                cancelled = await wait_through_cancellation(overdue, STOP_RESERVE_S) or cancelled
-            for task in closing - overdue:
-                if task.cancelled():  # a forced shutdown reached it: raised below, once all is stopped
-                    cancelled = True
-                elif task.exception() is not None:
-                    log.error("aiodelayq: closing %r failed", self._keys.destination, exc_info=task.exception())
-            await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
+            if was_open:
+                cancelled = await self._settle(max(loop.time(), deadline - STOP_RESERVE_S))
+            # Then whatever still runs is stopped: an opening, a settle cut off by the deadline. The
+            # owner waits through a forced shutdown's cancellation, then raises it.
+            try:
+                await self._tasks.aclose(deadline)
+            except asyncio.CancelledError:
+                cancelled = True
+            if was_open:
+                await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
             if cancelled:
                 raise asyncio.CancelledError
         finally:
             self.state = "closed"
             if was_open:
                 log.info("aiodelayq: queue %r closed in %.3f s", self._keys.destination, loop.time() - started)
+
+    async def _settle(self, settle_by: float) -> bool:
+        """The pump and the reliable consumer settle what they hold, side by side, until ``settle_by``
+        (loop time): the close deadline less STOP_RESERVE_S, which is left for stopping the tasks by
+        cancellation (that needs no server, only a few loop turns). Waits through a forced
+        shutdown's cancellations; returns whether one arrived (the caller raises it)."""
+        scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
+        if scheduler is not None and pump is not None and reliable is not None:
+            if pump.notify in scheduler.listeners:
+                scheduler.listeners.remove(pump.notify)
+            if reliable.notify in scheduler.wakers:
+                scheduler.wakers.remove(reliable.notify)
+            if pump.ask_transfer in scheduler.takers:
+                scheduler.takers.remove(pump.ask_transfer)
+        loop = asyncio.get_running_loop()
+        name = self._keys.destination
+        settling: set[asyncio.Task[None]] = set()
+        if pump is not None:
+            pump.fail_waiters(QueueClosedError(f"queue {name!r} was closed"))
+            settling.add(self._tasks.spawn(pump.aclose(settle_by - loop.time()), name=f"aiodelayq-close-take:{name}"))
+        if reliable is not None:
+            settling.add(self._tasks.spawn(reliable.aclose(settle_by), name=f"aiodelayq-close-reliable:{name}"))
+        cancelled = await wait_through_cancellation(set(settling), max(0.0, settle_by - loop.time()))
+        # A forced shutdown that reached one of them is raised too, once all is stopped.
+        return cancelled or any(task.cancelled() for task in settling)

@@ -22,11 +22,10 @@ import logging
 import math
 from typing import Any
 
-import anyio
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .._core.tasks import Supervised
+from .._core.tasks import TaskOwner, wait_event
 from .._redis.connections import call_pipelined, classify, is_permanent
 from .._redis.retry import Backoff
 from ..exceptions import BackendError
@@ -47,14 +46,14 @@ class SafetyPoll:
     """One task per client and event loop that looks at every registered scheduler's queue when
     its ``poll_at`` (loop time) comes (see the module docstring)."""
 
-    def __init__(self, client: Redis, *, slots: asyncio.Semaphore, call_timeout_s: float) -> None:
+    def __init__(self, client: Redis, tasks: TaskOwner, *, slots: asyncio.Semaphore, call_timeout_s: float) -> None:
         self._client = client
         self._slots = slots
         self._call_timeout_s = call_timeout_s
         self._schedulers: set[TransferScheduler] = set()
         self._changed = asyncio.Event()
-        self._task = Supervised("aiodelayq-safety-poll", self._run, restart_after_s=1.0,
-                                wanted=lambda: bool(self._schedulers))
+        self._task = tasks.supervise("aiodelayq-safety-poll", self._run, restart_after_s=1.0,
+                                    wanted=lambda: bool(self._schedulers))
         self.polls = 0  # pipelined reads that succeeded
 
     def __repr__(self) -> str:
@@ -87,8 +86,7 @@ class SafetyPoll:
             if not due:
                 # poll_at only moves later for a registered scheduler; a new one may come sooner.
                 wake_at = min((s.poll_at for s in self._schedulers), default=math.inf)
-                with anyio.move_on_after(wake_at - now):
-                    await self._changed.wait()
+                await wait_event(self._changed, wake_at - now)
                 continue
             try:
                 for start in range(0, len(due), _CHUNK):

@@ -10,10 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from .._core.observe import Events, transfer_limit
-from .._core.tasks import Supervised
+from .._core.tasks import TaskOwner, wait_event
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff
 from .._scripts import QueueScripts
@@ -78,8 +76,8 @@ class TransferScheduler:
     process's nack or release concerns the in-flight zset, not the destination.
     """
 
-    def __init__(self, scripts: QueueScripts, *, batch: int, safety_poll_s: float, slots: asyncio.Semaphore,
-                 shared_poll: bool = False) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, batch: int, safety_poll_s: float,
+                 slots: asyncio.Semaphore, shared_poll: bool = False) -> None:
         self._scripts = scripts
         self._keys = keys = scripts.keys
         self._batch = batch
@@ -102,8 +100,8 @@ class TransferScheduler:
         self._anchor: tuple[float, float] | None = None
         # The due time (server ms) the latest due-time timer was armed for (see _TIMER_LEAD_S).
         self._aimed_ms: float | None = None
-        self._task = Supervised(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
-                                on_crash=self._crashed)
+        self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
+                                    on_crash=self._crashed)
         self._permanent: BackendError | None = None
         # The current streak of failed transfers: its length and when it began (loop time), for the
         # INFO line when transfers work again.
@@ -173,8 +171,7 @@ class TransferScheduler:
         Raises:
             AccessDeniedError, WrongNodeError: the transfer failed with a permanent error.
         """
-        with anyio.move_on_after(timeout_s):
-            await self._transferred.wait()
+        await wait_event(self._transferred, timeout_s)
         if not self._transferred.is_set() and self._permanent is not None:
             raise self._permanent
         return self._transferred.is_set()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Protocol, cast
 
-import anyio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from .._core.tasks import Supervised, detached, keep, stop_task
+from .._core.tasks import TaskOwner, detached, stop_task, timeout
 from .._redis.cluster import mark_stale
 from .._redis.connections import AnyRedis, classify, is_permanent
 from .._redis.retry import Backoff
@@ -41,8 +41,9 @@ class Subscriber:
     cannot silence a queue for long (the schedulers' safety poll covers the gap).
     """
 
-    def __init__(self, client: AnyRedis, *, ping_interval_s: float = 30.0) -> None:
+    def __init__(self, client: AnyRedis, tasks: TaskOwner, *, ping_interval_s: float = 30.0) -> None:
         self._client = client
+        self._tasks = tasks
         self._ping_interval_s = ping_interval_s
         self._listeners: dict[bytes, ChannelListener] = {}
         self._confirmed: dict[bytes, asyncio.Event] = {}
@@ -50,8 +51,8 @@ class Subscriber:
         # Serialises (un)subscribe calls: PubSub connects lazily and two concurrent first calls
         # could each take a connection from the pool.
         self._lock = asyncio.Lock()
-        self._task = Supervised("aiodelayq-subscriber", self._run, restart_after_s=1.0,
-                                wanted=lambda: bool(self._listeners))
+        self._task = tasks.supervise("aiodelayq-subscriber", self._run, restart_after_s=1.0,
+                                    wanted=lambda: bool(self._listeners))
         # Channels whose queues closed, unsubscribed together by one task (many queues may close at once).
         self._leaving: set[bytes] = set()
         self._unsubscriber: asyncio.Task[None] | None = None
@@ -121,23 +122,25 @@ class Subscriber:
             return  # the owner closes the whole subscriber next
         self._leaving.add(key)
         if self._unsubscriber is None or self._unsubscriber.done():
-            self._unsubscriber = asyncio.get_running_loop().create_task(
-                self._unsubscribe_leaving(timeout_s), name="aiodelayq-unsubscribe")
-            keep(self._unsubscriber)
+            self._unsubscriber = self._tasks.spawn(self._unsubscribe_leaving(timeout_s), name="aiodelayq-unsubscribe")
 
     async def _unsubscribe_leaving(self, timeout_s: float) -> None:
-        with anyio.move_on_after(timeout_s):
-            while self._leaving:
-                async with self._lock:
-                    keys, self._leaving = self._leaving, set()
-                    if self._pubsub is None:
-                        continue  # the reader subscribes only the listeners when it connects
-                    try:
-                        await detached(self._pubsub.unsubscribe(*keys))
-                    # redis-py can also fail here with non-Redis errors while its connection is being
-                    # re-established (AttributeError on a closed writer); nothing else runs in this try.
-                    except Exception as exc:
-                        log.debug("aiodelayq: unsubscribe of %d channel(s) failed: %r", len(keys), exc)
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with timeout(timeout_s):
+                await self._unsubscribe_all()
+
+    async def _unsubscribe_all(self) -> None:
+        while self._leaving:
+            async with self._lock:
+                keys, self._leaving = self._leaving, set()
+                if self._pubsub is None:
+                    continue  # the reader subscribes only the listeners when it connects
+                try:
+                    await detached(self._pubsub.unsubscribe(*keys))
+                # redis-py can also fail here with non-Redis errors while its connection is being
+                # re-established (AttributeError on a closed writer); nothing else runs in this try.
+                except Exception as exc:
+                    log.debug("aiodelayq: unsubscribe of %d channel(s) failed: %r", len(keys), exc)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
