@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
+from ._consuming.controls import Controls
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
@@ -95,6 +96,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._pending = PendingView(scripts, o.codec)
         self._keyed = KeyedItems(scripts, o.codec)
         self._dead = DeadLetters(scripts, o.codec, o.kind)
+        self._controls = Controls(scripts)
         self._life = Lifecycle(scripts, o, events, on_new_loop=self._producer.rebind)
 
     @property
@@ -378,6 +380,53 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """
         self._life.bind_loop()
         return await self._pending.counts()
+
+    # -- controls, for every consumer in every process (see _consuming/controls.py) -----------------
+
+    async def pause(self) -> None:
+        """Pause every consumer of the queue, in every process, from its next call: ``take``,
+        ``receive``, ``async for`` and workers hand nothing out (what a consumer already fetched, at
+        most one round trip's prefetch, still goes out). Offers are accepted, and due items keep
+        moving to the ready list. Kept in Redis until :meth:`resume`. Java consumers ignore it.
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (resent: it is idempotent).
+        """
+        self._life.bind_loop()
+        await self._controls.pause()
+
+    async def resume(self) -> None:
+        """Undo :meth:`pause`: consumers that wait get items again within 0.5 s plus a round trip.
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s``.
+        """
+        self._life.bind_loop()
+        await self._controls.resume()
+
+    async def is_paused(self) -> bool:
+        """Whether the queue is paused (one read).
+
+        Raises:
+            BackendError: the read failed within ``call_timeout_s``.
+        """
+        self._life.bind_loop()
+        return await self._controls.is_paused()
+
+    async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
+        """Limit all consumers of the queue together, in every process, to ``per_second`` items a
+        second, in bursts of at most ``burst`` (default: one second's worth, at least 1): at most
+        ``burst + per_second * t`` items in any ``t`` seconds, a token bucket on the server clock
+        that ``POP`` and ``RECEIVE`` take from. ``None`` removes the limit. Redelivered messages
+        count too; Java consumers ignore it.
+
+        Raises:
+            ConfigurationError: ``per_second`` is not a finite number above 0 (or ``None``), or
+                ``burst`` not an int >= 1; nothing is written.
+            BackendError: the call failed within ``call_timeout_s``.
+        """
+        self._life.bind_loop()
+        await self._controls.set_rate_limit(per_second, burst)
 
     async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
         """The ``limit`` (1 to 1,000) soonest-due pending items, soonest first, with their due time

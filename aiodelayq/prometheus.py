@@ -99,8 +99,9 @@ class QueueMetrics:
     ``nacked_total``, ``dead_lettered_total``, ``transfer_errors_total``, ``scrape_errors_total``
     (gauge reads that failed). Histogram ``lateness_seconds``: per item this process's transfers
     moved, the transfer's server time minus the item's due time. Gauges of tracked queues, read from
-    Redis at each scrape (:meth:`refresh`): ``pending``, ``ready``, ``in_flight``, ``dead_letters``
-    and ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending). Every name
+    Redis at each scrape (:meth:`refresh`): ``pending``, ``ready``, ``in_flight``, ``dead_letters``,
+    ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending), ``paused`` (1/0)
+    and ``rate_limit_per_second`` (absent without a limit). Every name
     starts with ``namespace`` + ``_``.
 
     Args:
@@ -406,6 +407,16 @@ class _QueueCollector(Collector):
             if counts.next_due_ms is not None:
                 due.add_metric((queue,), counts.next_due_ms / 1000.0)
         yield due
+        paused = GaugeMetricFamily(f"{ns}_paused", "1 while the queue's consumers are paused, else 0.",
+                                   labels=("queue",))
+        rate = GaugeMetricFamily(f"{ns}_rate_limit_per_second", "The rate limit of the queue's consumers together, "
+                                 "items per second (absent without one).", labels=("queue",))
+        for queue, counts in sorted(snapshot.items()):
+            paused.add_metric((queue,), 1.0 if counts.paused else 0.0)
+            if counts.rate_limit_per_s is not None:
+                rate.add_metric((queue,), counts.rate_limit_per_s)
+        yield paused
+        yield rate
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str, *, head: bool = False,

@@ -65,6 +65,20 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await q.remove_all([101])
         assert await q.ready_size() == 0
         assert await q.dead_letters() == []
+        # The controls as the same user: a paused receive asks and is held, then gets its message.
+        await q.pause()
+        assert await q.is_paused()
+        await q.set_rate_limit(100, burst=2)
+        await q.offer(99, 0)
+        receiving = asyncio.create_task(q.receive(30, timeout=5))
+        await asyncio.sleep(0.2)
+        await q.resume()
+        held = await receiving
+        assert held is not None
+        assert held.value == 99
+        assert await held.ack(confirm=True)
+        await q.set_rate_limit(None)
+        assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
         # Keys, leases and dead letters as the same user.
         assert (await q.offer(200, 60, key="k200")).added
         assert not (await q.offer(201, 60, key="k200")).added

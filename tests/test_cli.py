@@ -127,18 +127,40 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
         now = await server_ms(client)
     assert (table.code, table.err) == (0, "")
     rows = rows_by_first_cell(table.out)
-    assert rows["queue"] == ["pending", "ready", "in flight", "dead letters", "next due"]
+    assert rows["queue"] == ["pending", "ready", "in flight", "dead letters", "next due", "controls"]
     assert rows[qname][:4] == ["2", "2", "1", "1"]
     shown = re.fullmatch(r"in (\d+\.\d) s", rows[qname][4])
     assert shown is not None, rows[qname]
     assert 0 < float(shown[1]) <= 60
-    assert rows[empty] == ["0", "0", "0", "0", "-"]
+    assert rows[empty] == ["0", "0", "0", "0", "-", "-"]
     assert as_json.code == 0
     doc = json.loads(as_json.out)
     assert abs(doc["server_time_ms"] - now) < 10_000  # the server's clock, not a constant
     (entry,) = doc["queues"]
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
-                     "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"]}
+                     "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "paused": False,
+                     "rate_limit_per_s": None, "rate_burst": None}
+
+
+async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:
+    q: aiodelayq.DelayedQueue[int] = make_queue()
+    paused = await cli("pause", qname)
+    assert paused.code == 0, paused.err
+    assert await q.is_paused()
+    limited = await cli("rate-limit", qname, "600/min", "--burst", "3")
+    assert limited.code == 0, limited.err
+    assert "10/s" in limited.out
+    stats = await cli("stats", qname, "--json")
+    (entry,) = json.loads(stats.out)["queues"]
+    assert (entry["paused"], entry["rate_limit_per_s"], entry["rate_burst"]) == (True, 10.0, 3)
+    table = await cli("stats", qname)
+    assert "paused, 10/s (burst 3)" in table.out
+    assert (await cli("resume", qname)).code == 0
+    assert (await cli("rate-limit", qname, "off")).code == 0
+    assert await q.counts() == aiodelayq.QueueCounts(0, 0, 0, 0, None)
+    bad = await cli("rate-limit", qname, "fast")
+    assert bad.code == 2
+    assert "RATE must be like" in bad.err
 
 
 async def test_watch_stops_after_count_refreshes(make_queue: Any, cli: Cli, qname: str) -> None:
@@ -343,7 +365,7 @@ async def test_ls_finds_queues_by_their_keys(client: Redis, make_queue: Any, cli
     assert table.code == 0
     rows = rows_by_first_cell(table.out)
     assert rows[qname][:4] == ["1", "0", "0", "0"]
-    assert rows[dead_only.name] == ["0", "0", "0", "1", "-"]
+    assert rows[dead_only.name] == ["0", "0", "0", "1", "-", "-"]
     assert rows[braced.name][:4] == ["1", "0", "0", "0"]
     assert len(rows) == 4  # header + 3
     assert "3 queue(s)" in table.out

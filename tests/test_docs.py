@@ -57,6 +57,8 @@ EXECUTED: dict[tuple[str, str], str] = {
         SERVER,
     ("reliable.md", '"""Send e-mails at least once: ack what was sent, retry what failed, dead-letter what keeps '
                     'failing."""'): SERVER,
+    ("controls.md", '"""Pause a queue\'s consumers while the mail service is down, then send at most 2 mails a '
+                     'second."""'): SERVER,
     ("java.md", '"""What a Redisson client sees of the three element kinds aiodelayq can write."""'): SERVER,
     ("errors.md", '"""What aiodelayq raises for bad input, a queue used before it was opened, and a server it '
                   'cannot reach."""'): SERVER,

@@ -23,8 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue, QueueCounts
 from aiodelayq._core import observe as _observe
-from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import POP, TRANSFER
+from aiodelayq._scripts import QueueScripts
 from aiodelayq.prometheus import QueueMetrics
 from tests.helpers import llen_is, server_ms, until
 
@@ -177,28 +176,27 @@ async def test_the_transfer_scripts_return_lateness_only_when_their_limit_asks_f
     assert _observe.transfer_limit(500) == 500
     q = make_queue()
     k = q.keys
-    transfer_keys = [k.destination, k.timeout_set, k.delay_list, k.dead_letter, k.handoff, k.handoff_leases,
-                     k.key_index]
+    scripts = QueueScripts(client, k, call_timeout_s=5)
     await q.offer_many([(i, 0) for i in range(3)])
-    reply = await run_script(client, TRANSFER, transfer_keys, [500], timeout_s=5, what="transfer")
+    reply = await scripts.transfer(500)
     assert len(reply) == 8  # no lateness entry
     assert reply[0] == 3
     await q.offer_many([(i, 0) for i in range(2)])
     now = await server_ms(client)
     await client.zadd(k.timeout_set, {b"garbage": int(now) - 1000})
-    reply = await run_script(client, TRANSFER, transfer_keys, [-500], timeout_s=5, what="transfer")
+    reply = await scripts.transfer(-500)
     assert len(reply) == 9
     assert (reply[0], reply[1]) == (2, 1)
     assert len(reply[8]) == 2  # the garbage is not listed
     assert all(0 <= late < 2000 for late in reply[8])
     # POP: the same, inside its transfer reply.
-    pop_keys = [k.destination, k.handoff, k.handoff_leases, k.timeout_set, k.delay_list, k.dead_letter, k.key_index]
     for limit, length in ((500, 8), (-500, 9)):
         await q.offer(f"pop{limit}", 0)
-        reply = await run_script(client, POP, pop_keys, [os.urandom(16), 10, 20_000, limit], timeout_s=5, what="pop")
+        reply = await scripts.pop(os.urandom(16), 10, 20_000, limit)
         assert len(reply[0]) == length
         assert reply[0][0] == 1
-        assert reply[1:][-1] == f'"pop{limit}"'.encode()
+        assert reply[1] == 0  # not held by the queue's controls
+        assert reply[-1] == f'"pop{limit}"'.encode()
 
 
 async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_queue: Any,

@@ -31,6 +31,7 @@ from .._scripts import QueueScripts
 from .._wire.codec import decode_item
 from .._wire.elements import parse_messages
 from ..exceptions import BackendError, DecodeError, QueueClosedError
+from .controls import hold_s
 from .messages import Message
 from .prefetch import PrefetchBuffer
 from .settler import Settle, Settler
@@ -71,6 +72,10 @@ class ReliableConsumer(Generic[T]):
         self._buffer_vt_ms = 0
         self._prefetch = self._buffer.prefetch
         self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
+        # Set at close: receivers the controls refused wait for this (or their hold), not for
+        # wake-ups, which cannot end a pause (see _consuming/controls.py).
+        self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._limited = False  # the last RECEIVE met the rate limit: receive only what callers want
 
     def __repr__(self) -> str:
         return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
@@ -97,15 +102,19 @@ class ReliableConsumer(Generic[T]):
                 raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
             if self._buffer and self._buffer_vt_ms == vt_ms:
                 return self._delivered(self._buffer.take(max_items))  # prefetched: no round trip, no await
-            signal = self._signal
-            asked = max(max_items, self._prefetch.size) if vt_ms >= _PREFETCH_MIN_VT_MS else max_items
+            signal: asyncio.Future[None] = self._signal
+            prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
+            asked = max(max_items, self._prefetch.size) if prefetch else max_items
             sent = loop.time()
-            messages, wait_s = await self._receive_once(asked, vt_ms, sent)
+            messages, wait_s, hold = await self._receive_once(asked, vt_ms, sent)
             self._prefetch.fetched(asked, len(messages), loop.time() - sent)
+            self._limited = hold > 0
             if messages:
                 self._events.count("receives")
                 self._keep(messages[max_items:], vt_ms)
                 return self._delivered(messages[:max_items])
+            if hold:  # refused by the controls: ask again after the hold, only closing cuts it short
+                signal, wait_s = self._closing, hold_s(hold)
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -142,8 +151,10 @@ class ReliableConsumer(Generic[T]):
         self._events.count("released", len(messages))
         self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
 
-    async def _receive_once(self, max_items: int, vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
-        """One RECEIVE call (sent at loop time ``sent``): its messages, and how long to wait for more."""
+    async def _receive_once(self, max_items: int, vt_ms: int,
+                            sent: float) -> tuple[list[Message[T]], float, int]:
+        """One RECEIVE call (sent at loop time ``sent``): its messages, how long to wait for more,
+        and the controls' hold (see RECEIVE)."""
         k = self._keys
         call_id = os.urandom(16)
         try:
@@ -162,7 +173,7 @@ class ReliableConsumer(Generic[T]):
             if exc.maybe_applied:
                 self._spawn(self._release_call(call_id))
             raise
-        now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
+        now_ms, head, dead, hold = int(reply[0]), reply[1], int(reply[2]), int(reply[3])
         if dead:
             self._events.count("exhausted", dead)
             self._events.dead_lettered(dead, "max_deliveries")
@@ -171,7 +182,7 @@ class ReliableConsumer(Generic[T]):
         recheck_s = self._recheck_s
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
         messages: list[Message[T]] = []
-        elements = reply[3:]
+        elements = reply[4:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
         for element, (message_id, count, due_ms, payload) in zip(elements, parse_messages(elements), strict=True):
             try:
@@ -186,7 +197,7 @@ class ReliableConsumer(Generic[T]):
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
                                     expires, vt_ms))
-        return messages, wait_s
+        return messages, wait_s, hold
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
         """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""
@@ -227,6 +238,8 @@ class ReliableConsumer(Generic[T]):
         (loop time); the queue's task owner stops what is left."""
         self._closed = True
         self.notify()
+        if not self._closing.done():
+            self._closing.set_result(None)
         self._buffer.give_back()
         loop = asyncio.get_running_loop()
         if self._side_tasks:

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.observe import Events
-from .._core.tasks import TaskOwner
+from .._core.tasks import TaskOwner, wait_event
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff, resend_within
 from .._scripts import QueueScripts
 from ..exceptions import BackendError, DecodeError
+from .controls import hold_s
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from .prefetch import PrefetchBuffer
 
@@ -95,6 +96,10 @@ class TakePump:
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._backing_off = False  # after a failed POP: the scheduler transfers itself meanwhile
+        # After a POP the queue's controls refused (paused, rate limited): no POP before this loop
+        # time, whatever wakes the pump (see _consuming/controls.py).
+        self._held_until: float | None = None
+        self._limited = False  # the last POP met the rate limit: pop only what callers want
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
 
@@ -207,8 +212,8 @@ class TakePump:
         call; the reply is ``None`` when the POP was a resend that did not transfer) or of ``None``
         when the pump did not do it (the scheduler then transfers itself); ``None`` at once when
         nobody waits."""
-        if (self._closed is not None or self._backing_off or self._transfer_ask is not None
-                or not (self._wanted() or self._buffer)):
+        if (self._closed is not None or self._backing_off or self._held_until is not None
+                or self._transfer_ask is not None or not (self._wanted() or self._buffer)):
             return None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._transfer_ask = (limit, future)
@@ -301,9 +306,17 @@ class TakePump:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                if self._held_until is not None:
+                    if (remaining := self._held_until - loop.time()) > 0:
+                        self._answer_ask()  # the scheduler transfers itself meanwhile
+                        self._end_once_waiters()  # poll(): its one attempt was refused
+                        self._wake.clear()
+                        await wait_event(self._wake, remaining)
+                        continue
+                    self._held_until = None
                 self._maybe_ready = False
                 await self._handoff.returns_landed()  # a POP must not overtake items given back
-                count = max(wanted, self._prefetch.size)
+                count = wanted if self._limited else max(wanted, self._prefetch.size)
                 pop = Pop(os.urandom(16))
                 self._handoff.pops.add(pop)  # unknown outcome until the reply: a flush sends FINISH '*'
                 done = self._handoff.take_done()  # forgotten by this POP (cancelled: the flush FINISHes them)
@@ -311,7 +324,7 @@ class TakePump:
                 self._transfer_ask = None
                 try:
                     sent = loop.time()
-                    moved, raws = await self._pop(pop, count, done, limit)
+                    moved, hold, raws = await self._pop(pop, count, done, limit)
                     received = loop.time()
                     self._prefetch.fetched(count, len(raws), received - sent)
                     self._handoff.forgot(done)
@@ -345,10 +358,14 @@ class TakePump:
                     self._maybe_ready = True
                     continue
                 backoff.succeeded()
-                if len(raws) < count and not self._maybe_ready:  # the list was empty, and nothing said since
+                self._limited = hold > 0
+                if hold:  # the controls refused some or all: ask again later, not at the next wake-up
+                    self._held_until = received + hold_s(hold)
+                    self._maybe_ready = True
+                elif len(raws) < count and not self._maybe_ready:  # the list was empty, and nothing said since
                     self._drained_at = received
                 if not raws:
-                    if moved is None:
+                    if moved is None and not hold:
                         self._events.count("empty_pops")
                     self._handoff.pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
@@ -392,12 +409,12 @@ class TakePump:
                 waiter.future.set_exception(exc)
                 waiter.future.exception()  # retrieved: the caller may be gone
 
-    async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, list[bytes]]:
+    async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, int, list[bytes]]:
         """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``|transfer|``
         elements first (0: none; negative: with lateness, see ``_observe.transfer_limit``); returns
-        the transfer's reply (``None`` when none ran) and the items. After a lost reply (or a failure
-        before sending) it is resent with the same id, which returns the same items without
-        transferring again, for up to ``_RESEND_HORIZON_S``.
+        the transfer's reply (``None`` when none ran), the controls' hold (see POP) and the items.
+        After a lost reply (or a failure before sending) it is resent with the same id, which
+        returns the same items without transferring again, for up to ``_RESEND_HORIZON_S``.
 
         Raises:
             BackendError: still failing at the horizon, or a final error; ``maybe_applied`` if any
@@ -406,12 +423,12 @@ class TakePump:
         k = self._keys
         forget = self._handoff.forgotten(done)
 
-        async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, list[bytes]]:
+        async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, int, list[bytes]]:
             async with self._slots:
                 reply: list[Any] = await self._scripts.pop(
                     pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget,
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
-            return reply[0], reply[1:]
+            return reply[0], int(reply[1]), reply[2:]
 
         return await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
 

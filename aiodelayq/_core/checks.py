@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["count", "seconds"]
+__all__ = ["count", "positive", "seconds"]
 
 
 def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: bool = False) -> float:
@@ -50,3 +50,16 @@ def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = N
         span = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
         raise ConfigurationError(f"{name} must be an int {span}, not {value!r}")
     return value
+
+
+def positive(name: str, value: object) -> float:
+    """``value`` as a finite number above 0 (an ``int`` or ``float``, never a ``bool``), e.g. a rate.
+
+    Raises:
+        ConfigurationError: anything else, naming ``name``.
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be a number (int or float), not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name} must be a finite number above 0, not {value!r}")
+    return float(value)

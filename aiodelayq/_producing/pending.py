@@ -49,6 +49,9 @@ class QueueCounts:
         dead_letters: entries of the dead-letter list.
         next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
             ``None`` when nothing is pending.
+        paused: whether the queue's consumers are paused (:meth:`DelayedQueue.pause`).
+        rate_limit_per_s: the rate limit of its consumers together, items per second, or ``None``.
+        rate_burst: the most items the rate limit lets out at once, or ``None`` without one.
     """
 
     pending: int
@@ -56,6 +59,9 @@ class QueueCounts:
     in_flight: int
     dead_letters: int
     next_due_ms: int | None
+    paused: bool = False
+    rate_limit_per_s: float | None = None
+    rate_burst: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +135,11 @@ class PendingView:
         read-only script call (resent after a transient failure within ``call_timeout_s``)."""
         k = self._keys
         reply = await self._page(self._scripts.counts, [], what=f"counts of {k.destination!r}")
-        head = reply[4]
+        head, rate, burst = reply[4], reply[6], reply[7]
         return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
-                           None if head is None else int(float(head)))
+                           None if head is None else int(float(head)), paused=bool(reply[5]),
+                           rate_limit_per_s=None if rate is None else float(rate),
+                           rate_burst=None if burst is None else int(burst))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).

@@ -43,6 +43,9 @@ class QueueKeys:
             whose tag another pending key holds), value = version byte 0x01 + the key and its
             pending element. Entries whose element is no longer pending are stale: ignored, and
             removed by transfers, keyed calls and sampling.
+        controls: hash of the queue's controls, shared by every process (aiodelayq only):
+            ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
+            token bucket: items per second, its size, its level at ``at``, server ms).
     """
 
     destination: str
@@ -56,6 +59,7 @@ class QueueKeys:
     calls: str
     call_replies: str
     key_index: str
+    controls: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -80,10 +84,11 @@ class QueueKeys:
             calls=prefix_name("aiodelayq_calls", name),
             call_replies=prefix_name("aiodelayq_call_replies", name),
             key_index=prefix_name("aiodelayq_keys", name),
+            controls=prefix_name("aiodelayq_controls", name),
         )
 
     @property
     def all(self) -> tuple[str, ...]:
         """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
-                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index)
+                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls)

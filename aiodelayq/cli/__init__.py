@@ -1,5 +1,6 @@
 """The ``aiodelayq`` command line, for people on call: ``stats``, ``watch``, ``peek``, ``offer``,
-``cancel``, ``ls``, ``dead-letters`` and ``worker`` (see ``docs/cli.md``).
+``cancel``, ``pause``, ``resume``, ``rate-limit``, ``ls``, ``dead-letters`` and ``worker`` (see
+``docs/cli.md``).
 
 It needs the ``cli`` extra (typer and rich): ``pip install 'aiodelayq[cli]'``. Nothing here imports
 them until :func:`main` runs, so ``import aiodelayq`` never does.

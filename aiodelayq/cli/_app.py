@@ -28,6 +28,7 @@ from ._ops import (
     CannotConnect,
     QueueRow,
     connect,
+    parse_rate,
     parse_value,
     queue_counts,
     redact,
@@ -241,6 +242,47 @@ def cancel(name: QueueName, key: Annotated[str, typer.Argument(help="The key of 
 async def _cancel(url: str, name: str, key: str) -> bool:
     async with connect(url) as client, with_queue(client, name) as queue:
         return await queue.cancel(key)
+
+
+# -- pause, resume, rate-limit ------------------------------------------------------------------------
+
+
+@app.command()
+def pause(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
+    """Pause every consumer of the queue, in every process, until `resume` (offers and transfers go on)."""
+    _run(_control(redis_url, name, "pause"))
+    typer.echo(f"paused {name}: its consumers hand nothing out until 'aiodelayq resume {name}'")
+
+
+@app.command()
+def resume(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
+    """Resume the consumers of a paused queue."""
+    _run(_control(redis_url, name, "resume"))
+    typer.echo(f"resumed {name}")
+
+
+@app.command("rate-limit")
+def rate_limit(name: QueueName,
+               rate: Annotated[str, typer.Argument(metavar="RATE", help="Items per second for all consumers "
+                                                   "together: 100/s, 6000/min, 2.5 (per second), or off.")],
+               burst: Annotated[int | None, typer.Option("--burst", min=1, help="Most items let out at once "
+                                                         "(default: one second's worth).")] = None,
+               redis_url: RedisUrl = DEFAULT_URL) -> None:
+    """Limit how fast all consumers of the queue together get items (a token bucket on the server clock)."""
+    per_second = _run(_control(redis_url, name, "rate", rate, burst))
+    typer.echo(f"rate limit of {name}: " + ("none" if per_second is None else f"{per_second:g}/s"))
+
+
+async def _control(url: str, name: str, what: str, rate: str = "", burst: int | None = None) -> float | None:
+    per_second = parse_rate(rate) if what == "rate" else None  # before connecting: a usage error
+    async with connect(url) as client, with_queue(client, name) as queue:
+        if what == "pause":
+            await queue.pause()
+        elif what == "resume":
+            await queue.resume()
+        else:
+            await queue.set_rate_limit(per_second, burst)
+    return per_second
 
 
 # -- ls ----------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import fnmatch
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from .._queue import DelayedQueue
 from .._redis.retry import call_idempotent
 from .._wire.key_names import prefix_name
 
-__all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_value",
-           "queue_counts", "queue_name_of", "redact", "scan_queues", "server_now_ms", "with_queue"]
+__all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_rate",
+           "parse_value", "queue_counts", "queue_name_of", "redact", "scan_queues", "server_now_ms", "with_queue"]
 
 # The keys whose names reveal a queue: its pending zset, and the two lists a queue can keep when
 # nothing is pending (dead letters, in-flight messages). The destination list has the bare name and
@@ -178,6 +179,30 @@ def _name_from_raw(raw: bytes | str, prefix: str) -> str | None:
     except UnicodeDecodeError:
         return None  # queue names are str, sent as UTF-8: this key is not one of ours
     return queue_name_of(key, prefix)
+
+
+_PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def parse_rate(text: str) -> float | None:
+    """Items per second of a command-line ``RATE``: ``100/s``, ``6000/min``, ``10/h``, ``2.5`` (per
+    second), or ``off``/``none`` (no limit).
+
+    Raises:
+        BadInput: anything else, or a rate that is not above 0.
+    """
+    spec = text.strip().lower()
+    if spec in ("off", "none"):
+        return None
+    number, _, unit = spec.partition("/")
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    per = _PER.get(unit or "s")
+    if per is None or not math.isfinite(value) or value <= 0:
+        raise BadInput(f"RATE must be like 100/s, 6000/min, 10/h, 2.5 or off, not {text!r}")
+    return value / per
 
 
 def parse_value(text: str, codec: str) -> Any:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._producing.dead_letters import DeadLetter
-from .._producing.pending import PendingItem
+from .._producing.pending import PendingItem, QueueCounts
 from ._ops import QueueRow
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
@@ -102,17 +102,27 @@ def _next_due(counts_due: int | None, now_ms: int) -> str:
 
 def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = None,
                  caption: str | None = None) -> Table:
-    """One row per queue: pending, ready, in flight, dead letters, next due (relative)."""
+    """One row per queue: pending, ready, in flight, dead letters, next due (relative), and its
+    controls (paused, rate limit)."""
     table = Table(title=title, caption=caption, box=box.SQUARE)
     table.add_column("queue", overflow="fold")  # a name is never cut: folded onto more lines
     for header in ("pending", "ready", "in flight", "dead letters"):
         table.add_column(header, justify="right")
     table.add_column("next due")
+    table.add_column("controls")
     for row in rows:
         c = row.counts
         table.add_row(_cell(row.name), str(c.pending), str(c.ready), str(c.in_flight), str(c.dead_letters),
-                      _next_due(c.next_due_ms, now_ms))
+                      _next_due(c.next_due_ms, now_ms), _controls(c))
     return table
+
+
+def _controls(c: QueueCounts) -> str:
+    """``paused``, ``100/s (burst 100)``, both, or ``-``."""
+    shown = ["paused"] if c.paused else []
+    if c.rate_limit_per_s is not None:
+        shown.append(f"{c.rate_limit_per_s:g}/s (burst {c.rate_burst})")
+    return ", ".join(shown) or "-"
 
 
 def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
@@ -120,7 +130,8 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
     c = row.counts
     return {"name": row.name, "pending": c.pending, "ready": c.ready, "in_flight": c.in_flight,
             "dead_letters": c.dead_letters, "next_due_ms": c.next_due_ms,
-            "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms}
+            "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "paused": c.paused,
+            "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst}
 
 
 def _marker(decodable: bool, malformed: bool = False) -> str:

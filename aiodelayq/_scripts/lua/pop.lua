@@ -1,13 +1,15 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
--- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash
+-- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls hash
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
 -- out: forgotten here (FINISH with an all-'d' plan, without its round trip; idempotent)
 -- returns: {transfer reply (see TRANSFER: its 7 fields, the destination's length after the pop,
--- and for a negative ARGV[4] the lateness list) or false, popped payloads, head first...}. They
+-- and for a negative ARGV[4] the lateness list) or false, hold, popped payloads, head first...}.
+-- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
+-- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id until FINISH (or a later POP) says what became of
 -- them; if neither comes (the process died, or was cut off), TRANSFER returns them to the head of
 -- the destination once the lease ends.
@@ -19,7 +21,7 @@ for i = 5, #ARGV do
 end
 local got = redis.call('hget', KEYS[2], ARGV[1])
 if got then
-  local out = {false}
+  local out = {false, 0}
   for _, v in ipairs(unpack_list(got)) do out[#out + 1] = v end
   return out
 end
@@ -27,10 +29,12 @@ local moved, late = false, nil
 if tonumber(ARGV[4]) ~= 0 then
   moved, late = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], KEYS[7], tonumber(ARGV[4]))
 end
-local items = redis.call('lpop', KEYS[1], tonumber(ARGV[2]))
-local out = {moved}
+local want, hold, level, now = controls_allow(KEYS[8], tonumber(ARGV[2]))
+local items = want > 0 and redis.call('lpop', KEYS[1], want)
+local out = {moved, hold}
 if items then
-  local now = now_ms()
+  now = now or now_ms()
+  controls_charge(KEYS[8], now, level, #items)
   redis.call('hset', KEYS[2], ARGV[1], pack_list(items))
   redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
   for _, v in ipairs(items) do out[#out + 1] = v end

@@ -1,12 +1,13 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies
+-- KEYS: destination in_flight dead_letter calls call_replies controls
 -- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
--- KEYS[5] call replies hash
+-- KEYS[5] call replies hash, KEYS[6] controls hash
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index)
 -- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
---           dead-lettered count, messages...}
+--           dead-lettered count, hold, messages...}; hold as POP's: 0, -1 while the queue is
+--           paused (nothing received), or the ms until the rate limit lets one more message out.
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
 -- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
@@ -14,14 +15,16 @@
 -- (those still in flight as that delivery), without popping or counting anything.
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local out, dead = {}, 0
+local out, dead, hold = {}, 0, 0
 local first = first_run(KEYS[4], ARGV[4])
 if first then
   out = received(KEYS[2], redis.call('hget', KEYS[5], ARGV[4]))
   -- Reply with the first run's time: the client computes each message's deadline from it.
   now = first
 else
-  local expired = redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+  local level
+  limit, hold, level = controls_allow(KEYS[6], limit)
+  local expired = limit > 0 and redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit) or {}
   for _, e in ipairs(expired) do
     local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC
     local count = valid and struct.unpack('>I4', e, 21) or 0
@@ -55,6 +58,7 @@ else
       chunked('zadd', KEYS[2], nil, scored)
     end
   end
+  controls_charge(KEYS[6], now, level, #out)
   if #out > 0 then
     local ids = {struct.pack('>d', now + vt)}
     for _, m in ipairs(out) do ids[#ids + 1] = string.sub(m, 5, 20) end
@@ -62,6 +66,6 @@ else
   end
 end
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
-local result = {now, head[2] or false, dead}
+local result = {now, head[2] or false, dead, hold}
 for _, m in ipairs(out) do result[#result + 1] = m end
 return result

@@ -1,0 +1,85 @@
+"""The controls every consumer of a queue obeys, in every process: pause and a rate limit.
+
+They live in Redis, in the queue's ``controls`` hash (its cluster slot), and POP and RECEIVE read
+them in the same atomic call that hands items out (``lua/lib/controls.lua``), so a change holds
+from the next call of every consumer: nothing is cached. While paused, offers are accepted and due
+items keep moving to the ready list; consumers get nothing. A rate limit is a token bucket on the
+server clock, shared by all consumers: at most ``burst + per_second * t`` items in any ``t`` seconds.
+
+A consumer that was refused holds off instead of asking again at once (:func:`hold_s`), so a
+paused or rate-limited queue costs no busy loop. Redisson's consumers (``BLPOP`` of the ready
+list) do not read the controls: a Java consumer of the same queue is neither paused nor limited.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._core.checks import count, positive
+from .._redis.retry import call_idempotent
+from .._scripts import QueueScripts
+
+__all__ = ["PAUSED_RECHECK_S", "Controls", "hold_s"]
+
+# How long a consumer refused by a pause waits before it asks again: the bound on how late delivery
+# restarts after resume() (plus a round trip), and one POP or RECEIVE per this period per waiting
+# consumer while paused.
+PAUSED_RECHECK_S = 0.5
+# The shortest hold of a rate-limited consumer: at high rates it takes a few tokens per call rather
+# than one call per token.
+_MIN_RATE_HOLD_S = 0.01
+
+
+def hold_s(hold_ms: int) -> float:
+    """How long a consumer refused with POP's or RECEIVE's ``hold`` (ms; -1: paused) waits before
+    asking again."""
+    if hold_ms < 0:
+        return PAUSED_RECHECK_S
+    return min(PAUSED_RECHECK_S, max(_MIN_RATE_HOLD_S, hold_ms / 1000))
+
+
+class Controls:
+    """``pause``/``resume``/``is_paused``/``set_rate_limit`` of one queue (``counts()`` shows them)."""
+
+    def __init__(self, scripts: QueueScripts) -> None:
+        self._scripts = scripts
+        self._keys = scripts.keys
+
+    def __repr__(self) -> str:
+        return f"<Controls {self._keys.destination!r}>"
+
+    async def _set(self, *argv: object, what: str) -> None:
+        # Idempotent: resent after a lost reply; confirmed by the queue's durability.
+        await self._scripts.set_controls.resend(*argv, durable=True, what=f"{what} {self._keys.destination!r}")
+
+    async def pause(self) -> None:
+        """Pause every consumer of the queue (see the module docstring)."""
+        await self._set("pause", what="pause")
+
+    async def resume(self) -> None:
+        """Undo :meth:`pause`."""
+        await self._set("resume", what="resume")
+
+    async def is_paused(self) -> bool:
+        """Whether the queue is paused."""
+        k = self._keys
+        paused = await call_idempotent(self._scripts.client, "HGET", k.controls, "paused", route=k.controls,
+                                       what=f"is_paused of {k.destination!r}", timeout_s=self._scripts.call_timeout_s)
+        return paused is not None
+
+    async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
+        """Limit every consumer together to ``per_second`` items a second (``None``: no limit), in
+        bursts of at most ``burst`` (default: one second's worth, at least 1).
+
+        Raises:
+            ConfigurationError: ``per_second`` is not a finite number above 0, or ``burst`` not an
+                int >= 1; nothing is written.
+        """
+        if per_second is None:
+            if burst is not None:
+                count("burst", burst)  # still checked: a typo should not pass silently
+            await self._set("unrate", what="remove the rate limit of")
+            return
+        rate = positive("per_second", per_second)
+        size = max(1, math.ceil(rate)) if burst is None else count("burst", burst)
+        await self._set("rate", repr(rate), size, what="set the rate limit of")

@@ -1,0 +1,27 @@
+-- defines: controls_allow controls_charge
+-- The queue's controls (its 'controls' hash, see QueueKeys.controls), shared by every consumer.
+-- controls_allow(key, want): how many of `want` items a consumer may have now, the hold (-1:
+-- paused, none until resumed; > 0: rate limited, ms until the next whole token; 0: not held), and
+-- for a rate limit the token bucket's level and the server time (ms) for controls_charge (nil, nil
+-- without one: no TIME read). The bucket fills at `rate` tokens a second on the server clock, up to
+-- `burst`; a new bucket is full.
+local function controls_allow(key, want)
+  local c = redis.call('hmget', key, 'paused', 'rate', 'burst', 'tokens', 'at')
+  if c[1] then return 0, -1, nil, nil end
+  if not c[2] then return want, 0, nil, nil end
+  local now = now_ms()
+  local rate, burst = tonumber(c[2]), tonumber(c[3])
+  local level = burst
+  if c[4] and c[5] then
+    level = math.min(burst, tonumber(c[4]) + math.max(0, now - tonumber(c[5])) * rate / 1000)
+  end
+  local n = math.min(want, math.floor(level))
+  local hold = 0
+  if n < want then hold = math.max(1, math.ceil((n + 1 - level) * 1000 / rate)) end
+  return n, hold, level, now
+end
+
+-- controls_charge(key, now ms, level, used): take `used` tokens from the bucket controls_allow read.
+local function controls_charge(key, now, level, used)
+  if level and used > 0 then redis.call('hset', key, 'tokens', tostring(level - used), 'at', now) end
+end
