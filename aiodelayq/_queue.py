@@ -71,6 +71,11 @@ class DelayedQueue(AsyncResource, Generic[T]):
         replication_timeout_s: how long a durable write waits for its replicas, seconds.
         wait_aof: durable writes also wait for the AOF fsync (``WAITAOF``: Redis/Valkey >= 7.2 with
             ``appendonly yes``) of the primary and of ``min_replicas`` replicas.
+        max_pending: the most items the queue may hold, pending + ready (``None``: no limit): an
+            offer beyond it raises :class:`QueueFullError` and writes nothing, checked atomically
+            by the offer script; an ``offer_many`` then goes in one call, all or nothing.
+        max_item_bytes: the largest encoded item (bytes) an offer takes (``None``: no limit): a
+            larger one raises :class:`ItemTooLargeError` before anything is sent.
 
     Raises:
         InvalidNameError: empty or non-``str`` name.
@@ -82,14 +87,16 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  transfer_batch: int = 500,
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
-                 replication_timeout_s: float = 1.0, wait_aof: bool = False) -> None:
+                 replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
+                 max_item_bytes: int | None = None) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
             codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
-            min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof)
+            min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
+            max_pending=max_pending, max_item_bytes=max_item_bytes)
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         self._producer = Producer(scripts, o, events)

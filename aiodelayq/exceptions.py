@@ -16,8 +16,10 @@ __all__ = [
     "InvalidDelayError",
     "InvalidKeyError",
     "InvalidNameError",
+    "ItemTooLargeError",
     "NotReplicatedError",
     "QueueClosedError",
+    "QueueFullError",
     "QueueNotOpenError",
     "WrongEventLoopError",
     "WrongNodeError",
@@ -59,6 +61,23 @@ class DecodeError(CodecError, ValueError):
     def __init__(self, message: str, raw: bytes) -> None:
         super().__init__(message)
         self.raw = raw
+
+
+class ItemTooLargeError(DelayedQueueError, ValueError):
+    """An encoded item larger than the queue's ``max_item_bytes``; nothing of its call was written."""
+
+
+class QueueFullError(DelayedQueueError):
+    """The offer would take the queue's pending + ready items beyond its ``max_pending``; nothing of
+    its call was written (each item of ``offer_many`` alike: the call is all or nothing).
+
+    Attributes:
+        room: how many more items the queue had room for when the offer was refused (0 or more).
+    """
+
+    def __init__(self, message: str, room: int) -> None:
+        super().__init__(message)
+        self.room = room
 
 
 class QueueNotOpenError(DelayedQueueError):

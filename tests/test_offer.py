@@ -20,9 +20,12 @@ from redis.asyncio.cluster import RedisCluster
 from aiodelayq import (
     BackendError,
     CallTimeoutError,
+    ConfigurationError,
     DelayedQueue,
     EncodeError,
     InvalidDelayError,
+    ItemTooLargeError,
+    QueueFullError,
     delay_to_ms,
 )
 from aiodelayq._redis.connections import run_script
@@ -319,12 +322,12 @@ def _count_calls(q: DelayedQueue[Any]) -> dict[str, Any]:
     real = producer._send
     seen: dict[str, Any] = {"in_flight": 0, "most": 0, "sizes": []}
 
-    async def counting(fragments: Any, issued: float, entries: Any) -> list[int]:
+    async def counting(fragments: Any, issued: float, entries: Any, *, each: bool) -> list[Any]:
         seen["in_flight"] += 1
         seen["most"] = max(seen["most"], seen["in_flight"])
         seen["sizes"].append(len(fragments))
         try:
-            return await real(fragments, issued, entries)
+            return await real(fragments, issued, entries, each=each)
         finally:
             seen["in_flight"] -= 1
 
@@ -380,6 +383,94 @@ async def test_one_big_offer_does_not_fail_small_ones(own_server: Any, make_clie
     assert await q.size() == 34
 
 
+# -- size limits: max_item_bytes, max_pending ---------------------------------------------------------
+
+
+async def test_an_item_over_max_item_bytes_is_refused_before_anything_is_written(client: Redis,
+                                                                                  make_queue: Any) -> None:
+    q: DelayedQueue[str] = make_queue(codec="str", max_item_bytes=10)
+    assert await q.offer("x" * 10, 60)  # exactly the bound: taken
+    with pytest.raises(ItemTooLargeError, match="11 bytes encoded, over max_item_bytes=10"):
+        await q.offer("x" * 11, 60)
+    with pytest.raises(ItemTooLargeError, match="item 2 is"):
+        await q.offer_many([("a", 60), ("b", 60), ("c" * 50, 60), ("d", 60)])
+    with pytest.raises(ValueError, match="max_item_bytes"):  # an input error, as the builtin kind too
+        await q.offer("y" * 11, 60, key="k")
+    assert await client.zcard(q.keys.timeout_set) == 1
+
+
+async def test_max_pending_counts_pending_and_ready_and_refuses_whole_calls(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue(max_pending=10)
+    await q.offer_many([(i, 0) for i in range(4)])
+    await client.rpush(q.keys.destination, b"5")  # ready items count too, whoever pushed them
+    await q.offer_many([(i, 60) for i in range(4)])
+    with pytest.raises(QueueFullError, match="max_pending=10, room for 1 more") as refused:
+        await q.offer_many([(i, 60) for i in range(2)])  # all or nothing
+    assert refused.value.room == 1
+    assert await client.zcard(q.keys.timeout_set) + await client.llen(q.keys.destination) == 9
+    assert await q.offer(9, 60)
+    with pytest.raises(QueueFullError, match="room for 0 more"):
+        await q.offer(10, 60)
+    async with q:  # taking makes room
+        assert await q.take() in (0, 1, 2, 3, 5)
+    assert await q.offer(10, 60)
+
+
+async def test_max_pending_lets_a_key_replace_or_keep_its_item_but_refuses_a_new_key(client: Redis,
+                                                                                     make_queue: Any) -> None:
+    for strict in (False, True):
+        q: DelayedQueue[str] = make_queue(name=f"limits-{strict}", codec="str", strict=strict, max_pending=2)
+        assert (await q.offer("a", 60, key="a")).added
+        assert (await q.offer("b", 60, key="b")).added
+        assert (await q.offer("a2", 60, key="a", replace=True)).replaced  # takes no room
+        assert not (await q.offer("b2", 60, key="b")).added  # kept: nothing written
+        with pytest.raises(QueueFullError):
+            await q.offer("c", 60, key="c")
+        with pytest.raises(QueueFullError):  # one new key in the call: refused whole, the replace too
+            await q.offer_many([("a3", 60), ("d", 60)], keys=["a", "d"], replace=True)
+        assert (await q.get("a")).value == "a2"  # type: ignore[union-attr]
+        assert await q.get("d") is None
+        assert await client.zcard(q.keys.timeout_set) == 2
+        if strict:
+            assert await client.llen(q.keys.delay_list) == 2  # Redisson's list: nothing half-written
+
+
+async def test_concurrent_producers_cannot_overshoot_max_pending(client: Redis, make_client: Any,
+                                                                 make_queue: Any) -> None:
+    limit, producers, each = 75, 4, 50
+    queues = [make_queue(max_pending=limit, redis=make_client()) for _ in range(producers)]
+
+    async def offer(q: DelayedQueue[int], i: int) -> bool:
+        try:
+            await q.offer(i, 60)
+        except QueueFullError:
+            return False
+        return True
+
+    # Concurrent offers of one queue object share script calls: each is admitted or refused alone.
+    results = await asyncio.gather(*(offer(q, i) for q in queues for i in range(each)))
+    assert sum(results) == limit
+    assert await client.zcard(queues[0].keys.timeout_set) == limit
+    with pytest.raises(QueueFullError):
+        await queues[0].offer_many([(1, 60)])
+
+
+async def test_under_max_pending_an_offer_many_is_one_call_all_or_nothing(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue(max_pending=2000, max_call_bytes=1024)  # would be many calls otherwise
+    with pytest.raises(QueueFullError):
+        await q.offer_many([(i, 60) for i in range(2001)])
+    assert await client.zcard(q.keys.timeout_set) == 0
+    assert len(await q.offer_many([(i, 60) for i in range(1500)])) == 1500
+    assert await client.zcard(q.keys.timeout_set) == 1500
+
+
+@pytest.mark.parametrize(("option", "value"), [("max_pending", 0), ("max_pending", True), ("max_pending", 1.5),
+                                               ("max_item_bytes", 0), ("max_item_bytes", "1k")])
+def test_a_bad_size_limit_names_its_option(client: Redis, option: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=option):
+        DelayedQueue(client, "q", **{option: value})
+
+
 # -- resends after a lost reply ------------------------------------------------------------------------
 
 
@@ -401,7 +492,7 @@ async def test_a_resent_offer_call_writes_nothing_twice_even_after_transfer(clie
     q = make_queue()
     k = q.keys
     keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
-    args = [os.urandom(16), "", "strict", "", 0, os.urandom(8), b'"job"']
+    args = [os.urandom(16), "", "strict", "", "", 0, os.urandom(8), b'"job"']
     first = await run_script(client, OFFER, keys, args, timeout_s=5)
     async with q:  # the element falls due and is transferred
         assert await asyncio.wait_for(q.take(), 5) == "job"

@@ -30,7 +30,7 @@ class OfferBatcher:
     order, and one caller's offers, awaited one after the other, are never in flight together.
     """
 
-    def __init__(self, send: Callable[[list[Any]], Awaitable[list[int]]], *, max_items: int,
+    def __init__(self, send: Callable[[list[Any]], Awaitable[list[Any]]], *, max_items: int,
                  max_bytes: int, size: Callable[[Any], int]) -> None:
         self._send = send
         self._max_items = max_items
@@ -96,7 +96,12 @@ class OfferBatcher:
         try:
             dues = await self._send([t for t, _ in batch])
             for (_, future), due in zip(batch, dues, strict=True):
-                if not future.done():
+                if future.done():
+                    continue
+                if isinstance(due, BaseException):  # this offer alone was refused (a full queue)
+                    future.set_exception(due)
+                    future.exception()  # retrieved: its caller may have left
+                else:
                     future.set_result(due)
         except asyncio.CancelledError:
             cancelled = True

@@ -24,7 +24,7 @@ from .._scripts import QueueScripts
 from .._wire.codec import encode_item
 from .._wire.delays import delay_to_ms
 from .._wire.elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
-from ..exceptions import InvalidKeyError
+from ..exceptions import InvalidKeyError, ItemTooLargeError, QueueFullError
 from .batcher import OfferBatcher
 from .keyed import Offered, check_key, key_tag, parse_outcome
 
@@ -40,6 +40,7 @@ class Producer:
         self._scripts, self._keys, self._events = scripts, scripts.keys, events
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
+        self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
         self._batcher: OfferBatcher | None = None
 
@@ -84,7 +85,9 @@ class Producer:
         size = 0
         for i, fragment in enumerate(fragments):
             size_of = fragment_size(fragment)
-            if chunks[-1] and (len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
+            # Under max_pending one call, all or nothing: no other producer's items between the calls.
+            if chunks[-1] and self._max_pending is None and (
+                    len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
                 chunks.append([])
                 size = 0
             chunks[-1].append(i)
@@ -92,7 +95,7 @@ class Producer:
 
         def send(chunk: list[int]) -> Awaitable[list[int]]:
             return self._send([fragments[i] for i in chunk], issued,
-                              None if entries is None else [entries[i] for i in chunk])
+                              None if entries is None else [entries[i] for i in chunk], each=False)
 
         if len(chunks) == 1:
             return await send(chunks[0])
@@ -118,6 +121,12 @@ class Producer:
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
+        if self._max_item_bytes is not None:
+            for index, (_, payload) in enumerate(items):
+                if len(payload) > self._max_item_bytes:
+                    which = "the item" if len(items) == 1 else f"item {index}"
+                    raise ItemTooLargeError(f"{which} is {len(payload)} bytes encoded, over max_item_bytes="
+                                            f"{self._max_item_bytes}; nothing was written")
         tags: list[bytes | None] | None = None
         entries: list[bytes] | None = None
         if keys is not None:
@@ -138,14 +147,22 @@ class Producer:
         fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
                      for fragment, issued, _ in batch]
         entries = [entry for _, _, entry in batch]
-        return await self._send(fragments, first, entries if any(entries) else None)
+        return await self._send(fragments, first, entries if any(entries) else None, each=True)
 
-    async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None) -> list[int]:
+    async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None, *,
+                    each: bool) -> list[Any]:
         """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
-        reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``)."""
+        reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``).
+        Under ``max_pending``, ``each``: the items are admitted one by one, a refused one's result is
+        a :class:`QueueFullError` (coalesced offers of different callers); else all or nothing.
+
+        Raises:
+            QueueFullError: the call was refused whole (nothing written).
+        """
         k = self._keys
         clock = self._facts.clock
-        args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries)]
+        limit = "" if self._max_pending is None else f"{self._max_pending}{'e' if each else 'a'}"
+        args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries, limit)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:
@@ -156,16 +173,27 @@ class Producer:
             return reply
 
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        if reply[0] is None:  # refused whole: nothing written
+            raise self._full(int(reply[2]), len(fragments))
         base = int(reply[0])
-        if entries is None:
+        if entries is None and not reply[2]:
             self._events.offered(len(fragments))
             return [base + fragment[0] for fragment in fragments]
         outcome = parse_outcome(reply[2], len(fragments))
-        # A key found pending ('p') changed nothing: not an offer that wrote anything.
-        self._events.offered(sum(letter != "p" for letter, _ in outcome))
-        return [Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
+        # A key found pending ('p') changed nothing, a refused item ('f') neither.
+        self._events.offered(sum(letter in "ar" for letter, _ in outcome))
+        if entries is None:
+            return [self._full(0, 1) if letter == "f" else base + fragment[0]
+                    for fragment, (letter, _) in zip(fragments, outcome, strict=True)]
+        return [self._full(0, 1) if letter == "f" else
+                Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
                         added=letter != "p", replaced=letter == "r")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
+
+    def _full(self, room: int, count: int) -> QueueFullError:
+        what = "the item" if count == 1 else f"{count} items"
+        return QueueFullError(f"queue {self._keys.destination!r} is full (max_pending={self._max_pending}, room for "
+                              f"{max(0, room)} more): {what} not written", room=max(0, room))
 
     async def _native_long_format(self) -> str:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per

@@ -126,17 +126,18 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
     return [(delay_ms, legacy_ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
 
 
-def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None
+def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None, limit: str = ""
                ) -> list[bytes | int | str]:
-    """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind`` and their
-    key ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_scripts/producer.py``)."""
+    """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind``, their key
+    ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_producing/producer.py``) and
+    the ``max_pending`` ``limit`` (``""``: none; see ``lua/offer.lua``)."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
                                         + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
     if kind == "fast":
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)
-        return ["fast", keys, blob, len(fragments)]
-    args: list[bytes | int | str] = [kind, keys]
+        return ["fast", keys, limit, blob, len(fragments)]
+    args: list[bytes | int | str] = [kind, keys, limit]
     for fragment in fragments:
         args.extend(fragment)
     return args

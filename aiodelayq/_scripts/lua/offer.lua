@@ -7,19 +7,24 @@
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
 -- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
 -- element of a keyed item carries its key's tag.
--- ARGV[5..] by kind:
+-- ARGV[5] max_pending: '' for none, else the most items the queue may hold, pending + ready, then
+-- 'a' (all or nothing: a call whose new items do not all fit writes nothing and returns {false,
+-- now, room}) or 'e' (each item in order while it fits, the rest refused: 'f' in the outcome).
+-- Replacing a key's pending item takes no room; keeping it ('p') none either.
+-- ARGV[6..] by kind:
 --   'fast':   elements packed by the client (with this server's 'L' size), all in one argument so
---             the client does not send thousands of arguments: ARGV[5] = concatenated
---             struct.pack('>dI4c0', delay ms, element), ARGV[6] = their count; zset only.
---   'strict' (8-byte id) or 'legacy' (dLc0): ARGV[5..] triples of delay ms, id (strict: 8 bytes;
+--             the client does not send thousands of arguments: ARGV[6] = concatenated
+--             struct.pack('>dI4c0', delay ms, element), ARGV[7] = their count; zset only.
+--   'strict' (8-byte id) or 'legacy' (dLc0): ARGV[6..] triples of delay ms, id (strict: 8 bytes;
 --             legacy: a decimal long, or for a keyed item the 8 bytes of the double), payload;
 --             packed here; zset + list.
 -- returns: {base, now, outcome}: each item is due at base + its delay. base is the issue time when
 -- it is sane (not after now, at most MAX_ISSUE_AGE_MS before it), else now, the server time (ms)
--- of this run. outcome is '' for a call without keys, else one letter per item, 'a' added, 'r'
--- replaced a pending item of its key, 'p' kept the pending item of its key (nothing written),
--- then for every 'p' ',' and that item's due ms. A resend of the same call id within the window
--- writes nothing and returns {base, false, outcome} of the first run.
+-- of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
+-- item, 'a' added, 'r' replaced a pending item of its key, 'p' kept the pending item of its key
+-- (nothing written), 'f' refused (the queue was full), then for every 'p' ',' and that item's due
+-- ms. A resend of the same call id within the window writes nothing and returns {base, false,
+-- outcome} of the first run (a call refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- scheduler re-arms (Redisson publishes when the new element becomes the head).
 local first = first_run(KEYS[5], ARGV[1])
@@ -30,6 +35,14 @@ local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
+-- The items this call may add under max_pending (nil: no limit), and whether they are admitted one by one.
+local room, each = nil, false
+if ARGV[5] ~= '' then
+  room = tonumber(string.sub(ARGV[5], 1, -2)) - redis.call('zcard', KEYS[2]) - redis.call('llen', KEYS[1])
+  each = string.sub(ARGV[5], -1) == 'e'
+end
+local added = 0
+local function fits() return room == nil or added < room end
 local earliest = nil
 local letters, kept = {}, {}
 -- The element of a strict or legacy item (fast ones come packed).
@@ -40,22 +53,36 @@ local function element(i, keyed)
   return struct.pack('Bc0Lc0', string.len(id), id, string.len(payload), payload)
 end
 if not keys and kind == 'fast' then
-  local blob, pos = ARGV[5], 1
+  local blob, pos, n = ARGV[6], 1, tonumber(ARGV[7])
+  if room and not each and n > room then return {false, now, room} end
   local zargs = {}
-  for _ = 1, tonumber(ARGV[6]) do
+  for _ = 1, n do
     local d, v
     d, v, pos = struct.unpack('>dI4c0', blob, pos)
-    zargs[#zargs + 1] = base + d
-    zargs[#zargs + 1] = v
-    if earliest == nil or base + d < earliest then earliest = base + d end
+    if fits() then
+      zargs[#zargs + 1] = base + d
+      zargs[#zargs + 1] = v
+      added = added + 1
+      if earliest == nil or base + d < earliest then earliest = base + d end
+      if each then letters[#letters + 1] = 'a' end
+    else
+      letters[#letters + 1] = 'f'
+    end
   end
   chunked('zadd', KEYS[2], 'NX', zargs)
 elseif not keys then
-  for i = 5, #ARGV, 3 do
-    local due, v = base + tonumber(ARGV[i]), element(i, false)
-    if redis.call('zadd', KEYS[2], 'NX', due, v) == 1 then
-      redis.call('rpush', KEYS[3], v)
-      if earliest == nil or due < earliest then earliest = due end
+  if room and not each and (#ARGV - 5) / 3 > room then return {false, now, room} end
+  for i = 6, #ARGV, 3 do
+    if fits() then
+      local due, v = base + tonumber(ARGV[i]), element(i, false)
+      if redis.call('zadd', KEYS[2], 'NX', due, v) == 1 then
+        redis.call('rpush', KEYS[3], v)
+        if earliest == nil or due < earliest then earliest = due end
+      end
+      added = added + 1
+      if each then letters[#letters + 1] = 'a' end
+    else
+      letters[#letters + 1] = 'f'
     end
   end
 else
@@ -64,15 +91,15 @@ else
   -- writes in a few calls.
   local dues, values = {}, {}
   if kind == 'fast' then
-    local blob, pos = ARGV[5], 1
-    for i = 1, tonumber(ARGV[6]) do
+    local blob, pos = ARGV[6], 1
+    for i = 1, tonumber(ARGV[7]) do
       local d, v
       d, v, pos = struct.unpack('>dI4c0', blob, pos)
       dues[i], values[i] = base + d, v
     end
   else
-    for i = 5, #ARGV, 3 do
-      local n = (i - 2) / 3
+    for i = 6, #ARGV, 3 do
+      local n = (i - 3) / 3
       dues[n], values[n] = base + tonumber(ARGV[i]), element(i, string.byte(keys, n) ~= 45)
     end
   end
@@ -94,7 +121,8 @@ else
       if cache[asked[c + j - 1]] == nil then cache[asked[c + j - 1]] = index_pairs(blob) end
     end
   end
-  local adds, written, gone = {}, {}, {}
+  -- Replaced elements are removed after every decision: a call refused whole writes nothing.
+  local adds, written, gone, removed = {}, {}, {}, {}
   local overflow, spilled = redis.call('hget', KEYS[7], INDEX_OVERFLOW) ~= false, false
   -- The pair at an index field as this call left it ({} if none), read once.
   local function pair_at(field)
@@ -110,8 +138,15 @@ else
   for i = 1, count do
     local v, due, key = values[i], dues[i], names[i]
     if not key then
-      letters[#letters + 1] = 'a'
-      adds[#adds + 1] = i
+      if fits() then
+        letters[#letters + 1] = 'a'
+        adds[#adds + 1] = i
+        added = added + 1
+      elseif not each then
+        return {false, now, room}
+      else
+        letters[#letters + 1] = 'f'
+      end
     else
       local field, spill = tags[i], nil
       local kv = cache[field]
@@ -123,18 +158,18 @@ else
       if score and string.byte(keys, i) ~= 114 then  -- not 'r'
         letters[#letters + 1] = 'p'
         kept[#kept + 1] = ',' .. score
+      elseif not score and not fits() then
+        if not each then return {false, now, room} end
+        letters[#letters + 1] = 'f'
       else
         if score then
           local replaced = kv[2]
-          if not written[replaced] then
-            redis.call('zrem', KEYS[2], replaced)
-            local _, fast = parse(replaced)
-            if not fast then redis.call('lrem', KEYS[3], 1, replaced) end
-          end
+          if not written[replaced] then removed[#removed + 1] = replaced end
           written[replaced], gone[replaced] = nil, true
           letters[#letters + 1] = 'r'
         else
           letters[#letters + 1] = 'a'
+          added = added + 1
         end
         if kv[1] ~= key and kv[2] and score_of(kv[2]) then
           -- The tag belongs to another key with a pending element (a SHA-1 prefix collision).
@@ -151,6 +186,11 @@ else
         written[v] = due
       end
     end
+  end
+  for _, replaced in ipairs(removed) do
+    redis.call('zrem', KEYS[2], replaced)
+    local _, fast = parse(replaced)
+    if not fast then redis.call('lrem', KEYS[3], 1, replaced) end
   end
   local zargs, listed, hargs = {}, {}, {}
   for _, i in ipairs(adds) do
