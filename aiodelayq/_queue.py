@@ -198,6 +198,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
             InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes.
             EncodeError: the codec cannot encode ``item``; nothing is written.
+            ItemTooLargeError: the encoded item is over ``max_item_bytes``; nothing is written.
+            QueueFullError: the queue holds ``max_pending`` items (pending + ready); nothing is written.
             CallTimeoutError: no answer within ``call_timeout_s`` (see ``maybe_applied``).
             AccessDeniedError: the user may not write the queue's keys.
             BackendError: any other Redis failure (see ``maybe_applied``).
@@ -212,8 +214,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         ms, server clock) in input order. ``keys``: one key (or ``None``) per item, the rules of
         :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,
         the second finds it pending (or replaces it). Every item is checked first (one bad one
-        writes nothing); with more than one call, a failure can leave others written. Raises as
-        :meth:`offer`."""
+        writes nothing); with more than one call, a failure can leave others written. Under
+        ``max_pending`` it is one call, all or nothing. Raises as :meth:`offer`."""
         self._life.bind_loop()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace)
 
