@@ -66,13 +66,12 @@ class ReliableConsumer(Generic[T]):
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._side_tasks: set[asyncio.Future[Any]] = set()
-        self._closed = False
         # Prefetched messages nobody has yet, in receive order, all of one visibility timeout.
         self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
         self._buffer_vt_ms = 0
         self._prefetch = self._buffer.prefetch
         self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
-        # Set at close: receivers the controls refused wait for this (or their hold), not for
+        # Done once closed: receivers the controls refused wait for this (or their hold), not for
         # wake-ups, which cannot end a pause (see _consuming/controls.py).
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._limited = False  # the last RECEIVE met the rate limit: receive only what callers want
@@ -81,6 +80,10 @@ class ReliableConsumer(Generic[T]):
         return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
                 f"prefetch={self._prefetch.size} waiting={self.waiting} side_tasks={len(self._side_tasks)} "
                 f"closed={self._closed}>")
+
+    @property
+    def _closed(self) -> bool:
+        return self._closing.done()
 
     def notify(self) -> None:
         """Items may be due now: every waiting receiver looks again."""
@@ -236,10 +239,9 @@ class ReliableConsumer(Generic[T]):
         """Wake receivers (they raise :class:`QueueClosedError`), release prefetched messages, and
         wait for side tasks (undoing cancelled receives) and pending settles until ``deadline``
         (loop time); the queue's task owner stops what is left."""
-        self._closed = True
-        self.notify()
         if not self._closing.done():
             self._closing.set_result(None)
+        self.notify()
         self._buffer.give_back()
         loop = asyncio.get_running_loop()
         if self._side_tasks:
