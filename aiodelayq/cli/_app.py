@@ -7,7 +7,7 @@ and results go to stdout, prompts and progress to stderr."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from enum import Enum
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -22,6 +22,7 @@ from rich.text import Text
 from .. import __version__
 from .._core.tasks import run_interruptible
 from .._producing.keyed import Offered
+from .._queue import DelayedQueue
 from ..exceptions import BackendError, DelayedQueueError
 from ._ops import (
     BadInput,
@@ -233,15 +234,16 @@ async def _offer(url: str, name: str, text: str, delay: float, key: str | None, 
 def cancel(name: QueueName, key: Annotated[str, typer.Argument(help="The key of the pending item.")],
            redis_url: RedisUrl = DEFAULT_URL) -> None:
     """Cancel the pending item of KEY. Exit 0 if it was pending (and is now gone), 1 if it was not."""
-    if not _run(_cancel(redis_url, name, key)):
+    if not _run(_on_queue(redis_url, name, lambda queue: queue.cancel(key))):
         typer.echo(f"key {key!r} of {name} was not pending: nothing cancelled")
         raise typer.Exit(1)
     typer.echo(f"cancelled key {key!r} of {name} (it was pending)")
 
 
-async def _cancel(url: str, name: str, key: str) -> bool:
+async def _on_queue(url: str, name: str, call: Callable[[DelayedQueue[Any]], Awaitable[T]]) -> T:
+    """``call(queue)`` on a queue object of ``name`` (never opened) on a client of ``url``."""
     async with connect(url) as client, with_queue(client, name) as queue:
-        return await queue.cancel(key)
+        return await call(queue)
 
 
 # -- pause, resume, rate-limit ------------------------------------------------------------------------
@@ -250,14 +252,14 @@ async def _cancel(url: str, name: str, key: str) -> bool:
 @app.command()
 def pause(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
     """Pause every consumer of the queue, in every process, until `resume` (offers and transfers go on)."""
-    _run(_control(redis_url, name, "pause"))
+    _run(_on_queue(redis_url, name, lambda queue: queue.pause()))
     typer.echo(f"paused {name}: its consumers hand nothing out until 'aiodelayq resume {name}'")
 
 
 @app.command()
 def resume(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
     """Resume the consumers of a paused queue."""
-    _run(_control(redis_url, name, "resume"))
+    _run(_on_queue(redis_url, name, lambda queue: queue.resume()))
     typer.echo(f"resumed {name}")
 
 
@@ -269,20 +271,12 @@ def rate_limit(name: QueueName,
                                                          "(default: one second's worth).")] = None,
                redis_url: RedisUrl = DEFAULT_URL) -> None:
     """Limit how fast all consumers of the queue together get items (a token bucket on the server clock)."""
-    per_second = _run(_control(redis_url, name, "rate", rate, burst))
+    try:
+        per_second = parse_rate(rate)  # before connecting: a usage error
+    except BadInput as exc:
+        _fail(str(exc), 2)
+    _run(_on_queue(redis_url, name, lambda queue: queue.set_rate_limit(per_second, burst)))
     typer.echo(f"rate limit of {name}: " + ("none" if per_second is None else f"{per_second:g}/s"))
-
-
-async def _control(url: str, name: str, what: str, rate: str = "", burst: int | None = None) -> float | None:
-    per_second = parse_rate(rate) if what == "rate" else None  # before connecting: a usage error
-    async with connect(url) as client, with_queue(client, name) as queue:
-        if what == "pause":
-            await queue.pause()
-        elif what == "resume":
-            await queue.resume()
-        else:
-            await queue.set_rate_limit(per_second, burst)
-    return per_second
 
 
 # -- ls ----------------------------------------------------------------------------------------------
