@@ -23,7 +23,7 @@ if first then
   now = first
 else
   local level
-  limit, hold, level = controls_allow(KEYS[6], limit)
+  limit, hold, level = controls_allow(KEYS[6], limit, now)
   local expired = limit > 0 and redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit) or {}
   for _, e in ipairs(expired) do
     local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC

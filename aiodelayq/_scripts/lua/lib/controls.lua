@@ -1,15 +1,16 @@
 -- defines: controls_allow controls_charge
 -- The queue's controls (its 'controls' hash, see QueueKeys.controls), shared by every consumer.
--- controls_allow(key, want): how many of `want` items a consumer may have now, the hold (-1:
+-- controls_allow(key, want, now): how many of `want` items a consumer may have now, the hold (-1:
 -- paused, none until resumed; > 0: rate limited, ms until the next whole token; 0: not held), and
 -- for a rate limit the token bucket's level and the server time (ms) for controls_charge (nil, nil
--- without one: no TIME read). The bucket fills at `rate` tokens a second on the server clock, up to
--- `burst`; a new bucket is full.
-local function controls_allow(key, want)
+-- without one). `now` is the caller's server time (ms) if it read one; else TIME is read only for a
+-- rate limit. The bucket fills at `rate` tokens a second on the server clock, up to `burst`; a new
+-- bucket is full.
+local function controls_allow(key, want, now)
   local c = redis.call('hmget', key, 'paused', 'rate', 'burst', 'tokens', 'at')
   if c[1] then return 0, -1, nil, nil end
   if not c[2] then return want, 0, nil, nil end
-  local now = now_ms()
+  now = now or now_ms()
   local rate, burst = tonumber(c[2]), tonumber(c[3])
   local level = burst
   if c[4] and c[5] then
