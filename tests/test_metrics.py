@@ -384,9 +384,10 @@ async def test_lifecycle_logs_at_info(own_server: Any, make_proxy: Any, make_cli
             proxy.kill_all()  # the pub/sub connection (and the pool's) dropped: once, at INFO
             await until(lambda: any("pub/sub connection lost" in r.message for r in caplog.records), timeout_s=10)
             caplog.clear()
-            proxy.stall(1.0)  # the safety poll's reads time out meanwhile (warned from the second), then work
+            proxy.pause()  # the safety poll's reads time out meanwhile (warned from the second), then work
             await until(lambda: any("safety poll of 1 queue(s) failed" in r.message and r.levelno == logging.WARNING
-                                    for r in caplog.records))
+                                    for r in caplog.records), timeout_s=15)
+            proxy.resume()
             await until(lambda: any("safety poll works again" in r.message for r in caplog.records), timeout_s=15)
         assert any("queue 'lifecycle' closed" in r.message for r in caplog.records)
     info = [r for r in caplog.records if r.levelno == logging.INFO]
