@@ -8,6 +8,7 @@
 ...         ...
 """
 
+from ._consuming.current import current_headers, current_message
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Reject, Retry, Worker, WorkerStats
@@ -32,6 +33,7 @@ from .exceptions import (
     DelayedQueueError,
     EncodeError,
     InvalidDelayError,
+    InvalidHeadersError,
     InvalidKeyError,
     InvalidNameError,
     ItemTooLargeError,
@@ -57,6 +59,7 @@ __all__ = [
     "DelayedQueueError",
     "EncodeError",
     "InvalidDelayError",
+    "InvalidHeadersError",
     "InvalidKeyError",
     "InvalidNameError",
     "ItemTooLargeError",
@@ -85,6 +88,8 @@ __all__ = [
     "WorkerStats",
     "WrongEventLoopError",
     "WrongNodeError",
+    "current_headers",
+    "current_message",
     "delay_to_ms",
     "prefix_name",
 ]

@@ -4,7 +4,7 @@ the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, cast, overload
 
@@ -172,12 +172,14 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- producing -------------------------------------------------------------------------------
 
     @overload
-    async def offer(self, item: T, delay: float | timedelta) -> int: ...
+    async def offer(self, item: T, delay: float | timedelta, *, headers: Mapping[str, str] | None = None,
+                    expires: float | timedelta | None = None) -> int: ...
     @overload
-    async def offer(self, item: T, delay: float | timedelta, *, key: str, replace: bool = False) -> Offered: ...
+    async def offer(self, item: T, delay: float | timedelta, *, key: str, replace: bool = False,
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> Offered: ...
 
-    async def offer(self, item: T, delay: float | timedelta, *, key: str | None = None,
-                    replace: bool = False) -> int:
+    async def offer(self, item: T, delay: float | timedelta, *, key: str | None = None, replace: bool = False,
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
 
         "Now" is the Redis server's clock. Concurrent offers share script calls (each still gets its
@@ -189,6 +191,14 @@ class DelayedQueue(AsyncResource, Generic[T]):
         nothing changes (deduplication) unless ``replace=True``, which replaces its payload and due
         time. The key is free again once its item falls due.
 
+        ``headers`` (``str`` keys and values, at most 16 KiB encoded) travel with the item to every
+        consumer: :attr:`Message.headers`, :meth:`take_with_headers`, a worker's
+        :func:`~aiodelayq.current_headers`, dead letters. ``expires`` (seconds or a ``timedelta``,
+        > 0): an item not handed out within that long after its due time is not delivered; it goes
+        to the dead-letter list with reason ``"expired"`` (the expiry is fixed here, on the server's
+        clock: :meth:`reschedule` does not move it). An item with either is stored in an envelope
+        that Redisson consumers see as part of its payload (see the docs' "Controls" page).
+
         Returns:
             The due time in epoch milliseconds (server clock). With a key, an :class:`Offered` (an
             ``int``) whose ``added`` is ``False`` when an item with that key was already pending (its
@@ -197,6 +207,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
             InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes.
+            InvalidHeadersError: headers that are not ``str`` to ``str``, or over 16 KiB; nothing is
+                written. (InvalidDelayError also for an ``expires`` that is not > 0.)
             EncodeError: the codec cannot encode ``item``; nothing is written.
             ItemTooLargeError: the encoded item is over ``max_item_bytes``; nothing is written.
             QueueFullError: the queue holds ``max_pending`` items (pending + ready); nothing is written.
@@ -205,19 +217,24 @@ class DelayedQueue(AsyncResource, Generic[T]):
             BackendError: any other Redis failure (see ``maybe_applied``).
         """
         self._life.bind_loop()
-        return await self._producer.offer(item, delay, key, replace)
+        return await self._producer.offer(item, delay, key, replace, headers, expires)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]], *,
-                         keys: Iterable[str | None] | None = None, replace: bool = False) -> list[int]:
+                         keys: Iterable[str | None] | None = None, replace: bool = False,
+                         headers: Sequence[Mapping[str, str] | None] | None = None,
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
         items and ``max_call_bytes``, each atomic, all sent at once); returns their due times (epoch
         ms, server clock) in input order. ``keys``: one key (or ``None``) per item, the rules of
         :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,
         the second finds it pending (or replaces it). Every item is checked first (one bad one
         writes nothing); with more than one call, a failure can leave others written. Under
-        ``max_pending`` it is one call, all or nothing. Raises as :meth:`offer`."""
+        ``max_pending`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
+        item, parallel to ``keys``; ``expires``: one value for every item, or one (or ``None``) per
+        item. Raises as :meth:`offer`."""
         self._life.bind_loop()
-        return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace)
+        return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
+                                               headers, expires)
 
     # -- keyed pending items (see _producing/keyed.py) -----------------------------------------------------
 
@@ -274,6 +291,19 @@ class DelayedQueue(AsyncResource, Generic[T]):
         count = check_max_items(max_items)
         check_timeout(timeout)
         return cast(list[T], await pump.get(timeout, count))
+
+    async def take_with_headers(self) -> tuple[T, dict[str, str]]:
+        """As :meth:`take`, with the headers the item was offered with (``{}`` when none).
+        Raises as :meth:`take`."""
+        return cast("tuple[T, dict[str, str]]", (await self._life.pump().get(None, 1, with_headers=True))[0])
+
+    async def take_many_with_headers(self, max_items: int, timeout: float | None = None  # noqa: ASYNC109
+                                     ) -> list[tuple[T, dict[str, str]]]:
+        """As :meth:`take_many`, each item with its headers (``{}`` when none). Raises as :meth:`take_many`."""
+        pump = self._life.pump()
+        count = check_max_items(max_items)
+        check_timeout(timeout)
+        return cast("list[tuple[T, dict[str, str]]]", await pump.get(timeout, count, with_headers=True))
 
     async def poll(self, timeout: float | None = None) -> T | None:  # noqa: ASYNC109 - public API
         """Return a due item, or ``None`` if none arrives within ``timeout`` seconds (``None`` or 0:

@@ -14,6 +14,7 @@ __all__ = [
     "DelayedQueueError",
     "EncodeError",
     "InvalidDelayError",
+    "InvalidHeadersError",
     "InvalidKeyError",
     "InvalidNameError",
     "ItemTooLargeError",
@@ -61,6 +62,10 @@ class DecodeError(CodecError, ValueError):
     def __init__(self, message: str, raw: bytes) -> None:
         super().__init__(message)
         self.raw = raw
+
+
+class InvalidHeadersError(DelayedQueueError, ValueError):
+    """Headers that are not a mapping of ``str`` to ``str``, or too large; nothing was written."""
 
 
 class ItemTooLargeError(DelayedQueueError, ValueError):

@@ -358,3 +358,35 @@ async def test_an_element_in_the_other_format_stays_pending_and_aiodelayq_delive
         await jcall(java, "offer", name=q.name, items=["java-after"], delay_ms=100)
         assert await jcall(java, "poll", name=q.name, timeout_ms=5_000) == "java-after"
         await jcall(java, "destroy", name=q.name)
+
+
+@pytest.mark.java
+async def test_items_with_headers_and_expiry_pass_through_javas_transfer(
+        java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
+    for index, options in enumerate(python_kinds(java)):
+        q = make_queue(name=f"{qname}-envelope-{index}", codec="str", **options)
+        await jcall(java, "open", name=q.name)  # Java's transfer moves them; aiodelayq's queue is not open
+        due = await q.offer("headed", 0.2, headers={"traceparent": "t-1"})
+        await q.offer("expiring", 0.2, expires=0.05)
+        await q.offer("plain", 0.2)
+        await until(lambda due=due: server_past(client, due + 300))
+        await until(lambda name=q.name: _destination_holds(client, name, 3), timeout_s=10)
+        assert await client.zcard(q.keys.timeout_set) == 0  # Java's transfer took all three, verbatim
+        await jcall(java, "destroy", name=q.name)
+        async with q:
+            got = [await asyncio.wait_for(q.take_with_headers(), 5) for _ in range(2)]
+        assert got == [("headed", {"traceparent": "t-1"}), ("plain", {})], options
+        [letter] = await q.dead_letters()
+        assert (letter.value, letter.reason) == ("expiring", "expired"), options
+        # What a Java consumer sees of an item with headers: the envelope around the payload (its
+        # first byte, 0xC1, is not UTF-8: StringCodec reads U+FFFD).
+        await jcall(java, "open", name=q.name)
+        await q.offer("for-java", 0.05, headers={"h": "v"})
+        [(seen, _)] = await jcall(java, "drain", name=q.name, count=1, timeout_ms=5_000)
+        assert seen.startswith("\ufffdadq\x04"), seen
+        assert seen.endswith("for-java"), seen
+        await jcall(java, "destroy", name=q.name)
+
+
+async def _destination_holds(client: Redis, name: str, n: int) -> bool:
+    return int(await client.llen(name)) == n

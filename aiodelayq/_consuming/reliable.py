@@ -29,7 +29,7 @@ from .._options import QueueOptions
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
 from .._wire.codec import decode_item
-from .._wire.elements import parse_messages
+from .._wire.elements import ITEM_MARK, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
 from .messages import Message
@@ -176,7 +176,11 @@ class ReliableConsumer(Generic[T]):
             if exc.maybe_applied:
                 self._spawn(self._release_call(call_id))
             raise
-        now_ms, head, dead, hold = int(reply[0]), reply[1], int(reply[2]), int(reply[3])
+        now_ms, head, dead, hold, expired = int(reply[0]), reply[1], int(reply[2]), int(reply[3]), int(reply[4])
+        if expired:
+            self._events.dead_lettered(expired, "expired")
+            log.debug("aiodelayq: %d message(s) of %r expired before delivery; moved to dead-letter list %r",
+                      expired, k.destination, k.dead_letter)
         if dead:
             self._events.count("exhausted", dead)
             self._events.dead_lettered(dead, "max_deliveries")
@@ -185,9 +189,10 @@ class ReliableConsumer(Generic[T]):
         recheck_s = self._recheck_s
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
         messages: list[Message[T]] = []
-        elements = reply[4:]
+        elements = reply[5:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
-        for element, (message_id, count, due_ms, payload) in zip(elements, parse_messages(elements), strict=True):
+        for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
+            payload, headers, expires_at_ms = unwrap(stored) if stored[:1] == ITEM_MARK else (stored, {}, None)
             try:
                 value = decode_item(codec, payload)
             except DecodeError as exc:
@@ -199,7 +204,7 @@ class ReliableConsumer(Generic[T]):
                 self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
-                                    expires, vt_ms))
+                                    expires, vt_ms, headers=headers, expires_at_ms=expires_at_ms))
         return messages, wait_s, hold
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:

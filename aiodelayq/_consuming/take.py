@@ -110,9 +110,11 @@ class TakePump:
 
     # -- callers -----------------------------------------------------------------------------------
 
-    async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False) -> list[Any]:
+    async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False,
+                  with_headers: bool = False) -> list[Any]:
         """Up to ``max_items`` decoded items; waits up to ``timeout_s`` (``None``: forever) for at
-        least one, ``[]`` after it. ``once``: a single pop attempt, no waiting.
+        least one, ``[]`` after it. ``once``: a single pop attempt, no waiting. ``with_headers``:
+        ``(item, headers)`` pairs instead of items.
 
         Raises:
             the exception given to :meth:`fail_waiters` once closing; a permanent
@@ -123,13 +125,13 @@ class TakePump:
             raise self._closed
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
             if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
-                pop, index, value = self._buffer.pop()
+                pop, index, taken = self._buffer.pop()
                 pop.settle(index, "d")
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
                 self._events.delivered(1)
-                return [value]
-            return self._deliver(self._buffer.take(max_items))
+                return [taken if with_headers else taken[0]]
+            return self._deliver(self._buffer.take(max_items), with_headers)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)
@@ -147,14 +149,17 @@ class TakePump:
         if not waiter.future.done():
             self._leave(waiter)
             return []
-        return self._deliver(waiter.future.result())  # raises fail_waiters' exception
+        return self._deliver(waiter.future.result(), with_headers)  # raises fail_waiters' exception
 
-    def _deliver(self, entries: list[tuple[Pop, int, Any]]) -> list[Any]:
-        """The caller has ``entries``: record them as taken; returns their values."""
+    def _deliver(self, entries: list[tuple[Pop, int, Any]], with_headers: bool) -> list[Any]:
+        """The caller has ``entries``: record them as taken; returns their values (``(value,
+        headers)`` pairs ``with_headers``)."""
         self._settle(entries, "d")
         if entries:
             self._events.delivered(len(entries))
-        return [value for _, _, value in entries]
+        if with_headers:
+            return [taken for _, _, taken in entries]
+        return [taken[0] for _, _, taken in entries]
 
     def _settle(self, entries: list[tuple[Pop, int, Any]], verdict: str) -> None:
         """Record ``verdict`` for ``entries`` and finish the pops that are now settled."""
@@ -324,7 +329,7 @@ class TakePump:
                 self._transfer_ask = None
                 try:
                     sent = loop.time()
-                    moved, hold, raws = await self._pop(pop, count, done, limit)
+                    moved, hold, expired, raws = await self._pop(pop, count, done, limit)
                     received = loop.time()
                     self._prefetch.fetched(count, len(raws), received - sent)
                     self._handoff.forgot(done)
@@ -358,20 +363,26 @@ class TakePump:
                     self._maybe_ready = True
                     continue
                 backoff.succeeded()
+                if expired:
+                    self._events.dead_lettered(expired, "expired")
+                    log.debug("aiodelayq: %d item(s) of %r expired before delivery; moved to dead-letter list %r",
+                              expired, self._keys.destination, self._keys.dead_letter)
                 self._limited = hold > 0
                 if hold:  # the controls refused some or all: ask again later, not at the next wake-up
                     self._held_until = received + hold_s(hold)
                     self._maybe_ready = True
-                elif len(raws) < count and not self._maybe_ready:  # the list was empty, and nothing said since
+                elif len(raws) + expired < count and not self._maybe_ready:  # the list was empty, nothing said since
                     self._drained_at = received
                 if not raws:
-                    if moved is None and not hold:
+                    if expired:
+                        self._maybe_ready = True  # the items after them may not have expired
+                    elif moved is None and not hold:
                         self._events.count("empty_pops")
                     self._handoff.pops.discard(pop)  # an empty pop records nothing
                     self._end_once_waiters()
                     continue
                 self._events.count("pops")
-                if len(raws) >= count:
+                if len(raws) + expired >= count:
                     self._maybe_ready = True  # there may be more
                 self._received(pop, raws)
                 self._end_once_waiters()
@@ -409,10 +420,11 @@ class TakePump:
                 waiter.future.set_exception(exc)
                 waiter.future.exception()  # retrieved: the caller may be gone
 
-    async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, int, list[bytes]]:
+    async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, int, int, list[bytes]]:
         """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``|transfer|``
         elements first (0: none; negative: with lateness, see ``_observe.transfer_limit``); returns
-        the transfer's reply (``None`` when none ran), the controls' hold (see POP) and the items.
+        the transfer's reply (``None`` when none ran), the controls' hold (see POP), how many popped
+        items had expired (dead-lettered by POP) and the items.
         After a lost reply (or a failure before sending) it is resent with the same id, which
         returns the same items without transferring again, for up to ``_RESEND_HORIZON_S``.
 
@@ -423,12 +435,12 @@ class TakePump:
         k = self._keys
         forget = self._handoff.forgotten(done)
 
-        async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, int, list[bytes]]:
+        async def attempt(remaining_s: float, _resend: bool) -> tuple[Any, int, int, list[bytes]]:
             async with self._slots:
                 reply: list[Any] = await self._scripts.pop(
                     pop.call_id, wanted, HANDOFF_LEASE_MS, transfer, *forget,
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
-            return reply[0], int(reply[1]), reply[2:]
+            return reply[0], int(reply[1]), int(reply[2]), reply[3:]
 
         return await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
 

@@ -6,7 +6,7 @@ them, prefetch aside) and starts a task per message; a lease keeper extends ever
 handler has run for a third of the visibility timeout. Reliable mode (the default) acks on success
 and nacks with a backoff on failure, so ``max_deliveries`` then dead-letters; a message whose handler
 was cut off by a shutdown is nacked with no delay (it counts as a delivery: it did start, as
-BullMQ counts a stalled job). Plain mode (``reliable=False``) takes items (``take_many``): at most
+BullMQ counts a stalled job). Plain mode (``reliable=False``) takes items (``take_many_with_headers``): at most
 once, a failure is logged with the item and the item is gone.
 
 Stopping: :meth:`Worker.stop` stops fetching (a receive in flight is undone by the queue), lets
@@ -30,6 +30,7 @@ from redis.backoff import EqualJitterBackoff
 from .._core.tasks import run_through_cancellation, wait_event
 from .._options import WorkerOptions
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
+from .current import CURRENT_HEADERS, CURRENT_MESSAGE
 from .messages import Message
 
 __all__ = ["Reject", "Retry", "Worker", "WorkerStats"]
@@ -94,7 +95,8 @@ class Source(Protocol[T]):
     def max_deliveries(self) -> int | None: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
                            timeout: float | None = None) -> list[Message[T]]: ...
-    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]: ...
+    async def take_many_with_headers(self, max_items: int, timeout: float | None = None
+                                     ) -> list[tuple[T, dict[str, str]]]: ...
 
 
 class Worker(Generic[T]):
@@ -289,23 +291,28 @@ class Worker(Generic[T]):
                 # and wakes the next in turn, so slow handlers fill every slot, while a handler
                 # that never suspends drains the deque alone without 15 slots waking for nothing.
                 self._wake(1)
-            message = entry if reliable else None
+            if reliable:
+                message, item = entry, entry.value
+                CURRENT_MESSAGE.set(message)
+            else:  # an (item, headers) pair
+                message, (item, headers) = None, entry
+                CURRENT_HEADERS.set(headers)
             busy[me] = message
             stats.started += 1
             # The handler runs here, not in a helper coroutine: every layer per message costs, and
             # a no-op handler's worker is held against a plain `async for` (the drain benchmark).
             try:
-                await handler(message.value if message is not None else entry)
+                await handler(item)
             except asyncio.CancelledError as exc:
                 if self._cut_off(me):
-                    await self._interrupted(entry, message)
+                    await self._interrupted(item, message)
                     raise
                 # Not this worker's doing: the handler awaited something that was cancelled.
                 stats.failed += 1
-                await self._failed(message.value if message is not None else entry, message, exc)
+                await self._failed(item, message, exc)
             except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
                 stats.failed += 1
-                await self._failed(message.value if message is not None else entry, message, exc)
+                await self._failed(item, message, exc)
             else:
                 stats.succeeded += 1
                 if message is not None and not message._ack_behind():  # else: near its deadline, confirmed
@@ -357,7 +364,7 @@ class Worker(Generic[T]):
                     if self.reliable:
                         fetched: list[Any] = await self.queue.receive_many(want, self.visibility_timeout_s, check_s)
                     else:
-                        fetched = await self.queue.take_many(want)
+                        fetched = await self.queue.take_many_with_headers(want)
                 finally:
                     self._fetching = False
                 self._ahead.extend(fetched)

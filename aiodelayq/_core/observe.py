@@ -67,8 +67,9 @@ class MetricsSink(Protocol):
         """``n`` entries were written to the dead-letter list for ``reason``: ``malformed`` (a pending
         element that is not a valid element, found by a transfer), ``max_deliveries`` (a message out
         of deliveries, at a receive or at a nack of its last delivery; a receive also counts
-        in-flight garbage here), ``nacked`` (``nack(dead_letter=True)``) or ``undecodable`` (a
-        payload the codec cannot decode)."""
+        in-flight garbage here), ``nacked`` (``nack(dead_letter=True)``), ``undecodable`` (a
+        payload the codec cannot decode) or ``expired`` (an item past its expiry when due for a
+        delivery)."""
 
     def transfer_error(self, queue: str) -> None:
         """A transfer call failed (it is retried with backoff)."""

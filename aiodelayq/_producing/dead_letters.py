@@ -18,7 +18,7 @@ from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.delays import delay_to_ms
-from .._wire.elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids
+from .._wire.elements import DeadReason, ElementKind, parse_dead_letter, requeue_ids, unwrap
 from ..exceptions import ConfigurationError, DecodeError
 
 __all__ = ["DeadLetter", "DeadLetters"]
@@ -36,13 +36,17 @@ class DeadLetter(Generic[T]):
     Attributes:
         value: the decoded item; ``None`` when the raw bytes cannot be decoded (see ``decodable``).
         raw: the payload bytes (for reason ``"malformed"``: the pending element as it was found).
-        reason: ``"max_deliveries"`` (nacked or expired once too often), ``"undecodable"`` (the codec
-            failed on it), ``"malformed"`` (a garbage pending or in-flight element), ``"nacked"``
-            (``nack(dead_letter=True)``); an entry the library did not write reads as ``"malformed"``.
+        reason: ``"max_deliveries"`` (nacked or timed out once too often), ``"undecodable"`` (the
+            codec failed on it), ``"malformed"`` (a garbage pending or in-flight element),
+            ``"nacked"`` (``nack(dead_letter=True)``), ``"expired"`` (not handed out within its
+            ``expires``); an entry the library did not write reads as ``"malformed"``.
         delivery_count: deliveries it had (``take()`` counts 1; ``None`` for an old entry; 0 for a
-            malformed element, never delivered).
+            malformed element, or an item that expired before its first delivery).
         dead_at_ms: when it died, epoch ms of the server clock (``None`` for an old entry).
         decodable: whether ``value`` holds the decoded item.
+        headers: the headers it was offered with (``{}`` when none); requeuing keeps them.
+        expires_at_ms: the expiry it was offered with, epoch ms of the server clock (``None``:
+            none); requeuing drops it, so a requeued item is delivered.
     """
 
     value: T | None
@@ -51,6 +55,8 @@ class DeadLetter(Generic[T]):
     delivery_count: int | None
     dead_at_ms: int | None
     decodable: bool
+    headers: dict[str, str] = field(default_factory=dict)
+    expires_at_ms: int | None = None
 
 
 class DeadLetters:
@@ -74,11 +80,13 @@ class DeadLetters:
 
     def _letter(self, entry: bytes) -> DeadLetter[Any]:
         parsed = parse_dead_letter(entry)
+        raw, headers, expires_at_ms = (parsed.raw, {}, None) if parsed.reason == "malformed" else unwrap(parsed.raw)
         try:
-            value, decodable = decode_item(self._codec, parsed.raw), True
+            value, decodable = decode_item(self._codec, raw), True
         except DecodeError:
             value, decodable = None, False
-        return DeadLetter(value, parsed.raw, parsed.reason, parsed.delivery_count, parsed.dead_at_ms, decodable)
+        return DeadLetter(value, raw, parsed.reason, parsed.delivery_count, parsed.dead_at_ms, decodable, headers,
+                          expires_at_ms)
 
     async def requeue(self, limit: int | None, delay: float | timedelta) -> int:
         """Move the oldest ``limit`` entries (``None``: every entry there when the call starts) back

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +23,7 @@ from .._redis.client_facts import facts_for
 from .._scripts import BoundScript, QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.delays import delay_to_ms
+from .._wire.elements import unwrap
 from ..exceptions import InvalidKeyError
 
 __all__ = ["MAX_KEY_BYTES", "KeyedItems", "Offered", "Pending", "check_key", "key_tag", "parse_outcome"]
@@ -69,11 +70,15 @@ class Pending(Generic[T]):
         key: its key.
         value: the decoded item.
         due_ms: when it falls due, epoch ms of the server clock.
+        headers: the headers it was offered with (``{}`` when none).
+        expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
     """
 
     key: str
     value: T
     due_ms: int
+    headers: dict[str, str] = field(default_factory=dict)
+    expires_at_ms: int | None = None
 
 
 def check_key(key: object) -> bytes:
@@ -147,5 +152,5 @@ class KeyedItems:
         reply = await self._scripts.get.resend(raw, key_tag(raw))
         if reply is None:
             return None
-        payload, due = reply
-        return Pending(key, decode_item(self._codec, payload), int(due))
+        payload, headers, expires_at_ms = unwrap(reply[0])
+        return Pending(key, decode_item(self._codec, payload), int(reply[1]), headers, expires_at_ms)

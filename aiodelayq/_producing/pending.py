@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .._redis.retry import call_idempotent, resend_within
 from .._scripts import PAGE_SIZE, BoundScript, QueueScripts
-from .._wire.codec import Codec, decode_item, encode_item
+from .._wire.codec import Codec, decode_item, decode_with_headers, encode_item
+from .._wire.elements import unwrap
 from ..exceptions import ConfigurationError, DecodeError
 
 __all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
@@ -71,10 +72,13 @@ class PendingItem(Generic[T]):
     Attributes:
         due_ms: when it falls due, epoch ms of the server clock.
         value: the decoded item; ``None`` when ``decodable`` is ``False``.
-        raw: the payload bytes (for a malformed element, the whole element as stored).
+        raw: the payload bytes, as the codec wrote them (for a malformed element, the whole
+            element as stored).
         key: its key when it was offered with one and is indexed, else ``None``.
         decodable: whether the codec could decode ``raw`` (``False`` for malformed elements too).
         malformed: the element is not a valid packed element (the transfer dead-letters it).
+        headers: the headers it was offered with (``{}`` when none).
+        expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
     """
 
     due_ms: int
@@ -83,6 +87,8 @@ class PendingItem(Generic[T]):
     key: str | None = None
     decodable: bool = True
     malformed: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    expires_at_ms: int | None = None
 
 class PendingView:
     """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
@@ -159,10 +165,13 @@ class PendingView:
             if payload is None:
                 items.append(PendingItem(due_ms, None, element, key_text, decodable=False, malformed=True))
                 continue
+            payload, headers, expires_at_ms = unwrap(payload)
             try:
-                items.append(PendingItem(due_ms, decode_item(self._codec, payload), payload, key_text))
+                value, decodable = decode_item(self._codec, payload), True
             except DecodeError:
-                items.append(PendingItem(due_ms, None, payload, key_text, decodable=False))
+                value, decodable = None, False
+            items.append(PendingItem(due_ms, value, payload, key_text, decodable, headers=headers,
+                                     expires_at_ms=expires_at_ms))
         return items
 
     async def contains(self, item: Any) -> bool:
@@ -189,7 +198,7 @@ class PendingView:
             reply = await self._page(self._scripts.read_page, [score, member, self.page_size], what=what)
             payloads.extend(reply[2:])
             if reply[0] is None:
-                return [decode_item(self._codec, p) for p in payloads]
+                return [decode_with_headers(self._codec, p)[0] for p in payloads]
             score, member = reply[0], reply[1]
 
     async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -19,12 +19,22 @@ from .._core.tasks import keep
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for
 from .._redis.eviction import check_eviction_policy
-from .._redis.retry import resend_within
+from .._redis.retry import call_idempotent, resend_within
 from .._scripts import QueueScripts
-from .._wire.codec import encode_item
-from .._wire.delays import delay_to_ms
-from .._wire.elements import ElementKind, Fragment, fragment_size, long_format, offer_args, pack_fragments
-from ..exceptions import InvalidKeyError, ItemTooLargeError, QueueFullError
+from .._wire.codec import JsonCodec, MsgpackCodec, StrCodec, encode_item
+from .._wire.delays import delay_to_ms, expires_to_ms
+from .._wire.elements import (
+    ITEM_MAGIC,
+    ElementKind,
+    Fragment,
+    fragment_size,
+    long_format,
+    offer_args,
+    pack_fragments,
+    pack_headers,
+    wrap,
+)
+from ..exceptions import InvalidDelayError, InvalidHeadersError, InvalidKeyError, ItemTooLargeError, QueueFullError
 from .batcher import OfferBatcher
 from .keyed import Offered, check_key, key_tag, parse_outcome
 
@@ -42,6 +52,8 @@ class Producer:
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
+        # Only payloads of these codecs never start with an item envelope's marker (see _wire/envelope.py).
+        self._bare_safe = isinstance(self._codec, (JsonCodec, StrCodec, MsgpackCodec))
         self._batcher: OfferBatcher | None = None
 
     def __repr__(self) -> str:
@@ -56,20 +68,24 @@ class Producer:
         """Forget the batcher of a previous event loop."""
         self._batcher = None
 
-    async def offer(self, item: Any, delay: float | timedelta, key: str | None = None,
-                    replace: bool = False) -> int:
+    async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock), an
         :class:`Offered` for a keyed item."""
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
-        fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace)
+        envelope = None if headers is None and expires is None else (headers, expires, True)
+        fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace,
+                                                envelope=envelope, issued=issued)
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
                                          max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
         return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b""))
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
-                         keys: Sequence[str | None] | None = None, replace: bool = False) -> list[int]:
+                         keys: Sequence[str | None] | None = None, replace: bool = False,
+                         headers: Sequence[Mapping[str, str] | None] | None = None,
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
         """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
         sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
         When one call fails, the others are still awaited (none is left running unowned), then the
@@ -80,7 +96,8 @@ class Producer:
             return []
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
-        fragments, entries = await self.prepare(pairs, keys, replace)
+        envelope = None if headers is None and expires is None else (headers, expires, False)
+        fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued)
         chunks: list[list[int]] = [[]]  # indexes into fragments
         size = 0
         for i, fragment in enumerate(fragments):
@@ -111,13 +128,17 @@ class Producer:
         return dues
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
-                      replace: bool = False) -> tuple[list[Fragment], list[bytes] | None]:
+                      replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
+                      issued: float = 0.0) -> tuple[list[Fragment], list[bytes] | None]:
         """Validate, encode and pack every pair (see ``_elements.pack_fragments``), with its key's
-        OFFER entry (``None`` without keys); raises before anything is sent.
+        OFFER entry (``None`` without keys); raises before anything is sent. ``envelope``: ``(headers,
+        expires, single)``, those of ``offer`` (``single``) or ``offer_many`` (headers one per item,
+        expires one for all or one per item), the call issued at loop time ``issued``.
 
         Raises:
-            InvalidDelayError, EncodeError, InvalidKeyError: bad input (nothing is sent).
-            BackendError: the server's long layout could not be read.
+            InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError: bad input
+                (nothing is sent).
+            BackendError: the server's long layout (or, for an expiry, its clock) could not be read.
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
@@ -127,6 +148,10 @@ class Producer:
                     which = "the item" if len(items) == 1 else f"item {index}"
                     raise ItemTooLargeError(f"{which} is {len(payload)} bytes encoded, over max_item_bytes="
                                             f"{self._max_item_bytes}; nothing was written")
+        if envelope is not None:
+            items = await self._wrap(items, *envelope, issued=issued)
+        elif not self._bare_safe and any(payload.startswith(ITEM_MAGIC) for _, payload in items):
+            items = [(delay_ms, wrap(payload, b"", None)) for delay_ms, payload in items]
         tags: list[bytes | None] | None = None
         entries: list[bytes] | None = None
         if keys is not None:
@@ -190,6 +215,41 @@ class Producer:
                         added=letter != "p", replaced=letter == "r")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
 
+    async def _wrap(self, items: list[tuple[int, bytes]], headers: Any, expires: Any, single: bool, *,
+                    issued: float) -> list[tuple[int, bytes]]:
+        """``items`` in item envelopes with their headers and expiry (epoch ms of the server clock:
+        the issue time as the server's clock had it, plus the delay, plus ``expires``).
+
+        Raises:
+            InvalidHeadersError, InvalidDelayError: bad headers or expires (nothing is sent).
+            BackendError: the server's clock could not be read.
+        """
+        count = len(items)
+        if single:
+            blocks = [pack_headers(headers)]
+            lifetimes = [None if expires is None else expires_to_ms(expires)]
+        else:
+            blocks = _per_item(headers, count, "headers", pack_headers, InvalidHeadersError, scalar=False)
+            lifetimes = _per_item(expires, count, "expires", expires_to_ms, InvalidDelayError, scalar=True)
+        issued_ms = await self._server_ms(issued) if any(ms is not None for ms in lifetimes) else 0
+        return [(delay_ms, wrap(payload, block or b"", None if life is None else issued_ms + delay_ms + life))
+                for (delay_ms, payload), block, life in zip(items, blocks, lifetimes, strict=True)]
+
+    async def _server_ms(self, issued: float) -> int:
+        """The server's clock at loop time ``issued`` (epoch ms): the client's estimate, or one
+        ``TIME`` read when it has none."""
+        clock = self._facts.clock
+        estimate = clock.server_ms(issued)
+        if estimate is not None:
+            return estimate
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        seconds, micros = await call_idempotent(self._scripts.client, "TIME", what="read the server clock",
+                                                timeout_s=self._call_timeout_s, route=self._keys.destination)
+        server_ms = int(seconds) * 1000 + int(micros) // 1000
+        clock.observe(sent, loop.time(), server_ms)
+        return clock.server_ms(issued) or server_ms
+
     def _full(self, room: int, count: int) -> QueueFullError:
         what = "the item" if count == 1 else f"{count} items"
         return QueueFullError(f"queue {self._keys.destination!r} is full (max_pending={self._max_pending}, room for "
@@ -211,6 +271,20 @@ class Producer:
         one: bytes = await self._scripts.native_long(what="read the server's long size")
         fmt = self._facts.long_format = long_format(one)
         return fmt
+
+
+def _per_item(given: Any, count: int, option: str, check: Callable[[Any, str], Any], error: type[Exception], *,
+              scalar: bool) -> list[Any]:
+    """``given`` (``None``, one value for every item if ``scalar``, or a sequence of one value or
+    ``None`` per item), each checked with ``check(value, option)``."""
+    if given is None:
+        return [None] * count
+    if scalar and not isinstance(given, (list, tuple)):
+        one = check(given, option)
+        return [one] * count
+    if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Sequence) or len(given) != count:
+        raise error(f"{option} must be a sequence of one value (or None) per item, {count} items")
+    return [None if value is None else check(value, f"{option}[{index}]") for index, value in enumerate(given)]
 
 
 def _repeated_keys(entries: list[bytes]) -> bool:

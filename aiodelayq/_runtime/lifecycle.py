@@ -24,7 +24,7 @@ from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
-from .._wire.codec import decode_item
+from .._wire.codec import decode_with_headers
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 from .client_runtime import acquire_scheduler, release_scheduler
 from .scheduler import TransferScheduler
@@ -51,6 +51,8 @@ class QueueStats:
         moved: items this process moved from pending to the destination list.
         dead_lettered: malformed pending elements moved to the dead-letter list.
         undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
+        expired: items this queue object's pops and receives found past their expiry (moved to the
+            dead-letter list, reason ``"expired"``).
         transfer_errors: failed transfer attempts (retried with backoff).
         returned: popped items handed back to the list because their caller had gone, or because
             nobody came for prefetched items within a round trip.
@@ -87,6 +89,7 @@ class QueueStats:
     pops_that_transferred: int = 0
     receives: int = 0
     settle_calls: int = 0
+    expired: int = 0
 
     @classmethod
     def of(cls, own: Events, scheduler: Events | None) -> QueueStats:
@@ -99,7 +102,7 @@ class QueueStats:
                    unconfirmed_settles=mine["unconfirmed_settles"], offered=mine["offered"],
                    delivered=mine["delivered"], pops=mine["pops"], empty_pops=mine["empty_pops"],
                    pops_that_transferred=mine["pops_that_transferred"], receives=mine["receives"],
-                   settle_calls=mine["settle_calls"])
+                   settle_calls=mine["settle_calls"], expired=mine["dead_lettered:expired"])
 
 
 class Lifecycle:
@@ -215,7 +218,7 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, self._tasks, decode=lambda raw: decode_item(o.codec, raw),
+        self._pump = TakePump(self._scripts, self._tasks, decode=lambda raw: decode_with_headers(o.codec, raw),
                               slots=scheduler.slots, events=self._events)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events)
         scheduler.listeners.append(self._pump.notify)

@@ -7,6 +7,7 @@ import json
 from typing import Any, Protocol, runtime_checkable
 
 from ..exceptions import ConfigurationError, DecodeError, EncodeError
+from .elements import ITEM_MARK, unwrap
 
 __all__ = ["BytesCodec", "Codec", "JsonCodec", "MsgpackCodec", "StrCodec", "resolve_codec"]
 
@@ -138,3 +139,12 @@ def decode_item(codec: Codec, data: bytes) -> Any:
         return codec.decode(data)
     except Exception as exc:  # codec code is the user's: any failure is a decode failure
         raise DecodeError(f"cannot decode payload of {len(data)} bytes: {exc}", data) from exc
+
+
+def decode_with_headers(codec: Codec, data: bytes) -> tuple[Any, dict[str, str]]:
+    """The item and the headers stored as ``data`` (a bare payload, or an item envelope); raises as
+    :func:`decode_item`."""
+    if data[:1] != ITEM_MARK:
+        return decode_item(codec, data), {}
+    payload, headers, _ = unwrap(data)
+    return decode_item(codec, payload), headers

@@ -8,7 +8,7 @@ from datetime import timedelta
 from ..exceptions import ConfigurationError, InvalidDelayError
 
 __all__ = ["MAX_DELAY_MS", "MIN_VISIBILITY_TIMEOUT_S", "check_max_items", "check_timeout", "delay_to_ms",
-           "visibility_ms"]
+           "expires_to_ms", "visibility_ms"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
@@ -52,6 +52,18 @@ def delay_to_ms(delay: float | timedelta, name: str = "delay") -> int:
     if delay_ms > MAX_DELAY_MS:
         raise InvalidDelayError(f"{name} {delay!r} is too large (max {MAX_DELAY_MS} ms)")
     return int(delay_ms)
+
+
+def expires_to_ms(expires: float | timedelta, name: str = "expires") -> int:
+    """An item's lifetime after its due time (seconds, or a ``timedelta``) in whole ms, at least 1.
+
+    Raises:
+        InvalidDelayError: zero, negative, NaN, infinite, too large, or not a number/``timedelta``.
+    """
+    expires_ms = delay_to_ms(expires, name)
+    if expires_ms == 0:
+        raise InvalidDelayError(f"{name} must be more than 0 s, got {expires!r}")
+    return expires_ms
 
 
 def check_timeout(timeout: float | None, label: str = "timeout") -> None:

@@ -24,9 +24,21 @@ delivery count | ``>d`` due ms of this delivery (0: a first delivery) | payload.
 
 A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery
 count | ``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was
-found). An entry is read as an envelope only when it starts with the marker, is long enough and names
-a known reason; anything else in the list was not written by the library and reads as ``malformed``
-(its bytes as they are).
+found); reasons 1 max_deliveries, 2 undecodable, 3 malformed, 4 nacked, 5 expired. An entry is read
+as an envelope only when it starts with the marker, is long enough and names a known reason;
+anything else in the list was not written by the library and reads as ``malformed`` (its bytes as
+they are).
+
+An **item envelope** carries headers and an expiry around the codec's payload. An item offered with
+``headers`` or ``expires`` is stored as its envelope in place of the bare payload, inside the same
+Redisson element, so every layout that carries a payload (pending elements, the destination list,
+messages, dead letters) carries the envelope unchanged, and Redisson's own transfer moves it as it
+is: 0xC1 ``adq`` 0x04 | ``>d`` expiry, epoch ms of the server clock (0: none) | ``>H`` length of the
+headers block | the headers block (``>H`` key length, key, ``>H`` value length, value, UTF-8, per
+header) | the payload. 0xC1 starts no UTF-8 text (JSON, ``str``) and no MessagePack value, so those
+payloads are never mistaken for an envelope; a payload of another codec that happens to start with
+the marker is wrapped in an empty envelope when offered, so it reads back as it was. The scripts
+read the expiry at its fixed offset (``lib/item.lua``).
 """
 
 from __future__ import annotations
@@ -36,9 +48,16 @@ import os
 import secrets
 import struct
 import time
+from collections.abc import Mapping
 from typing import Literal, NamedTuple, cast
 
+from ..exceptions import InvalidHeadersError
+
 __all__ = [
+    "ITEM_MAGIC",
+    "ITEM_MARK",
+    "MAX_HEADERS_BYTES",
+    "Unwrapped",
     "DeadReason",
     "ElementKind",
     "InsertionStamps",
@@ -61,8 +80,9 @@ _MESSAGE_MAGIC = b"adq\x02"
 _MESSAGE_HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
 _DEAD_MAGIC = b"adq\x03"
 _DEAD_HEADER = struct.Struct(">B I d")  # reason, delivery count, dead at (server ms)
-DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked"]
-_DEAD_REASONS: dict[int, DeadReason] = {1: "max_deliveries", 2: "undecodable", 3: "malformed", 4: "nacked"}
+DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked", "expired"]
+_DEAD_REASONS: dict[int, DeadReason] = {1: "max_deliveries", 2: "undecodable", 3: "malformed", 4: "nacked",
+                                        5: "expired"}
 
 Fragment = tuple[int, bytes] | tuple[int, bytes | int, bytes]
 """One prepared item: fast ``(delay_ms, element)``; strict/legacy ``(delay_ms, id, payload)``."""
@@ -215,3 +235,88 @@ def parse_dead_letter(entry: bytes) -> ParsedDeadLetter:
         code, count, dead_at = _DEAD_HEADER.unpack_from(entry, 4)
         return ParsedDeadLetter(_DEAD_REASONS[code], count, int(dead_at), entry[4 + _DEAD_HEADER.size:])
     return ParsedDeadLetter("malformed", None, None, entry)
+
+
+# -- item envelopes --------------------------------------------------------------------------------
+ITEM_MAGIC = b"\xc1adq\x04"
+ITEM_MARK = ITEM_MAGIC[:1]
+"""The first byte of an envelope: ``data[:1] != ITEM_MARK`` is the cheap test for a bare payload."""
+_FIXED = struct.Struct(">dH")  # expiry ms, headers block length
+_PREFIX = len(ITEM_MAGIC) + _FIXED.size
+_LENGTH = struct.Struct(">H")
+
+MAX_HEADERS_BYTES = 16_384
+"""The largest headers block: keys and values in UTF-8, plus 4 bytes per header."""
+
+
+class Unwrapped(NamedTuple):
+    """What a stored payload holds: the codec's bytes, the headers, and the expiry (epoch ms of
+    the server clock, ``None``: none)."""
+
+    payload: bytes
+    headers: dict[str, str]
+    expires_at_ms: int | None
+
+
+def pack_headers(headers: object, option: str = "headers") -> bytes:
+    """The headers block of a mapping of ``str`` to ``str`` (``b""`` for ``None`` or an empty one).
+
+    Raises:
+        InvalidHeadersError: not a mapping, a key or value that is not a ``str`` (or not valid
+            UTF-8), an empty key, or a block over ``MAX_HEADERS_BYTES``; ``option`` names the
+            argument in the message.
+    """
+    if headers is None:
+        return b""
+    if not isinstance(headers, Mapping):
+        raise InvalidHeadersError(f"{option} must be a mapping of str to str, not {type(headers).__name__}")
+    parts: list[bytes] = []
+    size = 0
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidHeadersError(f"{option}: every key must be a non-empty str, got {key!r}")
+        if not isinstance(value, str):
+            raise InvalidHeadersError(f"{option}[{key!r}] must be a str, not {type(value).__name__}")
+        try:
+            raw_key, raw_value = key.encode(), value.encode()
+        except UnicodeEncodeError as exc:  # lone surrogates
+            raise InvalidHeadersError(f"{option}[{key!r}] is not valid UTF-8: {exc}") from exc
+        size += 4 + len(raw_key) + len(raw_value)
+        if size > MAX_HEADERS_BYTES:
+            raise InvalidHeadersError(f"{option} take more than {MAX_HEADERS_BYTES} bytes encoded")
+        parts += [_LENGTH.pack(len(raw_key)), raw_key, _LENGTH.pack(len(raw_value)), raw_value]
+    return b"".join(parts)
+
+
+def wrap(payload: bytes, headers_block: bytes, expires_at_ms: int | None) -> bytes:
+    """``payload`` in an envelope, or as it is when there is nothing to carry and it cannot be
+    mistaken for an envelope."""
+    if not headers_block and expires_at_ms is None and not payload.startswith(ITEM_MAGIC):
+        return payload
+    return b"".join((ITEM_MAGIC, _FIXED.pack(expires_at_ms or 0, len(headers_block)), headers_block, payload))
+
+
+def unwrap(data: bytes) -> Unwrapped:
+    """What ``data`` holds: an envelope's parts, or ``data`` itself with no headers and no expiry
+    (a bare payload, or bytes that start with the marker but are not a whole envelope)."""
+    if not data.startswith(ITEM_MAGIC) or len(data) < _PREFIX:
+        return Unwrapped(data, {}, None)
+    expires_ms, block_len = _FIXED.unpack_from(data, len(ITEM_MAGIC))
+    end = _PREFIX + block_len
+    if end > len(data):
+        return Unwrapped(data, {}, None)
+    headers: dict[str, str] = {}
+    pos = _PREFIX
+    try:
+        while pos < end:
+            (n,) = _LENGTH.unpack_from(data, pos)
+            key = data[pos + 2:pos + 2 + n].decode()
+            pos += 2 + n
+            (n,) = _LENGTH.unpack_from(data, pos)
+            headers[key] = data[pos + 2:pos + 2 + n].decode()
+            pos += 2 + n
+    except (struct.error, UnicodeDecodeError):
+        return Unwrapped(data, {}, None)
+    if pos != end:
+        return Unwrapped(data, {}, None)
+    return Unwrapped(data[end:], headers, int(expires_ms) if expires_ms > 0 else None)

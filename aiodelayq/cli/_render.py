@@ -134,8 +134,14 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
             "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst}
 
 
-def _marker(decodable: bool, malformed: bool = False) -> str:
-    return "malformed" if malformed else "" if decodable else "undecodable"
+def _marker(decodable: bool, malformed: bool = False, headers: dict[str, str] | None = None,
+            expires_at_ms: int | None = None, now_ms: int = 0) -> str:
+    marks = ["malformed" if malformed else "" if decodable else "undecodable"]
+    if expires_at_ms is not None:
+        marks.append(f"expires {relative(expires_at_ms, now_ms)}")
+    if headers:
+        marks.append(f"{len(headers)} header(s)")
+    return ", ".join(mark for mark in marks if mark)
 
 
 def pending_table(items: Sequence[PendingItem[Any]], now_ms: int, *, title: str, caption: str) -> Table:
@@ -149,7 +155,7 @@ def pending_table(items: Sequence[PendingItem[Any]], now_ms: int, *, title: str,
     for item in items:
         value = show_value(item.value) if item.decodable else repr(item.raw)
         table.add_row(relative(item.due_ms, now_ms), iso_utc(item.due_ms), _cell(item.key or ""), _cell(value),
-                      _marker(item.decodable, item.malformed))
+                      _marker(item.decodable, item.malformed, item.headers, item.expires_at_ms, now_ms))
     return table
 
 
@@ -157,8 +163,8 @@ def pending_json(item: PendingItem[Any], now_ms: int) -> dict[str, Any]:
     """One pending item for ``--json``; ``raw_b64`` is the exact payload (whole element if malformed)."""
     return {"due_ms": item.due_ms, "due_in_ms": item.due_ms - now_ms, "due_iso": iso_utc(item.due_ms),
             "key": item.key, "value": _json_value(item.value) if item.decodable else None,
-            "decodable": item.decodable, "malformed": item.malformed,
-            "raw_b64": base64.b64encode(item.raw).decode()}
+            "decodable": item.decodable, "malformed": item.malformed, "headers": item.headers,
+            "expires_at_ms": item.expires_at_ms, "raw_b64": base64.b64encode(item.raw).decode()}
 
 
 def dead_letters_table(letters: Sequence[DeadLetter[Any]], now_ms: int, *, title: str, caption: str) -> Table:
@@ -174,7 +180,8 @@ def dead_letters_table(letters: Sequence[DeadLetter[Any]], now_ms: int, *, title
         died = "-" if letter.dead_at_ms is None else _moment(letter.dead_at_ms, now_ms)
         value = show_value(letter.value) if letter.decodable else repr(letter.raw)
         deliveries = "-" if letter.delivery_count is None else str(letter.delivery_count)
-        table.add_row(str(index), died, letter.reason, deliveries, _cell(value), _marker(letter.decodable))
+        table.add_row(str(index), died, letter.reason, deliveries, _cell(value),
+                      _marker(letter.decodable, headers=letter.headers))
     return table
 
 
@@ -183,4 +190,5 @@ def dead_letter_json(letter: DeadLetter[Any]) -> dict[str, Any]:
     return {"reason": letter.reason, "delivery_count": letter.delivery_count, "dead_at_ms": letter.dead_at_ms,
             "dead_at_iso": None if letter.dead_at_ms is None else iso_utc(letter.dead_at_ms),
             "value": _json_value(letter.value) if letter.decodable else None, "decodable": letter.decodable,
+            "headers": letter.headers, "expires_at_ms": letter.expires_at_ms,
             "raw_b64": base64.b64encode(letter.raw).decode()}

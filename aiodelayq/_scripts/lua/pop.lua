@@ -7,7 +7,9 @@
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
 -- out: forgotten here (FINISH with an all-'d' plan, without its round trip; idempotent)
 -- returns: {transfer reply (see TRANSFER: its 7 fields, the destination's length after the pop,
--- and for a negative ARGV[4] the lateness list) or false, hold, popped payloads, head first...}.
+-- and for a negative ARGV[4] the lateness list) or false, hold, expired, popped payloads, head
+-- first...}. expired: how many popped items had an envelope whose expiry had passed: those went to
+-- the dead-letter list (reason expired) instead, and fewer than asked are returned.
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id until FINISH (or a later POP) says what became of
@@ -21,7 +23,7 @@ for i = 5, #ARGV do
 end
 local got = redis.call('hget', KEYS[2], ARGV[1])
 if got then
-  local out = {false, 0}
+  local out = {false, 0, 0}
   for _, v in ipairs(unpack_list(got)) do out[#out + 1] = v end
   return out
 end
@@ -31,13 +33,24 @@ if tonumber(ARGV[4]) ~= 0 then
 end
 local want, hold, level, now = controls_allow(KEYS[8], tonumber(ARGV[2]))
 local items = want > 0 and redis.call('lpop', KEYS[1], want)
-local out = {moved, hold}
+local out = {moved, hold, 0}
 if items then
   now = now or now_ms()
-  controls_charge(KEYS[8], now, level, #items)
-  redis.call('hset', KEYS[2], ARGV[1], pack_list(items))
-  redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
-  for _, v in ipairs(items) do out[#out + 1] = v end
+  local kept = {}
+  for _, v in ipairs(items) do
+    if item_expired(v, now) then
+      redis.call('rpush', KEYS[6], dead_entry(DEAD_EXPIRED, 0, now, v))
+    else
+      kept[#kept + 1] = v
+      out[#out + 1] = v
+    end
+  end
+  out[3] = #items - #kept
+  controls_charge(KEYS[8], now, level, #kept)
+  if #kept > 0 then
+    redis.call('hset', KEYS[2], ARGV[1], pack_list(kept))
+    redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
+  end
 end
 if moved then
   moved[#moved + 1] = redis.call('llen', KEYS[1])

@@ -6,7 +6,8 @@
 -- delay ms, ARGV[4] element kind ('fast', 'strict', 'legacy'), ARGV[5] at most this many entries,
 -- ARGV[6] 16 bytes per entry (fast: insertion stamp | random; strict/legacy: random)
 -- returns: {requeued, skipped}. The oldest entries (the head of the list) become pending items of
--- the queue's kind, due at the issue time + delay, in their order; malformed entries (garbage
+-- the queue's kind, due at the issue time + delay, in their order, without the expiry an item
+-- envelope had (requeuing is a decision to deliver them); malformed entries (garbage
 -- elements, not payloads, and anything that is not an envelope) are skipped: they move to the tail of
 -- the list, in their order. A resend of the call id returns the first run's reply and changes nothing.
 local first = first_run(KEYS[5], ARGV[1])
@@ -23,7 +24,11 @@ for i, e in ipairs(entries) do
   local raw, reason = e, DEAD_MALFORMED
   if string.sub(e, 1, 4) == DEAD_MAGIC and string.len(e) >= 17 then
     reason = string.byte(e, 5)
-    if reason >= DEAD_MAX_DELIVERIES and reason <= DEAD_NACKED then raw = string.sub(e, 18) else reason = DEAD_MALFORMED end
+    if reason >= DEAD_MAX_DELIVERIES and reason <= DEAD_EXPIRED then
+      raw = item_without_expiry(string.sub(e, 18))
+    else
+      reason = DEAD_MALFORMED
+    end
   end
   if reason == DEAD_MALFORMED then
     skipped[#skipped + 1] = e
