@@ -23,6 +23,7 @@ from ._producing.dead_letters import DeadLetter, DeadLetters
 from ._producing.keyed import KeyedItems, Offered, Pending
 from ._producing.pending import PendingItem, PendingView, QueueCounts
 from ._producing.producer import Producer
+from ._producing.recurring import Schedules
 from ._runtime.lifecycle import Lifecycle, QueueStats
 from ._scripts import QueueScripts
 from ._wire.codec import Codec
@@ -104,6 +105,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._keyed = KeyedItems(scripts, o.codec)
         self._dead = DeadLetters(scripts, o.codec, o.kind)
         self._controls = Controls(scripts)
+        self._schedules = Schedules(scripts, o)
         self._life = Lifecycle(scripts, o, events, on_new_loop=self._producer.rebind)
 
     @property
@@ -235,6 +237,33 @@ class DelayedQueue(AsyncResource, Generic[T]):
         self._life.bind_loop()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
                                                headers, expires)
+
+    # -- recurring items (see _producing/recurring.py) --------------------------------------------------
+
+    async def schedule(self, key: str, item: T, *, every: float | timedelta | None = None, cron: str | None = None,
+                       tz: str | None = None, headers: Mapping[str, str] | None = None) -> int:
+        """Deliver ``item`` again and again: every ``every`` (seconds or a ``timedelta``, the first
+        one period from now), or at the times of the cron expression ``cron`` (5 fields, or 6 with
+        seconds; in UTC, or in the IANA time zone ``tz``; needs ``pip install 'aiodelayq[cron]'``, in
+        consumers too). Returns the first due time (epoch ms, server clock).
+
+        The schedule is ``key``'s: exactly one occurrence is pending at a time, a keyed pending item
+        (:meth:`get` shows it, :meth:`cancel` stops the schedule). Handing an occurrence out
+        (``take``, ``receive``, a worker) schedules the next one in the same atomic script call, so a
+        crash can neither lose the chain nor double it. Occurrences missed while nothing consumed
+        collapse into one, delivered late; the schedule then goes on with its first due time after
+        now. Scheduling an existing key replaces its schedule and its pending item. ``headers``
+        travel with every occurrence.
+
+        Raises:
+            ConfigurationError: neither or both of ``every`` and ``cron``, ``tz`` without ``cron``, a
+                bad cron expression or time zone, croniter not installed; nothing is written.
+            InvalidDelayError: an ``every`` that is not > 0. InvalidKeyError, InvalidHeadersError,
+                EncodeError, ItemTooLargeError: as :meth:`offer`.
+            BackendError: the call failed (``maybe_applied``).
+        """
+        self._life.bind_loop()
+        return await self._schedules.schedule(key, item, every=every, cron=cron, tz=tz, headers=headers)
 
     # -- keyed pending items (see _producing/keyed.py) -----------------------------------------------------
 

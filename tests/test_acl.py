@@ -79,6 +79,17 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await held.ack(confirm=True)
         await q.set_rate_limit(None)
         assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
+        # Headers, expiry and recurring items as the same user (a cron schedule lists its times
+        # with a HGET of its record; each hand-out writes the next occurrence).
+        await q.offer(400, 0, headers={"h": "v"}, expires=60)
+        assert await asyncio.wait_for(q.take_with_headers(), 5) == (400, {"h": "v"})
+        await q.schedule("tick", 500, every=0.05)
+        assert [await asyncio.wait_for(q.take(), 5) for _ in range(2)] == [500, 500]
+        await q.schedule("cron", 501, cron="0 0 1 1 *")
+        assert (await q.counts()).recurring == 2
+        assert await q.cancel("tick")
+        assert await q.cancel("cron")
+        await until(lambda: _nothing_left(q))
         # Keys, leases and dead letters as the same user.
         assert (await q.offer(200, 60, key="k200")).added
         assert not (await q.offer(201, 60, key="k200")).added
@@ -168,3 +179,10 @@ async def test_the_first_take_without_permission_to_pop_raises_it(acl_client: An
         with pytest.raises(AccessDeniedError):
             await asyncio.wait_for(q.receive(30), 5)
 
+
+async def _nothing_left(q: DelayedQueue[int]) -> bool:
+    """No item is pending or ready (a recurring item's last occurrence may still be on its way)."""
+    counts = await q.counts()
+    if counts.ready:
+        await q.poll()
+    return counts == QueueCounts(0, 0, 0, 0, None)

@@ -139,7 +139,7 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
     (entry,) = doc["queues"]
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
                      "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "paused": False,
-                     "rate_limit_per_s": None, "rate_burst": None}
+                     "rate_limit_per_s": None, "rate_burst": None, "recurring": 0}
 
 
 async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:

@@ -28,13 +28,14 @@ TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 
 def test_the_envelope_round_trips_and_bare_payloads_stay_bare() -> None:
     block = pack_headers(TRACE)
-    assert unwrap(wrap(b"payload", block, 1234)) == (b"payload", TRACE, 1234)
-    assert unwrap(wrap(b"payload", b"", 99)) == (b"payload", {}, 99)
+    assert unwrap(wrap(b"payload", block, 1234))[:3] == (b"payload", TRACE, 1234)
+    assert unwrap(wrap(b"payload", b"", 99))[:3] == (b"payload", {}, 99)
+    assert unwrap(wrap(b"p", block, None, "clé".encode(), 7)) == (b"p", TRACE, None, "clé", 7, False)
     assert wrap(b'{"a":1}', b"", None) == b'{"a":1}'  # nothing to carry: the payload as it is
     # A payload that starts with the marker is wrapped, so it reads back as it was.
     tricky = ITEM_MAGIC + b"\x00" * 20
-    assert unwrap(wrap(tricky, b"", None)) == (tricky, {}, None)
-    assert unwrap(ITEM_MAGIC + b"\x00") == (ITEM_MAGIC + b"\x00", {}, None)  # too short: bare
+    assert unwrap(wrap(tricky, b"", None))[:3] == (tricky, {}, None)
+    assert unwrap(ITEM_MAGIC + b"\x00")[:3] == (ITEM_MAGIC + b"\x00", {}, None)  # too short: bare
 
 
 async def test_headers_reach_every_kind_of_consumer(make_queue: Any) -> None:

@@ -34,6 +34,7 @@ from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
 from .messages import Message
 from .prefetch import PrefetchBuffer
+from .refill import CronRefill
 from .settler import Settle, Settler
 
 __all__ = ["MessageIterator", "ReliableConsumer"]
@@ -52,9 +53,10 @@ _PREFETCH_MIN_VT_MS = 1000
 class ReliableConsumer(Generic[T]):
     """``receive``/``receive_many`` and the settles of one queue object."""
 
-    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, options: QueueOptions, events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, options: QueueOptions, events: Events,
+                 refill: CronRefill) -> None:
         self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.codec, events
-        self._tasks = tasks
+        self._tasks, self._refill = tasks, refill
         self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
         # sooner): the queue's safety poll, which bounds every other missed wake-up too.
@@ -192,7 +194,13 @@ class ReliableConsumer(Generic[T]):
         elements = reply[5:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
         for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
-            payload, headers, expires_at_ms = unwrap(stored) if stored[:1] == ITEM_MARK else (stored, {}, None)
+            payload, expires_at_ms = stored, None
+            headers: dict[str, str] = {}
+            if stored[:1] == ITEM_MARK:
+                unwrapped = unwrap(stored)
+                payload, headers, expires_at_ms = unwrapped[:3]
+                if unwrapped.refill and unwrapped.schedule_key is not None:
+                    self._refill.soon(unwrapped.schedule_key, stored)
             try:
                 value = decode_item(codec, payload)
             except DecodeError as exc:

@@ -80,7 +80,8 @@ class DeadLetters:
 
     def _letter(self, entry: bytes) -> DeadLetter[Any]:
         parsed = parse_dead_letter(entry)
-        raw, headers, expires_at_ms = (parsed.raw, {}, None) if parsed.reason == "malformed" else unwrap(parsed.raw)
+        unwrapped = unwrap(parsed.raw) if parsed.reason != "malformed" else None
+        raw, headers, expires_at_ms = (parsed.raw, {}, None) if unwrapped is None else unwrapped[:3]
         try:
             value, decodable = decode_item(self._codec, raw), True
         except DecodeError:

@@ -72,6 +72,7 @@ class Pending(Generic[T]):
         due_ms: when it falls due, epoch ms of the server clock.
         headers: the headers it was offered with (``{}`` when none).
         expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
+        recurring: it is the next occurrence of a recurring item (:meth:`DelayedQueue.schedule`).
     """
 
     key: str
@@ -79,6 +80,7 @@ class Pending(Generic[T]):
     due_ms: int
     headers: dict[str, str] = field(default_factory=dict)
     expires_at_ms: int | None = None
+    recurring: bool = False
 
 
 def check_key(key: object) -> bytes:
@@ -152,5 +154,6 @@ class KeyedItems:
         reply = await self._scripts.get.resend(raw, key_tag(raw))
         if reply is None:
             return None
-        payload, headers, expires_at_ms = unwrap(reply[0])
-        return Pending(key, decode_item(self._codec, payload), int(reply[1]), headers, expires_at_ms)
+        unwrapped = unwrap(reply[0])
+        return Pending(key, decode_item(self._codec, unwrapped.payload), int(reply[1]), unwrapped.headers,
+                       unwrapped.expires_at_ms, unwrapped.schedule_key is not None)

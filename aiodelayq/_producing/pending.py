@@ -53,6 +53,7 @@ class QueueCounts:
         paused: whether the queue's consumers are paused (:meth:`DelayedQueue.pause`).
         rate_limit_per_s: the rate limit of its consumers together, items per second, or ``None``.
         rate_burst: the most items the rate limit lets out at once, or ``None`` without one.
+        recurring: how many recurring items (:meth:`DelayedQueue.schedule`) the queue has.
     """
 
     pending: int
@@ -63,6 +64,7 @@ class QueueCounts:
     paused: bool = False
     rate_limit_per_s: float | None = None
     rate_burst: int | None = None
+    recurring: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class PendingItem(Generic[T]):
         malformed: the element is not a valid packed element (the transfer dead-letters it).
         headers: the headers it was offered with (``{}`` when none).
         expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
+        recurring: it is the next occurrence of a recurring item (:meth:`DelayedQueue.schedule`).
     """
 
     due_ms: int
@@ -89,6 +92,7 @@ class PendingItem(Generic[T]):
     malformed: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     expires_at_ms: int | None = None
+    recurring: bool = False
 
 class PendingView:
     """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
@@ -145,7 +149,7 @@ class PendingView:
         return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            None if head is None else int(float(head)), paused=bool(reply[5]),
                            rate_limit_per_s=None if rate is None else float(rate),
-                           rate_burst=None if burst is None else int(burst))
+                           rate_burst=None if burst is None else int(burst), recurring=int(reply[8]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
@@ -165,13 +169,14 @@ class PendingView:
             if payload is None:
                 items.append(PendingItem(due_ms, None, element, key_text, decodable=False, malformed=True))
                 continue
-            payload, headers, expires_at_ms = unwrap(payload)
+            unwrapped = unwrap(payload)
             try:
-                value, decodable = decode_item(self._codec, payload), True
+                value, decodable = decode_item(self._codec, unwrapped.payload), True
             except DecodeError:
                 value, decodable = None, False
-            items.append(PendingItem(due_ms, value, payload, key_text, decodable, headers=headers,
-                                     expires_at_ms=expires_at_ms))
+            items.append(PendingItem(due_ms, value, unwrapped.payload, key_text, decodable, headers=unwrapped.headers,
+                                     expires_at_ms=unwrapped.expires_at_ms,
+                                     recurring=unwrapped.schedule_key is not None))
         return items
 
     async def contains(self, item: Any) -> bool:
@@ -222,6 +227,7 @@ class PendingView:
             score, member = reply[1], reply[2]
 
     async def clear(self) -> None:
-        """``UNLINK`` both pending keys and the key index (freed in the background: a huge zset does not
-        block the server)."""
-        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index, what="clear")
+        """``UNLINK`` both pending keys, the key index and the recurring items' schedules (freed in the
+        background: a huge zset does not block the server)."""
+        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index,
+                         self._keys.schedules, what="clear")

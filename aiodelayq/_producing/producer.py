@@ -17,9 +17,9 @@ from typing import Any, cast
 from .._core.observe import Events
 from .._core.tasks import keep
 from .._options import QueueOptions
-from .._redis.client_facts import facts_for
+from .._redis.client_facts import facts_for, server_ms_at
 from .._redis.eviction import check_eviction_policy
-from .._redis.retry import call_idempotent, resend_within
+from .._redis.retry import resend_within
 from .._scripts import QueueScripts
 from .._wire.codec import JsonCodec, MsgpackCodec, StrCodec, encode_item
 from .._wire.delays import delay_to_ms, expires_to_ms
@@ -231,24 +231,12 @@ class Producer:
         else:
             blocks = _per_item(headers, count, "headers", pack_headers, InvalidHeadersError, scalar=False)
             lifetimes = _per_item(expires, count, "expires", expires_to_ms, InvalidDelayError, scalar=True)
-        issued_ms = await self._server_ms(issued) if any(ms is not None for ms in lifetimes) else 0
+        issued_ms = 0
+        if any(ms is not None for ms in lifetimes):
+            issued_ms = await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
+                                           timeout_s=self._call_timeout_s)
         return [(delay_ms, wrap(payload, block or b"", None if life is None else issued_ms + delay_ms + life))
                 for (delay_ms, payload), block, life in zip(items, blocks, lifetimes, strict=True)]
-
-    async def _server_ms(self, issued: float) -> int:
-        """The server's clock at loop time ``issued`` (epoch ms): the client's estimate, or one
-        ``TIME`` read when it has none."""
-        clock = self._facts.clock
-        estimate = clock.server_ms(issued)
-        if estimate is not None:
-            return estimate
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        seconds, micros = await call_idempotent(self._scripts.client, "TIME", what="read the server clock",
-                                                timeout_s=self._call_timeout_s, route=self._keys.destination)
-        server_ms = int(seconds) * 1000 + int(micros) // 1000
-        clock.observe(sent, loop.time(), server_ms)
-        return clock.server_ms(issued) or server_ms
 
     def _full(self, room: int, count: int) -> QueueFullError:
         what = "the item" if count == 1 else f"{count} items"

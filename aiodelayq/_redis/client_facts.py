@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .._wire.clock import ServerClock
 from .._wire.elements import InsertionStamps
 from .connections import AnyRedis
+from .retry import call_idempotent
 
 __all__ = ["ClientFacts", "facts_for"]
 
@@ -44,3 +45,23 @@ def facts_for(client: AnyRedis) -> ClientFacts:
     if facts is None:
         facts = _facts[client] = ClientFacts()
     return facts
+
+
+async def server_ms_at(client: AnyRedis, issued: float, *, route: str, timeout_s: float) -> int:
+    """The server's clock at loop time ``issued`` (epoch ms): the client's estimate, or one ``TIME``
+    read (on ``route``'s node) when it has none.
+
+    Raises:
+        BackendError: the read failed within ``timeout_s``.
+    """
+    clock = facts_for(client).clock
+    estimate = clock.server_ms(issued)
+    if estimate is not None:
+        return estimate
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    seconds, micros = await call_idempotent(client, "TIME", what="read the server clock", timeout_s=timeout_s,
+                                            route=route)
+    server_ms = int(seconds) * 1000 + int(micros) // 1000
+    clock.observe(sent, loop.time(), server_ms)
+    return clock.server_ms(issued) or server_ms

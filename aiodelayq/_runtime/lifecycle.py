@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._consuming.refill import CronRefill
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
 from .._core.observe import Events
@@ -24,7 +25,6 @@ from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
-from .._wire.codec import decode_with_headers
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 from .client_runtime import acquire_scheduler, release_scheduler
 from .scheduler import TransferScheduler
@@ -119,6 +119,7 @@ class Lifecycle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.state: State = "new"
         self._tasks = TaskOwner(f"queue {self._keys.destination!r}")
+        self._refill = CronRefill(scripts, self._tasks)
         self._opening: asyncio.Task[None] | None = None
         self._openers = 0
         self._close_task: asyncio.Task[None] | None = None
@@ -218,9 +219,9 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, self._tasks, decode=lambda raw: decode_with_headers(o.codec, raw),
+        self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.codec),
                               slots=scheduler.slots, events=self._events)
-        self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events)
+        self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
         scheduler.listeners.append(self._pump.notify)
         scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)

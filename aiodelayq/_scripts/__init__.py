@@ -38,14 +38,15 @@ from .._wire.key_names import QueueKeys
 
 __all__ = [
     "CANCEL", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER", "PAGE_SIZE",
-    "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE", "RESCHEDULE", "SCRIPTS",
-    "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript", "QueueScripts", "assemble",
+    "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE", "RESCHEDULE",
+    "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript", "QueueScripts",
+    "assemble",
 ]
 
 # The shared library files, in the order a script's text includes them: a file may use the names
 # of those before it.
 LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex",
-           "sweep", "transfer", "walk", "messages", "controls")
+           "sweep", "transfer", "walk", "messages", "controls", "recur")
 
 # Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
@@ -138,10 +139,12 @@ GET = QueueScript("get")
 REQUEUE = QueueScript("requeue")
 PURGE = QueueScript("purge")
 SET_CONTROLS = QueueScript("set_controls")
+SCHEDULE = QueueScript("schedule")
+REFILL = QueueScript("refill")
 
 SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
                                     COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS)
+                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL)
 """Every script, for tests and tools (the Lua lint assembles each)."""
 
 
@@ -217,6 +220,8 @@ class QueueScripts:
         self.requeue = BoundScript(self, REQUEUE)
         self.purge = BoundScript(self, PURGE)
         self.set_controls = BoundScript(self, SET_CONTROLS)
+        self.schedule = BoundScript(self, SCHEDULE)
+        self.refill = BoundScript(self, REFILL)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"

@@ -146,5 +146,5 @@ def decode_with_headers(codec: Codec, data: bytes) -> tuple[Any, dict[str, str]]
     :func:`decode_item`."""
     if data[:1] != ITEM_MARK:
         return decode_item(codec, data), {}
-    payload, headers, _ = unwrap(data)
-    return decode_item(codec, payload), headers
+    unwrapped = unwrap(data)
+    return decode_item(codec, unwrapped.payload), unwrapped.headers

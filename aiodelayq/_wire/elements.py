@@ -29,16 +29,21 @@ as an envelope only when it starts with the marker, is long enough and names a k
 anything else in the list was not written by the library and reads as ``malformed`` (its bytes as
 they are).
 
-An **item envelope** carries headers and an expiry around the codec's payload. An item offered with
-``headers`` or ``expires`` is stored as its envelope in place of the bare payload, inside the same
-Redisson element, so every layout that carries a payload (pending elements, the destination list,
-messages, dead letters) carries the envelope unchanged, and Redisson's own transfer moves it as it
-is: 0xC1 ``adq`` 0x04 | ``>d`` expiry, epoch ms of the server clock (0: none) | ``>H`` length of the
-headers block | the headers block (``>H`` key length, key, ``>H`` value length, value, UTF-8, per
-header) | the payload. 0xC1 starts no UTF-8 text (JSON, ``str``) and no MessagePack value, so those
-payloads are never mistaken for an envelope; a payload of another codec that happens to start with
-the marker is wrapped in an empty envelope when offered, so it reads back as it was. The scripts
-read the expiry at its fixed offset (``lib/item.lua``).
+An **item envelope** carries headers, an expiry, and for an occurrence of a recurring item its
+schedule, around the codec's payload. An item offered with any of them is stored as its envelope in
+place of the bare payload, inside the same Redisson element, so every layout that carries a payload
+(pending elements, the destination list, messages, dead letters) carries the envelope unchanged, and
+Redisson's own transfer moves it as it is: 0xC1 ``adq`` 0x04 | ``>d`` expiry, epoch ms of the server
+clock (0: none) | ``>H`` length of the headers block | ``>H`` length of the schedule key (0: not a
+recurring item) | ``>I4`` occurrence number | ``>B`` flags (1: its consumer should list more cron
+times) | the headers block (``>H`` key length, key, ``>H`` value length, value, UTF-8, per header) |
+the schedule key | the payload. 0xC1 starts no UTF-8 text (JSON, ``str``) and no MessagePack value,
+so those payloads are never mistaken for an envelope; a payload of another codec that happens to
+start with the marker is wrapped in an empty envelope when offered, so it reads back as it was. The
+scripts read the fields at their fixed offsets (``lib/item.lua``).
+
+A **schedule record** (the schedules hash, by key) is laid out in ``lua/lib/recur.lua``;
+:func:`parse_schedule` reads it.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ __all__ = [
     "ITEM_MAGIC",
     "ITEM_MARK",
     "MAX_HEADERS_BYTES",
+    "ScheduleRecord",
     "Unwrapped",
     "DeadReason",
     "ElementKind",
@@ -68,7 +74,9 @@ __all__ = [
     "offer_args",
     "pack_dead_letter",
     "pack_fragments",
+    "pack_times",
     "parse_dead_letter",
+    "parse_schedule",
     "requeue_ids",
 ]
 
@@ -241,7 +249,8 @@ def parse_dead_letter(entry: bytes) -> ParsedDeadLetter:
 ITEM_MAGIC = b"\xc1adq\x04"
 ITEM_MARK = ITEM_MAGIC[:1]
 """The first byte of an envelope: ``data[:1] != ITEM_MARK`` is the cheap test for a bare payload."""
-_FIXED = struct.Struct(">dH")  # expiry ms, headers block length
+# expiry ms, headers block length, schedule key length, occurrence number, flags (1: refill)
+_FIXED = struct.Struct(">dHHIB")
 _PREFIX = len(ITEM_MAGIC) + _FIXED.size
 _LENGTH = struct.Struct(">H")
 
@@ -250,12 +259,17 @@ MAX_HEADERS_BYTES = 16_384
 
 
 class Unwrapped(NamedTuple):
-    """What a stored payload holds: the codec's bytes, the headers, and the expiry (epoch ms of
-    the server clock, ``None``: none)."""
+    """What a stored payload holds: the codec's bytes, the headers, the expiry (epoch ms of the
+    server clock, ``None``: none), and for an occurrence of a recurring item its schedule's key
+    (``None``: not recurring), occurrence number, and whether its consumer should list more cron
+    times (set by the script that handed it out)."""
 
     payload: bytes
     headers: dict[str, str]
     expires_at_ms: int | None
+    schedule_key: str | None = None
+    occurrence: int = 0
+    refill: bool = False
 
 
 def pack_headers(headers: object, option: str = "headers") -> bytes:
@@ -288,12 +302,14 @@ def pack_headers(headers: object, option: str = "headers") -> bytes:
     return b"".join(parts)
 
 
-def wrap(payload: bytes, headers_block: bytes, expires_at_ms: int | None) -> bytes:
+def wrap(payload: bytes, headers_block: bytes, expires_at_ms: int | None, schedule_key: bytes = b"",
+         occurrence: int = 0) -> bytes:
     """``payload`` in an envelope, or as it is when there is nothing to carry and it cannot be
     mistaken for an envelope."""
-    if not headers_block and expires_at_ms is None and not payload.startswith(ITEM_MAGIC):
+    if not headers_block and expires_at_ms is None and not schedule_key and not payload.startswith(ITEM_MAGIC):
         return payload
-    return b"".join((ITEM_MAGIC, _FIXED.pack(expires_at_ms or 0, len(headers_block)), headers_block, payload))
+    fixed = _FIXED.pack(expires_at_ms or 0, len(headers_block), len(schedule_key), occurrence, 0)
+    return b"".join((ITEM_MAGIC, fixed, headers_block, schedule_key, payload))
 
 
 def unwrap(data: bytes) -> Unwrapped:
@@ -301,9 +317,9 @@ def unwrap(data: bytes) -> Unwrapped:
     (a bare payload, or bytes that start with the marker but are not a whole envelope)."""
     if not data.startswith(ITEM_MAGIC) or len(data) < _PREFIX:
         return Unwrapped(data, {}, None)
-    expires_ms, block_len = _FIXED.unpack_from(data, len(ITEM_MAGIC))
+    expires_ms, block_len, key_len, occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
     end = _PREFIX + block_len
-    if end > len(data):
+    if end + key_len > len(data):
         return Unwrapped(data, {}, None)
     headers: dict[str, str] = {}
     pos = _PREFIX
@@ -315,8 +331,50 @@ def unwrap(data: bytes) -> Unwrapped:
             (n,) = _LENGTH.unpack_from(data, pos)
             headers[key] = data[pos + 2:pos + 2 + n].decode()
             pos += 2 + n
+        schedule_key = data[end:end + key_len].decode() if key_len else None
     except (struct.error, UnicodeDecodeError):
         return Unwrapped(data, {}, None)
     if pos != end:
         return Unwrapped(data, {}, None)
-    return Unwrapped(data[end:], headers, int(expires_ms) if expires_ms > 0 else None)
+    return Unwrapped(data[end + key_len:], headers, int(expires_ms) if expires_ms > 0 else None, schedule_key,
+                     occurrence, bool(flags & 1))
+
+
+# -- schedules of recurring items -------------------------------------------------------------------
+_RECORD = struct.Struct(">IBddH")  # occurrence number, stalled, every ms, anchor ms, index field length
+_TIME = struct.Struct(">d")
+
+
+class ScheduleRecord(NamedTuple):
+    """A recurring item's record: its current occurrence number, whether it stalled (its cron times
+    ran out), its period (ms; 0 for cron), the cron spec (``expression\ntime zone``; ``""`` for
+    every) and the cron due times it lists (epoch ms, ascending)."""
+
+    occurrence: int
+    stalled: bool
+    every_ms: int
+    spec: str
+    times_ms: list[int]
+
+
+def parse_schedule(record: bytes) -> ScheduleRecord:
+    """The fields of a schedule record.
+
+    Raises:
+        ValueError: not a schedule record.
+    """
+    try:
+        occurrence, stalled, every_ms, _anchor, field_len = _RECORD.unpack_from(record)
+        pos = _RECORD.size + field_len + 8
+        (spec_len,) = _LENGTH.unpack_from(record, pos)
+        spec = record[pos + 2:pos + 2 + spec_len].decode()
+        rest = record[pos + 2 + spec_len:]
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a schedule record: {exc}") from exc
+    times = [int(t) for (t,) in _TIME.iter_unpack(rest[:len(rest) - len(rest) % 8])]
+    return ScheduleRecord(occurrence, bool(stalled), int(every_ms), spec, times)
+
+
+def pack_times(times_ms: list[int]) -> bytes:
+    """Cron due times (epoch ms, ascending) as the scripts read them."""
+    return b"".join(_TIME.pack(t) for t in times_ms)

@@ -46,6 +46,9 @@ class QueueKeys:
         controls: hash of the queue's controls, shared by every process (aiodelayq only):
             ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
             token bucket: items per second, its size, its level at ``at``, server ms).
+        schedules: hash of the queue's recurring items (aiodelayq only): field = the key, value =
+            its record (``lua/lib/recur.lua``): the number of its current occurrence, the period or
+            the upcoming cron times, its index field and element tag.
     """
 
     destination: str
@@ -60,6 +63,7 @@ class QueueKeys:
     call_replies: str
     key_index: str
     controls: str
+    schedules: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -85,10 +89,12 @@ class QueueKeys:
             call_replies=prefix_name("aiodelayq_call_replies", name),
             key_index=prefix_name("aiodelayq_keys", name),
             controls=prefix_name("aiodelayq_controls", name),
+            schedules=prefix_name("aiodelayq_schedules", name),
         )
 
     @property
     def all(self) -> tuple[str, ...]:
         """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
-                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls)
+                self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
+                self.schedules)

@@ -122,6 +122,8 @@ def _controls(c: QueueCounts) -> str:
     shown = ["paused"] if c.paused else []
     if c.rate_limit_per_s is not None:
         shown.append(f"{c.rate_limit_per_s:g}/s (burst {c.rate_burst})")
+    if c.recurring:
+        shown.append(f"{c.recurring} recurring")
     return ", ".join(shown) or "-"
 
 
@@ -131,12 +133,12 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
     return {"name": row.name, "pending": c.pending, "ready": c.ready, "in_flight": c.in_flight,
             "dead_letters": c.dead_letters, "next_due_ms": c.next_due_ms,
             "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "paused": c.paused,
-            "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst}
+            "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst, "recurring": c.recurring}
 
 
 def _marker(decodable: bool, malformed: bool = False, headers: dict[str, str] | None = None,
-            expires_at_ms: int | None = None, now_ms: int = 0) -> str:
-    marks = ["malformed" if malformed else "" if decodable else "undecodable"]
+            expires_at_ms: int | None = None, now_ms: int = 0, recurring: bool = False) -> str:
+    marks = ["malformed" if malformed else "" if decodable else "undecodable", "recurring" if recurring else ""]
     if expires_at_ms is not None:
         marks.append(f"expires {relative(expires_at_ms, now_ms)}")
     if headers:
@@ -155,7 +157,7 @@ def pending_table(items: Sequence[PendingItem[Any]], now_ms: int, *, title: str,
     for item in items:
         value = show_value(item.value) if item.decodable else repr(item.raw)
         table.add_row(relative(item.due_ms, now_ms), iso_utc(item.due_ms), _cell(item.key or ""), _cell(value),
-                      _marker(item.decodable, item.malformed, item.headers, item.expires_at_ms, now_ms))
+                      _marker(item.decodable, item.malformed, item.headers, item.expires_at_ms, now_ms, item.recurring))
     return table
 
 
@@ -163,7 +165,8 @@ def pending_json(item: PendingItem[Any], now_ms: int) -> dict[str, Any]:
     """One pending item for ``--json``; ``raw_b64`` is the exact payload (whole element if malformed)."""
     return {"due_ms": item.due_ms, "due_in_ms": item.due_ms - now_ms, "due_iso": iso_utc(item.due_ms),
             "key": item.key, "value": _json_value(item.value) if item.decodable else None,
-            "decodable": item.decodable, "malformed": item.malformed, "headers": item.headers,
+            "decodable": item.decodable, "malformed": item.malformed, "recurring": item.recurring,
+            "headers": item.headers,
             "expires_at_ms": item.expires_at_ms, "raw_b64": base64.b64encode(item.raw).decode()}
 
 

@@ -1,7 +1,8 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
--- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls hash
+-- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls
+-- hash, KEYS[9] channel, KEYS[10] schedules hash
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
@@ -9,7 +10,8 @@
 -- returns: {transfer reply (see TRANSFER: its 7 fields, the destination's length after the pop,
 -- and for a negative ARGV[4] the lateness list) or false, hold, expired, popped payloads, head
 -- first...}. expired: how many popped items had an envelope whose expiry had passed: those went to
--- the dead-letter list (reason expired) instead, and fewer than asked are returned.
+-- the dead-letter list (reason expired) instead, and fewer than asked are returned. Handing out an
+-- occurrence of a recurring item schedules its next occurrence (lib/recur.lua).
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id until FINISH (or a later POP) says what became of
@@ -38,9 +40,11 @@ if items then
   now = now or now_ms()
   local kept = {}
   for _, v in ipairs(items) do
-    if item_expired(v, now) then
+    local enveloped = string.byte(v, 1) == 193
+    if enveloped and item_expired(v, now) then
       redis.call('rpush', KEYS[6], dead_entry(DEAD_EXPIRED, 0, now, v))
     else
+      if enveloped and recur_next(KEYS[10], KEYS[4], KEYS[5], KEYS[7], KEYS[9], v, now) then v = item_flagged(v) end
       kept[#kept + 1] = v
       out[#out + 1] = v
     end

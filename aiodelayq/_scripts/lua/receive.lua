@@ -1,7 +1,8 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules
 -- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
--- KEYS[5] call replies hash, KEYS[6] controls hash
+-- KEYS[5] call replies hash, KEYS[6] controls hash, KEYS[7] timeout zset, KEYS[8] delay list,
+-- KEYS[9] key index hash, KEYS[10] channel, KEYS[11] schedules hash
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index)
@@ -10,7 +11,8 @@
 --           messages...}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
 --           ms until the rate limit lets one more message out. expired: items whose envelope's
 --           expiry had passed when they were due for a delivery, moved to the dead-letter list
---           (reason expired) instead.
+--           (reason expired) instead. The first delivery of an occurrence of a recurring item
+--           schedules its next occurrence (lib/recur.lua).
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
 -- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
@@ -43,7 +45,12 @@ else
       lapsed = lapsed + 1
     else
       local became_due = tonumber(redis.call('zscore', KEYS[2], e))
-      local m = message(string.sub(e, 5, 20), count + 1, became_due, string.sub(e, 33))
+      local payload = string.sub(e, 33)
+      -- A stalled schedule's occurrence: its first consumer did not list more cron times.
+      if string.byte(payload, 1) == 193 and recur_next(KEYS[11], KEYS[7], KEYS[8], KEYS[9], KEYS[10], payload, now) then
+        payload = item_flagged(payload)
+      end
+      local m = message(string.sub(e, 5, 20), count + 1, became_due, payload)
       redis.call('zadd', KEYS[2], now + vt, m)
       out[#out + 1] = m
     end
@@ -55,10 +62,14 @@ else
     if fresh then
       local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
       for i, payload in ipairs(fresh) do
-        if item_expired(payload, now) then
+        local enveloped = string.byte(payload, 1) == 193
+        if enveloped and item_expired(payload, now) then
           redis.call('rpush', KEYS[3], dead_entry(DEAD_EXPIRED, 0, now, payload))
           lapsed = lapsed + 1
         else
+          if enveloped and recur_next(KEYS[11], KEYS[7], KEYS[8], KEYS[9], KEYS[10], payload, now) then
+            payload = item_flagged(payload)
+          end
           local m = message(prefix .. struct.pack('>I4', i), 1, 0, payload)
           local n = #scored
           scored[n + 1], scored[n + 2] = deadline, m

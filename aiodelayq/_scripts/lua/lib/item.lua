@@ -1,20 +1,35 @@
--- defines: ITEM_MAGIC item_expired item_without_expiry
--- Item envelopes (layout in aiodelayq/_wire/envelope.py): 0xC1 'adq' 0x04 | '>d' expiry (server ms,
--- 0 = none) | '>H' headers length | headers | payload. A bare payload never starts with 0xC1 the
--- way an envelope does, so a plain item costs one byte compare here.
+-- defines: ITEM_MAGIC item_expired item_without_expiry item_schedule item_with_occurrence item_flagged
+-- Item envelopes (layout in aiodelayq/_wire/elements.py): 0xC1 'adq' 0x04 | '>d' expiry (server ms,
+-- 0 = none) | '>H' headers length | '>H' schedule key length | '>I4' occurrence number | '>B' flags
+-- (1: its consumer should list more cron times) | headers | schedule key | payload. A bare payload never starts with 0xC1 the way an envelope does, so the
+-- callers test string.byte(payload, 1) == 193 before calling these.
 local ITEM_MAGIC = string.char(193) .. 'adq' .. string.char(4)
+local function is_item(payload)
+  return string.len(payload) >= 22 and string.sub(payload, 1, 5) == ITEM_MAGIC
+end
 -- Whether payload is an envelope whose expiry is at or before now (server ms).
 local function item_expired(payload, now)
-  if string.byte(payload, 1) ~= 193 or string.len(payload) < 15 or string.sub(payload, 1, 5) ~= ITEM_MAGIC then
-    return false
-  end
+  if not is_item(payload) then return false end
   local at = struct.unpack('>d', payload, 6)
   return at > 0 and at <= now
 end
 -- payload without its expiry (a requeued dead letter is delivered whatever its expiry was).
 local function item_without_expiry(payload)
-  if string.byte(payload, 1) ~= 193 or string.len(payload) < 15 or string.sub(payload, 1, 5) ~= ITEM_MAGIC then
-    return payload
-  end
+  if string.byte(payload, 1) ~= 193 or not is_item(payload) then return payload end
   return ITEM_MAGIC .. struct.pack('>d', 0) .. string.sub(payload, 14)
+end
+-- The schedule key and occurrence number of an occurrence of a recurring item (nil: not one).
+local function item_schedule(payload)
+  if not is_item(payload) then return nil end
+  local hlen, klen, seq = struct.unpack('>I2>I2>I4', payload, 14)
+  if klen == 0 then return nil end
+  return string.sub(payload, 23 + hlen, 22 + hlen + klen), seq
+end
+-- payload (an occurrence) with its occurrence number set to seq, its flags cleared.
+local function item_with_occurrence(payload, seq)
+  return string.sub(payload, 1, 17) .. struct.pack('>I4B', seq, 0) .. string.sub(payload, 23)
+end
+-- payload (an occurrence) flagged: its consumer lists more cron times.
+local function item_flagged(payload)
+  return string.sub(payload, 1, 21) .. string.char(1) .. string.sub(payload, 23)
 end

@@ -1,0 +1,95 @@
+"""Consumers list more due times of cron schedules (see ``_producing/recurring.py``).
+
+The script that hands out an occurrence of a cron schedule with few listed times left flags it;
+the consumer that gets it reads the record, computes the next times with croniter and appends them
+(REFILL), in the background, retried for a while. REFILL skips times the record lists already, so
+two consumers refilling at once list each time once; a stalled schedule (its times ran out) is
+restarted by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .._core.tasks import TaskOwner
+from .._redis.client_facts import server_ms_at
+from .._redis.retry import Backoff, call_idempotent
+from .._scripts import QueueScripts
+from .._wire.codec import Codec, decode_item
+from .._wire.elements import ITEM_MARK, pack_times, parse_schedule, unwrap
+from .._wire.recurrence import cron_times
+from ..exceptions import BackendError, ConfigurationError
+
+__all__ = ["CronRefill"]
+
+log = logging.getLogger("aiodelayq")
+
+# Tries of one refill before it is left to the next flagged occurrence.
+_TRIES = 5
+
+
+class CronRefill:
+    """The refills of one queue object's consumers, one at a time per schedule key."""
+
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner) -> None:
+        self._scripts, self._keys, self._tasks = scripts, scripts.keys, tasks
+        self._running: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<CronRefill {self._keys.schedules!r} running={len(self._running)}>"
+
+    def decoder(self, codec: Codec) -> Any:
+        """A take pump's decode function: ``(item, headers)`` of a stored payload, starting a refill
+        for a flagged occurrence."""
+
+        def decode(raw: bytes) -> tuple[Any, dict[str, str]]:
+            if raw[:1] != ITEM_MARK:
+                return decode_item(codec, raw), {}
+            unwrapped = unwrap(raw)
+            if unwrapped.refill and unwrapped.schedule_key is not None:
+                self.soon(unwrapped.schedule_key, raw)
+            return decode_item(codec, unwrapped.payload), unwrapped.headers
+
+        return decode
+
+    def soon(self, key: str, payload: bytes) -> None:
+        """List more times of ``key``'s schedule, in the background (once at a time per key)."""
+        if key in self._running:
+            return
+        self._running.add(key)
+        self._tasks.spawn(self._refill(key, payload), name=f"aiodelayq-refill:{self._keys.destination}:{key}")
+
+    async def _refill(self, key: str, payload: bytes) -> None:
+        backoff = Backoff()
+        try:
+            for _ in range(_TRIES):
+                try:
+                    await self._once(key, payload)
+                    return
+                except BackendError as exc:
+                    pause = backoff.failed()
+                    log.log(backoff.level(exc), "aiodelayq: listing cron times of %r on %r failed (%s); retrying "
+                            "in %.2f s", key, self._keys.destination, exc, pause)
+                    await asyncio.sleep(pause)
+                except ConfigurationError as exc:  # croniter is missing in this process
+                    log.warning("aiodelayq: cannot list cron times of %r on %r: %s", key, self._keys.destination, exc)
+                    return
+        finally:
+            self._running.discard(key)
+
+    async def _once(self, key: str, payload: bytes) -> None:
+        scripts = self._scripts
+        record = await call_idempotent(scripts.client, "HGET", self._keys.schedules, key, what="read a schedule",
+                                       timeout_s=scripts.call_timeout_s, route=self._keys.schedules)
+        if record is None:
+            return  # cancelled
+        parsed = parse_schedule(record)
+        if not parsed.spec:
+            return
+        now_ms = await server_ms_at(scripts.client, asyncio.get_running_loop().time(), route=self._keys.destination,
+                                    timeout_s=scripts.call_timeout_s)
+        after = max(now_ms, parsed.times_ms[-1]) if parsed.times_ms else now_ms
+        times = cron_times(parsed.spec, after)
+        await scripts.refill.resend(key, payload, pack_times(times), durable=True)

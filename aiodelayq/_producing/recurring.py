@@ -1,0 +1,69 @@
+"""Recurring items: ``schedule(key, item, every=... | cron=...)``.
+
+A schedule is a record in the queue's schedules hash (``lua/lib/recur.lua``) and one occurrence, a
+keyed pending item whose payload is an item envelope naming the key and the occurrence's number.
+Handing an occurrence out (POP, RECEIVE) schedules the next one in the same script, once: the
+record's number moves on with it, so an occurrence handed out again (after a crash, a release, a
+redelivery) continues nothing. ``cancel(key)`` removes the pending occurrence and the record.
+
+A cron schedule's due times are computed here and by consumers, with croniter (the extra
+``aiodelayq[cron]``): the record lists the next ``CRON_LISTED``, and a consumer handed an
+occurrence of a schedule with few left lists more (``_consuming/refill.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from .._options import QueueOptions
+from .._redis.client_facts import facts_for, server_ms_at
+from .._scripts import QueueScripts
+from .._wire.codec import encode_item
+from .._wire.elements import pack_headers, pack_times, wrap
+from .._wire.recurrence import check_every, cron_spec, cron_times
+from ..exceptions import ConfigurationError, ItemTooLargeError
+from .keyed import check_key, key_tag
+
+__all__ = ["Schedules"]
+
+
+class Schedules:
+    """``schedule`` of one queue object (see :meth:`~aiodelayq.DelayedQueue.schedule`)."""
+
+    def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
+        self._scripts, self._keys = scripts, scripts.keys
+        self._codec, self._max_item_bytes = options.codec, options.max_item_bytes
+
+    def __repr__(self) -> str:
+        return f"<Schedules {self._keys.schedules!r}>"
+
+    async def schedule(self, key: str, item: Any, *, every: float | timedelta | None, cron: str | None,
+                       tz: str | None, headers: Mapping[str, str] | None) -> int:
+        """Start (or replace) the recurring item of ``key``; returns its first due time (epoch ms)."""
+        raw = check_key(key)
+        if (every is None) == (cron is None):
+            raise ConfigurationError("schedule needs exactly one of every= and cron=")
+        if tz is not None and cron is None:
+            raise ConfigurationError("tz applies to cron= schedules only")
+        every_ms = 0 if every is None else check_every(every)
+        spec = "" if cron is None else cron_spec(cron, tz)
+        payload = encode_item(self._codec, item)
+        if self._max_item_bytes is not None and len(payload) > self._max_item_bytes:
+            raise ItemTooLargeError(f"the item is {len(payload)} bytes encoded, over max_item_bytes="
+                                    f"{self._max_item_bytes}; nothing was written")
+        envelope = wrap(payload, pack_headers(headers), None, raw)
+        issued = asyncio.get_running_loop().time()
+        times = b""
+        if spec:
+            now_ms = await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
+                                        timeout_s=self._scripts.call_timeout_s)
+            times = pack_times(cron_times(spec, now_ms))
+        issue_arg = facts_for(self._scripts.client).clock.issue_arg(issued)
+        due = await self._scripts.schedule.resend(raw, key_tag(raw), envelope, every_ms, spec, times, issue_arg,
+                                                  durable=True)
+        if due is None:
+            raise ConfigurationError(f"cron {cron!r} has no due time after now")
+        return int(due)

@@ -1,0 +1,32 @@
+-- REFILL: list more upcoming due times of a cron schedule; restart it if it stalled.
+-- KEYS: timeout_set delay_list key_index channel schedules
+-- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5]
+-- schedules hash
+-- ARGV[1] key, ARGV[2] the occurrence payload the consumer was handed (an item envelope naming the
+-- key and its number), ARGV[3] due times ('>d' each, ascending), computed by the client after the
+-- last one the record lists (or after now)
+-- returns: the number of due times the record lists now, or false when the schedule is gone.
+-- Times at or before the record's last one are skipped, so concurrent or repeated refills list
+-- each time once. A stalled record (its times had run out when its occurrence was handed out)
+-- whose number is the payload's then schedules its next occurrence, as the hand-out would have.
+local key = ARGV[1]
+local rec = redis.call('hget', KEYS[5], key)
+if not rec then return false end
+local seq, stalled, every, anchor, field, tag, spec, times = read_schedule(rec)
+local last = -1
+if string.len(times) >= 8 then last = struct.unpack('>d', times, string.len(times) - 7) end
+local more = {}
+for pos = 1, string.len(ARGV[3]) - 7, 8 do
+  local t = struct.unpack('>d', ARGV[3], pos)
+  if t > last then more[#more + 1] = string.sub(ARGV[3], pos, pos + 7); last = t end
+end
+times = times .. table.concat(more)
+rec = schedule_record(seq, stalled, every, anchor, field, tag, spec, times)
+redis.call('hset', KEYS[5], key, rec)
+local _, number = item_schedule(ARGV[2])
+if stalled == 1 and number == seq then
+  recur_advance(KEYS[5], KEYS[1], KEYS[2], KEYS[3], KEYS[4], key, rec, ARGV[2], now_ms())
+  local _, _, _, _, _, _, _, left = read_schedule(redis.call('hget', KEYS[5], key))
+  return string.len(left) / 8
+end
+return string.len(times) / 8

@@ -1,0 +1,47 @@
+-- SCHEDULE: start (or replace) the recurring item of a key: its record and its first occurrence.
+-- KEYS: timeout_set delay_list key_index channel schedules
+-- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5]
+-- schedules hash
+-- ARGV[1] key, ARGV[2] its tag, ARGV[3] the occurrence payload (an item envelope naming the key),
+-- ARGV[4] every ms ('0': a cron schedule), ARGV[5] a cron schedule's spec (expression, newline,
+-- time zone; '' for every), ARGV[6] its upcoming due times ('>d' each, ascending; '' for every),
+-- ARGV[7] issue time (server ms as the client estimates it, '' = none)
+-- returns: the first occurrence's due time (ms), or false when no listed cron time is after now
+-- (nothing written). The key's pending item, if any, is replaced. A schedule replaced by another
+-- keeps no occurrence of its own: the new record's number is the next one, so an occurrence of the
+-- old one that is ready or in flight continues nothing. Resending it is harmless: it replaces the
+-- schedule again.
+local now = now_ms()
+local base = issue_base(ARGV[7], now)
+local key, tag, every = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local due, times = nil, ''
+if every > 0 then
+  due = base + every
+else
+  local blob = ARGV[6]
+  for pos = 1, string.len(blob) - 7, 8 do
+    local t = struct.unpack('>d', blob, pos)
+    if t > now then due, times = t, string.sub(blob, pos + 8); break end
+  end
+  if not due then return false end
+end
+local rec = redis.call('hget', KEYS[5], key)
+local seq = rec and struct.unpack('>I4', rec) + 1 or 1
+-- The key's index field: its tag, unless another key holds the tag with a pending element (a SHA-1
+-- prefix collision): then its overflow field, with the element's tag bit cleared (as OFFER does).
+local field = tag
+local kv = index_pairs(redis.call('hget', KEYS[3], tag))
+if kv[1] ~= key then
+  local spill = overflow_field(key)
+  if index_pairs(redis.call('hget', KEYS[3], spill))[1] == key then
+    field = spill
+  elseif kv[1] and kv[2] and redis.call('zscore', KEYS[1], kv[2]) then
+    field = spill
+    redis.call('hset', KEYS[3], INDEX_OVERFLOW, '1')
+  end
+end
+local etag = tag
+if field ~= tag then etag = string.char(string.byte(tag, 1) % 128) .. string.sub(tag, 2) end
+redis.call('hset', KEYS[5], key, schedule_record(seq, 0, every, base, field, etag, ARGV[5], times))
+add_occurrence(KEYS[1], KEYS[2], KEYS[3], KEYS[4], key, field, etag, item_with_occurrence(ARGV[3], seq), due, now)
+return due

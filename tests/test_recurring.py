@@ -1,0 +1,209 @@
+"""Recurring items: one pending occurrence per key whatever hands them out, the next scheduled in
+the same script as the hand-out, never lost nor doubled when an occurrence comes back; missed
+occurrences collapse; cancel stops it; cron schedules (croniter) list more times as they go; bad
+input is refused with nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
+from aiodelayq._wire import recurrence
+from aiodelayq._wire.elements import parse_schedule, wrap
+from aiodelayq.cli._render import pending_json
+from tests.helpers import server_ms, server_past, until
+
+
+async def _pending_of(client: Redis, q: DelayedQueue[Any]) -> int:
+    return int(await client.zcard(q.keys.timeout_set))
+
+
+async def _record(client: Redis, q: DelayedQueue[Any], key: str) -> Any:
+    raw = await client.hget(q.keys.schedules, key)
+    return None if raw is None else parse_schedule(raw)
+
+
+async def test_every_hand_out_schedules_the_next_occurrence_once(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    first = await q.schedule("tick", "t", every=0.2, headers={"job": "tick"})
+    pending = await q.get("tick")
+    assert pending is not None
+    assert (pending.value, pending.due_ms, pending.recurring, pending.headers) == ("t", first, True, {"job": "tick"})
+    assert abs(first - await server_ms(client) - 200) < 100
+    [peeked] = await q.peek()
+    assert peeked.recurring
+    assert pending_json(peeked, 0)["recurring"] is True
+    assert (await q.counts()).recurring == 1
+    async with q:
+        dues = []
+        for n in range(3):
+            item, headers = await asyncio.wait_for(q.take_with_headers(), 5)
+            assert (item, headers) == ("t", {"job": "tick"})
+            # The next one is pending as soon as this one is handed out, and only it.
+            assert await _pending_of(client, q) == 1
+            nxt = await q.get("tick")
+            assert nxt is not None
+            dues.append(nxt.due_ms)
+            assert (await _record(client, q, "tick")).occurrence == n + 2
+        # On the schedule's grid: first + k * 200 ms.
+        assert all((due - first) % 200 == 0 for due in dues)
+        assert dues == sorted(set(dues))
+
+
+async def test_every_consumer_kind_continues_the_chain_and_none_doubles_it(
+        client: Redis, make_client: Any, redis_server: Any, make_queue: Any, qname: str) -> None:
+    # Two processes' worth of consumers (two clients): a taker and a reliable receiver.
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    other: DelayedQueue[Any] = make_queue(redis=make_client(redis_server), codec="str")
+    await q.schedule("beat", "b", every=0.05)
+    got: list[str] = []
+    async with q, other:
+        async def taker() -> None:
+            while len(got) < 12:
+                got.extend(await q.take_many(2, timeout=0.2))
+
+        async def receiver() -> None:
+            while len(got) < 12:
+                for m in await other.receive_many(2, 5, timeout=0.2):
+                    got.append(m.value)
+                    await m.ack()
+
+        await asyncio.wait_for(asyncio.gather(taker(), receiver()), 30)
+        assert await _pending_of(client, q) == 1  # never more than one occurrence
+        assert await client.llen(q.keys.destination) <= 1
+
+
+async def test_an_occurrence_handed_out_again_continues_nothing(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("once-only", "o", every=60)
+    assert await q.reschedule("once-only", 0) is not None  # the first occurrence, due now
+    async with q:
+        # A reliable delivery never acked: the next occurrence is scheduled at the first delivery;
+        # the redelivery after the visibility timeout schedules nothing more.
+        msg = await q.receive(0.1, timeout=5)
+        assert msg is not None
+        assert (await _record(client, q, "once-only")).occurrence == 2
+        again = await q.receive(5, timeout=5)
+        assert again is not None
+        assert (again.id, again.delivery_count) == (msg.id, 2)
+        assert await again.ack()
+        assert (await _record(client, q, "once-only")).occurrence == 2
+        assert await _pending_of(client, q) == 1
+        # A popped occurrence given back to the list (as a hand-off lease does after a crash) is
+        # taken again without starting a second chain.
+        await client.lpush(q.keys.destination, wrap(b"o", b"", None, b"once-only", 1))
+        assert await asyncio.wait_for(q.take(), 5) == "o"
+        assert (await _record(client, q, "once-only")).occurrence == 2
+        assert await _pending_of(client, q) == 1
+
+
+async def test_missed_occurrences_collapse_into_one_then_the_schedule_goes_on_from_now(
+        client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    first = await q.schedule("missed", "m", every=0.1)
+    await until(lambda: server_past(client, first + 600))  # six periods with no consumer
+    async with q:
+        assert await asyncio.wait_for(q.take(), 5) == "m"
+        now = await server_ms(client)
+        assert await q.poll() is None  # one occurrence, not six
+        nxt = await q.get("missed")
+        assert nxt is not None
+        assert now - 100 < nxt.due_ms <= now + 100  # the first due time after the hand-out
+        assert (nxt.due_ms - first) % 100 == 0
+
+
+async def test_cancel_stops_the_schedule_and_replacing_keeps_one_occurrence(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("job", "v1", every=60)
+    await q.schedule("job", "v2", every=0.1)  # replaces schedule and pending item
+    assert await _pending_of(client, q) == 1
+    pending = await q.get("job")
+    assert pending is not None
+    assert pending.value == "v2"
+    async with q:
+        assert await asyncio.wait_for(q.take(), 5) == "v2"
+        assert await q.cancel("job")
+        assert await q.get("job") is None
+        assert await client.hlen(q.keys.schedules) == 0
+        assert await q.take_many(5, timeout=0.5) == []
+        # Cancelled while its occurrence is ready: handing that one out continues nothing.
+        await q.schedule("job", "v3", every=0.05)
+        await until(lambda: _ready(client, q))
+        assert await q.cancel("job")  # the record goes (no pending occurrence at that moment)
+        assert await asyncio.wait_for(q.take(), 5) == "v3"
+        assert await _pending_of(client, q) == 0
+        assert not await q.cancel("job")
+    assert (await q.counts()).recurring == 0
+
+
+async def _ready(client: Redis, q: DelayedQueue[Any]) -> bool:
+    return int(await client.llen(q.keys.destination)) > 0 and int(await client.zcard(q.keys.timeout_set)) == 0
+
+
+async def test_clear_stops_every_schedule(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    await q.schedule("a", 1, every=10)
+    await q.clear()
+    assert await client.exists(q.keys.schedules, q.keys.timeout_set) == 0
+
+
+async def test_cron_schedules_follow_the_expression_in_their_time_zone(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    due = await q.schedule("nine", "n", cron="0 9 * * *", tz="Europe/Paris")
+    at = datetime.fromtimestamp(due / 1000, ZoneInfo("Europe/Paris"))
+    assert (at.hour, at.minute, at.second) == (9, 0, 0)
+    assert 0 < due - await server_ms(client) <= 86_400_000
+    record = await _record(client, q, "nine")
+    assert record.spec == "0 9 * * *\nEurope/Paris"
+    assert len(record.times_ms) == recurrence.CRON_LISTED - 1
+    utc = await q.schedule("utc", "u", cron="30 * * * *")
+    assert datetime.fromtimestamp(utc / 1000, ZoneInfo("UTC")).minute == 30
+
+
+async def test_a_cron_schedule_lists_more_times_as_consumers_go(client: Redis, make_queue: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # One time listed at a time: every hand-out finds the list empty, the record stalls, and the
+    # consumer's refill lists more and schedules the next occurrence.
+    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("sec", "s", cron="* * * * * *")  # every second (croniter's seconds field)
+    async with q:
+        seen = []
+        for _ in range(3):
+            assert await asyncio.wait_for(q.take(), 10) == "s"
+            await until(lambda: q.get("sec"), timeout_s=10)  # the refill scheduled the next one
+            nxt = await q.get("sec")
+            assert nxt is not None
+            seen.append(nxt.due_ms)
+        assert [b - a for a, b in itertools.pairwise(seen)] == [1000, 1000]
+        assert await _pending_of(client, q) == 1
+
+
+@pytest.mark.parametrize(("kwargs", "error", "names"), [
+    ({}, ConfigurationError, "every= and cron="),
+    ({"every": 1, "cron": "* * * * *"}, ConfigurationError, "every= and cron="),
+    ({"every": 1, "tz": "UTC"}, ConfigurationError, "tz"),
+    ({"every": 0}, InvalidDelayError, "every"),
+    ({"every": -1}, InvalidDelayError, "every"),
+    ({"every": math.nan}, InvalidDelayError, "every"),
+    ({"every": True}, InvalidDelayError, "every"),
+    ({"every": timedelta(0)}, InvalidDelayError, "every"),
+    ({"cron": "61 * * * *"}, ConfigurationError, "cron"),
+    ({"cron": "not cron"}, ConfigurationError, "cron"),
+    ({"cron": ""}, ConfigurationError, "cron"),
+    ({"cron": "* * * * *", "tz": "Mars/Olympus"}, ConfigurationError, "tz"),
+])
+async def test_bad_schedules_are_refused_naming_the_option_with_nothing_written(
+        client: Redis, make_queue: Any, kwargs: dict[str, Any], error: type[Exception], names: str) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    with pytest.raises(error, match=names):
+        await q.schedule("k", "x", **kwargs)
+    assert await client.exists(*q.keys.all) == 0
