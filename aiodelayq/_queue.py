@@ -313,9 +313,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]:  # noqa: ASYNC109
         """Wait for at least one due item and return up to ``max_items`` of them in one round trip, or
-        ``[]`` after ``timeout`` seconds (``None``: forever). Cancellation-safe like :meth:`take`.
-        Raises as :meth:`take`, :class:`ConfigurationError` for ``max_items`` < 1 and
-        :class:`InvalidDelayError` for a negative or NaN timeout."""
+        ``[]`` after ``timeout`` seconds (``None``: forever; 0: one pop attempt, no waiting).
+        Cancellation-safe like :meth:`take`. Raises as :meth:`take`, :class:`ConfigurationError` for
+        ``max_items`` < 1 and :class:`InvalidDelayError` for a negative or NaN timeout."""
         pump = self._life.pump()
         count = check_max_items(max_items)
         check_timeout(timeout)

@@ -196,8 +196,13 @@ async def test_a_rejected_message_with_headers_is_dead_lettered_with_them(make_q
 async def test_a_bytes_payload_that_looks_like_an_envelope_round_trips(make_queue: Any) -> None:
     q: DelayedQueue[bytes] = make_queue(codec="bytes")
     tricky = ITEM_MAGIC + bytes(range(40))
+    await q.offer(tricky, 0)
+    await q.offer(ITEM_MAGIC, 60)  # exactly the marker
+    assert await q.contains(tricky)
+    assert await q.contains(ITEM_MAGIC)
+    assert sorted(await q.read_all()) == sorted([tricky, ITEM_MAGIC])
+    assert await q.remove(ITEM_MAGIC)
     async with q:
-        await q.offer(tricky, 0)
         assert await asyncio.wait_for(q.take_with_headers(), 5) == (tricky, {})
 
 

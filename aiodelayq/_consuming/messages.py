@@ -29,7 +29,6 @@ class Message(Generic[T]):
             visibility timeout or nack delay; ``None`` for a first delivery (the destination list
             carries only the payload, as Redisson's does).
         deadline_ms: the end of this delivery's visibility timeout, epoch ms of the server clock.
-        headers: the headers it was offered with (``{}`` when none).
         expires_at_ms: when it expires, epoch ms of the server clock (``None``: never): a delivery
             due at or after it is not made (the item goes to the dead-letter list, reason
             ``"expired"``).
@@ -47,8 +46,13 @@ class Message(Generic[T]):
     _expires: float = field(repr=False, default=0.0)
     _vt_ms: int = field(repr=False, default=0)  # the visibility timeout it was received with
     _settled: bool = field(repr=False, default=False)
-    headers: dict[str, str] = field(default_factory=dict)
+    _headers: dict[str, str] | None = field(repr=False, default=None)  # None: none (no dict per message)
     expires_at_ms: int | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers it was offered with (``{}`` when none)."""
+        return {} if self._headers is None else self._headers
 
     @property
     def settled(self) -> bool:

@@ -21,6 +21,7 @@ from .._wire.codec import Codec, decode_item
 from .._wire.elements import ITEM_MARK, pack_times, parse_schedule, unwrap
 from .._wire.recurrence import cron_times
 from ..exceptions import BackendError, ConfigurationError
+from .take import Headed
 
 __all__ = ["CronRefill"]
 
@@ -41,16 +42,17 @@ class CronRefill:
         return f"<CronRefill {self._keys.schedules!r} running={len(self._running)}>"
 
     def decoder(self, codec: Codec) -> Any:
-        """A take pump's decode function: ``(item, headers)`` of a stored payload, starting a refill
-        for a flagged occurrence."""
+        """A take pump's decode function: the item of a stored payload, as a :class:`Headed` when it
+        has headers; starts a refill for a flagged occurrence."""
 
-        def decode(raw: bytes) -> tuple[Any, dict[str, str]]:
+        def decode(raw: bytes) -> Any:
             if raw[:1] != ITEM_MARK:
-                return decode_item(codec, raw), {}
+                return decode_item(codec, raw)
             unwrapped = unwrap(raw)
             if unwrapped.refill and unwrapped.schedule_key is not None:
                 self.soon(unwrapped.schedule_key, raw)
-            return decode_item(codec, unwrapped.payload), unwrapped.headers
+            value = decode_item(codec, unwrapped.payload)
+            return Headed(value, unwrapped.headers) if unwrapped.headers else value
 
         return decode
 

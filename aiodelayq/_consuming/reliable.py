@@ -194,8 +194,7 @@ class ReliableConsumer(Generic[T]):
         elements = reply[5:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
         for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
-            payload, expires_at_ms = stored, None
-            headers: dict[str, str] = {}
+            payload, headers, expires_at_ms = stored, None, None
             if stored[:1] == ITEM_MARK:
                 unwrapped = unwrap(stored)
                 payload, headers, expires_at_ms = unwrapped[:3]
@@ -212,7 +211,7 @@ class ReliableConsumer(Generic[T]):
                 self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
             messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
-                                    expires, vt_ms, headers=headers, expires_at_ms=expires_at_ms))
+                                    expires, vt_ms, False, headers, expires_at_ms))
         return messages, wait_s, hold
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:

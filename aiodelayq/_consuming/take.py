@@ -29,7 +29,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, wait_event
@@ -41,7 +41,7 @@ from .controls import hold_s
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from .prefetch import PrefetchBuffer
 
-__all__ = ["TakePump"]
+__all__ = ["Headed", "TakePump"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -58,6 +58,22 @@ _SHUTDOWN_FLUSH_S = 0.5
 # would send one empty POP after every transfer, as many calls as the useful ones. Items pushed straight
 # into the list by other code are seen by such a waiter at most this much later.
 _DRAINED_FOR_S = 0.05
+
+
+class Headed(NamedTuple):
+    """A decoded item that came with headers (what the pump holds for it; a bare item is held as
+    itself, so the common case costs nothing more)."""
+
+    value: Any
+    headers: dict[str, str]
+
+
+def _value(taken: Any) -> Any:
+    return taken.value if type(taken) is Headed else taken
+
+
+def _pair(taken: Any) -> tuple[Any, dict[str, str]]:
+    return (taken.value, taken.headers) if type(taken) is Headed else (taken, {})
 
 
 @dataclass(eq=False)
@@ -113,8 +129,8 @@ class TakePump:
     async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False,
                   with_headers: bool = False) -> list[Any]:
         """Up to ``max_items`` decoded items; waits up to ``timeout_s`` (``None``: forever) for at
-        least one, ``[]`` after it. ``once``: a single pop attempt, no waiting. ``with_headers``:
-        ``(item, headers)`` pairs instead of items.
+        least one, ``[]`` after it. ``once`` (or a ``timeout_s`` of 0): a single pop attempt, no
+        waiting. ``with_headers``: ``(item, headers)`` pairs instead of items.
 
         Raises:
             the exception given to :meth:`fail_waiters` once closing; a permanent
@@ -123,6 +139,8 @@ class TakePump:
         """
         if self._closed is not None:
             raise self._closed
+        if timeout_s == 0:
+            once, timeout_s = True, None
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
             if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
                 pop, index, taken = self._buffer.pop()
@@ -130,7 +148,7 @@ class TakePump:
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
                 self._events.delivered(1)
-                return [taken if with_headers else taken[0]]
+                return [_pair(taken) if with_headers else _value(taken)]
             return self._deliver(self._buffer.take(max_items), with_headers)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), max_items, once)
@@ -158,8 +176,8 @@ class TakePump:
         if entries:
             self._events.delivered(len(entries))
         if with_headers:
-            return [taken for _, _, taken in entries]
-        return [taken[0] for _, _, taken in entries]
+            return [_pair(taken) for _, _, taken in entries]
+        return [_value(taken) for _, _, taken in entries]
 
     def _settle(self, entries: list[tuple[Pop, int, Any]], verdict: str) -> None:
         """Record ``verdict`` for ``entries`` and finish the pops that are now settled."""

@@ -26,8 +26,8 @@ from typing import Any, Generic, TypeVar
 
 from .._redis.retry import call_idempotent, resend_within
 from .._scripts import PAGE_SIZE, BoundScript, QueueScripts
-from .._wire.codec import Codec, decode_item, decode_with_headers, encode_item
-from .._wire.elements import unwrap
+from .._wire.codec import Codec, decode_item, decode_stored, encode_item
+from .._wire.elements import ITEM_MAGIC, unwrap, wrap
 from ..exceptions import ConfigurationError, DecodeError
 
 __all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
@@ -181,7 +181,7 @@ class PendingView:
 
     async def contains(self, item: Any) -> bool:
         """Whether a pending element carries ``item``'s encoded payload (pages until a match)."""
-        payload = encode_item(self._codec, item)
+        payload = _stored(encode_item(self._codec, item))
         what = f"contains on {self._keys.destination!r}"
         score: bytes = b""
         member: bytes = b""
@@ -203,13 +203,13 @@ class PendingView:
             reply = await self._page(self._scripts.read_page, [score, member, self.page_size], what=what)
             payloads.extend(reply[2:])
             if reply[0] is None:
-                return [decode_with_headers(self._codec, p)[0] for p in payloads]
+                return [decode_stored(self._codec, p) for p in payloads]
             score, member = reply[0], reply[1]
 
     async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:
         """Cancel pending elements matching ``items`` (only the first found, in zset order, with
         ``first_only``); returns how many this call removed."""
-        payloads = list(dict.fromkeys(encode_item(self._codec, item) for item in items))
+        payloads = list(dict.fromkeys(_stored(encode_item(self._codec, item)) for item in items))
         if not payloads:
             return 0
         what = f"remove on {self._keys.destination!r}"
@@ -231,3 +231,9 @@ class PendingView:
         background: a huge zset does not block the server)."""
         await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index,
                          self._keys.schedules, what="clear")
+
+
+def _stored(payload: bytes) -> bytes:
+    """``payload`` as an offer without headers or expiry stores it (wrapped only when it starts like an
+    item envelope), so ``contains``/``remove`` find it."""
+    return wrap(payload, b"", None) if payload.startswith(ITEM_MAGIC) else payload

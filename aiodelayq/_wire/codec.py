@@ -141,10 +141,6 @@ def decode_item(codec: Codec, data: bytes) -> Any:
         raise DecodeError(f"cannot decode payload of {len(data)} bytes: {exc}", data) from exc
 
 
-def decode_with_headers(codec: Codec, data: bytes) -> tuple[Any, dict[str, str]]:
-    """The item and the headers stored as ``data`` (a bare payload, or an item envelope); raises as
-    :func:`decode_item`."""
-    if data[:1] != ITEM_MARK:
-        return decode_item(codec, data), {}
-    unwrapped = unwrap(data)
-    return decode_item(codec, unwrapped.payload), unwrapped.headers
+def decode_stored(codec: Codec, data: bytes) -> Any:
+    """The item stored as ``data`` (a bare payload, or an item envelope); raises as :func:`decode_item`."""
+    return decode_item(codec, data if data[:1] != ITEM_MARK else unwrap(data).payload)
