@@ -10,6 +10,7 @@
 
 from ._consuming.current import current_headers, current_message
 from ._consuming.messages import Message
+from ._consuming.priority import Prioritized
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Reject, Retry, Worker, WorkerStats
 from ._options import WireFormat, WorkerOptions
@@ -71,6 +72,7 @@ __all__ = [
     "Offered",
     "Pending",
     "PendingItem",
+    "Prioritized",
     "QueueClosedError",
     "QueueFullError",
     "QueueCounts",
