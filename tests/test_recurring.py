@@ -59,10 +59,10 @@ async def test_every_hand_out_schedules_the_next_occurrence_once(client: Redis, 
 
 
 async def test_every_consumer_kind_continues_the_chain_and_none_doubles_it(
-        client: Redis, make_client: Any, redis_server: Any, make_queue: Any, qname: str) -> None:
+        client: Redis, make_client: Any, make_queue: Any) -> None:
     # Two processes' worth of consumers (two clients): a taker and a reliable receiver.
     q: DelayedQueue[Any] = make_queue(codec="str")
-    other: DelayedQueue[Any] = make_queue(redis=make_client(redis_server), codec="str")
+    other: DelayedQueue[Any] = make_queue(redis=make_client(), codec="str")
     await q.schedule("beat", "b", every=0.05)
     got: list[str] = []
     async with q, other:
