@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import signal
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -103,6 +104,47 @@ async def test_an_occurrence_handed_out_again_continues_nothing(client: Redis, m
         assert await asyncio.wait_for(q.take(), 5) == "o"
         assert (await _record(client, q, "once-only")).occurrence == 2
         assert await _pending_of(client, q) == 1
+
+
+# A consumer in another process: receives one message, prints its value and delivery count, then
+# waits to be killed without acking.
+RECEIVE_AND_HANG = r"""
+import asyncio, sys
+from redis.asyncio import Redis
+from aiodelayq import DelayedQueue
+
+
+async def main():
+    async with DelayedQueue(Redis.from_url(sys.argv[1]), sys.argv[2], codec="str") as q:
+        msg = await q.receive(0.5, timeout=30)
+        print("got", msg.value, msg.delivery_count, flush=True)
+        await asyncio.sleep(120)
+
+
+asyncio.run(main())
+"""
+
+
+async def test_a_consumer_killed_holding_an_occurrence_neither_loses_nor_doubles_the_chain(
+        redis_server: Any, client: Redis, make_queue: Any, qname: str, spawn_consumer: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("job", "run", every=60)
+    assert await q.reschedule("job", 0) is not None  # the first occurrence, due now
+    child = spawn_consumer(RECEIVE_AND_HANG, args=[redis_server.url, qname])
+    assert await child.await_line(lambda line: line.startswith("got"), 60) == "got run 1"
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(10) == -signal.SIGKILL
+    # The next occurrence was scheduled by the hand-out, before the crash: the chain is not lost.
+    assert (await _record(client, q, "job")).occurrence == 2
+    assert await _pending_of(client, q) == 1
+    async with q:
+        again = await q.receive(30, timeout=10)  # the killed consumer's message, redelivered
+        assert again is not None
+        assert (again.value, again.delivery_count) == ("run", 2)
+        assert await again.ack()
+    # ... and not doubled: the redelivery scheduled nothing more.
+    assert (await _record(client, q, "job")).occurrence == 2
+    assert await _pending_of(client, q) == 1
 
 
 async def test_missed_occurrences_collapse_into_one_then_the_schedule_goes_on_from_now(
