@@ -257,6 +257,24 @@ async def test_peek_lists_soonest_first_with_keys_and_raw_bytes(client: Redis, m
     assert len(table_rows(two.out)) == 3  # header + 2
 
 
+async def test_peek_and_ls_mark_recurring_items_headers_and_expiry(make_queue: Any, cli: Cli, qname: str) -> None:
+    q = make_queue(codec="json")
+    recurring = await q.schedule("nightly", {"job": 1}, every=3600)
+    expiring = await q.offer({"job": 2}, 7200, headers={"a": "1", "b": "2"}, expires=3600)
+    table, as_json, listed = await asyncio.gather(cli("peek", qname), cli("peek", qname, "--json"),
+                                                  cli("ls", "--match", qname, "--json"))
+    assert table.code == 0, table.err
+    marks = [row[-1] for row in table_rows(table.out)[1:]]
+    assert marks[0] == "recurring"
+    assert marks[1].startswith("expires in ")
+    assert marks[1].endswith(", 2 header(s)")
+    items = json.loads(as_json.out)["items"]
+    assert [(i["due_ms"], i["recurring"], i["headers"], i["expires_at_ms"]) for i in items] == [
+        (recurring, True, {}, None), (expiring, False, {"a": "1", "b": "2"}, expiring + 3_600_000)]
+    [queue] = json.loads(listed.out)["queues"]
+    assert queue["recurring"] == 1
+
+
 # -- offer, cancel ---------------------------------------------------------------------------------
 
 
