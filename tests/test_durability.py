@@ -94,7 +94,7 @@ async def test_a_deduplicated_resend_writes_so_its_wait_covers_the_first_run(own
     k = q.keys
     await q.offer(1, 60, key="k")
     raw = b"k"
-    keys = [k.timeout_set, k.delay_list, k.key_index, k.channel, k.calls, k.call_replies]
+    keys = [getattr(k, name) for name in CANCEL.key_names]
     args = [os.urandom(16), raw, key_tag(raw)]
     assert int(await run_script(client, CANCEL, keys, args, timeout_s=5)) == 1
     offset = int((await client.info("replication"))["master_repl_offset"])

@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
+from aiodelayq._consuming.refill import CronRefill
 from aiodelayq._wire import recurrence
 from aiodelayq._wire.elements import parse_schedule, wrap
 from aiodelayq.cli._render import pending_json
@@ -43,6 +44,7 @@ async def test_every_hand_out_schedules_the_next_occurrence_once(client: Redis, 
     assert peeked.recurring
     assert pending_json(peeked, 0)["recurring"] is True
     assert (await q.counts()).recurring == 1
+    start = (await _record(client, q, "tick")).occurrence  # a random first number
     async with q:
         dues = []
         for n in range(3):
@@ -53,7 +55,7 @@ async def test_every_hand_out_schedules_the_next_occurrence_once(client: Redis, 
             nxt = await q.get("tick")
             assert nxt is not None
             dues.append(nxt.due_ms)
-            assert (await _record(client, q, "tick")).occurrence == n + 2
+            assert (await _record(client, q, "tick")).occurrence == start + n + 1
         # On the schedule's grid: first + k * 200 ms.
         assert all((due - first) % 200 == 0 for due in dues)
         assert dues == sorted(set(dues))
@@ -85,24 +87,25 @@ async def test_every_consumer_kind_continues_the_chain_and_none_doubles_it(
 async def test_an_occurrence_handed_out_again_continues_nothing(client: Redis, make_queue: Any) -> None:
     q: DelayedQueue[Any] = make_queue(codec="str")
     await q.schedule("once-only", "o", every=60)
+    first = (await _record(client, q, "once-only")).occurrence
     assert await q.reschedule("once-only", 0) is not None  # the first occurrence, due now
     async with q:
         # A reliable delivery never acked: the next occurrence is scheduled at the first delivery;
         # the redelivery after the visibility timeout schedules nothing more.
         msg = await q.receive(0.1, timeout=5)
         assert msg is not None
-        assert (await _record(client, q, "once-only")).occurrence == 2
+        assert (await _record(client, q, "once-only")).occurrence == first + 1
         again = await q.receive(5, timeout=5)
         assert again is not None
         assert (again.id, again.delivery_count) == (msg.id, 2)
         assert await again.ack()
-        assert (await _record(client, q, "once-only")).occurrence == 2
+        assert (await _record(client, q, "once-only")).occurrence == first + 1
         assert await _pending_of(client, q) == 1
         # A popped occurrence given back to the list (as a hand-off lease does after a crash) is
         # taken again without starting a second chain.
-        await client.lpush(q.keys.destination, wrap(b"o", b"", None, b"once-only", 1))
+        await client.lpush(q.keys.destination, wrap(b"o", b"", None, b"once-only", first))
         assert await asyncio.wait_for(q.take(), 5) == "o"
-        assert (await _record(client, q, "once-only")).occurrence == 2
+        assert (await _record(client, q, "once-only")).occurrence == first + 1
         assert await _pending_of(client, q) == 1
 
 
@@ -129,13 +132,14 @@ async def test_a_consumer_killed_holding_an_occurrence_neither_loses_nor_doubles
         redis_server: Any, client: Redis, make_queue: Any, qname: str, spawn_consumer: Any) -> None:
     q: DelayedQueue[Any] = make_queue(codec="str")
     await q.schedule("job", "run", every=60)
+    first = (await _record(client, q, "job")).occurrence
     assert await q.reschedule("job", 0) is not None  # the first occurrence, due now
     child = spawn_consumer(RECEIVE_AND_HANG, args=[redis_server.url, qname])
     assert await child.await_line(lambda line: line.startswith("got"), 60) == "got run 1"
     child.send_signal(signal.SIGKILL)
     assert child.wait(10) == -signal.SIGKILL
     # The next occurrence was scheduled by the hand-out, before the crash: the chain is not lost.
-    assert (await _record(client, q, "job")).occurrence == 2
+    assert (await _record(client, q, "job")).occurrence == first + 1
     assert await _pending_of(client, q) == 1
     async with q:
         again = await q.receive(30, timeout=10)  # the killed consumer's message, redelivered
@@ -143,7 +147,7 @@ async def test_a_consumer_killed_holding_an_occurrence_neither_loses_nor_doubles
         assert (again.value, again.delivery_count) == ("run", 2)
         assert await again.ack()
     # ... and not doubled: the redelivery scheduled nothing more.
-    assert (await _record(client, q, "job")).occurrence == 2
+    assert (await _record(client, q, "job")).occurrence == first + 1
     assert await _pending_of(client, q) == 1
 
 
@@ -221,11 +225,61 @@ async def test_a_cron_schedule_lists_more_times_as_consumers_go(client: Redis, m
         seen = []
         for _ in range(3):
             assert await asyncio.wait_for(q.take(), 10) == "s"
-            await until(lambda: q.get("sec"), timeout_s=10)  # the refill scheduled the next one
+            await until(lambda: _restarted(client, q, "sec"), timeout_s=10)  # the refill scheduled the next one
             nxt = await q.get("sec")
             assert nxt is not None
             seen.append(nxt.due_ms)
         assert [b - a for a, b in itertools.pairwise(seen)] == [1000, 1000]
+        assert await _pending_of(client, q) == 1
+
+
+async def _restarted(client: Redis, q: DelayedQueue[Any], key: str) -> bool:
+    record = await _record(client, q, key)
+    return record is not None and not record.stalled
+
+
+async def test_an_occurrence_of_a_cancelled_schedule_continues_nothing_of_a_new_one(client: Redis,
+                                                                                    make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("k", "A", every=60)
+    assert await q.reschedule("k", 0) is not None
+    async with q:
+        await until(lambda: _ready(client, q))  # A's occurrence waits in the ready list
+        assert await q.cancel("k")
+        await q.schedule("k", "B", every=60)
+        assert await asyncio.wait_for(q.take(), 5) == "A"  # delivered once...
+        pending = await q.get("k")
+        assert pending is not None
+        assert pending.value == "B"  # ...without taking over B's schedule
+        assert await _pending_of(client, q) == 1
+
+
+async def test_a_stalled_cron_schedule_is_restarted_by_whichever_consumer_gets_its_resync(
+        client: Redis, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("sec", "s", cron="* * * * * *")
+    refills: list[str] = []
+    real_soon = CronRefill.soon
+    # The consumer handed the last listed occurrence dies before it lists more.
+    monkeypatch.setattr(CronRefill, "soon", lambda self, key, payload: refills.append(key))
+    async with q:
+        assert await asyncio.wait_for(q.take(), 10) == "s"
+        assert refills == ["sec"]
+        record = await _record(client, q, "sec")
+        assert record.stalled
+        resync = await q.get("sec")  # a resync is pending, a minute away: the chain is not lost
+        assert resync is not None
+        assert resync.due_ms > await server_ms(client) + 50_000
+        monkeypatch.setattr(CronRefill, "soon", real_soon)
+        assert await q.reschedule("sec", 0) is not None  # its minute has come
+        # It hands nothing out; its consumer lists more times, which restarts the schedule: the
+        # next item taken is the schedule's next second, and the chain goes on.
+        assert await asyncio.wait_for(q.take(), 10) == "s"
+        await until(lambda: _restarted(client, q, "sec"))
+        nxt = await q.get("sec")
+        assert nxt is not None
+        assert nxt.due_ms < await server_ms(client) + 2_000
         assert await _pending_of(client, q) == 1
 
 

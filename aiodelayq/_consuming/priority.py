@@ -16,6 +16,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from .._core.tasks import wait_through_cancellation
 from .._options import WorkerOptions
 from ..exceptions import ConfigurationError
 from .messages import Message
@@ -25,6 +26,9 @@ __all__ = ["Prioritized"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# How long a fetch waits for the waits it cancelled to hand back what they popped.
+_UNDO_BOUND_S = 1.0
 
 
 class Prioritized(Generic[T]):
@@ -109,21 +113,32 @@ class Prioritized(Generic[T]):
         if timeout == 0:
             return []
         waits = [asyncio.ensure_future(call(queue, timeout)) for queue in self.queues]
+        cancelled = False
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()  # hands back what it popped (a cancelled receive/take undoes its call)
-            ended = await asyncio.gather(*waits, return_exceptions=True)
+        except asyncio.CancelledError:
+            cancelled = True
+        for wait in waits:
+            wait.cancel()  # hands back what it popped (a cancelled receive/take undoes its call)
+        # Through this task's own cancellation: a wait that finished keeps its items, and they must
+        # reach the caller rather than be dropped with the cancellation.
+        cancelled = await wait_through_cancellation(set(waits), _UNDO_BOUND_S) or cancelled
         got: list[R] = []
         failure: BaseException | None = None
-        for result in ended:  # priority order; a wait that finished before its cancel keeps its items
-            if isinstance(result, asyncio.CancelledError):
+        for wait in waits:  # priority order
+            if not wait.done() or wait.cancelled():
                 continue
-            if isinstance(result, BaseException):
-                failure = failure or result
+            if wait.exception() is not None:
+                failure = failure or wait.exception()
             else:
-                got.extend(result)
-        if not got and failure is not None:
+                got.extend(wait.result())
+        if cancelled:
+            if not got:
+                raise asyncio.CancelledError
+            # The items go to the caller first; the cancellation follows at its next await.
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
+        elif not got and failure is not None:
             raise failure
         return got

@@ -21,7 +21,7 @@ from .._wire.codec import Codec, decode_item
 from .._wire.elements import ITEM_MARK, pack_times, parse_schedule, unwrap
 from .._wire.recurrence import cron_times
 from ..exceptions import BackendError, ConfigurationError
-from .take import Headed
+from .take import RESYNC, Headed
 
 __all__ = ["CronRefill"]
 
@@ -43,14 +43,17 @@ class CronRefill:
 
     def decoder(self, codec: Codec) -> Any:
         """A take pump's decode function: the item of a stored payload, as a :class:`Headed` when it
-        has headers; starts a refill for a flagged occurrence."""
+        has headers, :data:`RESYNC` for a stalled schedule's resync (nothing to hand out); starts a
+        refill for a flagged occurrence or a resync."""
 
         def decode(raw: bytes) -> Any:
             if raw[:1] != ITEM_MARK:
                 return decode_item(codec, raw)
             unwrapped = unwrap(raw)
-            if unwrapped.refill and unwrapped.schedule_key is not None:
+            if (unwrapped.refill or unwrapped.resync) and unwrapped.schedule_key is not None:
                 self.soon(unwrapped.schedule_key, raw)
+            if unwrapped.resync:
+                return RESYNC
             value = decode_item(codec, unwrapped.payload)
             return Headed(value, unwrapped.headers) if unwrapped.headers else value
 
@@ -94,4 +97,4 @@ class CronRefill:
                                     timeout_s=scripts.call_timeout_s)
         after = max(now_ms, parsed.times_ms[-1]) if parsed.times_ms else now_ms
         times = cron_times(parsed.spec, after)
-        await scripts.refill.resend(key, payload, pack_times(times), durable=True)
+        await scripts.refill.resend(key, payload, pack_times(times), parsed.spec, durable=True)

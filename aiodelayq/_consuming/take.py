@@ -41,7 +41,10 @@ from .controls import hold_s
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from .prefetch import PrefetchBuffer
 
-__all__ = ["Headed", "TakePump"]
+__all__ = ["RESYNC", "Headed", "TakePump"]
+
+RESYNC = object()
+"""What ``decode`` returns for a stalled recurring item's resync: settled as taken, handed to nobody."""
 
 log = logging.getLogger("aiodelayq")
 
@@ -419,7 +422,11 @@ class TakePump:
         entries: list[tuple[Pop, int, Any]] = []
         for index, raw in enumerate(raws):
             try:
-                entries.append((pop, index, self._decode(raw)))
+                taken = self._decode(raw)
+                if taken is RESYNC:
+                    pop.settle(index, "d")
+                    continue
+                entries.append((pop, index, taken))
             except DecodeError as exc:
                 self._events.count("undecodable")
                 log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)

@@ -14,6 +14,7 @@ occurrence of a schedule with few left lists more (``_consuming/refill.py``).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -62,8 +63,9 @@ class Schedules:
                                         timeout_s=self._scripts.call_timeout_s)
             times = pack_times(cron_times(spec, now_ms))
         issue_arg = facts_for(self._scripts.client).clock.issue_arg(issued)
+        first_number = int.from_bytes(os.urandom(4), "big") >> 1  # never reused for the key (see SCHEDULE)
         due = await self._scripts.schedule.resend(raw, key_tag(raw), envelope, every_ms, spec, times, issue_arg,
-                                                  durable=True)
+                                                  first_number, durable=True)
         if due is None:
             raise ConfigurationError(f"cron {cron!r} has no due time after now")
         return int(due)

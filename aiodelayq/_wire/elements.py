@@ -36,11 +36,12 @@ place of the bare payload, inside the same Redisson element, so every layout tha
 Redisson's own transfer moves it as it is: 0xC1 ``adq`` 0x04 | ``>d`` expiry, epoch ms of the server
 clock (0: none) | ``>H`` length of the headers block | ``>H`` length of the schedule key (0: not a
 recurring item) | ``>I4`` occurrence number | ``>B`` flags (1: its consumer should list more cron
-times) | the headers block (``>H`` key length, key, ``>H`` value length, value, UTF-8, per header) |
-the schedule key | the payload. 0xC1 starts no UTF-8 text (JSON, ``str``) and no MessagePack value,
-so those payloads are never mistaken for an envelope; a payload of another codec that happens to
-start with the marker is wrapped in an empty envelope when offered, so it reads back as it was. The
-scripts read the fields at their fixed offsets (``lib/item.lua``).
+times; 2: a resync of a stalled schedule, not an item) | the headers block (``>H`` key length, key,
+``>H`` value length, value, UTF-8, per header) | the schedule key | the payload. 0xC1 starts no UTF-8
+text (JSON, ``str``) and no MessagePack value, so those payloads are never mistaken for an envelope;
+a payload of another codec that happens to start with the marker is wrapped in an empty envelope
+when offered, so it reads back as it was. The scripts read the fields at their fixed offsets
+(``lib/item.lua``).
 
 A **schedule record** (the schedules hash, by key) is laid out in ``lua/lib/recur.lua``;
 :func:`parse_schedule` reads it.
@@ -261,8 +262,9 @@ MAX_HEADERS_BYTES = 16_384
 class Unwrapped(NamedTuple):
     """What a stored payload holds: the codec's bytes, the headers, the expiry (epoch ms of the
     server clock, ``None``: none), and for an occurrence of a recurring item its schedule's key
-    (``None``: not recurring), occurrence number, and whether its consumer should list more cron
-    times (set by the script that handed it out)."""
+    (``None``: not recurring), occurrence number, whether its consumer should list more cron
+    times (set by the script that handed it out), and whether it is a resync of a stalled schedule
+    (no item to deliver)."""
 
     payload: bytes
     headers: dict[str, str]
@@ -270,6 +272,7 @@ class Unwrapped(NamedTuple):
     schedule_key: str | None = None
     occurrence: int = 0
     refill: bool = False
+    resync: bool = False
 
 
 def pack_headers(headers: object, option: str = "headers") -> bytes:
@@ -337,7 +340,7 @@ def unwrap(data: bytes) -> Unwrapped:
     if pos != end:
         return Unwrapped(data, {}, None)
     return Unwrapped(data[end + key_len:], headers, int(expires_ms) if expires_ms > 0 else None, schedule_key,
-                     occurrence, bool(flags & 1))
+                     occurrence, bool(flags & 1), bool(flags & 2))
 
 
 # -- schedules of recurring items -------------------------------------------------------------------

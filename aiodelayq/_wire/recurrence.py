@@ -67,9 +67,12 @@ def cron_times(spec: str, after_ms: int, count: int | None = None) -> list[int]:
     expression, zone = spec.split("\n", 1)
     start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(zone))
     it = _croniter().croniter(expression, start)
+    wanted = CRON_LISTED if count is None else count
     times: list[int] = []
-    while len(times) < (CRON_LISTED if count is None else count):
+    for _ in range(4 * wanted):  # bounded: a parser that stops advancing (a time zone edge) cannot hang us
         at = round(it.get_next(float) * 1000)
         if at > after_ms and (not times or at > times[-1]):
             times.append(at)
+            if len(times) == wanted:
+                break
     return times

@@ -40,7 +40,7 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', KEYS[3], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
-    elseif item_expired(string.sub(e, 33), now) then
+    elseif string.byte(e, 33) == 193 and item_expired(string.sub(e, 33), now) then
       redis.call('rpush', KEYS[3], dead_entry(DEAD_EXPIRED, count, now, string.sub(e, 33)))
       lapsed = lapsed + 1
     else

@@ -4,17 +4,24 @@
 -- schedules hash
 -- ARGV[1] key, ARGV[2] the occurrence payload the consumer was handed (an item envelope naming the
 -- key and its number), ARGV[3] due times ('>d' each, ascending), computed by the client after the
--- last one the record lists (or after now)
--- returns: the number of due times the record lists now, or false when the schedule is gone.
--- Times at or before the record's last one are skipped, so concurrent or repeated refills list
--- each time once. A stalled record (its times had run out when its occurrence was handed out)
--- whose number is the payload's then schedules its next occurrence, as the hand-out would have.
+-- last one the record lists (or after now), ARGV[4] the cron spec they were computed for
+-- returns: the number of due times the record lists now, or false when the schedule is gone or
+-- was replaced by one with another spec. Times at or before the record's last one, or its pending
+-- occurrence's, are skipped, so concurrent or repeated refills list each time once. A stalled
+-- record (its times had run out when its occurrence was handed out) whose number is the payload's
+-- then schedules its next occurrence (replacing its resync), as the hand-out would have.
 local key = ARGV[1]
 local rec = redis.call('hget', KEYS[5], key)
 if not rec then return false end
 local seq, stalled, every, anchor, field, tag, spec, times = read_schedule(rec)
+if spec ~= ARGV[4] then return false end
 local last = -1
 if string.len(times) >= 8 then last = struct.unpack('>d', times, string.len(times) - 7) end
+local kv = index_pairs(redis.call('hget', KEYS[3], field))
+if stalled == 0 and kv[1] == key and kv[2] then
+  local pending = tonumber(redis.call('zscore', KEYS[1], kv[2]))
+  if pending and pending > last then last = pending end
+end
 local more = {}
 for pos = 1, string.len(ARGV[3]) - 7, 8 do
   local t = struct.unpack('>d', ARGV[3], pos)

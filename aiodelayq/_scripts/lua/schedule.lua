@@ -5,7 +5,9 @@
 -- ARGV[1] key, ARGV[2] its tag, ARGV[3] the occurrence payload (an item envelope naming the key),
 -- ARGV[4] every ms ('0': a cron schedule), ARGV[5] a cron schedule's spec (expression, newline,
 -- time zone; '' for every), ARGV[6] its upcoming due times ('>d' each, ascending; '' for every),
--- ARGV[7] issue time (server ms as the client estimates it, '' = none)
+-- ARGV[7] issue time (server ms as the client estimates it, '' = none), ARGV[8] a random number
+-- below 2^31: a new record's first occurrence number (numbers are never reused for a key, so an
+-- occurrence of a cancelled schedule cannot pass for one of a later schedule of that key)
 -- returns: the first occurrence's due time (ms), or false when no listed cron time is after now
 -- (nothing written). The key's pending item, if any, is replaced. A schedule replaced by another
 -- keeps no occurrence of its own: the new record's number is the next one, so an occurrence of the
@@ -26,7 +28,7 @@ else
   if not due then return false end
 end
 local rec = redis.call('hget', KEYS[5], key)
-local seq = rec and struct.unpack('>I4', rec) + 1 or 1
+local seq = rec and (struct.unpack('>I4', rec) + 1) % 4294967296 or tonumber(ARGV[8])
 -- The key's index field: its tag, unless another key holds the tag with a pending element (a SHA-1
 -- prefix collision): then its overflow field, with the element's tag bit cleared (as OFFER does).
 local field = tag

@@ -1,7 +1,8 @@
 -- defines: ITEM_MAGIC item_expired item_without_expiry item_schedule item_with_occurrence item_flagged
 -- Item envelopes (layout in aiodelayq/_wire/elements.py): 0xC1 'adq' 0x04 | '>d' expiry (server ms,
 -- 0 = none) | '>H' headers length | '>H' schedule key length | '>I4' occurrence number | '>B' flags
--- (1: its consumer should list more cron times) | headers | schedule key | payload. A bare payload never starts with 0xC1 the way an envelope does, so the
+-- (1: its consumer should list more cron times; 2: a resync, not an item: its consumer lists
+-- more cron times and delivers nothing) | headers | schedule key | payload. A bare payload never starts with 0xC1 the way an envelope does, so the
 -- callers test string.byte(payload, 1) == 193 before calling these.
 local ITEM_MAGIC = string.char(193) .. 'adq' .. string.char(4)
 local function is_item(payload)
@@ -25,11 +26,11 @@ local function item_schedule(payload)
   if klen == 0 then return nil end
   return string.sub(payload, 23 + hlen, 22 + hlen + klen), seq
 end
--- payload (an occurrence) with its occurrence number set to seq, its flags cleared.
-local function item_with_occurrence(payload, seq)
-  return string.sub(payload, 1, 17) .. struct.pack('>I4B', seq, 0) .. string.sub(payload, 23)
+-- payload (an occurrence) with its occurrence number set to seq and its flags to `flags`.
+local function item_with_occurrence(payload, seq, flags)
+  return string.sub(payload, 1, 17) .. struct.pack('>I4B', seq, flags or 0) .. string.sub(payload, 23)
 end
 -- payload (an occurrence) flagged: its consumer lists more cron times.
 local function item_flagged(payload)
-  return string.sub(payload, 1, 21) .. string.char(1) .. string.sub(payload, 23)
+  return string.sub(payload, 1, 21) .. string.char(bit.bor(string.byte(payload, 22), 1)) .. string.sub(payload, 23)
 end

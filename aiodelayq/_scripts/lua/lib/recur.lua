@@ -1,4 +1,4 @@
--- defines: schedule_record read_schedule add_occurrence recur_next recur_advance REFILL_BELOW
+-- defines: schedule_record read_schedule add_occurrence recur_next recur_advance REFILL_BELOW RESYNC_MS
 -- Recurring items (aiodelayq/_producing/recurring.py). The schedules hash maps a schedule's key to
 -- its record: '>I4' number of its current occurrence | '>B' 1 when its cron times ran out before
 -- the next occurrence could be scheduled (stalled), else 0 | '>d' every ms (0: a cron schedule) |
@@ -7,8 +7,11 @@
 -- (expression, newline, time zone) | the upcoming due times of a cron schedule, '>d' each,
 -- ascending (the client lists them: a consumer lists more when fewer than REFILL_BELOW are left).
 -- An occurrence is a keyed fast element whose payload is an item envelope naming the key and its
--- occurrence number; at any time exactly one occurrence is pending, ready or handed out.
-local REFILL_BELOW = 32
+-- occurrence number; at any time exactly one occurrence is pending, ready or handed out. A stalled
+-- schedule keeps a resync pending instead (the envelope's flag 2), due RESYNC_MS later and again
+-- after each hand-out: whichever consumer gets it lists more times, which restarts the schedule;
+-- nobody is handed an item meanwhile.
+local REFILL_BELOW, RESYNC_MS = 32, 60000
 local function schedule_record(seq, stalled, every, anchor, field, tag, spec, times)
   return struct.pack('>I4B>d>d>I2', seq, stalled, every, anchor, string.len(field)) .. field .. tag ..
     struct.pack('>I2', string.len(spec)) .. spec .. times
@@ -40,7 +43,8 @@ end
 -- Schedule the occurrence after occurrence `seq` (`payload`) of the record `rec` of `key`: the
 -- schedule's first due time after now (occurrences missed meanwhile collapse into the one being
 -- handed out). Returns whether the consumer should list more cron times (few left, or none: then
--- the record is marked stalled and keeps its number until a REFILL schedules the next).
+-- the record is marked stalled and keeps its number, with a resync pending, until a REFILL
+-- schedules the next).
 local function recur_advance(schedules, zset, list, idx, channel, key, rec, payload, now)
   local seq, _, every, anchor, field, tag, spec, times = read_schedule(rec)
   local due, pos, n = nil, 1, string.len(times)
@@ -55,11 +59,14 @@ local function recur_advance(schedules, zset, list, idx, channel, key, rec, payl
   end
   if not due then
     redis.call('hset', schedules, key, schedule_record(seq, 1, every, anchor, field, tag, spec, ''))
+    add_occurrence(zset, list, idx, channel, key, field, tag, item_with_occurrence(payload, seq, 2), now + RESYNC_MS,
+                   now)
     return true
   end
   local rest = string.sub(times, pos)
-  redis.call('hset', schedules, key, schedule_record(seq + 1, 0, every, anchor, field, tag, spec, rest))
-  add_occurrence(zset, list, idx, channel, key, field, tag, item_with_occurrence(payload, seq + 1), due, now)
+  local nxt = (seq + 1) % 4294967296
+  redis.call('hset', schedules, key, schedule_record(nxt, 0, every, anchor, field, tag, spec, rest))
+  add_occurrence(zset, list, idx, channel, key, field, tag, item_with_occurrence(payload, nxt), due, now)
   return every == 0 and string.len(rest) < 8 * REFILL_BELOW
 end
 -- An occurrence (`payload`, an item envelope) is handed out at `now`: schedule the next one, once.
