@@ -18,7 +18,7 @@ from .._redis.client_facts import server_ms_at
 from .._redis.retry import Backoff, call_idempotent
 from .._scripts import QueueScripts
 from .._wire.codec import Codec, decode_item
-from .._wire.elements import ITEM_MARK, pack_times, parse_schedule, unwrap
+from .._wire.elements import ITEM_MARK, Unwrapped, pack_times, parse_schedule, unwrap
 from .._wire.recurrence import cron_times
 from ..exceptions import BackendError, ConfigurationError
 from .take import RESYNC, Headed
@@ -50,14 +50,19 @@ class CronRefill:
             if raw[:1] != ITEM_MARK:
                 return decode_item(codec, raw)
             unwrapped = unwrap(raw)
-            if (unwrapped.refill or unwrapped.resync) and unwrapped.schedule_key is not None:
-                self.soon(unwrapped.schedule_key, raw)
-            if unwrapped.resync:
+            if self.handed_out(unwrapped, raw):
                 return RESYNC
             value = decode_item(codec, unwrapped.payload)
             return Headed(value, unwrapped.headers) if unwrapped.headers else value
 
         return decode
+
+    def handed_out(self, unwrapped: Unwrapped, payload: bytes) -> bool:
+        """A consumer got ``payload`` (``unwrapped`` its parts): start a refill if its script
+        flagged it; returns whether it is a resync (nothing to deliver)."""
+        if (unwrapped.refill or unwrapped.resync) and unwrapped.schedule_key is not None:
+            self.soon(unwrapped.schedule_key, payload)
+        return unwrapped.resync
 
     def soon(self, key: str, payload: bytes) -> None:
         """List more times of ``key``'s schedule, in the background (once at a time per key)."""

@@ -198,9 +198,7 @@ class ReliableConsumer(Generic[T]):
             if stored[:1] == ITEM_MARK:
                 unwrapped = unwrap(stored)
                 payload, headers, expires_at_ms = unwrapped[:3]
-                if (unwrapped.refill or unwrapped.resync) and unwrapped.schedule_key is not None:
-                    self._refill.soon(unwrapped.schedule_key, stored)
-                if unwrapped.resync:  # a stalled recurring item's resync: nothing to deliver
+                if self._refill.handed_out(unwrapped, stored):  # a stalled recurring item's resync: nothing to deliver
                     self.settler.behind([Settle(element, "ack", deadline_ms)])
                     continue
             try:
