@@ -22,7 +22,7 @@ from .._redis.eviction import check_eviction_policy
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
 from .._wire.codec import JsonCodec, MsgpackCodec, StrCodec, encode_item
-from .._wire.delays import delay_to_ms, expires_to_ms
+from .._wire.delays import delay_to_ms, positive_ms
 from .._wire.elements import (
     ITEM_MAGIC,
     ElementKind,
@@ -227,10 +227,10 @@ class Producer:
         count = len(items)
         if single:
             blocks = [pack_headers(headers)]
-            lifetimes = [None if expires is None else expires_to_ms(expires)]
+            lifetimes = [None if expires is None else positive_ms(expires, "expires")]
         else:
             blocks = _per_item(headers, count, "headers", pack_headers, InvalidHeadersError, scalar=False)
-            lifetimes = _per_item(expires, count, "expires", expires_to_ms, InvalidDelayError, scalar=True)
+            lifetimes = _per_item(expires, count, "expires", positive_ms, InvalidDelayError, scalar=True)
         issued_ms = 0
         if any(ms is not None for ms in lifetimes):
             issued_ms = await server_ms_at(self._scripts.client, issued, route=self._keys.destination,

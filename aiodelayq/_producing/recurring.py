@@ -23,8 +23,9 @@ from .._options import QueueOptions
 from .._redis.client_facts import facts_for, server_ms_at
 from .._scripts import QueueScripts
 from .._wire.codec import encode_item
+from .._wire.delays import positive_ms
 from .._wire.elements import pack_headers, pack_times, wrap
-from .._wire.recurrence import check_every, cron_spec, cron_times
+from .._wire.recurrence import cron_spec, cron_times
 from ..exceptions import ConfigurationError, ItemTooLargeError
 from .keyed import check_key, key_tag
 
@@ -49,7 +50,7 @@ class Schedules:
             raise ConfigurationError("schedule needs exactly one of every= and cron=")
         if tz is not None and cron is None:
             raise ConfigurationError("tz applies to cron= schedules only")
-        every_ms = 0 if every is None else check_every(every)
+        every_ms = 0 if every is None else positive_ms(every, "every")
         spec = "" if cron is None else cron_spec(cron, tz)
         payload = encode_item(self._codec, item)
         if self._max_item_bytes is not None and len(payload) > self._max_item_bytes:

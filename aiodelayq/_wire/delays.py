@@ -8,7 +8,7 @@ from datetime import timedelta
 from ..exceptions import ConfigurationError, InvalidDelayError
 
 __all__ = ["MAX_DELAY_MS", "MIN_VISIBILITY_TIMEOUT_S", "check_max_items", "check_timeout", "delay_to_ms",
-           "expires_to_ms", "visibility_ms"]
+           "positive_ms", "visibility_ms"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
@@ -54,16 +54,17 @@ def delay_to_ms(delay: float | timedelta, name: str = "delay") -> int:
     return int(delay_ms)
 
 
-def expires_to_ms(expires: float | timedelta, name: str = "expires") -> int:
-    """An item's lifetime after its due time (seconds, or a ``timedelta``) in whole ms, at least 1.
+def positive_ms(value: float | timedelta, name: str) -> int:
+    """A span that must be more than 0 (an item's ``expires``, a schedule's ``every``; seconds, or a
+    ``timedelta``) in whole ms, at least 1; ``name`` names it in errors.
 
     Raises:
         InvalidDelayError: zero, negative, NaN, infinite, too large, or not a number/``timedelta``.
     """
-    expires_ms = delay_to_ms(expires, name)
-    if expires_ms == 0:
-        raise InvalidDelayError(f"{name} must be more than 0 s, got {expires!r}")
-    return expires_ms
+    ms = delay_to_ms(value, name)
+    if ms == 0:
+        raise InvalidDelayError(f"{name} must be more than 0 s, got {value!r}")
+    return ms
 
 
 def check_timeout(timeout: float | None, label: str = "timeout") -> None:

@@ -5,26 +5,16 @@ on first use."""
 from __future__ import annotations
 
 import importlib
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..exceptions import ConfigurationError
-from .delays import expires_to_ms
 
-__all__ = ["CRON_LISTED", "check_every", "cron_spec", "cron_times"]
+__all__ = ["CRON_LISTED", "cron_spec", "cron_times"]
 
 CRON_LISTED = 128
 """Due times of a cron schedule listed ahead in its record (a consumer lists more when few are left)."""
-
-
-def check_every(every: float | timedelta) -> int:
-    """A period (seconds or ``timedelta``) in whole ms, at least 1.
-
-    Raises:
-        InvalidDelayError: zero, negative, NaN, infinite, too large, or not a number/``timedelta``.
-    """
-    return expires_to_ms(every, "every")
 
 
 def _croniter() -> Any:
