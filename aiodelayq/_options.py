@@ -67,13 +67,14 @@ class QueueOptions:
     durability: Durability
     max_pending: int | None = None
     max_item_bytes: int | None = None
+    lag_warning_s: float | None = None
 
     @classmethod
     def build(cls, *, codec: str | Codec, wire_format: str, strict: bool, max_deliveries: int | None,
               transfer_batch: int, safety_poll_s: float, open_timeout_s: float, close_timeout_s: float,
               call_timeout_s: float, max_call_bytes: int, min_replicas: int = 0,
               replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-              max_item_bytes: int | None = None) -> QueueOptions:
+              max_item_bytes: int | None = None, lag_warning_s: float | None = None) -> QueueOptions:
         """Check every option.
 
         Raises:
@@ -91,6 +92,8 @@ class QueueOptions:
             checks.count("max_pending", max_pending, minimum=1)
         if max_item_bytes is not None:
             checks.count("max_item_bytes", max_item_bytes, minimum=1)
+        if lag_warning_s is not None:
+            lag_warning_s = checks.seconds("lag_warning_s", lag_warning_s, above_minimum=True)
         durations = {name: checks.seconds(name, value, above_minimum=True) for name, value in (
             ("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
             ("close_timeout_s", close_timeout_s), ("call_timeout_s", call_timeout_s))}
@@ -102,7 +105,7 @@ class QueueOptions:
                    kind=element_kind(strict=strict, wire_format=wire_format), max_deliveries=max_deliveries or 0,
                    transfer_batch=transfer_batch, max_call_bytes=max_call_bytes, **durations,
                    durability=Durability.build(min_replicas, replication_timeout_s, wait_aof),
-                   max_pending=max_pending, max_item_bytes=max_item_bytes)
+                   max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
 
 
 @dataclass(frozen=True)

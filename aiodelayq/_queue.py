@@ -77,6 +77,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
             by the offer script; an ``offer_many`` then goes in one call, all or nothing.
         max_item_bytes: the largest encoded item (bytes) an offer takes (``None``: no limit): a
             larger one raises :class:`ItemTooLargeError` before anything is sent.
+        lag_warning_s: the transfer watchdog of an open queue: a look (a transfer, the safety poll)
+            that finds the earliest due item this many seconds late logs one WARNING, and one INFO
+            once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
+            queue object a client opens for a name sets it.
 
     Raises:
         InvalidNameError: empty or non-``str`` name.
@@ -89,7 +93,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-                 max_item_bytes: int | None = None) -> None:
+                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
@@ -97,7 +101,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
-            max_pending=max_pending, max_item_bytes=max_item_bytes)
+            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         self._producer = Producer(scripts, o, events)

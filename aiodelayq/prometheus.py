@@ -100,7 +100,8 @@ class QueueMetrics:
     (gauge reads that failed). Histogram ``lateness_seconds``: per item this process's transfers
     moved, the transfer's server time minus the item's due time. Gauges of tracked queues, read from
     Redis at each scrape (:meth:`refresh`): ``pending``, ``ready``, ``in_flight``, ``dead_letters``,
-    ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending), ``paused`` (1/0)
+    ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending), ``lag_seconds``
+    (:attr:`QueueCounts.lag_ms <aiodelayq.QueueCounts>`), ``paused`` (1/0)
     and ``rate_limit_per_second`` (absent without a limit). Every name
     starts with ``namespace`` + ``_``.
 
@@ -407,6 +408,12 @@ class _QueueCollector(Collector):
             if counts.next_due_ms is not None:
                 due.add_metric((queue,), counts.next_due_ms / 1000.0)
         yield due
+        lag = GaugeMetricFamily(f"{ns}_lag_seconds", "How late the earliest due pending item is: the server clock "
+                                "minus its due time, seconds (0 when none is due); growing means no transfer runs.",
+                                labels=("queue",))
+        for queue, counts in sorted(snapshot.items()):
+            lag.add_metric((queue,), counts.lag_ms / 1000.0)
+        yield lag
         paused = GaugeMetricFamily(f"{ns}_paused", "1 while the queue's consumers are paused, else 0.",
                                    labels=("queue",))
         rate = GaugeMetricFamily(f"{ns}_rate_limit_per_second", "The rate limit of the queue's consumers together, "

@@ -154,6 +154,7 @@ async def test_metrics_over_http_after_real_traffic(client: Redis, make_queue: A
             for gauge in ("pending", "ready", "in_flight", "dead_letters"):
                 assert _value(got, f"aiodelayq_{gauge}", queue=name) == getattr(real, gauge), gauge
             assert _value(got, "aiodelayq_next_due_timestamp_seconds", queue=name) == real.next_due_ms / 1000
+            assert _value(got, "aiodelayq_lag_seconds", queue=name) == 0  # nothing due is left behind
             expected = {"offered": 11, "moved": 9, "delivered": 9, "redelivered": 1, "acked": 1, "nacked": 3,
                         "transfer_errors": 0}
             assert {k: _value(got, f"aiodelayq_{k}_total", queue=name) for k in expected} == expected

@@ -102,6 +102,22 @@ async def test_counts_reads_every_part_of_a_queue(client: Redis, make_queue: Any
     assert (await q.counts()).in_flight == 0
 
 
+async def test_counts_lag_is_how_late_the_earliest_due_item_is(client: Redis, make_queue: Any) -> None:
+    q = make_queue()  # never opened: nothing moves what falls due
+    await q.offer("later", 60)
+    assert (await q.counts()).lag_ms == 0  # nothing due
+    before = await server_ms(client)
+    await q.offer("due", 0)
+    offered = await server_ms(client)
+    await asyncio.sleep(0.2)
+    read = await server_ms(client)
+    counts = await q.counts()
+    assert read - offered - 1 <= counts.lag_ms <= await server_ms(client) - before + 1
+    async with q:  # the transfer moves it: no lag, the item waits in the ready list
+        await until(lambda: _ready_is(q, 1))
+        assert (await q.counts()).lag_ms == 0
+
+
 async def _ready_is(q: Any, n: int) -> bool:
     return bool(await q.ready_size() == n)
 

@@ -117,3 +117,25 @@ async def test_transfer_errors_are_retried_with_backoff_and_logged(own_server: A
         assert "transfer" in caplog.text
         await client.config_set("maxmemory", "0")
         assert await asyncio.wait_for(q.take(), 10) == "x"
+
+
+async def test_the_watchdog_warns_while_due_items_are_not_moved(own_server: Any, make_client: Any, make_queue: Any,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    client = make_client(own_server())
+    q = make_queue("stalled", redis=client, safety_poll_s=0.2, lag_warning_s=0.5)
+    async with q:
+        with caplog.at_level(logging.INFO, logger="aiodelayq"):
+            await client.config_set("maxmemory-policy", "noeviction")
+            await q.offer("x", 0.1)
+            await client.config_set("maxmemory", "1")  # the transfer's writes are refused, reads work
+            await until(lambda: "are not moved yet" in caplog.text, timeout_s=10)
+            warning = next(r for r in caplog.records if "are not moved yet" in r.getMessage())
+            assert warning.levelno == logging.WARNING
+            assert "stalled" in warning.getMessage()
+            assert "last transfer error" in warning.getMessage()
+            assert (await q.counts()).lag_ms >= 500
+            await client.config_set("maxmemory", "0")
+            assert await asyncio.wait_for(q.take(), 10) == "x"
+            await until(lambda: "is back to" in caplog.text, timeout_s=10)
+        assert sum("are not moved yet" in r.getMessage() for r in caplog.records) == 1
+        assert (await q.counts()).lag_ms == 0

@@ -54,6 +54,10 @@ class QueueCounts:
         rate_limit_per_s: the rate limit of its consumers together, items per second, or ``None``.
         rate_burst: the most items the rate limit lets out at once, or ``None`` without one.
         recurring: how many recurring items (:meth:`DelayedQueue.schedule`) the queue has.
+        lag_ms: how late the earliest due pending item is: the server clock minus its due time, ms,
+            read in the same call; 0 when no pending item is due. Items the transfer moved to the
+            destination list are not in it (``ready`` counts them). A lag that keeps growing means
+            no transfer runs (docs: Operating).
     """
 
     pending: int
@@ -65,6 +69,7 @@ class QueueCounts:
     rate_limit_per_s: float | None = None
     rate_burst: int | None = None
     recurring: int = 0
+    lag_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,8 @@ class PendingView:
         return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            None if head is None else int(float(head)), paused=bool(reply[5]),
                            rate_limit_per_s=None if rate is None else float(rate),
-                           rate_burst=None if burst is None else int(burst), recurring=int(reply[8]))
+                           rate_burst=None if burst is None else int(burst), recurring=int(reply[8]),
+                           lag_ms=int(reply[9]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).

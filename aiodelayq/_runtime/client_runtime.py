@@ -100,7 +100,8 @@ async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferSch
 
 
 async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
-                            open_timeout_s: float, call_timeout_s: float) -> TransferScheduler:
+                            open_timeout_s: float, call_timeout_s: float,
+                            lag_warning_s: float | None = None) -> TransferScheduler:
     """Start (or share) the scheduler of ``keys`` on ``client``; returns once subscribed and
     transferred once. A cancelled caller drops its reference.
 
@@ -117,7 +118,7 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
     if entry is None:
         scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
                                       batch=batch, safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
-                                      shared_poll=runtime.safety_poll is not None)
+                                      shared_poll=runtime.safety_poll is not None, lag_warning_s=lag_warning_s)
         if runtime.safety_poll is not None:
             runtime.safety_poll.add(scheduler)
         ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s),

@@ -209,7 +209,7 @@ class Lifecycle:
             check_eviction_policy(self._client)
             scheduler = await acquire_scheduler(
                 self._client, keys, batch=o.transfer_batch, safety_poll_s=o.safety_poll_s,
-                open_timeout_s=o.open_timeout_s, call_timeout_s=o.call_timeout_s)
+                open_timeout_s=o.open_timeout_s, call_timeout_s=o.call_timeout_s, lag_warning_s=o.lag_warning_s)
         except BaseException:
             if self.state == "opening":
                 self.state = "new"

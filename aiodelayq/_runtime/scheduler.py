@@ -77,11 +77,14 @@ class TransferScheduler:
     """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, batch: int, safety_poll_s: float,
-                 slots: asyncio.Semaphore, shared_poll: bool = False) -> None:
+                 slots: asyncio.Semaphore, shared_poll: bool = False, lag_warning_s: float | None = None) -> None:
         self._scripts = scripts
         self._keys = keys = scripts.keys
         self._batch = batch
         self._safety_poll_s = safety_poll_s
+        # The watchdog: a look that finds items due this long ago logs a WARNING (None: never).
+        self._lag_warning_s = lag_warning_s
+        self._lagging = False
         self._call_timeout_s = scripts.call_timeout_s
         # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
@@ -200,6 +203,7 @@ class TransferScheduler:
         self._anchor = anchor
         self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
         now_ms = anchor[1]
+        self._watch_lag(0.0 if head_ms is None else now_ms - head_ms)
         if (head_ms is not None and head_ms <= now_ms) or (lease_ms is not None and lease_ms <= now_ms):
             self._wake.set()
             return
@@ -212,6 +216,23 @@ class TransferScheduler:
                 listener()
             for waker in list(self.wakers):
                 waker()
+
+    def _watch_lag(self, lag_ms: float) -> None:
+        """The watchdog: one WARNING when a look finds the earliest due item ``lag_ms`` late, at
+        least ``lag_warning_s``; one INFO when the lag is back under half of it."""
+        limit_s = self._lag_warning_s
+        if limit_s is None:
+            return
+        if lag_ms >= limit_s * 1000:
+            if not self._lagging:
+                self._lagging = True
+                log.warning("aiodelayq: items of %r fell due %.1f s ago and are not moved yet (lag_warning_s=%g); %s",
+                            self._keys.destination, lag_ms / 1000, limit_s,
+                            f"last transfer error: {self._last_error}" if self._failures else
+                            "transfers run but fall behind, or none runs")
+        elif self._lagging and lag_ms < limit_s * 500:
+            self._lagging = False
+            log.info("aiodelayq: the lag of %r is back to %.1f s", self._keys.destination, lag_ms / 1000)
 
     def on_due(self, due_ms: int | None) -> None:
         """A producer published a new earliest due time (epoch ms, server clock)."""
@@ -286,7 +307,11 @@ class TransferScheduler:
             moved, dead, next_due, lease_due = reply
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
-            if moved + dead >= self._batch:
+            # A full batch may leave due items behind: their lag says whether the transfers keep up.
+            full = moved + dead >= self._batch
+            assert self._anchor is not None
+            self._watch_lag(self._anchor[1] - next_due if full and next_due is not None else 0.0)
+            if full:
                 self._wake.set()  # more may be due: go again without waiting
                 continue
             # Jittered so that many queues opened together do not poll in lockstep.

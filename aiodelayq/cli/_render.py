@@ -100,20 +100,32 @@ def _next_due(counts_due: int | None, now_ms: int) -> str:
     return "-" if counts_due is None else relative(counts_due, now_ms)
 
 
+def lag(ms: int) -> str:
+    """A lag for people: ``0``, ``850 ms``, ``12.5 s``, ``3.2 min``, ``2.0 h``."""
+    if ms <= 0:
+        return "0"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.1f} min" if ms < 3_600_000 else f"{ms / 3_600_000:.1f} h"
+
+
 def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = None,
                  caption: str | None = None) -> Table:
-    """One row per queue: pending, ready, in flight, dead letters, next due (relative), and its
-    controls (paused, rate limit)."""
+    """One row per queue: pending, ready, in flight, dead letters, next due (relative), lag (how late
+    the earliest due pending item is) and its controls (paused, rate limit)."""
     table = Table(title=title, caption=caption, box=box.SQUARE)
     table.add_column("queue", overflow="fold")  # a name is never cut: folded onto more lines
     for header in ("pending", "ready", "in flight", "dead letters"):
         table.add_column(header, justify="right")
     table.add_column("next due")
+    table.add_column("lag", justify="right")
     table.add_column("controls")
     for row in rows:
         c = row.counts
         table.add_row(_cell(row.name), str(c.pending), str(c.ready), str(c.in_flight), str(c.dead_letters),
-                      _next_due(c.next_due_ms, now_ms), _controls(c))
+                      _next_due(c.next_due_ms, now_ms), lag(c.lag_ms), _controls(c))
     return table
 
 
@@ -132,7 +144,8 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
     c = row.counts
     return {"name": row.name, "pending": c.pending, "ready": c.ready, "in_flight": c.in_flight,
             "dead_letters": c.dead_letters, "next_due_ms": c.next_due_ms,
-            "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "paused": c.paused,
+            "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "lag_ms": c.lag_ms,
+            "paused": c.paused,
             "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst, "recurring": c.recurring}
 
 
