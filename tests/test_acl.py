@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,26 +18,24 @@ from aiodelayq import (
     QueueCounts,
     Retry,
 )
+from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq._runtime.client_runtime import runtime_for
 from aiodelayq.testing import server_version
 from tests.helpers import takers_waiting, until
 
-# The minimal ACL of docs/deployments.md for a queue named NAME (keep the two in step).
-ACL_RULES = ["on", ">secret", "resetkeys", "resetchannels", "-@all",
-             "~NAME", "~redisson_delay_queue_timeout:{NAME}", "~redisson_delay_queue:{NAME}",
-             "~redisson_delay_queue_channel:{NAME}", "~aiodelayq_*:{NAME}", "&redisson_delay_queue_channel:{NAME}",
-             "+evalsha", "+script|load", "+time", "+zadd", "+zrange", "+zrangebyscore", "+zrem", "+zscore",
-             "+zmscore", "+zcard", "+zcount", "+zrank", "+rpush", "+lpush", "+lpop", "+lrem", "+llen", "+lrange",
-             "+hget", "+hset", "+hdel", "+hlen", "+hmget", "+hrandfield", "+ltrim", "+publish", "+subscribe",
-             "+unsubscribe", "+ping", "+unlink", "+wait"]
-# ... and, on servers that have WAITAOF (Redis and Valkey >= 7.2; ACL SETUSER refuses unknown commands):
-ACL_RULES_WAITAOF = ["+waitaof"]
-
 
 def acl_rules(name: str, version: tuple[int, ...] = (0,)) -> list[str]:
-    """The minimal ACL of docs/deployments.md for queue ``name`` on a server of ``version``."""
-    rules = ACL_RULES + (ACL_RULES_WAITAOF if version >= (7, 2) else [])
-    return [rule.replace("NAME", name) for rule in rules]
+    """The minimal ACL of docs/deployments.md for queue ``name`` on a server of ``version`` (WAITAOF
+    on Redis and Valkey >= 7.2: ACL SETUSER refuses unknown commands)."""
+    return ["on", ">secret", *minimal_acl_rules(name, waitaof=version >= (7, 2))]
+
+
+def test_the_docs_show_the_minimal_acl() -> None:
+    text = Path("docs/deployments.md").read_text(encoding="utf-8")
+    block = text[text.index("ACL SETUSER orders-app"):]
+    block = block[:block.index("```")]
+    shown = block.replace("ACL SETUSER orders-app on >password", "").split()
+    assert shown == minimal_acl_rules("orders")
 
 
 async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl_client: Any, make_queue: Any,

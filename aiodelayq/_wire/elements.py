@@ -69,6 +69,7 @@ __all__ = [
     "ElementKind",
     "InsertionStamps",
     "ParsedDeadLetter",
+    "classify_element",
     "element_kind",
     "fragment_size",
     "long_format",
@@ -130,6 +131,22 @@ def long_format(native_long: bytes) -> str:
 @functools.lru_cache(maxsize=4)
 def _long_struct(fmt: str) -> struct.Struct:
     return struct.Struct(fmt)
+
+
+def classify_element(element: bytes, fmt: str) -> ElementKind | Literal["malformed"]:
+    """The kind of a pending element (the table above) whose lengths add up under the server's native
+    long ``fmt`` (:func:`long_format`), or ``malformed``."""
+    size = _long_struct(fmt)
+
+    def fits(head: int) -> bool:
+        return (len(element) >= head + size.size
+                and size.unpack_from(element, head)[0] == len(element) - head - size.size)
+
+    if element.startswith(_FAST_HEADER) and fits(21):
+        return "fast"
+    if element[:1] == b"\x08" and fits(9):
+        return "strict"
+    return "legacy" if fits(8) else "malformed"
 
 
 def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps: InsertionStamps,

@@ -1,0 +1,81 @@
+"""The minimal ACL of a queue's producers and consumers, in one place: the rules
+``docs/deployments.md`` shows (a test compares them), the restricted user of the suite, and the
+``aiodelayq doctor`` check that asks the server (``ACL DRYRUN``) whether a user may run each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from .._wire.key_names import QueueKeys
+
+__all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_probes", "minimal_acl_rules"]
+
+# Every command the library sends for a queue, the commands its scripts run included.
+MINIMAL_COMMANDS = (
+    "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
+    "zcount", "zrank", "rpush", "lpush", "lpop", "lrem", "llen", "lrange", "hget", "hset", "hdel", "hlen", "hmget",
+    "hrandfield", "ltrim", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait",
+)
+# ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
+WAITAOF_COMMANDS = ("waitaof",)
+
+# One call per command, as ACL DRYRUN takes it: the key (a QueueKeys attribute in braces) it is
+# checked on and arguments of the right arity.
+_PROBES: dict[str, tuple[str, ...]] = {
+    "evalsha": ("EVALSHA", "0" * 40, "1", "{timeout_set}"),
+    "script|load": ("SCRIPT", "LOAD", "return 1"),
+    "time": ("TIME",),
+    "zadd": ("ZADD", "{timeout_set}", "1", "m"),
+    "zrange": ("ZRANGE", "{timeout_set}", "0", "0"),
+    "zrangebyscore": ("ZRANGEBYSCORE", "{timeout_set}", "0", "1"),
+    "zrem": ("ZREM", "{timeout_set}", "m"),
+    "zscore": ("ZSCORE", "{timeout_set}", "m"),
+    "zmscore": ("ZMSCORE", "{in_flight}", "m"),
+    "zcard": ("ZCARD", "{timeout_set}"),
+    "zcount": ("ZCOUNT", "{timeout_set}", "0", "1"),
+    "zrank": ("ZRANK", "{timeout_set}", "m"),
+    "rpush": ("RPUSH", "{destination}", "v"),
+    "lpush": ("LPUSH", "{destination}", "v"),
+    "lpop": ("LPOP", "{destination}"),
+    "lrem": ("LREM", "{delay_list}", "0", "v"),
+    "llen": ("LLEN", "{destination}"),
+    "lrange": ("LRANGE", "{dead_letter}", "0", "1"),
+    "hget": ("HGET", "{controls}", "f"),
+    "hset": ("HSET", "{key_index}", "f", "v"),
+    "hdel": ("HDEL", "{key_index}", "f"),
+    "hlen": ("HLEN", "{key_index}"),
+    "hmget": ("HMGET", "{controls}", "f"),
+    "hrandfield": ("HRANDFIELD", "{key_index}"),
+    "ltrim": ("LTRIM", "{dead_letter}", "0", "1"),
+    "publish": ("PUBLISH", "{channel}", "1"),
+    "subscribe": ("SUBSCRIBE", "{channel}"),
+    "unsubscribe": ("UNSUBSCRIBE", "{channel}"),
+    "ping": ("PING",),
+    "unlink": ("UNLINK", "{timeout_set}"),
+    "wait": ("WAIT", "0", "0"),
+    "waitaof": ("WAITAOF", "0", "0", "0"),
+}
+
+
+def minimal_acl_rules(name: str, *, waitaof: bool = False) -> list[str]:
+    """The ``ACL SETUSER`` rules (after the user name, ``on`` and the password) of a user that may
+    produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
+    (with :data:`WAITAOF_COMMANDS` when ``waitaof``)."""
+    keys = QueueKeys.for_name(name)
+    tag = keys.timeout_set.partition(":")[2]  # "{name}", or the name's own hash tag form
+    commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
+    return ["resetkeys", "resetchannels", "-@all", f"~{keys.destination}", f"~{keys.timeout_set}",
+            f"~{keys.delay_list}", f"~{keys.channel}", f"~aiodelayq_*:{tag}", f"&{keys.channel}",
+            *(f"+{command}" for command in commands)]
+
+
+def acl_probes(keys: QueueKeys, *, waitaof: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """``(what, call)`` pairs for ``ACL DRYRUN user *call``: one per command of the minimal ACL on a
+    key of the queue, then one per key of the queue (an ``EVALSHA`` that declares it)."""
+    fields: dict[str, str] = asdict(keys)
+    commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
+    probes = [(command, tuple(arg.format(**fields) for arg in _PROBES[command])) for command in commands]
+    probes += [(f"key {key}", ("EVALSHA", "0" * 40, "1", key)) for attr, key in sorted(fields.items())
+               if attr != "channel"]
+    return probes
