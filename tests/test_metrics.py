@@ -4,12 +4,16 @@ served over real HTTP (uvicorn and aiohttp), and the lifecycle INFO logs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from aiodelayq import DelayedQueue, QueueCounts
+from aiodelayq import DelayedQueue, QueueCounts, Reject
 from aiodelayq._core import observe as _observe
 from aiodelayq._scripts import QueueScripts
 from aiodelayq.prometheus import QueueMetrics
@@ -414,3 +418,107 @@ def test_the_core_never_imports_prometheus_client_and_the_extra_says_how_to_inst
                "except ImportError as exc:\n    print(exc)\n")
     out = subprocess.run([sys.executable, "-c", missing], check=True, capture_output=True, text=True, timeout=60)
     assert "pip install 'aiodelayq[prometheus]'" in out.stdout
+
+
+# -- a real Prometheus, and the Grafana dashboard of the docs -----------------------------------------
+
+GRAFANA_DASHBOARD = Path("docs/grafana/aiodelayq.json")
+
+
+def _exported_names(namespace: str = "aiodelayq") -> set[str]:
+    """Every sample name a QueueMetrics can export: counters' ``_total``, the histogram's series, gauges."""
+    registry = CollectorRegistry()
+    m = QueueMetrics(registry=registry, install=False)
+    names = set()
+    for family in registry.collect():
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            names.add(family.name)
+    m.uninstall()
+    return {n for n in names if n.startswith(namespace + "_")}
+
+
+def _dashboard_queries() -> tuple[list[str], list[str]]:
+    """The PromQL of the dashboard's panels, and its variables' Grafana queries (``label_values``)."""
+    document = json.loads(GRAFANA_DASHBOARD.read_text(encoding="utf-8"))
+    panels = [t["expr"] for panel in document["panels"] for t in panel["targets"]]
+    variables = [v["query"]["query"] for v in document["templating"]["list"] if v["type"] == "query"]
+    return panels, variables
+
+
+def test_the_grafana_dashboard_references_only_exported_metrics() -> None:
+    exported = _exported_names()
+    panels, variables = _dashboard_queries()
+    used = {name for query in panels + variables for name in re.findall(r"\baiodelayq_\w+", query)}
+    assert used, "no aiodelayq metric in the dashboard"
+    assert used <= exported, used - exported
+    # Every gauge and counter the library exports is on the dashboard.
+    assert {n.removesuffix("_bucket") for n in exported if not n.endswith(("_sum", "_count"))} <= {
+        n.removesuffix("_bucket") for n in used}
+
+
+async def _prometheus_query(http: httpx.AsyncClient, base: str, query: str) -> list[dict[str, Any]]:
+    response = await http.get(f"{base}/api/v1/query", params={"query": query})
+    body = response.json()
+    assert body["status"] == "success", (query, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus (.ci/run installs it)")
+async def test_a_real_prometheus_scrapes_a_workers_metrics(make_queue: Any, metrics: QueueMetrics, serve_asgi: Any,
+                                                         tmp_path: Path) -> None:
+    q = make_queue(max_deliveries=3)
+    metrics.track(q)
+    target = await serve_asgi(metrics.asgi_app())
+    await q.offer_many([("ok", 0), ("ok", 0), ("bad", 0), ("later", 3600)])
+
+    async def handler(item: str) -> None:
+        if item == "bad":
+            raise Reject
+
+    port = _free_socket().getsockname()[1]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: worker\n"
+                      f"    static_configs:\n      - targets: ['{target.removeprefix('http://')}']\n", encoding="utf-8")
+    prometheus = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with q, httpx.AsyncClient(timeout=10) as http:
+            worker = q.worker(handler)
+            running = asyncio.ensure_future(worker.run())
+            await until(lambda: _counts_are(q, ready=0, in_flight=0, dead_letters=1), timeout_s=30)
+
+            async def scraped() -> bool:
+                try:
+                    found = await _prometheus_query(http, base, f'aiodelayq_delivered_total{{queue="{q.name}"}}')
+                except httpx.TransportError:
+                    return False  # not listening yet
+                return bool(found) and found[0]["value"][1] == "3"
+
+            await until(scraped, timeout_s=60, interval_s=0.5)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            (dead,) = await _prometheus_query(http, base, f'aiodelayq_dead_lettered_total{{queue="{q.name}"}}')
+            assert dead["metric"]["reason"] == "nacked"
+            assert dead["metric"]["job"] == "worker"
+            assert dead["value"][1] == "1"
+            (pending,) = await _prometheus_query(http, base, f'aiodelayq_pending{{queue="{q.name}"}}')
+            assert pending["value"][1] == "1"
+            (lag,) = await _prometheus_query(http, base, f'aiodelayq_lag_seconds{{queue="{q.name}"}}')
+            assert lag["value"][1] == "0"
+            # Every query of the Grafana dashboard is valid PromQL, as Grafana would send it.
+            panels, variables = _dashboard_queries()
+            for query in panels:
+                await _prometheus_query(http, base, query.replace("$queue", ".*").replace("$__rate_interval", "1m"))
+            assert variables == ["label_values(aiodelayq_pending, queue)"]
+            response = await http.get(f"{base}/api/v1/label/queue/values", params={"match[]": "aiodelayq_pending"})
+            assert q.name in response.json()["data"]
+    finally:
+        prometheus.terminate()
+        prometheus.wait(30)
