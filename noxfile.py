@@ -185,7 +185,7 @@ def bench(session: nox.Session) -> None:
     """The benchmark suite, ours vs a Redisson-design reference, in one run (``-- --quick``; ``-- --quick --check``
     for CI: exit 1 when a ratio to the in-run reference fails; ``-- --help``). A full run writes
     ``benchmarks/results.json``."""
-    session.install("-e", ".[server,bench]", silent=False)
+    session.install("-e", ".[server,bench,cli]", silent=False)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 

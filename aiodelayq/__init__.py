@@ -8,22 +8,11 @@
 ...         ...
 """
 
-from ._consuming.current import current_headers, current_message
-from ._consuming.messages import Message
-from ._consuming.priority import Prioritized
-from ._consuming.reliable import MessageIterator
-from ._consuming.worker import Reject, Retry, Worker, WorkerStats
-from ._options import WireFormat, WorkerOptions
-from ._producing.dead_letters import DeadLetter
-from ._producing.keyed import Offered, Pending
-from ._producing.pending import PendingItem, QueueCounts
-from ._queue import DelayedQueue
-from ._runtime.lifecycle import QueueStats
-from ._runtime.scheduler import SchedulerStats
-from ._web import Queues
-from ._wire.codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
-from ._wire.delays import delay_to_ms
-from ._wire.key_names import QueueKeys, prefix_name
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .exceptions import (
     AccessDeniedError,
     BackendError,
@@ -45,6 +34,24 @@ from .exceptions import (
     WrongEventLoopError,
     WrongNodeError,
 )
+
+if TYPE_CHECKING:
+    from ._consuming.current import current_headers, current_message
+    from ._consuming.messages import Message
+    from ._consuming.priority import Prioritized
+    from ._consuming.reliable import MessageIterator
+    from ._consuming.worker import Reject, Retry, Worker, WorkerStats
+    from ._options import WireFormat, WorkerOptions
+    from ._producing.dead_letters import DeadLetter
+    from ._producing.keyed import Offered, Pending
+    from ._producing.pending import PendingItem, QueueCounts
+    from ._queue import DelayedQueue
+    from ._runtime.lifecycle import QueueStats
+    from ._runtime.scheduler import SchedulerStats
+    from ._web import Queues
+    from ._wire.codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
+    from ._wire.delays import delay_to_ms
+    from ._wire.key_names import QueueKeys, prefix_name
 
 __all__ = [
     "AccessDeniedError",
@@ -97,3 +104,51 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Every public name but the exceptions, and the module defining it: imported on first access (PEP
+# 562), so ``import aiodelayq`` (and with it the command line's ``--help``) loads neither redis-py
+# nor asyncio, and a process loads only the parts it uses.
+_LAZY = {
+    "current_headers": "._consuming.current",
+    "current_message": "._consuming.current",
+    "Message": "._consuming.messages",
+    "Prioritized": "._consuming.priority",
+    "MessageIterator": "._consuming.reliable",
+    "Reject": "._consuming.worker",
+    "Retry": "._consuming.worker",
+    "Worker": "._consuming.worker",
+    "WorkerStats": "._consuming.worker",
+    "WireFormat": "._options",
+    "WorkerOptions": "._options",
+    "DeadLetter": "._producing.dead_letters",
+    "Offered": "._producing.keyed",
+    "Pending": "._producing.keyed",
+    "PendingItem": "._producing.pending",
+    "QueueCounts": "._producing.pending",
+    "DelayedQueue": "._queue",
+    "QueueStats": "._runtime.lifecycle",
+    "SchedulerStats": "._runtime.scheduler",
+    "Queues": "._web",
+    "BytesCodec": "._wire.codec",
+    "Codec": "._wire.codec",
+    "JsonCodec": "._wire.codec",
+    "MsgpackCodec": "._wire.codec",
+    "StrCodec": "._wire.codec",
+    "delay_to_ms": "._wire.delays",
+    "QueueKeys": "._wire.key_names",
+    "prefix_name": "._wire.key_names",
+}
+
+if not TYPE_CHECKING:  # for type checkers, the imports above define these names
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(import_module(module, __name__), name)
+        globals()[name] = value  # found directly from now on
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

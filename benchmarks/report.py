@@ -155,6 +155,21 @@ def tables(res: dict[str, Any]) -> list[str]:
                ["mean ms " + " / ".join(calls), *(" / ".join(f"{j['calls'][c]['mean_ms'] or 0:.3f}" for c in calls)
                                                   for j, _ in servers)],
                ["calls over 1 ms", *(str(sum(j["calls"][c]["over_1ms"] or 0 for c in calls)) for j, _ in servers)]])
+    if "startup" in sc:
+        st = sc["startup"]
+        sec, rat = st["seconds"], st["ratio"]
+        rows = [("`python -c pass`", "pass", "pass", ""),
+                ('`python -c "import redis.asyncio"` (the reference)', "import_redis", None, ""),
+                ('`python -c "import aiodelayq"`', "import_aiodelayq", "import_aiodelayq", ""),
+                ('`python -c "from aiodelayq import DelayedQueue"`', "delayed_queue", "delayed_queue", ""),
+                ("`aiodelayq --help`", "help", "help", ""),
+                ("`aiodelayq worker`: start to first delivery", "worker", None, fmt_ratio(rat["worker"])),
+                ("reference consumer: start to first take", "reference_worker", None, "")]
+        table("startup", f"New processes, bytecode cached: wall time to exit, or from the start to the first "
+              f"item (already due); medians of {st['runs']} runs.",
+              ["process", "median", "/ `import redis.asyncio`", "/ the reference consumer"],
+              [[label, fmt_ms(None if sec[key] is None else sec[key] * 1000),
+                fmt_ratio(rat[r]) if r else "", by_ref] for label, key, r, by_ref in rows])
     if "big_item_stall" in sc:
         b = sc["big_item_stall"]
         table("big_item_stall", f"One offer of a big item; event-loop stall (medians of {b['rounds']}; ticker "
@@ -255,6 +270,22 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         over = [c["over_1ms"] for name, c in j["calls"].items() if name in ("get", "reschedule", "cancel", "offer")]
         bar(f"keys: keyed calls over 1 ms with {k['pending_n']:,} pending", None if None in over else sum(over), 0,
             False, "calls")
+    if "startup" in sc:
+        st = sc["startup"]
+        sec, rat = st["seconds"], st["ratio"]
+
+        def ms(key: str) -> float | None:
+            return None if sec[key] is None else sec[key] * 1000
+
+        bar("startup: aiodelayq --help <= 300 ms", ms("help"), 300, False, "ms")
+        bar("startup: a worker's first delivery <= 1 s after it starts", ms("worker"), 1000, False, "ms")
+        bar("startup: import aiodelayq <= 0.5x import redis.asyncio", rat["import_aiodelayq"], 0.5, False,
+            check=0.5)
+        judge(checks, "startup: from aiodelayq import DelayedQueue <= 1.6x import redis.asyncio",
+              rat["delayed_queue"], 1.6, False)
+        judge(checks, "startup: aiodelayq --help <= 1x import redis.asyncio", rat["help"], 1.0, False)
+        judge(checks, "startup: a worker's first delivery <= 2.8x the reference consumer's", rat["worker"], 2.8,
+              False)
     return bars, checks
 
 

@@ -4,7 +4,12 @@ thin facade, Lua and byte layouts each in one place (docs/design.md, "Map")."""
 from __future__ import annotations
 
 import ast
+import importlib
+import subprocess
+import sys
 from pathlib import Path
+
+import aiodelayq
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiodelayq"
 
@@ -150,3 +155,32 @@ def test_lua_lives_in_lua_files_with_headers_and_byte_layouts_in_elements() -> N
         assert head[0].startswith(f"-- {name}: "), f"{path.name}: first line '-- {name}: what it does'"
         for part in ("-- KEYS:", "-- ARGV", "-- returns"):
             assert any(line.startswith(part) for line in head), f"{path.name}: no '{part}' header line"
+
+
+def test_the_package_names_load_on_first_access() -> None:
+    # aiodelayq/__init__.py imports the exceptions; every other public name is imported under
+    # TYPE_CHECKING (what mypy sees) and, at run time, from the module _LAZY gives on first access.
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    eager: set[str] = set()
+    typed: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "exceptions":
+            eager.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            typed.update({alias.name: f".{imp.module}" for imp in node.body if isinstance(imp, ast.ImportFrom)
+                          for alias in imp.names})
+    assert typed == aiodelayq._LAZY
+    assert sorted(aiodelayq.__all__) == sorted(eager | set(typed))
+    for name in aiodelayq.__all__:
+        module = importlib.import_module(typed.get(name, ".exceptions"), "aiodelayq")
+        assert getattr(aiodelayq, name) is getattr(module, name), name
+    assert set(aiodelayq.__all__) <= set(dir(aiodelayq))
+
+
+def test_import_aiodelayq_loads_neither_redis_nor_asyncio(tmp_path: Path) -> None:
+    # What `import aiodelayq` (and with it the command line's --help) loads: the exceptions only.
+    code = ("import sys, aiodelayq; print(*sorted(m for m in sys.modules "
+            "if m.partition('.')[0] in ('aiodelayq', 'redis', 'asyncio', 'anyio')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=tmp_path, timeout=60).stdout.split()
+    assert loaded == ["aiodelayq", "aiodelayq.exceptions"]

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
@@ -57,10 +58,19 @@ class Script:
     handed to a queue can be garbage collected with it.
     """
 
-    def __init__(self, name: str, text: str) -> None:
+    def __init__(self, name: str, text: str | Callable[[], str]) -> None:
         self.name = name
-        self.text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
+        self._text = text
+
+    @cached_property
+    def text(self) -> str:
+        """The Lua source; ``text`` given as a function is called on first use (once)."""
+        return self._text if isinstance(self._text, str) else self._text()
+
+    @cached_property
+    def sha(self) -> str:
+        """The SHA1 of :attr:`text`, as ``EVALSHA`` takes it."""
+        return hashlib.sha1(self.text.encode()).hexdigest()
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"

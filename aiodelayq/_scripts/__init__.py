@@ -5,9 +5,9 @@ Each script is a file ``lua/<name>.lua`` whose header names its KEYS (``-- KEYS:
 entry holds and what it returns. Functions several scripts share are in ``lua/lib/``, each file
 starting with ``-- defines:`` and the names it defines; a script gets the library files whose names
 it uses (directly or through another library file), in :data:`LIBRARY` order, and nothing else:
-Redis runs a script's definitions on every call. The files are read once per process; a
-:class:`QueueScript` (text + SHA1) is shared by every client, as redis-py's ``asyncio/lock.py``
-registers its scripts once per class.
+Redis runs a script's definitions on every call. Each file is read once per process, when its
+script is first used; a :class:`QueueScript` (text + SHA1) is shared by every client, as redis-py's
+``asyncio/lock.py`` registers its scripts once per class.
 
 A queue's components call them through :class:`QueueScripts`, which binds each script to the
 queue's client and keys: ``await scripts.pop(call_id, n, lease_ms, 0)``, never a positional key list.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
+from functools import cache, cached_property
 from importlib.resources import files
 from typing import Any
 
@@ -52,28 +53,37 @@ LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "li
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
 PAGE_SIZE = 1000
 
-_LUA = files(__name__) / "lua"
-_KEY_NAMES = {f.name for f in fields(QueueKeys)}
+_WORD = re.compile(r"\w+")
 
 
-def _library() -> list[tuple[str, tuple[str, ...], str]]:
+def _lua(*path: str) -> str:
+    """The text of ``lua/<path...>``."""
+    where = files(__name__) / "lua"
+    for part in path:
+        where = where / part
+    return where.read_text(encoding="utf-8")
+
+
+@cache
+def _library() -> tuple[tuple[str, frozenset[str], frozenset[str], str], ...]:
+    """Each library file: its name, the names it defines, the words of its code and its text."""
     out = []
     for name in LIBRARY:
-        text = (_LUA / "lib" / f"{name}.lua").read_text(encoding="utf-8")
+        text = _lua("lib", f"{name}.lua")
         first, _, body = text.partition("\n")
         if not first.startswith("-- defines:"):
             raise RuntimeError(f"lua/lib/{name}.lua must start with '-- defines: <names>'")
-        out.append((name, tuple(first.split(":", 1)[1].split()), body))
-    return out
-
-
-_LIB = _library()
+        out.append((name, frozenset(first.split(":", 1)[1].split()), _words(body), body))
+    return tuple(out)
 
 
 def _code(lua: str) -> str:
     """``lua`` without its ``--`` comments (outside string literals): what it uses."""
     out = []
     for line in lua.splitlines():
+        if "--" not in line:
+            out.append(line)
+            continue
         quote = None
         for i, char in enumerate(line):
             if quote:
@@ -87,36 +97,54 @@ def _code(lua: str) -> str:
     return "\n".join(out)
 
 
+def _words(lua: str) -> frozenset[str]:
+    """The words (runs of ``\\w``) of ``lua``'s code: the names it may use."""
+    return frozenset(_WORD.findall(_code(lua)))
+
+
 def assemble(body: str) -> str:
     """``body`` preceded by the library files its code uses (names outside comments), directly or
     through other library files, in :data:`LIBRARY` order."""
+    library = _library()
     needed: set[str] = set()
-    code = _code(body)
+    words = set(_words(body))
     changed = True
     while changed:  # a library file may use another one (index -> parse, lists)
         changed = False
-        for name, names, lua in _LIB:
-            if name not in needed and any(re.search(rf"\b{n}\b", code) for n in names):
+        for name, defines, uses, _ in library:
+            if name not in needed and not defines.isdisjoint(words):
                 needed.add(name)
-                code += _code(lua)
+                words |= uses
                 changed = True
-    return "\n" + "".join(lua for name, _, lua in _LIB if name in needed) + body
+    return "\n" + "".join(lua for name, _, _, lua in library if name in needed) + body
 
 
 class QueueScript(Script):
-    """A script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order."""
+    """A script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order.
+
+    Each is made on first use, once per process: the file is read with the first of them (a queue's
+    :class:`QueueScripts` asks for the key names), the text is assembled and hashed with the first
+    call. Importing the package reads no file, and a process assembles only the scripts it runs.
+    """
 
     def __init__(self, name: str) -> None:
-        body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-        match = re.search(r"^-- KEYS: *(.*)$", body, re.M)
+        super().__init__(name, lambda: assemble(self._body))
+
+    @cached_property
+    def _body(self) -> str:
+        return _lua(f"{self.name}.lua")
+
+    @cached_property
+    def key_names(self) -> tuple[str, ...]:
+        """The :class:`~aiodelayq._wire.key_names.QueueKeys` attributes of its KEYS, in order."""
+        match = re.search(r"^-- KEYS: *(.*)$", self._body, re.M)
         if match is None:
-            raise RuntimeError(f"lua/{name}.lua has no '-- KEYS:' header line")
+            raise RuntimeError(f"lua/{self.name}.lua has no '-- KEYS:' header line")
         key_names = tuple(k for k in match.group(1).split() if k != "(none)")
-        unknown = [k for k in key_names if k not in _KEY_NAMES]
+        unknown = [k for k in key_names if k not in {f.name for f in fields(QueueKeys)}]
         if unknown:
-            raise RuntimeError(f"lua/{name}.lua names keys a queue does not have: {unknown}")
-        super().__init__(name, assemble(body))
-        self.key_names = key_names
+            raise RuntimeError(f"lua/{self.name}.lua names keys a queue does not have: {unknown}")
+        return key_names
 
 
 OFFER = QueueScript("offer")

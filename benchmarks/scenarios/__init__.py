@@ -17,6 +17,7 @@ from . import (
     offer,
     offer_many,
     reliable_lateness,
+    startup,
     transfer,
 )
 
@@ -33,6 +34,7 @@ REGISTRY: dict[str, Scenario] = {
     "drain": drain.run,
     "due_times": due_times.run,
     "keys": keys.run,
+    "startup": startup.run,
     "big_item_stall": big_item_stall.run,
 }
 EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
