@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import ConfigurationError, DelayedQueue, QueueNotOpenError, Queues
 from tests.faults import REPO_ROOT
-from tests.helpers import until
+from tests.helpers import llen_is, until
 
 EXAMPLES = REPO_ROOT / "docs" / "examples"
 UNCLEAN = ("Task was destroyed", "Unclosed", "never awaited", "Traceback")
@@ -31,9 +31,11 @@ def _free_port() -> int:
 
 
 def _env(redis_url: str, queue: str, cancelled: str, **extra: str) -> dict[str, str]:
-    # ResourceWarnings (unclosed sockets, transports) are silent unless asked for.
+    # ResourceWarnings (unclosed sockets, transports) are silent unless asked for. The orders' states
+    # live beside the list of cancelled orders.
     return {"PYTHONPATH": f"{EXAMPLES}:{REPO_ROOT}", "REDIS_URL": redis_url, "ORDERS_QUEUE": queue,
-            "ORDERS_CANCELLED": cancelled, "PYTHONWARNINGS": "always::ResourceWarning", **extra}
+            "ORDERS_CANCELLED": cancelled, "ORDERS_STATES": f"{cancelled}:states",
+            "PYTHONWARNINGS": "always::ResourceWarning", **extra}
 
 
 def _start_server(spawn: Any, kind: str, port: int, env: dict[str, str]) -> Any:
@@ -87,7 +89,7 @@ async def test_web_app_and_worker_process_deliver_each_order_once_through_sigter
         kind: str, client: Redis, make_queue: Any, spawn_consumer: Any, redis_server: Any, drop_keys: Any) -> None:
     q: DelayedQueue[Any] = make_queue(codec="json")
     cancelled_key = f"{q.name}:cancelled"
-    drop_keys(cancelled_key)
+    drop_keys(cancelled_key, f"{cancelled_key}:states")
     port = _free_port()
     env = _env(redis_server.url, q.name, cancelled_key, CANCEL_AFTER_S="0.3")
     server = _start_server(spawn_consumer, kind, port, env)
@@ -126,6 +128,57 @@ async def test_web_app_and_worker_process_deliver_each_order_once_through_sigter
     assert set(done) == expected
     assert max(done.values()) == 1
     assert await q.counts() == type(await q.counts())(0, 0, 0, 0, None)
+
+
+@pytest.mark.parametrize("kind", ["fastapi", "aiohttp"])
+async def test_paying_twice_answers_the_same_and_409_means_the_order_was_cancelled(
+        kind: str, client: Redis, make_queue: Any, spawn_consumer: Any, redis_server: Any, drop_keys: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="json")
+    cancelled_key = f"{q.name}:cancelled"
+    drop_keys(cancelled_key, f"{cancelled_key}:states")
+    port = _free_port()
+    env = _env(redis_server.url, q.name, cancelled_key, CANCEL_AFTER_S="0.5")
+    server = _start_server(spawn_consumer, kind, port, env)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        await _wait_http(http, server)
+
+        async def pay(order_id: int) -> tuple[int, Any]:
+            response = await http.post(f"/orders/{order_id}/paid")
+            return response.status_code, response.json() if response.status_code == 200 else response.text
+
+        for order_id in (1, 2, 3):
+            assert (await http.post(f"/orders/{order_id}")).status_code == 201
+        # Paid in time, then paid again: the same answer, not "too late".
+        assert [await pay(1), await pay(1)] == [(200, {"order_id": 1, "paid": True})] * 2
+        # The cancellations of 2 and 3 fall due (this process's transfers move them; no worker runs).
+        async with make_queue(q.name, codec="json") as mover:
+            await until(lambda: llen_is(client, mover, 2), timeout_s=10)
+        # Paid after its cancellation fell due, before any worker handled it: paid, twice.
+        assert [await pay(3), await pay(3)] == [(200, {"order_id": 3, "paid": True})] * 2
+        # The worker cancels 2, and leaves 3 (paid) and 1 (its cancellation was cancelled).
+        worker = spawn_consumer(f"import runpy; runpy.run_path({str(EXAMPLES / 'orders_worker.py')!r}, "
+                                "run_name='__main__')", env=env)
+        await until(lambda: _counts_settle(q, pending=0, ready=0, in_flight=0), timeout_s=30, interval_s=0.05)
+        assert await client.lrange(cancelled_key, 0, -1) == [b"2"]
+        # Paid after the worker cancelled it: 409, every time; the others still answer paid.
+        for _ in range(2):
+            status, text = await pay(2)
+            assert status == 409
+            assert "too late: the order was cancelled" in text
+        for order_id in (1, 3):
+            assert await pay(order_id) == (200, {"order_id": order_id, "paid": True})
+        server.send_signal(signal.SIGTERM)
+    await _exited_cleanly(server, kind)
+    worker.send_signal(signal.SIGTERM)
+    assert await worker.await_exit(30) == 0
+    assert not [w for w in UNCLEAN if w in worker.stderr], worker.stderr
+    assert await client.lrange(cancelled_key, 0, -1) == [b"2"]
+    assert await client.hgetall(f"{cancelled_key}:states") == {b"1": b"paid", b"2": b"cancelled", b"3": b"paid"}
+
+
+async def _counts_settle(q: DelayedQueue[Any], **expected: int) -> bool:
+    counts = await q.counts()
+    return all(getattr(counts, name) == value for name, value in expected.items())
 
 
 async def test_the_readme_example_runs_as_is(own_server: Any, spawn_consumer: Any) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
+import re
 import signal
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions
+from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions, current_message
 from aiodelayq.worker import run_worker
 from tests.faults import REPO_ROOT
 from tests.helpers import until
@@ -209,6 +211,59 @@ async def test_cut_off_handlers_hand_their_messages_back(make_queue: Any, how: s
         assert sorted((m.value, m.delivery_count) for m in again) == [(0, 2), (1, 2), (2, 2)]
         for m in again:
             await m.ack(confirm=True)
+
+
+async def test_an_abort_logs_the_hand_back_as_the_stats_and_redis_count_it(
+        client: Redis, make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # Many handlers running at the abort: most in redis-py calls (where Python 3.11's wait_for can
+    # swallow a cancellation: it is delivered again), two that swallow it themselves and return (so
+    # they are done, and acked, not handed back). The log's counts, the stats and Redis agree.
+    caplog.set_level(logging.INFO, logger="aiodelayq")
+    q = make_queue(codec="json", max_deliveries=5)
+    work_key = f"{q.name}:work"
+    started: list[int] = []
+    swallowed: dict[int, str] = {}  # item -> its message id
+
+    async def handler(item: int) -> None:
+        started.append(item)
+        if len(started) <= 2:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                swallowed[item] = current_message().id
+                return  # the cancellation swallowed: the handler ends as if done
+        while True:
+            await client.incr(work_key)
+            await asyncio.sleep(0.001)
+
+    await q.offer_many([(i, 0) for i in range(30)])
+    try:
+        async with q:
+            worker = q.worker(handler, concurrency=20, drain_timeout_s=30)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: len(started) == 20, timeout_s=10)
+            await asyncio.sleep(0.05)
+            worker.abort()
+            await asyncio.wait_for(task, 10)  # the cut takes about 0.1 s, at most 2 s
+            messages = [r.getMessage() for r in caplog.records if r.name == "aiodelayq"]
+            [(cut_off, handed_back)] = [(int(a), int(b)) for m in messages
+                                        for a, b in re.findall(r"cut off (\d+) handler\(s\): (\d+) message", m)]
+            [ended] = [m for m in messages if "ended on their own" in m]
+            assert not [m for m in messages if "could not hand back" in m or "did not stop" in m], messages
+            assert cut_off == handed_back == worker.stats.interrupted == 18, messages
+            assert set(ended.rpartition(": ")[2].split(", ")) == set(swallowed.values()), ended
+            assert (worker.stats.started, worker.stats.succeeded) == (20, 2)
+            # In Redis: the 18 handed back are in flight, due again now; the 10 never started are
+            # ready; the 2 that ended on their own are acked. (A bounded wait: acks are written behind.)
+            await until(lambda: _counts_settle(q, in_flight=handed_back, ready=10, pending=0, dead_letters=0),
+                        timeout_s=5)
+            again = await q.receive_many(30, 30, timeout=5)
+            redelivered = sorted(m.value for m in again if m.delivery_count == 2)
+            assert redelivered == sorted(set(started) - set(swallowed))
+            for m in again:
+                await m.ack(confirm=True)
+    finally:
+        await client.delete(work_key)
 
 
 async def test_consume_opens_and_closes_and_plain_mode_drops_failures(

@@ -216,9 +216,13 @@ class ReliableConsumer(Generic[T]):
         return messages, wait_s, hold
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
-        """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``."""
-        await self._scripts.release_call.resend(
+        """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``. When it gave
+        messages back, the receivers of this process that found nothing meanwhile look again
+        (RELEASE_CALL publishes nothing: other processes find them at their safety poll)."""
+        released = await self._scripts.release_call.resend(
             call_id, timeout_s=timeout_s, what=f"undo a cancelled receive on {self._keys.destination!r}")
+        if released and not self._closed:
+            self.notify()
 
     async def _undo_within(self, call_id: bytes, timeout_s: float) -> bool:
         """RELEASE_CALL within ``timeout_s``, through cancellations; returns whether it was applied."""

@@ -11,8 +11,14 @@ once, a failure is logged with the item and the item is gone.
 
 Stopping: :meth:`Worker.stop` stops fetching (a receive in flight is undone by the queue), lets
 running handlers finish within ``drain_timeout_s``, then cancels the rest; :meth:`Worker.abort`
-(a second Ctrl-C) cancels them at once. Either way every started message is settled or handed
-back, or, if Redis cannot be reached, comes back after its visibility timeout: nothing is lost.
+(a second Ctrl-C) cancels them at once. A handler still running after its cancellation gets it
+again every ``_RECANCEL_EVERY_S``, for ``_RECANCEL_FOR_S``: a cancellation can be swallowed where it
+lands (Python 3.11's ``asyncio.wait_for``, which redis-py sends its commands under, returns the
+result of a command that completes as the cancellation arrives). Either way every started message
+is settled or handed back, or, if Redis cannot be reached, comes back after its visibility timeout:
+nothing is lost. Once the cut is over, the log says what became of each message whose handler was
+running: how many were handed back (as many as ``stats.interrupted`` counts), which could not be
+(by id), which handlers ended on their own (settled as usual) and which did not stop.
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ State = Literal["new", "running", "draining", "stopped"]
 # How long handing back an interrupted message may take (through a forced shutdown's
 # cancellations); past it the message comes back after its visibility timeout anyway.
 _HAND_BACK_BOUND_S = 1.0
+# A cut-off handler that is still running gets its cancellation again this often, for at most this
+# long after the cut (see the module docstring); one still running then is left running.
+_RECANCEL_EVERY_S, _RECANCEL_FOR_S = 0.05, 0.5
+# The longest a cut takes: the re-cancelling, then a hand-back begun at its end.
+_CUT_BOUND_S = _RECANCEL_FOR_S + _HAND_BACK_BOUND_S + 0.2
 # Pause of the fetch loop after a failed fetch (the queue's own calls already resent within
 # call_timeout_s); doubles up to the cap while failures go on.
 _FETCH_RETRY_S, _FETCH_RETRY_CAP_S = 0.2, 5.0
@@ -72,9 +83,13 @@ class WorkerStats:
     Attributes:
         started: handlers started. succeeded: handlers that returned. failed: handlers that raised
             (:class:`Retry` and :class:`Reject` included). retried: messages nacked for a retry.
-        rejected: messages dead-lettered by :class:`Reject`. interrupted: handlers cut off by a
-            stop (their messages handed back). lost_leases: messages whose visibility timeout ran
-            out while their handler ran (they may be delivered twice).
+        rejected: messages dead-lettered by :class:`Reject`. interrupted: handlers ended by a stop's
+            cancellation: their messages are handed back (nacked with no delay, or dead-lettered
+            when that was their last delivery), or, when that fails, come back after their
+            visibility timeout (the log names them). A handler that ends on its own as it is cut
+            off (it returns or raises something else) counts as succeeded or failed instead.
+            lost_leases: messages whose visibility timeout ran out while their handler ran (they
+            may be delivered twice).
     """
 
     started: int = 0
@@ -130,6 +145,11 @@ class Worker(Generic[T]):
         self._need = asyncio.Event()
         self._fetching = False  # a fetch is in flight
         self._cutting = False  # the slots are being cancelled by this worker
+        # Slots that are settling a message after its handler ended (handing it back after a cut,
+        # or nacking a failure): a cut does not cancel them again. A cut-off slot records what
+        # became of its message in `_handed_back` (None: handed back; else why not).
+        self._settling: set[asyncio.Task[None]] = set()
+        self._handed_back: dict[asyncio.Task[None], str | None] = {}
         self._extending: dict[str, asyncio.Task[bool]] = {}  # message id -> its extend in flight
         # Longest a message fetched ahead waits for a slot before it is released.
         self._hold_s = min(_AHEAD_HOLD_S, self.visibility_timeout_s / 4)
@@ -195,7 +215,7 @@ class Worker(Generic[T]):
                 await asyncio.wait({fetcher})
                 await asyncio.gather(self._release_ahead(), self._cancel_slots())
 
-            await run_through_cancellation(hand_back, _HAND_BACK_BOUND_S + 1.0)
+            await run_through_cancellation(hand_back, _CUT_BOUND_S + 0.3)
             if fetcher.done() and not fetcher.cancelled() and fetcher.exception() is not None:
                 log.error("aiodelayq: worker on %r: fetching failed", name, exc_info=fetcher.exception())
             raise
@@ -224,27 +244,83 @@ class Worker(Generic[T]):
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:
             abort.cancel()
-        if self._busy:
-            log.info("aiodelayq: worker on %r handing back %d message(s) whose handlers were cut off",
-                     self.queue.name, len(self._busy))
         await self._cancel_slots()
 
     async def _cancel_slots(self) -> None:
-        """Cancel every slot and wait for them: a running handler hands its message back within
-        _HAND_BACK_BOUND_S; a handler that holds off its cancellation longer is left running
-        (logged; its message comes back after its visibility timeout)."""
+        """Cancel every slot and wait for them: a cut-off handler hands its message back within
+        _HAND_BACK_BOUND_S; one still running gets its cancellation again every _RECANCEL_EVERY_S
+        for _RECANCEL_FOR_S, and is left running after that (its message comes back after its
+        visibility timeout). Then logs what became of the messages of the handlers that ran."""
         self._cutting = True
-        for task in self._slots:
-            task.cancel()
+        cut = dict(self._busy)  # the handlers running now, and their messages
         if not self._slots:
             return
-        _, late = await asyncio.wait(self._slots, timeout=_HAND_BACK_BOUND_S + 0.5)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            running = {task for task in self._slots if not task.done() and task not in self._settling}
+            if not running or loop.time() - start >= _RECANCEL_FOR_S:
+                break
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running, timeout=min(_RECANCEL_EVERY_S, start + _RECANCEL_FOR_S - loop.time()))
+        pending = {task for task in self._slots if not task.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, start + _CUT_BOUND_S - loop.time()))
+        # Slots still settling what their handler ended with (Redis slow to answer): the settle goes
+        # on behind (the settler's call is not cut off with its waiter), the slot stops now.
+        late = {task for task in self._slots
+                if not task.done() and task in self._settling and task not in self._handed_back}
+        for task in late:
+            task.cancel()
         if late:
-            log.error("aiodelayq: worker on %r: %d handler(s) did not stop when cancelled; left running",
-                      self.queue.name, len(late))
-        for task in self._slots - late:
-            if not task.cancelled() and task.exception() is not None:  # a bug here, not in a handler
+            await asyncio.wait(late, timeout=0.1)
+        for task in self._slots:
+            if task.done() and not task.cancelled() and task.exception() is not None:  # a bug here, not in a handler
                 log.error("aiodelayq: worker slot failed", exc_info=task.exception())
+        self._report_cut(cut)
+
+    def _report_cut(self, cut: dict[asyncio.Task[None], Message[T] | None]) -> None:
+        """Log what became of the messages of the handlers running when the cut began (``cut``):
+        handed back (INFO; with those not handed back, as many as ``stats.interrupted`` counted),
+        not handed back (WARNING, by id), ended on their own (INFO) and left running (ERROR)."""
+        name, limit = self.queue.name, self.queue.max_deliveries
+        handed_back = dead = 0
+        not_back: list[str] = []
+        ended: list[str] = []
+        stuck: list[str] = []
+        for slot, message in cut.items():
+            if slot in self._handed_back:  # ended by the cut's cancellation: counted in stats.interrupted
+                why = self._handed_back.pop(slot)
+                if message is None:
+                    continue  # plain mode: its item was logged at ERROR
+                if why is not None:
+                    not_back.append(f"{message.id} ({why})")
+                elif limit is not None and message.delivery_count >= limit:
+                    dead += 1  # its last delivery: the nack dead-lettered it (reason max_deliveries)
+                else:
+                    handed_back += 1
+            elif not slot.done():
+                stuck.append(message.id if message is not None else "an item")
+            elif message is not None:
+                ended.append(message.id)
+        self._handed_back.clear()
+        cut_off = handed_back + dead + len(not_back)
+        if cut_off:
+            more = "".join((f", {dead} dead-lettered (it was their last delivery)" if dead else "",
+                            f", {len(not_back)} could not be" if not_back else ""))
+            log.info("aiodelayq: worker on %r cut off %d handler(s): %d message(s) handed back (due again now)%s",
+                     name, cut_off, handed_back, more)
+        if not_back:
+            log.warning("aiodelayq: worker on %r could not hand back %d message(s) of cut-off handlers; they come "
+                        "back after their visibility timeout: %s", name, len(not_back), ", ".join(not_back))
+        if ended:
+            log.info("aiodelayq: worker on %r: %d handler(s) ended on their own as they were cut off (their messages "
+                     "are settled as usual: acked, or nacked as failures): %s", name, len(ended), ", ".join(ended))
+        if stuck:
+            log.error("aiodelayq: worker on %r: %d handler(s) did not stop when cancelled; left running (a message "
+                      "comes back after its visibility timeout unless its handler finishes): %s",
+                      name, len(stuck), ", ".join(stuck))
 
     async def _slot(self) -> None:
         """Take entries and handle them, one at a time, until stopping (plain mode first finishes
@@ -309,19 +385,25 @@ class Worker(Generic[T]):
                     raise
                 # Not this worker's doing: the handler awaited something that was cancelled.
                 stats.failed += 1
-                await self._failed(item, message, exc)
+                await self._settling_in(me, self._failed(item, message, exc))
             except Exception as exc:  # the handler's failure: settle it, never let it kill the worker
                 stats.failed += 1
-                await self._failed(item, message, exc)
+                await self._settling_in(me, self._failed(item, message, exc))
             else:
                 stats.succeeded += 1
                 if message is not None and not message._ack_behind():  # else: near its deadline, confirmed
-                    try:
-                        await message.ack()
-                    except BackendError as exc:
-                        self._unsettled(message, "ack", exc)
+                    await self._settling_in(me, self._settle(message, "ack", 0.0))
             finally:
                 del busy[me]
+
+    async def _settling_in(self, slot: asyncio.Task[None], settling: Awaitable[object]) -> None:
+        """Await ``settling``, the settle of ``slot``'s message after its handler ended: a cut does
+        not cancel the slot meanwhile (it ends once this is done)."""
+        self._settling.add(slot)
+        try:
+            await settling
+        finally:
+            self._settling.discard(slot)
 
     def _cut_off(self, slot: asyncio.Task[None]) -> bool:
         """Whether a ``CancelledError`` in ``slot`` is a stop's (or the caller's, or a forced
@@ -400,13 +482,29 @@ class Worker(Generic[T]):
 
     async def _interrupted(self, entry: Any, message: Message[T] | None) -> None:
         """A handler cut off by a stop: its message is nacked with no delay (bounded, through a
-        forced shutdown's cancellations); plain mode can only say so."""
+        forced shutdown's cancellations) and the outcome recorded for the cut's report; plain mode
+        can only say so."""
+        me = asyncio.current_task()
+        assert me is not None
         self.stats.interrupted += 1
-        if message is not None:
-            await run_through_cancellation(lambda: self._settle(message, "nack", 0.0), _HAND_BACK_BOUND_S)
-        else:
+        if message is None:
+            self._handed_back[me] = None
             log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
                       "cannot hand its item back: %r", self.queue.name, entry)
+            return
+        why: str | None = f"not confirmed within {_HAND_BACK_BOUND_S:.1f} s"
+        self._handed_back[me] = why  # until the hand-back is answered
+
+        async def hand_back() -> None:
+            nonlocal why
+            why = await self._settle(message, "nack", 0.0, report=False)
+
+        self._settling.add(me)
+        try:
+            await run_through_cancellation(hand_back, _HAND_BACK_BOUND_S)
+        finally:
+            self._settling.discard(me)
+            self._handed_back[me] = why
 
     async def _failed(self, item: T, message: Message[T] | None, exc: BaseException) -> None:
         if message is None:
@@ -443,24 +541,28 @@ class Worker(Generic[T]):
                 return value
         return 1.0
 
-    async def _settle(self, message: Message[T], how: str, delay_s: float) -> None:
-        """Ack, nack or dead-letter; a failure is logged: the message then comes back after its
-        visibility timeout (at-least-once), so the worker goes on."""
+    async def _settle(self, message: Message[T], how: str, delay_s: float, *, report: bool = True) -> str | None:
+        """Ack, nack or dead-letter; ``None`` once applied, else why not. A failure is logged (if
+        ``report``): the message then comes back after its visibility timeout (at-least-once), so
+        the worker goes on."""
         extending = self._extending.get(message.id)
         if extending is not None and how != "ack":
             # An EXTEND landing after this nack would move its delay to a full timeout.
             await asyncio.wait({extending})
         try:
             if how == "ack":
-                await message.ack()
+                applied = await message.ack()
             elif how == "dead":
-                await message.nack(dead_letter=True)
+                applied = await message.nack(dead_letter=True)
             elif how == "release":
-                await message.release()
+                applied = await message.release()
             else:
-                await message.nack(delay_s)
+                applied = await message.nack(delay_s)
         except BackendError as exc:
-            self._unsettled(message, how, exc)
+            if report:
+                self._unsettled(message, how, exc)
+            return str(exc) or type(exc).__name__
+        return None if applied else "no longer held: its visibility timeout had ended"
 
     def _unsettled(self, message: Message[T], how: str, exc: BackendError) -> None:
         log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "

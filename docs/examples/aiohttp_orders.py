@@ -1,5 +1,6 @@
 """Orders with aiohttp: the same three routes as ``fastapi_orders.py``. Run:
-``python aiohttp_orders.py --port 8080`` (``REDIS_URL``, ``ORDERS_QUEUE``, ``CANCEL_AFTER_S``).
+``python aiohttp_orders.py --port 8080`` (``REDIS_URL``, ``ORDERS_QUEUE``, ``ORDERS_STATES``,
+``CANCEL_AFTER_S``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp import web
 from aiodelayq import Queues
 
 QUEUE = os.environ.get("ORDERS_QUEUE", "orders:cancel-unpaid")
+STATES = os.environ.get("ORDERS_STATES", "orders:states")  # order id -> "paid" or "cancelled"
 CANCEL_AFTER = timedelta(seconds=float(os.environ.get("CANCEL_AFTER_S", 30 * 60)))
 
 queues = Queues(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
@@ -30,8 +32,11 @@ async def place_order(request: web.Request) -> web.Response:
 @routes.post("/orders/{order_id}/paid")
 async def order_paid(request: web.Request) -> web.Response:
     order_id = int(request.match_info["order_id"])
-    if not await queues[QUEUE].cancel(f"order-{order_id}"):
-        raise web.HTTPConflict(text="too late: the cancellation already fell due")
+    db = queues.client
+    if await db.hsetnx(STATES, str(order_id), "paid"):  # the first state recorded: paid
+        await queues[QUEUE].cancel(f"order-{order_id}")  # not needed any more (fell due: the worker leaves it)
+    elif await db.hget(STATES, str(order_id)) != b"paid":
+        raise web.HTTPConflict(text="too late: the order was cancelled")
     return web.json_response({"order_id": order_id, "paid": True})
 
 
