@@ -232,6 +232,28 @@ async def test_a_released_prefetch_wakes_a_receiver_that_found_nothing(make_clie
         assert await got.ack(confirm=True)
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-queue", "other-process"])
+async def test_an_undone_receive_wakes_a_receiver_that_found_nothing(client: Redis, make_client: Any,
+                                                                     make_queue: Any, elsewhere: bool) -> None:
+    # A receive cancelled in flight is undone by RELEASE_CALL: its messages are ready again, and a
+    # receiver that found nothing meanwhile must look (this queue object: its own wake-up; another
+    # process: RELEASE_CALL publishes).
+    here = make_queue(safety_poll_s=300)
+    there = make_queue(redis=make_client(), safety_poll_s=300) if elsewhere else here
+    async with here, there:
+        receiver = await _parked(there)
+        await client.rpush(here.name, json.dumps("a").encode())  # ready, unannounced: nobody looks
+        consumer = here._life.reliable()
+        call_id = os.urandom(16)
+        reply = await consumer._scripts.receive.resend(10, 30_000, 0, call_id, durable=True)
+        assert len(reply) > 5  # the RECEIVE took it
+        await consumer._release(call_id)  # as a receive cancelled mid-call is undone
+        got = await receiver
+        assert got is not None
+        assert (got.value, got.delivery_count) == ("a", 1)
+        assert await got.ack(confirm=True)
+
+
 async def test_a_nack_in_one_process_wakes_a_receiver_in_another_when_due(make_client: Any, make_queue: Any) -> None:
     # The nack's due time is published; the other process's transfer at that time finds the
     # destination empty (the message is in the in-flight zset) and must wake its receivers anyway.

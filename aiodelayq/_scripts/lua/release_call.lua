@@ -1,8 +1,10 @@
 -- RELEASE_CALL: undo a receive nobody saw, by its call id.
--- KEYS: in_flight destination calls call_replies
--- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash
+-- KEYS: in_flight destination calls call_replies channel
+-- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash,
+-- KEYS[5] channel
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
--- returns: how many messages were released (their delivery undone, see release()).
+-- returns: how many messages were released (their delivery undone, see release()); when any were, it
+-- publishes now on the channel, so every process's receivers look again.
 -- If that RECEIVE has not run (yet), its id is remembered with an empty record, so a late arrival
 -- of it on a dropped connection receives nothing.
 local now = now_ms()
@@ -13,6 +15,9 @@ if first_run(KEYS[3], ARGV[1]) then
     n = n + 1
   end
   redis.call('hset', KEYS[4], ARGV[1], '')
+  if n > 0 then
+    redis.call('publish', KEYS[5], string.format('%d', now))
+  end
 else
   remember(KEYS[3], KEYS[4], ARGV[1], now, '')
 end
