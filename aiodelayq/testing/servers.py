@@ -143,7 +143,10 @@ class ThrowawayServer:
         return self._proc.pid
 
     def start(self, timeout_s: float = 15.0) -> ThrowawayServer:
-        """Start the process (on a new free port unless one is already chosen) and wait for PING."""
+        """Start the process (on a new free port unless one is already chosen) and wait for PING; a
+        server that is running already is left as it is (``with`` after ``start()`` starts no second one)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="aiodelayq-server-")
         last_error = ""
