@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, run_through_cancellation
+from .._core.tracing import now_ns, receive_span, tracer
 from .._options import QueueOptions
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
@@ -98,8 +99,18 @@ class ReliableConsumer(Generic[T]):
         if not self._closed:
             asyncio.get_running_loop().call_later(delay_ms / 1000, self.notify)
 
-    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None) -> list[Message[T]]:
-        """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after."""
+    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None, *,
+                           traced: bool = True) -> list[Message[T]]:
+        """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after.
+        A call that returns messages is a ``receive`` span while an OpenTelemetry SDK is set up."""
+        found = tracer() if traced else None
+        if found is not None:
+            started_ns = now_ns()
+            messages = await self.receive_many(max_items, vt_ms, timeout_s, traced=False)
+            if messages:
+                receive_span(found, self._keys.destination, "receive", started_ns, [m.headers for m in messages],
+                             messages[0].id if len(messages) == 1 else None)
+            return messages
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:

@@ -29,10 +29,11 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, wait_event
+from .._core.tracing import now_ns, receive_span, tracer
 from .._redis.connections import is_permanent
 from .._redis.retry import Backoff, resend_within
 from .._scripts import QueueScripts
@@ -40,6 +41,9 @@ from ..exceptions import BackendError, DecodeError
 from .controls import hold_s
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
 from .prefetch import PrefetchBuffer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 __all__ = ["RESYNC", "Headed", "TakePump"]
 
@@ -130,10 +134,11 @@ class TakePump:
     # -- callers -----------------------------------------------------------------------------------
 
     async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False,
-                  with_headers: bool = False) -> list[Any]:
+                  with_headers: bool = False, traced: bool = True) -> list[Any]:
         """Up to ``max_items`` decoded items; waits up to ``timeout_s`` (``None``: forever) for at
         least one, ``[]`` after it. ``once`` (or a ``timeout_s`` of 0): a single pop attempt, no
-        waiting. ``with_headers``: ``(item, headers)`` pairs instead of items.
+        waiting. ``with_headers``: ``(item, headers)`` pairs instead of items. A call that returns
+        items is a ``receive`` span while an OpenTelemetry SDK is set up (``traced``).
 
         Raises:
             the exception given to :meth:`fail_waiters` once closing; a permanent
@@ -142,6 +147,9 @@ class TakePump:
         """
         if self._closed is not None:
             raise self._closed
+        found = tracer() if traced else None
+        if found is not None:
+            return await self._get_traced(found, timeout_s, max_items, once, with_headers)
         if timeout_s == 0:
             once, timeout_s = True, None
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
@@ -171,6 +179,14 @@ class TakePump:
             self._leave(waiter)
             return []
         return self._deliver(waiter.future.result(), with_headers)  # raises fail_waiters' exception
+
+    async def _get_traced(self, found: Tracer, timeout_s: float | None, max_items: int, once: bool,
+                          with_headers: bool) -> list[Any]:
+        started_ns = now_ns()
+        pairs = await self.get(timeout_s, max_items, once=once, with_headers=True, traced=False)
+        if pairs:
+            receive_span(found, self._keys.destination, "take", started_ns, [headers for _, headers in pairs])
+        return pairs if with_headers else [value for value, _ in pairs]
 
     def _deliver(self, entries: list[tuple[Pop, int, Any]], with_headers: bool) -> list[Any]:
         """The caller has ``entries``: record them as taken; returns their values (``(value,

@@ -29,15 +29,19 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from redis.backoff import EqualJitterBackoff
 
 from .._core.tasks import run_through_cancellation, wait_event
+from .._core.tracing import process_span, tracer
 from .._options import WorkerOptions
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
 from .current import CURRENT_HEADERS, CURRENT_MESSAGE
 from .messages import Message
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 __all__ = ["Reject", "Retry", "Worker", "WorkerStats"]
 
@@ -377,8 +381,13 @@ class Worker(Generic[T]):
             stats.started += 1
             # The handler runs here, not in a helper coroutine: every layer per message costs, and
             # a no-op handler's worker is held against a plain `async for` (the drain benchmark).
+            # Traced only while an OpenTelemetry SDK is set up (a CONSUMER span around the call).
+            found = tracer()
             try:
-                await handler(item)
+                if found is None:
+                    await handler(item)
+                else:
+                    await self._traced(found, item, message, headers if message is None else message.headers)
             except asyncio.CancelledError as exc:
                 if self._cut_off(me):
                     await self._interrupted(item, message)
@@ -395,6 +404,12 @@ class Worker(Generic[T]):
                     await self._settling_in(me, self._settle(message, "ack", 0.0))
             finally:
                 del busy[me]
+
+    async def _traced(self, found: Tracer, item: T, message: Message[T] | None, headers: dict[str, str]) -> None:
+        """The handler's call inside a ``process`` span, the child of the item's producer context."""
+        with process_span(found, self.queue.name, headers, None if message is None else message.id,
+                          None if message is None else message.delivery_count):
+            await self.handler(item)
 
     async def _settling_in(self, slot: asyncio.Task[None], settling: Awaitable[object]) -> None:
         """Await ``settling``, the settle of ``slot``'s message after its handler ended: a cut does

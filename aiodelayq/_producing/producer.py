@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from .._core.observe import Events
 from .._core.tasks import keep
+from .._core.tracing import send_span, tracer, with_context
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for, server_ms_at
 from .._redis.eviction import check_eviction_policy
@@ -71,7 +72,16 @@ class Producer:
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock), an
-        :class:`Offered` for a keyed item."""
+        :class:`Offered` for a keyed item. Traced (a PRODUCER span, its context in the item's
+        headers) while an OpenTelemetry SDK is set up."""
+        found = tracer()
+        if found is None:
+            return await self._offer(item, delay, key, replace, headers, expires)
+        with send_span(found, self._keys.destination, 1, key) as carrier:
+            return await self._offer(item, delay, key, replace, with_context(headers, carrier), expires)
+
+    async def _offer(self, item: Any, delay: float | timedelta, key: str | None, replace: bool,
+                     headers: Mapping[str, str] | None, expires: float | timedelta | None) -> int:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, True)
@@ -89,11 +99,24 @@ class Producer:
         """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
         sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
         When one call fails, the others are still awaited (none is left running unowned), then the
-        first failure is raised."""
+        first failure is raised. Traced as :meth:`offer` (one span for the call)."""
         if not pairs:
             if keys:
                 raise InvalidKeyError(f"{len(keys)} keys for 0 items")
             return []
+        found = tracer()
+        if found is None:
+            return await self._offer_many(pairs, keys, replace, headers, expires)
+        with send_span(found, self._keys.destination, len(pairs)) as carrier:
+            if headers is None:
+                headers = [carrier] * len(pairs)
+            elif isinstance(headers, Sequence) and not isinstance(headers, (str, bytes, Mapping)):
+                headers = [with_context(h, carrier) for h in headers]
+            return await self._offer_many(pairs, keys, replace, headers, expires)
+
+    async def _offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None,
+                          replace: bool, headers: Sequence[Mapping[str, str] | None] | None,
+                          expires: float | timedelta | Sequence[float | timedelta | None] | None) -> list[int]:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, False)
