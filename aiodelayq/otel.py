@@ -27,15 +27,14 @@ from typing import Any
 from opentelemetry import metrics
 
 from . import __version__
-from ._core.observe import install as _install_sink
-from ._core.observe import installed as _installed_sink
-from ._core.observe import uninstall as _uninstall_sink
+from ._core.observe import InstalledOnce
 
 __all__ = ["OtelMetrics"]
 
 
-class OtelMetrics:
-    """A metrics sink that records every queue event of this process with OpenTelemetry instruments.
+class OtelMetrics(InstalledOnce):
+    """A metrics sink that records every queue event of this process with OpenTelemetry instruments;
+    ``install()``, ``uninstall()`` and ``installed`` as :class:`aiodelayq.prometheus.QueueMetrics` has them.
 
     Args:
         meter_provider: where the instruments come from (the global provider by default).
@@ -67,28 +66,6 @@ class OtelMetrics:
 
     def __repr__(self) -> str:
         return f"<OtelMetrics installed={self.installed}>"
-
-    @property
-    def installed(self) -> bool:
-        """Whether this is the process's sink."""
-        return _installed_sink() is self
-
-    def install(self) -> OtelMetrics:
-        """Make this the process's sink (idempotent).
-
-        Raises:
-            RuntimeError: another sink is installed (uninstall it first).
-        """
-        current = _installed_sink()
-        if current is not None and current is not self:
-            raise RuntimeError(f"another aiodelayq metrics sink is installed: {current!r}")
-        if current is None:
-            _install_sink(self)
-        return self
-
-    def uninstall(self) -> None:
-        """Stop recording (idempotent; leaves another installed sink alone)."""
-        _uninstall_sink(self)
 
     def offered(self, queue: str, n: int) -> None:
         """Sink event: ``n`` items offered (see :class:`aiodelayq._core.observe.MetricsSink`)."""

@@ -26,9 +26,7 @@ try:
 except ImportError as exc:  # the core never imports this module: only users of the extra do
     raise ImportError("aiodelayq.prometheus needs prometheus-client: pip install 'aiodelayq[prometheus]'") from exc
 
-from ._core.observe import install as _install_sink
-from ._core.observe import installed as _installed_sink
-from ._core.observe import uninstall as _uninstall_sink
+from ._core.observe import InstalledOnce
 from ._producing.pending import QueueCounts
 
 if TYPE_CHECKING:
@@ -90,7 +88,7 @@ class _Series:
         self.lateness = _Lateness(len(m.lateness_buckets_s))
 
 
-class QueueMetrics:
+class QueueMetrics(InstalledOnce):
     """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._core.observe.MetricsSink`)
     that feeds them.
 
@@ -160,29 +158,6 @@ class QueueMetrics:
         return f"<QueueMetrics {self.namespace!r} tracked={sorted(self._tracked)} installed={self.installed}>"
 
     # -- the sink --------------------------------------------------------------------------------
-
-    @property
-    def installed(self) -> bool:
-        """Whether this is the process's sink."""
-        return _installed_sink() is self
-
-    def install(self) -> QueueMetrics:
-        """Make this the process's sink (idempotent): every queue's events count from now on.
-
-        Raises:
-            RuntimeError: another sink is installed (uninstall it first).
-        """
-        current = _installed_sink()
-        if current is not None and current is not self:
-            raise RuntimeError(f"another aiodelayq metrics sink is installed: {current!r}")
-        if current is None:
-            _install_sink(self)
-        return self
-
-    def uninstall(self) -> None:
-        """Stop counting (idempotent; leaves another installed sink alone). The metrics stay
-        registered with their values."""
-        _uninstall_sink(self)
 
     def __enter__(self) -> QueueMetrics:
         return self.install()

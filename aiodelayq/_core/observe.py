@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-__all__ = ["Events", "Hook", "MetricsSink", "hook", "install", "installed", "transfer_limit", "uninstall"]
+__all__ = ["Events", "Hook", "InstalledOnce", "MetricsSink", "hook", "install", "installed", "transfer_limit",
+           "uninstall"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -180,6 +181,37 @@ def installed() -> MetricsSink | None:
     """The sink given to :func:`install`, or ``None``."""
     current = hook.sink
     return current.inner if isinstance(current, _Guarded) else current
+
+
+_S = TypeVar("_S", bound="InstalledOnce")
+
+
+class InstalledOnce:
+    """``install()``, ``uninstall()`` and ``installed`` of a ready-made sink (the Prometheus and the
+    OpenTelemetry metrics): one sink per process."""
+
+    @property
+    def installed(self) -> bool:
+        """Whether this is the process's sink."""
+        current: object = installed()
+        return current is self
+
+    def install(self: _S) -> _S:
+        """Make this the process's sink (idempotent): every queue's events count from now on.
+
+        Raises:
+            RuntimeError: another sink is installed (uninstall it first).
+        """
+        current: object = installed()
+        if current is not None and current is not self:
+            raise RuntimeError(f"another aiodelayq metrics sink is installed: {current!r}")
+        if current is None:
+            install(self)  # type: ignore[arg-type]  # the subclass implements MetricsSink
+        return self
+
+    def uninstall(self) -> None:
+        """Stop counting (idempotent; leaves another installed sink alone)."""
+        uninstall(self)  # type: ignore[arg-type]
 
 
 class Events:
