@@ -18,11 +18,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+import typer.main
 from redis.asyncio import Redis
 
 import aiodelayq
+from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli import MISSING_EXTRA
+from aiodelayq.cli._app import app
 from aiodelayq.cli._ops import queue_name_of
+from aiodelayq.testing import ThrowawayCluster, ThrowawaySentinels, ThrowawayServer
 from tests.conftest import ServerInfo
 from tests.helpers import server_ms, until
 
@@ -127,19 +131,19 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
         now = await server_ms(client)
     assert (table.code, table.err) == (0, "")
     rows = rows_by_first_cell(table.out)
-    assert rows["queue"] == ["pending", "ready", "in flight", "dead letters", "next due", "controls"]
+    assert rows["queue"] == ["pending", "ready", "in flight", "dead letters", "next due", "lag", "controls"]
     assert rows[qname][:4] == ["2", "2", "1", "1"]
     shown = re.fullmatch(r"in (\d+\.\d) s", rows[qname][4])
     assert shown is not None, rows[qname]
     assert 0 < float(shown[1]) <= 60
-    assert rows[empty] == ["0", "0", "0", "0", "-", "-"]
+    assert rows[empty] == ["0", "0", "0", "0", "-", "0", "-"]
     assert as_json.code == 0
     doc = json.loads(as_json.out)
     assert abs(doc["server_time_ms"] - now) < 10_000  # the server's clock, not a constant
     (entry,) = doc["queues"]
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
-                     "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "paused": False,
-                     "rate_limit_per_s": None, "rate_burst": None, "recurring": 0}
+                     "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "lag_ms": 0,
+                     "paused": False, "rate_limit_per_s": None, "rate_burst": None, "recurring": 0}
 
 
 async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:
@@ -187,6 +191,41 @@ async def test_watch_ends_on_ctrl_c_with_exit_0(redis_server: ServerInfo, cli: C
             await proc.wait()
     assert proc.returncode == 0
     assert err == b""  # no traceback, no "Aborted!"
+
+
+async def _time_calls(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_time", {}).get("calls", 0))
+
+
+async def test_watch_ends_on_sigterm_like_ctrl_c_with_its_last_table(client: Redis, make_queue: Any,
+                                                                     redis_server: ServerInfo, cli: Cli,
+                                                                     qname: str) -> None:
+    # `timeout 5 aiodelayq watch q | cat`: timeout sends SIGTERM; stdout is a pipe.
+    await make_queue().offer("x", 60)
+    before = await _time_calls(client)
+    proc = await _spawn([sys.executable, "-m", "aiodelayq", "watch", qname, "--interval", "0.2",
+                         "--redis-url", redis_server.url], _env())
+    try:
+        assert proc.stderr is not None
+        first = await asyncio.wait_for(proc.stderr.readline(), RUN_TIMEOUT_S)
+        assert first.startswith(b"aiodelayq: watching")
+        # Each refresh ends with a TIME: two of them mean a table was drawn (kept back: a pipe).
+        await until(lambda: _time_calls_reached(client, before + 2), RUN_TIMEOUT_S)
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert err == b""  # no traceback, no "Aborted!"
+    assert rows_by_first_cell(out.decode())[qname][:4] == ["1", "0", "0", "0"]  # the last table
+    assert out.endswith(b"\n")
+
+
+async def _time_calls_reached(client: Redis, calls: int) -> bool:
+    return await _time_calls(client) >= calls
 
 
 # A program whose coroutine is busy in Python code (a lock, arithmetic) and sends itself SIGINT from
@@ -383,7 +422,7 @@ async def test_ls_finds_queues_by_their_keys(client: Redis, make_queue: Any, cli
     assert table.code == 0
     rows = rows_by_first_cell(table.out)
     assert rows[qname][:4] == ["1", "0", "0", "0"]
-    assert rows[dead_only.name] == ["0", "0", "0", "1", "-", "-"]
+    assert rows[dead_only.name] == ["0", "0", "0", "1", "-", "0", "-"]
     assert rows[braced.name][:4] == ["1", "0", "0", "0"]
     assert len(rows) == 4  # header + 3
     assert "3 queue(s)" in table.out
@@ -448,3 +487,315 @@ async def test_the_console_script_and_redis_url_from_the_environment(redis_serve
     run = await run_command([script, "stats", qname, "--json"], env=_env(redis_server.url))
     assert run.code == 0, run.err
     assert json.loads(run.out)["queues"][0]["pending"] == 1
+
+
+# -- help pages --------------------------------------------------------------------------------------
+
+# Each command's usage line after "Usage: aiodelayq": what a person types.
+USAGES = {
+    (): "[OPTIONS] COMMAND [ARGS]...",
+    ("stats",): "stats [OPTIONS] NAMES...",
+    ("watch",): "watch [OPTIONS] NAMES...",
+    ("peek",): "peek [OPTIONS] NAME",
+    ("offer",): "offer [OPTIONS] NAME VALUE",
+    ("cancel",): "cancel [OPTIONS] NAME KEY",
+    ("pause",): "pause [OPTIONS] NAME",
+    ("resume",): "resume [OPTIONS] NAME",
+    ("rate-limit",): "rate-limit [OPTIONS] NAME RATE",
+    ("ls",): "ls [OPTIONS]",
+    ("worker",): "worker [OPTIONS] MODULE:FUNC",
+    ("dead-letters",): "dead-letters [OPTIONS] COMMAND [ARGS]...",
+    ("dead-letters", "list"): "dead-letters list [OPTIONS] NAME",
+    ("dead-letters", "requeue"): "dead-letters requeue [OPTIONS] NAME",
+    ("dead-letters", "purge"): "dead-letters purge [OPTIONS] NAME",
+}
+
+
+def _declared(path: tuple[str, ...]) -> Any:
+    """The click command (or group) the app declares at ``path``."""
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+def test_the_help_tests_cover_every_command() -> None:
+    def paths(command: Any, at: tuple[str, ...]) -> list[tuple[str, ...]]:
+        found = [at]
+        for name, sub in getattr(command, "commands", {}).items():
+            found += paths(sub, (*at, name))
+        return found
+
+    assert sorted(paths(_declared(()), ())) == sorted(USAGES)
+
+
+def _option_line(param: Any) -> str:
+    """How an option's line starts: its names, then the name of its value unless it is a flag."""
+    names = ", ".join(sorted(param.opts, key=lambda opt: (len(opt) > 2, opt)))
+    flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+    return names if flag else f"{names} {param.metavar}"
+
+
+async def test_help_shows_flags_as_flags_arguments_by_name_and_every_option() -> None:
+    script = shutil.which("aiodelayq", path=os.path.dirname(sys.executable))
+    assert script is not None, "aiodelayq is not installed next to this interpreter: pip install -e '.[cli]'"
+    runs = await asyncio.gather(*(run_command([script, *path, "--help"]) for path in USAGES))
+    for (path, usage), run in zip(USAGES.items(), runs, strict=True):
+        assert (run.code, run.err) == (0, ""), path
+        lines = run.out.splitlines()
+        assert lines[0] == f"Usage: aiodelayq {usage}", path
+        assert not re.search(r"<\w[^>]*>|\{\w+\}", run.out), (path, run.out)  # no <bool>, <str>, {names}
+        command = _declared(path)
+        params = command.get_params(command.make_context("aiodelayq", [], resilient_parsing=True))
+        assert any(param.opts == ["--help"] for param in params)
+        for param in params:
+            if param.param_type_name == "argument":
+                label = (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
+                assert any(line.split()[:1] == [label] for line in lines), (path, label)
+                continue
+            # Its line: the option, its value's name unless a flag, then two spaces and its help.
+            start = _option_line(param)
+            shown = [line for line in lines if re.match(rf"\s+{re.escape(start)}(\s\s|$)", line)]
+            assert len(shown) == 1, (path, start, run.out)
+    top = runs[0].out
+    for name in ("stats", "watch", "peek", "offer", "cancel", "pause", "resume", "rate-limit", "ls", "worker",
+                 "dead-letters"):
+        assert re.search(rf"^\s+{re.escape(name)}\s\s+\S", top, re.MULTILINE), name
+
+
+# The probe of what `--help` and `--version` import (beyond what `import aiodelayq` loads).
+_IMPORTS_PROBE = """
+import sys
+import aiodelayq
+before = set(sys.modules)
+from aiodelayq.cli import main
+for argv in (["--help"], ["--version"], ["stats", "--help"], ["dead-letters", "list", "--help"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+new = set(sys.modules) - before
+print(sorted(m for m in new if m.split(".")[0] in ("rich", "redis")
+             or m in ("aiodelayq.cli._ops", "aiodelayq.cli._render", "aiodelayq._queue")))
+"""
+
+
+async def test_help_and_version_import_neither_rich_nor_redis_nor_the_commands_code() -> None:
+    run = await run_command([sys.executable, "-c", _IMPORTS_PROBE])
+    assert run.code == 0, run.err
+    assert run.out.splitlines()[-1] == "[]"
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+async def test_bad_options_are_one_line_and_exit_2(redis_server: ServerInfo, cli: Cli, qname: str) -> None:
+    cases = {
+        ("stats", qname, "--redis-url", "http://127.0.0.1:6379/0"): "bad --redis-url",
+        ("stats", qname, "--sentinel", "127.0.0.1:26379"): "--sentinel needs --service",
+        ("stats", qname, "--service", "mymaster"): "--service needs --sentinel",
+        ("stats", qname, "--sentinel", "127.0.0.1:port", "--service", "m"): "--sentinel must be HOST:PORT",
+        ("stats", qname, "--sentinel", "127.0.0.1:1", "--service", "m", "--cluster"): "exclude each other",
+        ("peek", ""): "queue name must not be empty",
+        ("pause", ""): "queue name must not be empty",
+    }
+    runs = await asyncio.gather(*(cli(*args, url=None if "--redis-url" in args else redis_server.url)
+                                  for args in cases))
+    for (args, expected), run in zip(cases.items(), runs, strict=True):
+        assert (run.code, run.out) == (2, ""), (args, run.err)
+        (line,) = run.err.splitlines()
+        assert line.startswith("aiodelayq: "), (args, line)
+        assert expected in line, (args, line)
+
+
+async def test_refused_commands_are_one_line_and_exit_1(own_server: Callable[..., ThrowawayServer],
+                                                        make_client: Callable[..., Redis], cli: Cli,
+                                                        qname: str) -> None:
+    server = own_server()
+    # No INFO (the Cluster check then takes it for one server), no EVALSHA (the queue's calls), no SCAN (ls).
+    await make_client(server).execute_command("ACL", "SETUSER", "cli-ro", "on", ">pw", "~*", "&*", "+@all", "-info",
+                                              "-evalsha", "-scan")
+    url = f"redis://cli-ro:pw@127.0.0.1:{server.port}/0"
+    stats, listed, wrong = await asyncio.gather(cli("stats", qname, url=url), cli("ls", url=url),
+                                                cli("stats", qname, url=url.replace(":pw@", ":nope@")))
+    for run, expected in ((stats, "permission denied"), (listed, "redis error: "), (wrong, "cannot connect to")):
+        assert (run.code, run.out) == (1, ""), run.err
+        (line,) = run.err.splitlines()
+        assert line.startswith("aiodelayq: "), line
+        assert expected in line, line
+        assert ":pw@" not in line
+        assert ":nope@" not in line
+
+
+async def test_a_queue_without_keys_gets_a_note(make_queue: Any, cli: Cli, qname: str) -> None:
+    # A misspelt name reads the same as an idle, empty queue: said on stderr, the output unchanged.
+    unknown = f"{qname}:misspelt"
+    peeked = await cli("peek", unknown, "--json")
+    paused = await cli("pause", unknown)  # after the peek: the pause writes the queue's first key
+    for run in (peeked, paused):
+        assert run.code == 0, run.err
+        (line,) = run.err.splitlines()
+        assert line.startswith(f"aiodelayq: note: no key of queue {unknown!r} exists on ")
+    assert json.loads(peeked.out)["items"] == []
+    assert await make_queue(unknown).is_paused()
+    await make_queue().offer("x", 60)
+    known = await cli("peek", qname)
+    assert (known.code, known.err) == (0, "")
+
+
+async def test_the_minimal_acl_runs_the_commands_without_the_note(own_server: Callable[..., ThrowawayServer],
+                                                                 make_client: Callable[..., Redis], cli: Cli,
+                                                                 qname: str) -> None:
+    # The minimal ACL of a queue has neither EXISTS nor INFO: the commands run, without the note.
+    server = own_server()
+    await make_client(server).execute_command("ACL", "SETUSER", "app", "on", ">pw", *minimal_acl_rules(qname))
+    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    for args in (("peek", qname), ("pause", qname), ("resume", qname), ("offer", qname, "1", "--delay", "60"),
+                 ("stats", qname, "--json")):
+        run = await cli(*args, url=url)
+        assert (run.code, run.err) == (0, ""), (args, run.err)
+    assert json.loads(run.out)["queues"][0]["pending"] == 1
+
+
+# -- Cluster and Sentinel ----------------------------------------------------------------------------
+
+
+async def _topology_cli(*args: str) -> Run:
+    """``python -m aiodelayq *args`` with no REDIS_URL: the topology tests give their own options."""
+    return await run_command([sys.executable, "-m", "aiodelayq", *args])
+
+
+def _away_from(cluster: ThrowawayCluster, name: str) -> str:
+    """The URL of a primary that does not serve the queue ``name``'s slot: the CLI must find it."""
+    owner = cluster.primary_of(name)
+    node = next(n for n in cluster.primaries() if n.port != owner.port)
+    return f"redis://127.0.0.1:{node.port}/0"
+
+
+async def _queue_commands(qname: str, *where: str) -> dict[str, Run]:
+    """stats, peek, offer, cancel, pause and resume of ``qname`` (in this order), each a real CLI run."""
+    runs = {"offer": await _topology_cli("offer", qname, '{"order": 1}', "--delay", "60", "--key", "k1", *where),
+            "offer-2": await _topology_cli("offer", qname, '{"order": 2}', "--delay", "120", "--key", "k2", *where)}
+    runs["stats"] = await _topology_cli("stats", qname, "--json", *where)
+    runs["peek"] = await _topology_cli("peek", qname, "--json", *where)
+    runs["cancel"] = await _topology_cli("cancel", qname, "k1", *where)
+    runs["pause"] = await _topology_cli("pause", qname, *where)
+    runs["paused-stats"] = await _topology_cli("stats", qname, "--json", *where)
+    runs["resume"] = await _topology_cli("resume", qname, *where)
+    return runs
+
+
+def _check_queue_commands(runs: dict[str, Run], qname: str) -> None:
+    for what, run in runs.items():
+        assert (run.code, run.err) == (0, ""), (what, run.err)
+    assert runs["offer"].out.startswith(f"key 'k1' of {qname} added: due in ")
+    (counts,) = json.loads(runs["stats"].out)["queues"]
+    assert (counts["name"], counts["pending"]) == (qname, 2)
+    assert [(item["key"], item["value"]) for item in json.loads(runs["peek"].out)["items"]] == [
+        ("k1", {"order": 1}), ("k2", {"order": 2})]
+    assert runs["cancel"].out.strip() == f"cancelled key 'k1' of {qname} (it was pending)"
+    (paused,) = json.loads(runs["paused-stats"].out)["queues"]
+    assert (paused["pending"], paused["paused"]) == (1, True)
+    assert runs["resume"].out.strip() == f"resumed {qname}"
+
+
+def _one_queue_per_primary(cluster: ThrowawayCluster, prefix: str) -> list[str]:
+    """Queue names starting with ``prefix``, one on each primary."""
+    owners: dict[int, str] = {}
+    for n in range(1000):
+        owners.setdefault(cluster.primary_of(f"{prefix}:{n}").port, f"{prefix}:{n}")
+        if len(owners) == len(cluster.primaries()):
+            return sorted(owners.values())
+    raise AssertionError("1000 names should cover every primary")
+
+
+@pytest.mark.topology
+async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cluster_clients: Any,
+                                                   qname: str) -> None:
+    rc = cluster_clients(cluster)
+    q: aiodelayq.DelayedQueue[Any] = aiodelayq.DelayedQueue(rc, qname)
+    try:
+        url = _away_from(cluster, qname)  # a plain client there would get MOVED for every call
+        runs = await _queue_commands(qname, "--redis-url", url)
+        _check_queue_commands(runs, qname)
+        assert (await q.get("k2")).value == {"order": 2}  # type: ignore[union-attr]
+        assert await q.get("k1") is None
+        assert not await q.is_paused()
+
+        replica = cluster.replica_of(cluster.primaries()[0])
+        others = _one_queue_per_primary(cluster, qname)  # ls scans every primary
+        for other in others:
+            await aiodelayq.DelayedQueue(rc, other).offer("x", 60)
+        listed, forced, watched, dead = await asyncio.gather(
+            _topology_cli("ls", "--match", f"{qname}*", "--json", "--redis-url", f"redis://127.0.0.1:{replica.port}/0"),
+            _topology_cli("stats", qname, "--json", "--cluster", "--redis-url", url),
+            _topology_cli("watch", qname, "--count", "1", "--redis-url", url),
+            _topology_cli("dead-letters", "list", qname, "--json", "--redis-url", url))
+        for run in (listed, forced, watched, dead):
+            assert run.code == 0, run.err
+        assert sorted(entry["name"] for entry in json.loads(listed.out)["queues"]) == sorted([qname, *others])
+        assert json.loads(listed.out)["complete"] is True
+        assert json.loads(forced.out)["queues"][0]["pending"] == 1
+        assert rows_by_first_cell(watched.out)[qname][:4] == ["1", "0", "0", "0"]
+        assert json.loads(dead.out)["total"] == 0
+        worker = await _topology_cli("worker", "nothing:here", "--queue", qname, "--redis-url", url)
+        assert (worker.code, worker.out) == (2, "")
+        assert "not a single server" in worker.err
+    finally:
+        for name in [qname, *_one_queue_per_primary(cluster, qname)]:
+            await aiodelayq.DelayedQueue(rc, name).clear()
+            await rc.delete(*aiodelayq.QueueKeys.for_name(name).all)
+
+
+@pytest.mark.topology
+async def test_the_cli_on_a_cluster_node_without_info_needs_cluster(cluster: ThrowawayCluster,
+                                                                   cluster_clients: Any, qname: str) -> None:
+    # A user that may not run INFO: the Cluster is not recognised, the queue's calls meet MOVED, and the
+    # line says what to add.
+    user = f"cli-{qname.rsplit(':', 1)[1]}"
+    for node in cluster.nodes:
+        admin = Redis(host="127.0.0.1", port=node.port)
+        await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-info")
+        await admin.aclose()
+    try:
+        url = _away_from(cluster, qname).replace("redis://", f"redis://{user}:pw@")
+        refused = await _topology_cli("offer", qname, "1", "--redis-url", url)
+        assert (refused.code, refused.out) == (1, "")
+        (line,) = refused.err.splitlines()
+        assert line.endswith("(here: add --cluster)")
+        assert ":pw@" not in line
+        forced = await _topology_cli("offer", qname, "1", "--cluster", "--redis-url", url)
+        assert forced.code == 0, forced.err
+        assert await aiodelayq.DelayedQueue(cluster_clients(cluster), qname).size() == 1
+    finally:
+        await aiodelayq.DelayedQueue(cluster_clients(cluster), qname).clear()
+        for node in cluster.nodes:
+            admin = Redis(host="127.0.0.1", port=node.port)
+            await admin.execute_command("ACL", "DELUSER", user)
+            await admin.aclose()
+
+
+@pytest.mark.topology
+async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySentinels], qname: str) -> None:
+    setup = own_sentinels()
+    where = [arg for host, port in setup.sentinel_nodes[:2] for arg in ("--sentinel", f"{host}:{port}")]
+    where += ["--service", setup.service]
+    runs = await _queue_commands(qname, *where)
+    _check_queue_commands(runs, qname)
+    primary = Redis(host="127.0.0.1", port=setup.master_port())
+    try:
+        q: aiodelayq.DelayedQueue[Any] = aiodelayq.DelayedQueue(primary, qname)
+        assert (await q.get("k2")).value == {"order": 2}  # type: ignore[union-attr]
+        assert not await q.is_paused()
+    finally:
+        await primary.aclose()
+
+    host, port = setup.sentinel_nodes[0]
+    unknown, silent = await asyncio.gather(
+        _topology_cli("stats", qname, "--sentinel", f"{host}:{port}", "--service", "no-such-service"),
+        _topology_cli("stats", qname, "--sentinel", f"127.0.0.1:{free_port()}", "--service", setup.service))
+    for run, expected in ((unknown, "No master found for 'no-such-service'"), (silent, "no answer from 127.0.0.1:")):
+        assert (run.code, run.out) == (1, "")
+        (line,) = run.err.splitlines()
+        assert line.startswith("aiodelayq: cannot connect to Sentinel service "), line
+        assert expected in line, line

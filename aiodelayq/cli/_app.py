@@ -1,54 +1,30 @@
 """The ``aiodelayq`` commands (typer). Each command runs one coroutine on a new event loop (Ctrl-C
-cancels it, as ``asyncio.run`` does from Python 3.11 on) with a fresh client (:func:`._ops.connect`,
-closed at the end); failures the operator can act on become one line on stderr: exit 1 for the server
-or the queue (unreachable, refused, a :class:`DelayedQueueError`), exit 2 for a bad argument. Tables
-and results go to stdout, prompts and progress to stderr."""
+cancels it, as ``asyncio.run`` does from Python 3.11 on) with a fresh client (:func:`._ops.connect`:
+one server, any node of a Cluster, or a Sentinel-managed primary; closed at the end); failures the
+operator can act on become one line on stderr: exit 1 for the server or the queue (unreachable,
+refused, a :class:`DelayedQueueError`), exit 2 for a bad argument. Tables and results go to stdout,
+prompts and progress to stderr.
+
+This module imports typer and nothing heavy: redis-py, rich and the library's queue code are imported
+by the commands that run, so ``aiodelayq --help`` starts fast. Help pages are written by
+:mod:`._help`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from enum import Enum
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from rich.console import RenderableType
-from rich.live import Live
-from rich.text import Text
 
-from .. import __version__
-from .._core.tasks import run_interruptible
-from .._producing.keyed import Offered
-from .._queue import DelayedQueue
-from ..exceptions import BackendError, DelayedQueueError
-from ._ops import (
-    BadInput,
-    CannotConnect,
-    QueueRow,
-    connect,
-    parse_rate,
-    parse_value,
-    queue_counts,
-    redact,
-    scan_queues,
-    server_now_ms,
-    with_queue,
-)
-from ._render import (
-    counts_json,
-    counts_table,
-    dead_letter_json,
-    dead_letters_table,
-    iso_utc,
-    make_console,
-    pending_json,
-    pending_table,
-    print_json,
-    relative,
-)
+from ._help import Command, Group
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from .._queue import DelayedQueue
+    from .._redis.connections import AnyRedis
+    from ._ops import QueueRow, Target
 
 __all__ = ["app"]
 
@@ -66,17 +42,35 @@ class CodecName(str, Enum):
     MSGPACK = "msgpack"
 
 
-RedisUrl = Annotated[str, typer.Option("--redis-url", envvar="REDIS_URL", help="Redis URL (redis://, rediss://, "
-                                       "unix://) of a single server (not a cluster).")]
-CodecOpt = Annotated[CodecName, typer.Option("--codec", help="How the queue's payloads are encoded.")]
+RedisUrl = Annotated[str, typer.Option("--redis-url", envvar="REDIS_URL", metavar="URL",
+                                       help="The server: redis://, rediss:// (TLS) or unix://; for a Cluster, any "
+                                       "node. With --sentinel, only its credentials, database and TLS count.")]
+ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The URL is a Cluster node (found out by itself with "
+                                          "INFO cluster where INFO is allowed).")]
+SentinelOpt = Annotated[list[str] | None, typer.Option("--sentinel", metavar="HOST:PORT",
+                                                       help="A Sentinel to ask for the primary (repeatable); "
+                                                       "needs --service.")]
+ServiceOpt = Annotated[str | None, typer.Option("--service", metavar="NAME",
+                                                help="The primary's name at the Sentinels (--sentinel).")]
+CodecOpt = Annotated[CodecName, typer.Option("--codec", metavar="json|str|bytes|msgpack",
+                                             help="How the queue's payloads are encoded.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
-QueueName = Annotated[str, typer.Argument(help="Queue name (the destination list, Redisson's queue name).")]
-QueueNames = Annotated[list[str], typer.Argument(help="Queue names.")]
+QueueName = Annotated[str, typer.Argument(metavar="NAME", help="Queue name (the destination list, Redisson's queue "
+                                          "name).")]
+QueueNames = Annotated[list[str], typer.Argument(metavar="NAMES", help="Queue names.")]
 
 # The app's help is _root's docstring. Unexpected exceptions (bugs) keep Python's plain traceback.
-app = typer.Typer(name="aiodelayq", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-dead_letters_app = typer.Typer(no_args_is_help=True, help="Read, requeue or purge a queue's dead-letter list.")
+# No rich markup: help pages are ._help's plain text, usage errors click's plain lines.
+app = typer.Typer(name="aiodelayq", cls=Group, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
+dead_letters_app = typer.Typer(cls=Group, no_args_is_help=True, rich_markup_mode=None,
+                               help="Read, requeue or purge a queue's dead-letter list.")
 app.add_typer(dead_letters_app, name="dead-letters")
+
+
+def _command(name: str | None = None, *, on: typer.Typer = app) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``@on.command(name)`` with the help pages of :class:`._help.Command`."""
+    return on.command(name, cls=Command)
 
 
 # -- running a command ---------------------------------------------------------------------------
@@ -88,15 +82,34 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _run(work: Coroutine[Any, Any, T]) -> T:
+def _run(work: Coroutine[Any, Any, T], *, sigterm_interrupts: bool = False) -> T:
     """Run ``work`` on a new event loop (Ctrl-C cancels it, then raises KeyboardInterrupt, on every
-    Python); expected failures become one line and an exit code."""
+    Python; with ``sigterm_interrupts`` SIGTERM does the same); expected failures become one line and
+    an exit code."""
+    import asyncio
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+
+    from .._core.tasks import run_interruptible
+    from ..exceptions import BackendError, DelayedQueueError, InvalidNameError, WrongNodeError
+    from ._ops import BadInput, CannotConnect
+
+    terminated: list[bool] = []
     try:
-        return run_interruptible(work)
+        return run_interruptible(_interrupted_by_sigterm(work, terminated) if sigterm_interrupts else work)
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        raise KeyboardInterrupt from None  # SIGTERM ended it, as Ctrl-C does
     except BadInput as exc:
         _fail(str(exc), 2)
     except CannotConnect as exc:
         _fail(str(exc), 1)
+    except InvalidNameError as exc:
+        _fail(str(exc), 2)
+    except WrongNodeError as exc:  # a Cluster node that refused INFO: not recognised as one
+        _fail(f"{exc} (here: add --cluster)", 1)
     except DelayedQueueError as exc:
         if isinstance(exc, BackendError) and isinstance(exc.__cause__, RedisConnectionError):
             _fail(f"lost the connection to the server: {exc}", 1)
@@ -105,15 +118,69 @@ def _run(work: Coroutine[Any, Any, T]) -> T:
         _fail(f"redis error: {exc}", 1)
 
 
-async def _snapshot(client: Redis, names: Sequence[str]) -> tuple[list[QueueRow], int]:
+async def _interrupted_by_sigterm(work: Coroutine[Any, Any, T], terminated: list[bool]) -> T:
+    """``await work``; SIGTERM cancels it (appending to ``terminated``) as Ctrl-C does, so it unwinds
+    the same way. A second SIGTERM has its default effect."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigterm() -> None:
+        terminated.append(True)
+        loop.remove_signal_handler(signal.SIGTERM)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _target(redis_url: str, cluster: bool, sentinel: list[str] | None, service: str | None) -> Target:
+    """Where the command connects, from its connection options (a bad one: exit 2)."""
+    from ._ops import BadInput, Target, parse_sentinel
+
+    try:
+        nodes = tuple(parse_sentinel(text) for text in sentinel or ())
+    except BadInput as exc:
+        _fail(str(exc), 2)
+    if service is not None and not nodes:
+        _fail("--service needs --sentinel HOST:PORT (the Sentinels to ask)", 2)
+    return Target(redis_url, cluster, nodes, service)
+
+
+async def _snapshot(client: AnyRedis, names: Sequence[str]) -> tuple[list[QueueRow], int]:
     """Each queue's counts and the server time they are shown against."""
+    from ._ops import queue_counts, server_now_ms
+
     rows = await queue_counts(client, names)
     return rows, await server_now_ms(client)
+
+
+async def _note_if_unknown(client: AnyRedis, name: str, target: Target) -> None:
+    """A note on stderr when no key of the queue exists: a misspelt name reads the same as an idle,
+    empty queue, and pausing a misspelt one pauses nothing. Skipped where ``EXISTS`` is refused."""
+    from ..exceptions import AccessDeniedError
+    from ._ops import queue_exists
+
+    try:
+        exists = await queue_exists(client, name)
+    except AccessDeniedError:
+        return  # the minimal ACL has no EXISTS: no note, the command goes on
+    if not exists:
+        typer.echo(f"aiodelayq: note: no key of queue {name!r} exists on {target}: it is empty and idle, or the "
+                   "name is misspelt ('aiodelayq ls' lists queues)", err=True)
 
 
 def _print_version(value: bool) -> None:
     """``--version``: eager, so it works without a command."""
     if value:
+        from .. import __version__
+
         typer.echo(f"aiodelayq {__version__}")
         raise typer.Exit()
 
@@ -121,20 +188,25 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
                                                 help="Print the version and exit.")] = False) -> None:
-    """Look at and operate aiodelayq / Redisson RDelayedQueue queues on Redis."""
+    """Look at and operate aiodelayq / Redisson RDelayedQueue queues on Redis: one server, a Cluster
+    (any node's URL) or a Sentinel-managed primary."""
 
 
 # -- stats, watch ----------------------------------------------------------------------------------
 
 
-@app.command()
-def stats(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL, as_json: AsJson = False) -> None:
+@_command()
+def stats(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
+          sentinel: SentinelOpt = None, service: ServiceOpt = None, as_json: AsJson = False) -> None:
     """Pending, ready, in-flight and dead-letter counts and the next due time of each queue."""
-    _run(_stats(redis_url, names, as_json))
+    _run(_stats(_target(redis_url, cluster, sentinel, service), names, as_json))
 
 
-async def _stats(url: str, names: Sequence[str], as_json: bool) -> None:
-    async with connect(url) as client:
+async def _stats(target: Target, names: Sequence[str], as_json: bool) -> None:
+    from ._ops import connect
+    from ._render import counts_json, counts_table, make_console, print_json
+
+    async with connect(target) as client:
         rows, now_ms = await _snapshot(client, names)
     if as_json:
         print_json({"server_time_ms": now_ms, "queues": [counts_json(row, now_ms) for row in rows]})
@@ -142,36 +214,54 @@ async def _stats(url: str, names: Sequence[str], as_json: bool) -> None:
         make_console().print(counts_table(rows, now_ms))
 
 
-@app.command()
-def watch(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL,
-          interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between refreshes.")] = 2.0,
-          count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many refreshes.")]
-          = None) -> None:
-    """The stats table, refreshed live until Ctrl-C (or --count refreshes)."""
+@_command()
+def watch(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
+          sentinel: SentinelOpt = None, service: ServiceOpt = None,
+          interval: Annotated[float, typer.Option("--interval", min=0.1, metavar="SECONDS",
+                                                  help="Seconds between refreshes (at least 0.1).")] = 2.0,
+          count: Annotated[int | None, typer.Option("--count", min=1, metavar="N",
+                                                    help="Stop after N refreshes.")] = None) -> None:
+    """The stats table, refreshed live until Ctrl-C or SIGTERM (or --count refreshes)."""
     try:
-        _run(_watch(redis_url, names, interval, count))
-    except KeyboardInterrupt:  # Ctrl-C is how a watch ends: exit 0, no "Aborted!" from click
+        _run(_watch(_target(redis_url, cluster, sentinel, service), names, interval, count), sigterm_interrupts=True)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) is how a watch ends: exit 0, no "Aborted!" from click
         raise typer.Exit(0) from None
 
 
-async def _watch(url: str, names: Sequence[str], interval: float, count: int | None) -> None:
-    async with connect(url) as client:
-        typer.echo(f"aiodelayq: watching {len(names)} queue(s) on {redact(url)} every {interval:g} s; Ctrl-C stops",
+async def _watch(target: Target, names: Sequence[str], interval: float, count: int | None) -> None:
+    import asyncio
+
+    from rich.live import Live
+
+    from ._ops import connect
+    from ._render import make_console
+
+    async with connect(target) as client:
+        typer.echo(f"aiodelayq: watching {len(names)} queue(s) on {target} every {interval:g} s; Ctrl-C stops",
                    err=True)
         console = make_console()
-        with Live(console=console, auto_refresh=False) as live:
-            refreshes = 0
-            while count is None or refreshes < count:
-                if refreshes:
-                    await asyncio.sleep(interval)
-                live.update(await _watch_frame(client, names, interval), refresh=True)
-                refreshes += 1
-        if not console.is_terminal:
-            console.line()  # rich ends the last frame with a newline only on a terminal
+        try:
+            # Ended by Ctrl-C or SIGTERM too: Live prints its last frame on the way out.
+            with Live(console=console, auto_refresh=False) as live:
+                refreshes = 0
+                while count is None or refreshes < count:
+                    if refreshes:
+                        await asyncio.sleep(interval)
+                    live.update(await _watch_frame(client, names, interval), refresh=True)
+                    refreshes += 1
+        finally:
+            if not console.is_terminal:
+                console.line()  # rich ends the last frame with a newline only on a terminal
 
 
-async def _watch_frame(client: Redis, names: Sequence[str], interval: float) -> RenderableType:
+async def _watch_frame(client: AnyRedis, names: Sequence[str], interval: float) -> RenderableType:
     """The table now, or the error of this refresh: a blip must not end a watch."""
+    from redis.exceptions import RedisError
+    from rich.text import Text
+
+    from ..exceptions import BackendError
+    from ._render import counts_table, iso_utc
+
     try:
         rows, now_ms = await _snapshot(client, names)
     except (BackendError, RedisError) as exc:
@@ -182,18 +272,25 @@ async def _watch_frame(client: Redis, names: Sequence[str], interval: float) -> 
 # -- peek, offer, cancel ---------------------------------------------------------------------------
 
 
-@app.command()
+@_command()
 def peek(name: QueueName,
-         number: Annotated[int, typer.Option("-n", "--number", min=1, max=1000, help="How many items.")] = 20,
-         redis_url: RedisUrl = DEFAULT_URL, codec: CodecOpt = CodecName.JSON, as_json: AsJson = False) -> None:
+         number: Annotated[int, typer.Option("-n", "--number", min=1, max=1000, metavar="N",
+                                             help="How many items (1 to 1000).")] = 20,
+         redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+         service: ServiceOpt = None, codec: CodecOpt = CodecName.JSON, as_json: AsJson = False) -> None:
     """The soonest-due pending items: due time, key, value (raw bytes when undecodable or malformed)."""
-    _run(_peek(redis_url, name, number, codec.value, as_json))
+    _run(_peek(_target(redis_url, cluster, sentinel, service), name, number, codec.value, as_json))
 
 
-async def _peek(url: str, name: str, number: int, codec: str, as_json: bool) -> None:
-    async with connect(url) as client, with_queue(client, name, codec) as queue:
+async def _peek(target: Target, name: str, number: int, codec: str, as_json: bool) -> None:
+    from ._ops import connect, server_now_ms, with_queue
+    from ._render import iso_utc, make_console, pending_json, pending_table, print_json
+
+    async with connect(target) as client, with_queue(client, name, codec) as queue:
         items = await queue.peek(number)
         now_ms = await server_now_ms(client)
+        if not items:
+            await _note_if_unknown(client, name, target)
     if as_json:
         print_json({"queue": name, "server_time_ms": now_ms, "items": [pending_json(i, now_ms) for i in items]})
     else:
@@ -202,23 +299,31 @@ async def _peek(url: str, name: str, number: int, codec: str, as_json: bool) -> 
         make_console().print(table)
 
 
-@app.command()
+@_command()
 def offer(name: QueueName,
-          value: Annotated[str, typer.Argument(help="The item: JSON text for the json and msgpack codecs, text for "
-                                               "str, the argument's bytes for bytes.")],
-          delay: Annotated[float, typer.Option("--delay", min=0.0, help="Seconds until it is due.")] = 0.0,
-          key: Annotated[str | None, typer.Option("--key", help="Its key (unique among pending items).")] = None,
+          value: Annotated[str, typer.Argument(metavar="VALUE", help="The item: JSON text for the json and msgpack "
+                                               "codecs, text for str, the argument's bytes for bytes.")],
+          delay: Annotated[float, typer.Option("--delay", min=0.0, metavar="SECONDS",
+                                               help="Seconds until it is due.")] = 0.0,
+          key: Annotated[str | None, typer.Option("--key", metavar="KEY",
+                                                  help="Its key (unique among pending items).")] = None,
           replace: Annotated[bool, typer.Option("--replace", help="Replace the pending item of --key.")] = False,
-          redis_url: RedisUrl = DEFAULT_URL, codec: CodecOpt = CodecName.JSON) -> None:
+          redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+          service: ServiceOpt = None, codec: CodecOpt = CodecName.JSON) -> None:
     """Add an item, due after --delay seconds; prints its due time (and with --key what happened)."""
-    _run(_offer(redis_url, name, value, delay, key, replace, codec.value))
+    _run(_offer(_target(redis_url, cluster, sentinel, service), name, value, delay, key, replace, codec.value))
 
 
-async def _offer(url: str, name: str, text: str, delay: float, key: str | None, replace: bool, codec: str) -> None:
+async def _offer(target: Target, name: str, text: str, delay: float, key: str | None, replace: bool,
+                 codec: str) -> None:
+    from .._producing.keyed import Offered
+    from ._ops import BadInput, connect, parse_value, server_now_ms, with_queue
+    from ._render import iso_utc, relative
+
     if replace and key is None:
         raise BadInput("--replace needs --key")
     item = parse_value(text, codec)  # before connecting: a bad VALUE is a usage error
-    async with connect(url) as client, with_queue(client, name, codec) as queue:
+    async with connect(target) as client, with_queue(client, name, codec) as queue:
         due = await (queue.offer(item, delay) if key is None else queue.offer(item, delay, key=key, replace=replace))
         now_ms = await server_now_ms(client)
     when = f"due {relative(int(due), now_ms)}, {iso_utc(int(due))} ({int(due)})"
@@ -230,70 +335,93 @@ async def _offer(url: str, name: str, text: str, delay: float, key: str | None, 
         typer.echo(f"key {key!r} of {name} {'replaced' if due.replaced else 'added'}: {when}")
 
 
-@app.command()
-def cancel(name: QueueName, key: Annotated[str, typer.Argument(help="The key of the pending item.")],
-           redis_url: RedisUrl = DEFAULT_URL) -> None:
+@_command()
+def cancel(name: QueueName, key: Annotated[str, typer.Argument(metavar="KEY", help="The key of the pending item.")],
+           redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+           service: ServiceOpt = None) -> None:
     """Cancel the pending item of KEY. Exit 0 if it was pending (and is now gone), 1 if it was not."""
-    if not _run(_on_queue(redis_url, name, lambda queue: queue.cancel(key))):
+    if not _run(_on_queue(_target(redis_url, cluster, sentinel, service), name, lambda queue: queue.cancel(key))):
         typer.echo(f"key {key!r} of {name} was not pending: nothing cancelled")
         raise typer.Exit(1)
     typer.echo(f"cancelled key {key!r} of {name} (it was pending)")
 
 
-async def _on_queue(url: str, name: str, call: Callable[[DelayedQueue[Any]], Awaitable[T]]) -> T:
-    """``call(queue)`` on a queue object of ``name`` (never opened) on a client of ``url``."""
-    async with connect(url) as client, with_queue(client, name) as queue:
+async def _on_queue(target: Target, name: str, call: Callable[[DelayedQueue[Any]], Awaitable[T]], *,
+                    note_if_unknown: bool = False) -> T:
+    """``call(queue)`` on a queue object of ``name`` (never opened) on a client of ``target``; first,
+    with ``note_if_unknown``, a note when none of the queue's keys exists."""
+    from ._ops import connect, with_queue
+
+    async with connect(target) as client, with_queue(client, name) as queue:
+        if note_if_unknown:
+            await _note_if_unknown(client, name, target)
         return await call(queue)
 
 
 # -- pause, resume, rate-limit ------------------------------------------------------------------------
 
 
-@app.command()
-def pause(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
+@_command()
+def pause(name: QueueName, redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
+          sentinel: SentinelOpt = None, service: ServiceOpt = None) -> None:
     """Pause every consumer of the queue, in every process, until `resume` (offers and transfers go on)."""
-    _run(_on_queue(redis_url, name, lambda queue: queue.pause()))
+    _run(_on_queue(_target(redis_url, cluster, sentinel, service), name, lambda queue: queue.pause(),
+                   note_if_unknown=True))
     typer.echo(f"paused {name}: its consumers hand nothing out until 'aiodelayq resume {name}'")
 
 
-@app.command()
-def resume(name: QueueName, redis_url: RedisUrl = DEFAULT_URL) -> None:
+@_command()
+def resume(name: QueueName, redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
+           sentinel: SentinelOpt = None, service: ServiceOpt = None) -> None:
     """Resume the consumers of a paused queue."""
-    _run(_on_queue(redis_url, name, lambda queue: queue.resume()))
+    _run(_on_queue(_target(redis_url, cluster, sentinel, service), name, lambda queue: queue.resume(),
+                   note_if_unknown=True))
     typer.echo(f"resumed {name}")
 
 
-@app.command("rate-limit")
+@_command("rate-limit")
 def rate_limit(name: QueueName,
                rate: Annotated[str, typer.Argument(metavar="RATE", help="Items per second for all consumers "
                                                    "together: 100/s, 6000/min, 2.5 (per second), or off.")],
-               burst: Annotated[int | None, typer.Option("--burst", min=1, help="Most items let out at once "
-                                                         "(default: one second's worth).")] = None,
-               redis_url: RedisUrl = DEFAULT_URL) -> None:
+               burst: Annotated[int | None, typer.Option("--burst", min=1, metavar="N", help="Most items let out "
+                                                         "at once (default: one second's worth).")] = None,
+               redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+               service: ServiceOpt = None) -> None:
     """Limit how fast all consumers of the queue together get items (a token bucket on the server clock)."""
+    from ._ops import BadInput, parse_rate
+
     try:
         per_second = parse_rate(rate)  # before connecting: a usage error
     except BadInput as exc:
         _fail(str(exc), 2)
-    _run(_on_queue(redis_url, name, lambda queue: queue.set_rate_limit(per_second, burst)))
+    _run(_on_queue(_target(redis_url, cluster, sentinel, service), name,
+                   lambda queue: queue.set_rate_limit(per_second, burst), note_if_unknown=True))
     typer.echo(f"rate limit of {name}: " + ("none" if per_second is None else f"{per_second:g}/s"))
 
 
 # -- ls ----------------------------------------------------------------------------------------------
 
 
-@app.command("ls")
-def list_queues(match: Annotated[str, typer.Option("--match", help="Shell-style glob on the queue name.")] = "*",
-                limit: Annotated[int, typer.Option("--limit", min=1, help="Stop after this many queues.")] = 1000,
-                max_scan_calls: Annotated[int, typer.Option("--max-scan-calls", min=1, help="Most SCAN calls "
-                                                            "(COUNT 1000) per key prefix.")] = 1000,
-                redis_url: RedisUrl = DEFAULT_URL, as_json: AsJson = False) -> None:
-    """Queues found by SCAN (pending, dead-letter and in-flight keys), with their counts."""
-    _run(_ls(redis_url, match, limit, max_scan_calls, as_json))
+@_command("ls")
+def list_queues(match: Annotated[str, typer.Option("--match", metavar="GLOB",
+                                                   help="Shell-style glob on the queue name.")] = "*",
+                limit: Annotated[int, typer.Option("--limit", min=1, metavar="N",
+                                                   help="Stop after N queues.")] = 1000,
+                max_scan_calls: Annotated[int, typer.Option("--max-scan-calls", min=1, metavar="N",
+                                                            help="Most SCAN calls (COUNT 1000) per key prefix "
+                                                            "and server.")] = 1000,
+                redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+                service: ServiceOpt = None, as_json: AsJson = False) -> None:
+    """Queues found by SCAN (pending, dead-letter and in-flight keys; every primary of a Cluster), with
+    their counts."""
+    _run(_ls(_target(redis_url, cluster, sentinel, service), match, limit, max_scan_calls, as_json))
 
 
-async def _ls(url: str, match: str, limit: int, max_scan_calls: int, as_json: bool) -> None:
-    async with connect(url) as client:
+async def _ls(target: Target, match: str, limit: int, max_scan_calls: int, as_json: bool) -> None:
+    from ._ops import connect, scan_queues
+    from ._render import counts_json, counts_table, make_console, print_json
+
+    async with connect(target) as client:
         found = await scan_queues(client, match, limit, max_scan_calls)
         rows, now_ms = await _snapshot(client, found.names)
     if as_json:
@@ -307,21 +435,26 @@ async def _ls(url: str, match: str, limit: int, max_scan_calls: int, as_json: bo
 # -- dead letters ------------------------------------------------------------------------------------
 
 
-@dead_letters_app.command("list")
+@_command("list", on=dead_letters_app)
 def list_dead_letters(name: QueueName,
-                      number: Annotated[int, typer.Option("-n", "--number", min=1, help="How many, oldest first.")]
-                      = 20,
-                      redis_url: RedisUrl = DEFAULT_URL, codec: CodecOpt = CodecName.JSON,
-                      as_json: AsJson = False) -> None:
+                      number: Annotated[int, typer.Option("-n", "--number", min=1, metavar="N",
+                                                          help="How many, oldest first.")] = 20,
+                      redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+                      service: ServiceOpt = None, codec: CodecOpt = CodecName.JSON, as_json: AsJson = False) -> None:
     """The oldest dead letters: when and why each died, its deliveries, its value."""
-    _run(_list_dead_letters(redis_url, name, number, codec.value, as_json))
+    _run(_list_dead_letters(_target(redis_url, cluster, sentinel, service), name, number, codec.value, as_json))
 
 
-async def _list_dead_letters(url: str, name: str, number: int, codec: str, as_json: bool) -> None:
-    async with connect(url) as client, with_queue(client, name, codec) as queue:
+async def _list_dead_letters(target: Target, name: str, number: int, codec: str, as_json: bool) -> None:
+    from ._ops import connect, server_now_ms, with_queue
+    from ._render import dead_letter_json, dead_letters_table, make_console, print_json
+
+    async with connect(target) as client, with_queue(client, name, codec) as queue:
         letters = await queue.dead_letters(number)
         total = (await queue.counts()).dead_letters
         now_ms = await server_now_ms(client)
+        if not total:
+            await _note_if_unknown(client, name, target)
     if as_json:
         print_json({"queue": name, "server_time_ms": now_ms, "total": total,
                     "dead_letters": [dead_letter_json(letter) for letter in letters]})
@@ -331,69 +464,71 @@ async def _list_dead_letters(url: str, name: str, number: int, codec: str, as_js
     make_console().print(table)
 
 
-@dead_letters_app.command("requeue")
+@_command("requeue", on=dead_letters_app)
 def requeue_dead_letters(name: QueueName,
-                         limit: Annotated[int | None, typer.Option("--limit", min=1, help="How many, oldest first "
-                                                                   "(default: all).")] = None,
-                         delay: Annotated[float, typer.Option("--delay", min=0.0, help="Seconds until they are due.")]
-                         = 0.0,
-                         redis_url: RedisUrl = DEFAULT_URL) -> None:
+                         limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
+                                                                   help="How many, oldest first (default: "
+                                                                   "all).")] = None,
+                         delay: Annotated[float, typer.Option("--delay", min=0.0, metavar="SECONDS",
+                                                              help="Seconds until they are due.")] = 0.0,
+                         redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
+                         sentinel: SentinelOpt = None, service: ServiceOpt = None) -> None:
     """Put the oldest dead letters back into the queue, due after --delay seconds, in order."""
-    count = _run(_requeue(redis_url, name, limit, delay))
+    count = _run(_on_queue(_target(redis_url, cluster, sentinel, service), name,
+                           lambda queue: queue.requeue_dead_letters(limit, delay)))
     typer.echo(f"requeued {count} dead letter(s) of {name}, due in {delay:g} s")
 
 
-async def _requeue(url: str, name: str, limit: int | None, delay: float) -> int:
-    async with connect(url) as client, with_queue(client, name) as queue:
-        return await queue.requeue_dead_letters(limit, delay)
-
-
-@dead_letters_app.command("purge")
+@_command("purge", on=dead_letters_app)
 def purge_dead_letters(name: QueueName,
                        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-                       redis_url: RedisUrl = DEFAULT_URL) -> None:
+                       redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+                       service: ServiceOpt = None) -> None:
     """Delete a queue's dead-letter list (asks first, unless --yes)."""
+    target = _target(redis_url, cluster, sentinel, service)
     if not yes:
-        total = _run(_dead_letter_count(redis_url, name))
+        total = _run(_on_queue(target, name, _dead_letter_count))
         if total == 0:
             typer.echo(f"{name} has no dead letters")
             return
         # Asked outside any event loop and connection: a person may take a while to answer.
         typer.confirm(f"Delete the {total} dead letter(s) of {name}?", abort=True, err=True)
-    count = _run(_purge(redis_url, name))
+    count = _run(_on_queue(target, name, lambda queue: queue.purge_dead_letters()))
     typer.echo(f"purged {count} dead letter(s) of {name}")
 
 
-async def _dead_letter_count(url: str, name: str) -> int:
-    async with connect(url) as client, with_queue(client, name) as queue:
-        return (await queue.counts()).dead_letters
-
-
-async def _purge(url: str, name: str) -> int:
-    async with connect(url) as client, with_queue(client, name) as queue:
-        return await queue.purge_dead_letters()
+async def _dead_letter_count(queue: DelayedQueue[Any]) -> int:
+    return (await queue.counts()).dead_letters
 
 
 # -- worker ------------------------------------------------------------------------------------------
 
 
-@app.command()
+@_command()
 def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="The async handler of one item, "
                                                  "e.g. myapp.jobs:handle.")],
-           queue: Annotated[str, typer.Option("--queue", help="The queue to consume.")],
-           concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Items handled at once.")] = 16,
-           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", min=0.1,
+           queue: Annotated[str, typer.Option("--queue", metavar="NAME", help="The queue to consume.")],
+           concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N",
+                                                    help="Items handled at once.")] = 16,
+           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", min=0.1, metavar="SECONDS",
                                                              help="Seconds a received item stays invisible to "
                                                              "others (extended while the handler runs).")] = 30.0,
-           max_deliveries: Annotated[int, typer.Option("--max-deliveries", min=0,
-                                                       help="Dead-letter a failing item after this many "
-                                                       "deliveries (0: no limit).")] = 5,
-           drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Seconds running handlers "
-                                                        "get to finish on SIGTERM/Ctrl-C.")] = 30.0,
+           max_deliveries: Annotated[int, typer.Option("--max-deliveries", min=0, metavar="N",
+                                                       help="Dead-letter a failing item after N deliveries "
+                                                       "(0: no limit).")] = 5,
+           drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, metavar="SECONDS",
+                                                        help="Seconds running handlers get to finish on "
+                                                        "SIGTERM/Ctrl-C.")] = 30.0,
            plain: Annotated[bool, typer.Option("--plain", help="At most once: take items (no acks); a failed "
                                                "item is logged and gone.")] = False,
-           redis_url: RedisUrl = DEFAULT_URL, codec: CodecOpt = CodecName.JSON) -> None:
-    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once, unless --plain)."""
+           redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+           service: ServiceOpt = None, codec: CodecOpt = CodecName.JSON) -> None:
+    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once, unless --plain).
+    One server only."""
+    where = _target(redis_url, cluster, sentinel, service)
+    if where.sentinels or where.cluster or _run(_is_cluster(where)):
+        _fail(f"worker: {where} is not a single server; the worker process connects to one server by URL "
+              "(run a Worker in your own process for a Cluster or Sentinel)", 2)
     # Imported here: the worker is only this command's business. run_worker loads MODULE:FUNC itself,
     # prints its own one-line errors and returns the exit code.
     from ..worker import run_worker
@@ -402,3 +537,12 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
                       concurrency=concurrency, visibility_timeout_s=visibility_timeout, reliable=not plain,
                       drain_timeout_s=drain_timeout)
     raise typer.Exit(code)
+
+
+async def _is_cluster(target: Target) -> bool:
+    from redis.asyncio.cluster import RedisCluster
+
+    from ._ops import connect
+
+    async with connect(target) as client:
+        return isinstance(client, RedisCluster)

@@ -1,6 +1,7 @@
-"""What the commands do to Redis, without typer or rich: connect, read the server clock, count queues,
-find queues by ``SCAN``, and turn command-line text into items. Every read here is bounded and
-read-only (``PING``, ``TIME``, ``SCAN`` and the queue's read-only calls)."""
+"""What the commands do to Redis, without typer or rich: connect (to one server, a Cluster, or a
+Sentinel-managed primary), read the server clock, count queues, find queues by ``SCAN``, and turn
+command-line text into items. Every read here is bounded and read-only (``PING``, ``INFO``, ``TIME``,
+``SCAN``, ``EXISTS`` and the queue's read-only calls)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,29 @@ import fnmatch
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Iterable
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.urls import redact
 from .._producing.pending import QueueCounts
 from .._queue import DelayedQueue
+from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent
-from .._wire.key_names import prefix_name
+from .._wire.key_names import QueueKeys, prefix_name
 
-__all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "connect", "parse_rate",
-           "parse_value", "queue_counts", "queue_name_of", "redact", "scan_queues", "server_now_ms", "with_queue"]
+__all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target", "connect",
+           "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists", "queue_name_of", "redact",
+           "scan_queues", "server_now_ms", "with_queue"]
 
 # The keys whose names reveal a queue: its pending zset, and the two lists a queue can keep when
 # nothing is pending (dead letters, in-flight messages). The destination list has the bare name and
@@ -54,6 +62,57 @@ class BadInput(Exception):
     """A command-line argument the command cannot use (a usage error, exit code 2)."""
 
 
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command connects.
+
+    Attributes:
+        url: a server's URL (``redis://``, ``rediss://``, ``unix://``): one server, or any node of a
+            Cluster. With ``sentinels``, only its username, password, database, TLS (``rediss://``)
+            and query options count, for the primary.
+        cluster: treat ``url`` as a Cluster node without asking it (``INFO cluster`` otherwise).
+        sentinels: ``(host, port)`` of the Sentinels to ask for the primary of ``service``.
+        service: the name the Sentinels monitor the primary under.
+    """
+
+    url: str
+    cluster: bool = False
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str | None = None
+
+    def __str__(self) -> str:
+        """Where it connects, for messages (a password shown as ``***``)."""
+        if self.sentinels:
+            nodes = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+            return f"Sentinel service {self.service!r} via {nodes}"
+        return redact(self.url)
+
+
+def parse_sentinel(text: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``--sentinel`` value: ``host:port``, ``host`` (port 26379) or
+    ``[ipv6]:port``.
+
+    Raises:
+        BadInput: an empty host or a port that is not a number from 1 to 65535.
+    """
+    host, port_text = text.strip(), ""
+    if host.startswith("["):
+        inner, _, rest = host[1:].partition("]")
+        host, port_text = inner, rest.removeprefix(":")
+    elif host.count(":") == 1:
+        host, _, port_text = host.partition(":")
+    try:
+        port = int(port_text) if port_text else SENTINEL_PORT
+    except ValueError:
+        port = 0
+    if not host or not 0 < port < 65536:
+        raise BadInput(f"--sentinel must be HOST:PORT (e.g. sentinel-1:26379), not {text!r}")
+    return host, port
+
+
 @dataclass(frozen=True)
 class QueueRow:
     """One queue's counts as ``stats``, ``watch`` and ``ls`` show them."""
@@ -78,31 +137,122 @@ class ScanResult:
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str) -> AsyncIterator[Redis]:
-    """A client on ``url`` that answered a ``PING``; closed on exit.
+async def connect(target: Target) -> AsyncIterator[AnyRedis]:
+    """A client of ``target`` that answered a ``PING``, closed on exit: a ``RedisCluster`` when
+    ``target.cluster`` or when the server's ``INFO cluster`` says ``cluster_enabled:1``, a
+    Sentinel-managed client with ``target.sentinels``, a plain ``Redis`` otherwise.
 
     Raises:
-        BadInput: ``url`` is not a Redis URL.
-        CannotConnect: the server cannot be reached (refused, unknown host, timeout, bad password).
+        BadInput: ``target.url`` is not a Redis URL, or the options do not fit together.
+        CannotConnect: the server cannot be reached (refused, unknown host, timeout, bad password,
+            no Sentinel answers or none knows the service).
     """
+    if target.sentinels:
+        async with _sentinel_client(target) as client:
+            yield client
+        return
     try:
-        client = Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
+        client = Redis.from_url(target.url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
     except ValueError as exc:
-        raise BadInput(f"bad --redis-url {redact(url)}: {exc}") from None
+        raise BadInput(f"bad --redis-url {redact(target.url)}: {exc}") from None
+    try:
+        await _ping(client, target)
+        cluster = target.cluster or await _cluster_enabled(client)
+    except BaseException:
+        await client.aclose()
+        raise
+    if cluster:
+        await client.aclose()
+        async with _cluster_client(target) as cluster_client:
+            yield cluster_client
+        return
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def _ping(client: Redis, target: Target) -> None:
+    """One PING first, so an unreachable server is one clear line, not a queue call's resends for
+    call_timeout_s. AuthenticationError is a ConnectionError: said here too."""
+    try:
+        await client.ping()
+    except (RedisConnectionError, RedisTimeoutError, ResponseError, OSError) as exc:
+        # ResponseError: the connection's own set-up refused (SELECT of a database a Cluster lacks).
+        raise CannotConnect(str(target), _reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """Why connecting failed, one line: a Sentinel's "no master found" without the reprs of every
+    Sentinel client it tried, naming those that did not answer instead."""
+    text = str(exc) or type(exc).__name__
+    head, _, errors = text.partition(" : ")
+    if not isinstance(exc, MasterNotFoundError) or not errors:
+        return text
+    silent = [f"{host}:{port}" for host, port in re.findall(r"host=([^,\s]+),port=(\d+)", errors)]
+    return f"{head}; no answer from " + (", ".join(silent) if silent else "a Sentinel")
+
+
+async def _cluster_enabled(client: Redis) -> bool:
+    """Whether the server is a Cluster node (``INFO cluster``); ``False`` when ``INFO`` is refused
+    (an ACL without it: ``--cluster`` says so instead)."""
+    try:
+        info = await client.info("cluster")
+    except ResponseError:
+        return False
+    return bool(info.get("cluster_enabled"))
+
+
+@contextlib.asynccontextmanager
+async def _cluster_client(target: Target) -> AsyncIterator[RedisCluster]:
+    try:
+        client = RedisCluster.from_url(target.url, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                       socket_timeout=SOCKET_TIMEOUT_S)
+    except (ValueError, RedisClusterException) as exc:
+        raise BadInput(f"bad --redis-url {redact(target.url)} for a cluster: {exc}") from None
     try:
         try:
-            await client.ping()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            # One PING first, so an unreachable server is one clear line, not a queue call's
-            # resends for call_timeout_s. AuthenticationError is a ConnectionError: said here too.
-            raise CannotConnect(redact(url), str(exc) or type(exc).__name__) from None
+            await client.initialize()  # reads the slot map: every primary is known from here on
+        except (RedisError, OSError) as exc:
+            raise CannotConnect(f"{target} (cluster)", str(exc) or type(exc).__name__) from None
         yield client
     finally:
         await client.aclose()
 
 
 @contextlib.asynccontextmanager
-async def with_queue(client: Redis, name: str, codec: str = "bytes") -> AsyncIterator[DelayedQueue[Any]]:
+async def _sentinel_client(target: Target) -> AsyncIterator[Redis]:
+    if not target.service:
+        raise BadInput("--sentinel needs --service NAME (the name the Sentinels monitor the primary under)")
+    if target.cluster:
+        raise BadInput("--cluster and --sentinel exclude each other")
+    try:
+        options: dict[str, Any] = dict(parse_url(target.url))
+    except ValueError as exc:
+        raise BadInput(f"bad --redis-url {redact(target.url)}: {exc}") from None
+    connection_class = options.pop("connection_class", None)
+    if "path" in options:
+        raise BadInput("with --sentinel, --redis-url gives the primary's credentials and database: "
+                       "redis:// or rediss://, not unix://")
+    for where in ("host", "port"):
+        options.pop(where, None)  # the Sentinels name the primary
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+    options.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
+    timeouts = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": SOCKET_TIMEOUT_S}
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    try:
+        client = sentinel.master_for(target.service, ssl=connection_class is SSLConnection, **options)
+        try:
+            await _ping(client, target)
+            yield client
+        finally:
+            await client.aclose()
+    finally:
+        await sentinel.aclose()
+
+
+@contextlib.asynccontextmanager
+async def with_queue(client: AnyRedis, name: str, codec: str = "bytes") -> AsyncIterator[DelayedQueue[Any]]:
     """A queue object on ``client``, never opened (no subscription, no scheduler: the CLI only reads
     and writes), closed on exit. ``codec`` only matters where items are decoded or encoded."""
     queue: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec)
@@ -112,13 +262,13 @@ async def with_queue(client: Redis, name: str, codec: str = "bytes") -> AsyncIte
         await queue.aclose()
 
 
-async def server_now_ms(client: Redis) -> int:
+async def server_now_ms(client: AnyRedis) -> int:
     """The server's clock in epoch ms: due times are on it, so "in 12 s" must be too."""
     seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=SOCKET_TIMEOUT_S)
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def queue_counts(client: Redis, names: Iterable[str]) -> list[QueueRow]:
+async def queue_counts(client: AnyRedis, names: Iterable[str]) -> list[QueueRow]:
     """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order."""
     gate = asyncio.Semaphore(COUNT_CONCURRENCY)
 
@@ -127,6 +277,16 @@ async def queue_counts(client: Redis, names: Iterable[str]) -> list[QueueRow]:
             return QueueRow(name, await queue.counts())
 
     return list(await asyncio.gather(*(one(name) for name in names)))
+
+
+async def queue_exists(client: AnyRedis, name: str) -> bool:
+    """Whether any key of the queue ``name`` exists (one ``EXISTS``; a queue's keys share one
+    cluster slot). ``False`` for a misspelt name, and also for an idle queue: a queue with nothing
+    pending, ready, in flight or dead and no controls keeps no key at all."""
+    keys = QueueKeys.for_name(name)
+    found = await call_idempotent(client, "EXISTS", *keys.all, what=f"EXISTS of {name!r}'s keys",
+                                  timeout_s=SOCKET_TIMEOUT_S, route=keys.timeout_set)
+    return bool(found)
 
 
 def queue_name_of(key: str, prefix: str) -> str | None:
@@ -147,30 +307,44 @@ def queue_name_of(key: str, prefix: str) -> str | None:
     return name if name and prefix_name(prefix, name) == key else None
 
 
-async def scan_queues(client: Redis, match: str, limit: int, max_calls: int) -> ScanResult:
+async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) -> ScanResult:
     """Queue names matching the glob ``match`` found by ``SCAN ... COUNT 1000`` of the keys in
-    :data:`QUEUE_KEY_PREFIXES`: at most ``max_calls`` SCAN calls per prefix, and at most ``limit`` names
-    (the first ``limit`` by name of the ``limit + 1`` found when there are more).
-    Read-only; each call costs the server about as much as 1,000 keys."""
+    :data:`QUEUE_KEY_PREFIXES` (on a Cluster, on every primary): at most ``max_calls`` SCAN calls per
+    prefix and server, and at most ``limit`` names (the first ``limit`` by name of the ``limit + 1``
+    found when there are more). Read-only; each call costs the server about as much as 1,000 keys."""
     found: set[str] = set()
+    nodes: Sequence[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
     for prefix in QUEUE_KEY_PREFIXES:
-        cursor, calls = 0, 0
-        while True:
-            cursor, keys = await client.scan(cursor, match=f"{prefix}:*", count=1000)
-            calls += 1
-            for raw in keys:
-                name = _name_from_raw(raw, prefix)
-                if name is not None and fnmatch.fnmatchcase(name, match):
-                    found.add(name)
-                    if len(found) > limit:  # one more than asked: there is more to list, say so
-                        return ScanResult(sorted(found)[:limit], False, f"more than --limit {limit} queues")
-            if cursor == 0:
-                break
-            if calls >= max_calls:
-                return ScanResult(sorted(found), False,
-                                  f"stopped after {max_calls} SCAN calls over {prefix}:* (a large keyspace); "
-                                  f"raise --max-scan-calls to look further")
+        for node in nodes:
+            cursor, calls = 0, 0
+            while True:
+                cursor, keys = await _scan_page(client, node, cursor, f"{prefix}:*")
+                calls += 1
+                for raw in keys:
+                    name = _name_from_raw(raw, prefix)
+                    if name is not None and fnmatch.fnmatchcase(name, match):
+                        found.add(name)
+                        if len(found) > limit:  # one more than asked: there is more to list, say so
+                            return ScanResult(sorted(found)[:limit], False, f"more than --limit {limit} queues")
+                if cursor == 0:
+                    break
+                if calls >= max_calls:
+                    where = "" if node is None else f" on {node.name}"
+                    return ScanResult(sorted(found), False,
+                                      f"stopped after {max_calls} SCAN calls over {prefix}:*{where} (a large "
+                                      f"keyspace); raise --max-scan-calls to look further")
     return ScanResult(sorted(found), True, None)
+
+
+async def _scan_page(client: AnyRedis, node: Any, cursor: int, pattern: str) -> tuple[int, list[Any]]:
+    """One ``SCAN cursor MATCH pattern COUNT 1000`` (on a Cluster, on ``node``): the next cursor and
+    the keys."""
+    if isinstance(client, RedisCluster):
+        # A cluster's SCAN answers {node name: next cursor} (redis-py's typing says int).
+        cursors, keys = await client.scan(cursor, match=pattern, count=1000, target_nodes=node)
+        return int(next(iter(dict(cursors).values()), 0)), list(keys)  # type: ignore[call-overload]
+    next_cursor, keys = await client.scan(cursor, match=pattern, count=1000)
+    return int(next_cursor), list(keys)
 
 
 def _name_from_raw(raw: bytes | str, prefix: str) -> str | None:
