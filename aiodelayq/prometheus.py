@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 try:
@@ -26,6 +26,7 @@ try:
 except ImportError as exc:  # the core never imports this module: only users of the extra do
     raise ImportError("aiodelayq.prometheus needs prometheus-client: pip install 'aiodelayq[prometheus]'") from exc
 
+from ._core.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
 from ._core.observe import InstalledOnce
 from ._producing.pending import QueueCounts
 
@@ -40,10 +41,6 @@ LATENESS_BUCKETS_S: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 
                                          10.0, 30.0, 60.0)
 """Default buckets of ``lateness_seconds``, seconds: 1 ms (a punctual transfer) to 60 s (an outage)."""
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class CountedQueue(Protocol):
@@ -315,13 +312,8 @@ class QueueMetrics(InstalledOnce):
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "lifespan":
-                while True:
-                    message = await receive()
-                    if message["type"] == "lifespan.startup":
-                        await send({"type": "lifespan.startup.complete"})
-                    elif message["type"] == "lifespan.shutdown":
-                        await send({"type": "lifespan.shutdown.complete"})
-                        return
+                await answer_lifespan(receive, send)
+                return
             if scope["type"] != "http":
                 return
             method = scope.get("method", "GET")

@@ -56,6 +56,7 @@ from aiodelayq.testing import (
 )
 from aiodelayq.testing.containers import loopback_redis_container
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args
+from tests.helpers import free_socket, until
 
 # A test run started in the background by a script (`bash .ci/run &`) inherits SIGINT ignored, and an
 # ignored signal stays ignored across exec: the subprocesses that tests interrupt would never see
@@ -419,3 +420,49 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"Redisson {build}: {count} tests ran")
     for reason in sorted(skipped):
         terminalreporter.write_line(f"SKIPPED: {reason}")
+
+
+# -- web servers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def serve_asgi() -> AsyncIterator[Callable[[Any], Awaitable[str]]]:
+    """``await serve_asgi(app)``: the app served by a real uvicorn server on a free loopback port, in
+    this event loop (the queues' loop); its base URL. Stopped after the test."""
+    import uvicorn
+
+    running: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def start(app: Any) -> str:
+        sock = free_socket()
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        running.append((server, task))
+        await until(lambda: server.started or task.done(), timeout_s=10)
+        assert server.started, "uvicorn did not start"
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield start
+    for server, task in running:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def serve_aiohttp() -> AsyncIterator[Callable[[Any], Awaitable[str]]]:
+    """``await serve_aiohttp(app)``: an aiohttp application served on a free loopback port; its base URL."""
+    from aiohttp import web
+
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> str:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        runners.append(runner)
+        sock = free_socket()
+        await web.SockSite(runner, sock).start()
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()

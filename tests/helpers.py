@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,14 @@ from aiodelayq import DelayedQueue
 
 if TYPE_CHECKING:
     from tests.faults import SubprocessConsumer
+
+
+def free_socket() -> socket.socket:
+    """A socket bound to a free loopback port (not listening yet)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 async def server_ms(r: Redis) -> float:

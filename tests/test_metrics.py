@@ -9,16 +9,14 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +27,7 @@ from aiodelayq import DelayedQueue, QueueCounts, Reject
 from aiodelayq._core import observe as _observe
 from aiodelayq._scripts import QueueScripts
 from aiodelayq.prometheus import QueueMetrics
-from tests.helpers import llen_is, server_ms, until
+from tests.helpers import free_socket, llen_is, server_ms, until
 
 
 @pytest.fixture
@@ -41,52 +39,6 @@ def metrics() -> Iterator[QueueMetrics]:
     finally:
         m.uninstall()
         _observe.uninstall()  # whatever a failed test left
-
-
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-@pytest.fixture
-async def serve_asgi() -> AsyncIterator[Callable[[Any], Awaitable[str]]]:
-    """``await serve_asgi(app)``: the app served by a real uvicorn server on a free loopback port, in
-    this event loop (the queues' loop); its base URL. Stopped after the test."""
-    running: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
-
-    async def start(app: Any) -> str:
-        sock = _free_socket()
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        running.append((server, task))
-        await until(lambda: server.started or task.done(), timeout_s=10)
-        assert server.started, "uvicorn did not start"
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    yield start
-    for server, task in running:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-
-
-@pytest.fixture
-async def serve_aiohttp() -> AsyncIterator[Callable[[web.Application], Awaitable[str]]]:
-    """``await serve_aiohttp(app)``: an aiohttp application served on a free loopback port; its base URL."""
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        runners.append(runner)
-        sock = _free_socket()
-        await web.SockSite(runner, sock).start()
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -480,13 +432,14 @@ async def test_a_real_prometheus_scrapes_a_workers_metrics(make_queue: Any, metr
         if item == "bad":
             raise Reject
 
-    port = _free_socket().getsockname()[1]
+    with free_socket() as probe:
+        port = probe.getsockname()[1]
     config = tmp_path / "prometheus.yml"
     config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: worker\n"
                       f"    static_configs:\n      - targets: ['{target.removeprefix('http://')}']\n", encoding="utf-8")
-    prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prometheus = await asyncio.create_subprocess_exec(
+        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         async with q, httpx.AsyncClient(timeout=10) as http:
@@ -494,24 +447,30 @@ async def test_a_real_prometheus_scrapes_a_workers_metrics(make_queue: Any, metr
             running = asyncio.ensure_future(worker.run())
             await until(lambda: _counts_are(q, ready=0, in_flight=0, dead_letters=1), timeout_s=30)
 
+            expected = {f'aiodelayq_delivered_total{{queue="{q.name}"}}': "3",
+                        f'aiodelayq_dead_lettered_total{{queue="{q.name}"}}': "1",
+                        f'aiodelayq_pending{{queue="{q.name}"}}': "1",
+                        f'aiodelayq_lag_seconds{{queue="{q.name}"}}': "0"}
+            found: dict[str, list[dict[str, Any]]] = {}
+
             async def scraped() -> bool:
+                # Each query gives the latest scrape: wait for one made after every event was counted.
                 try:
-                    found = await _prometheus_query(http, base, f'aiodelayq_delivered_total{{queue="{q.name}"}}')
+                    for query in expected:
+                        response = await http.get(f"{base}/api/v1/query", params={"query": query})
+                        if response.status_code != 200:
+                            return False  # starting (503 until its storage is ready)
+                        found[query] = response.json()["data"]["result"]
                 except httpx.TransportError:
                     return False  # not listening yet
-                return bool(found) and found[0]["value"][1] == "3"
+                return all(len(found[k]) == 1 and found[k][0]["value"][1] == v for k, v in expected.items())
 
             await until(scraped, timeout_s=60, interval_s=0.5)
             worker.stop()
             await asyncio.wait_for(running, 30)
-            (dead,) = await _prometheus_query(http, base, f'aiodelayq_dead_lettered_total{{queue="{q.name}"}}')
+            (dead,) = found[f'aiodelayq_dead_lettered_total{{queue="{q.name}"}}']
             assert dead["metric"]["reason"] == "nacked"
             assert dead["metric"]["job"] == "worker"
-            assert dead["value"][1] == "1"
-            (pending,) = await _prometheus_query(http, base, f'aiodelayq_pending{{queue="{q.name}"}}')
-            assert pending["value"][1] == "1"
-            (lag,) = await _prometheus_query(http, base, f'aiodelayq_lag_seconds{{queue="{q.name}"}}')
-            assert lag["value"][1] == "0"
             # Every query of the Grafana dashboard is valid PromQL, as Grafana would send it.
             panels, variables = _dashboard_queries()
             for query in panels:
@@ -521,4 +480,4 @@ async def test_a_real_prometheus_scrapes_a_workers_metrics(make_queue: Any, metr
             assert q.name in response.json()["data"]
     finally:
         prometheus.terminate()
-        prometheus.wait(30)
+        await asyncio.wait_for(prometheus.wait(), 30)

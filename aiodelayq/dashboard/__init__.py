@@ -1,0 +1,20 @@
+"""A web dashboard of aiodelayq queues: ``pip install 'aiodelayq[dashboard]'`` (Jinja2; uvicorn for
+:func:`serve`).
+
+>>> dashboard = Dashboard(redis)                                  # every queue SCAN finds
+>>> app.mount("/queues", dashboard.asgi_app())                    # FastAPI / Starlette
+>>> web_app.add_subapp("/queues", dashboard.aiohttp_app())        # aiohttp
+>>> await serve("redis://localhost:6379/0", port=8000)            # standalone (aiodelayq dashboard)
+
+An index of the queues, a page per queue (counts, charts of upcoming due times, pending items, a
+search by key, dead letters) and, unless ``read_only``, buttons to pause and resume a queue and to
+requeue or purge its dead letters: POSTs checked for a same-site origin and a CSRF token. It has no
+authentication of its own: the app it is mounted in protects it. See ``docs/dashboard.md``.
+"""
+
+from __future__ import annotations
+
+from ._app import Dashboard
+from ._serve import CannotListen, serve
+
+__all__ = ["CannotListen", "Dashboard", "serve"]

@@ -1,0 +1,362 @@
+"""The :class:`Dashboard`: its routes, its pages (Jinja2 templates) and its actions (POSTs behind the
+CSRF checks of ``_http``), served by the ASGI or the aiohttp adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+try:
+    import jinja2
+except ImportError as exc:  # the core never imports this package: only users of the extra do
+    raise ImportError("aiodelayq.dashboard needs Jinja2: pip install 'aiodelayq[dashboard]'") from exc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError, ResponseError
+
+from .._options import check_client
+from .._queue import DelayedQueue
+from .._wire.key_names import QueueKeys
+from ..exceptions import (
+    AccessDeniedError,
+    BackendError,
+    ConfigurationError,
+    InvalidDelayError,
+    InvalidKeyError,
+    InvalidNameError,
+)
+from ._http import (
+    CSRF_FIELD,
+    ASGIApp,
+    BadRequest,
+    Request,
+    Response,
+    aiohttp_application,
+    asgi_application,
+    csrf_cookie,
+    post_refusal,
+)
+from ._pages import (
+    HOUR_MS,
+    MINUTE_MS,
+    QueueList,
+    Row,
+    as_text,
+    count_queues,
+    due_histogram,
+    find_queues,
+    format_duration,
+    format_rate,
+    format_utc,
+    is_empty,
+    make_chart,
+    open_queue,
+    preview,
+    relative,
+    server_ms,
+)
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["Dashboard"]
+
+log = logging.getLogger("aiodelayq")
+
+# Auto-refresh periods the pages offer (?refresh=N, seconds).
+REFRESH_CHOICES = (5, 10, 30, 60)
+# Rows of the queue page: soonest pending items, oldest dead letters (?peek=N, ?dead=N).
+DEFAULT_PEEK = 20
+DEFAULT_DEAD = 50
+MAX_ROWS = 1000
+
+_DONE = {"paused": "Paused: its consumers hand nothing out until it is resumed.",
+         "resumed": "Resumed.",
+         "requeued": "Requeued {n} dead letter(s).",
+         "purged": "Purged {n} dead letter(s)."}
+
+
+class _NotFound(Exception):
+    """A page or queue that does not exist: answered with a 404 page that says why."""
+
+
+class Dashboard:
+    """A web dashboard of aiodelayq queues, the Bull Board pattern: mount it in your web app, which
+    protects it with its own authentication.
+
+    Pages: an index of every queue (pending, ready, in flight, dead letters, lag, paused, rate limit),
+    and a page per queue with its counts, charts of the due times of the next hour and the next day,
+    the soonest pending items, a search by key, the dead letters, and buttons to pause, resume,
+    requeue dead letters and purge them. Every link is relative: it works under any mount path.
+
+    >>> dashboard = Dashboard(redis)
+    >>> app.mount("/queues", dashboard.asgi_app())                  # FastAPI / Starlette
+    >>> web_app.add_subapp("/queues", dashboard.aiohttp_app())      # aiohttp
+
+    Args:
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` client with ``decode_responses=False``;
+            the dashboard never closes it.
+        read_only: show no buttons, and answer every POST with 403.
+        queues: the names of the queues to show; ``None``: every queue found by ``SCAN`` (as
+            ``aiodelayq ls`` finds them) at each load of the index. With a list, other names get 404.
+
+    Raises:
+        ConfigurationError: a client that is not one of those, or decodes responses; an empty or
+            non-``str`` queue name.
+    """
+
+    def __init__(self, redis: Redis | RedisCluster, *, read_only: bool = False,
+                 queues: Iterable[str] | None = None) -> None:
+        self._client = check_client(redis)
+        self._read_only = bool(read_only)
+        self._queues: list[str] | None = None
+        if queues is not None:
+            if isinstance(queues, str):
+                raise ConfigurationError("queues must be a list of names, not a str")
+            self._queues = list(dict.fromkeys(queues))
+            for name in self._queues:
+                try:
+                    QueueKeys.for_name(name)
+                except InvalidNameError as exc:
+                    raise ConfigurationError(f"queues: {exc}") from None
+        self._env = jinja2.Environment(
+            loader=jinja2.PackageLoader("aiodelayq.dashboard", "templates"), autoescape=True,
+            undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self._env.filters.update(
+            duration=format_duration, utc=format_utc, rate=format_rate, preview=preview,
+            text=as_text, q=lambda value: quote(str(value), safe=""), number=lambda n: f"{n:,}")
+        self._env.globals.update(relative=relative, csrf_field=CSRF_FIELD)
+        self._css = resources.files("aiodelayq.dashboard").joinpath("static/dashboard.css").read_bytes()
+        self._routes: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {
+            "/": {"GET": self._index},
+            "/queue": {"GET": self._queue_page},
+            "/static/dashboard.css": {"GET": self._stylesheet},
+            "/pause": {"POST": self._action("paused", self._pause)},
+            "/resume": {"POST": self._action("resumed", self._resume)},
+            "/requeue": {"POST": self._action("requeued", self._requeue)},
+            "/purge": {"POST": self._action("purged", self._purge)},
+        }
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the dashboard shows no buttons and refuses every POST."""
+        return self._read_only
+
+    @property
+    def queues(self) -> list[str] | None:
+        """The queues it shows, or ``None``: those ``SCAN`` finds."""
+        return None if self._queues is None else list(self._queues)
+
+    def __repr__(self) -> str:
+        which = "scanned" if self._queues is None else f"{len(self._queues)} queues"
+        return f"<Dashboard {which}{' read-only' if self._read_only else ''}>"
+
+    def asgi_app(self) -> ASGIApp:
+        """An ASGI app: mount it in FastAPI or Starlette (``app.mount("/queues", dashboard.asgi_app())``),
+        or serve it alone with an ASGI server (it answers the lifespan protocol). It needs no
+        framework: no Starlette, no python-multipart."""
+        return asgi_application(self._handle)
+
+    def aiohttp_app(self) -> web.Application:
+        """An aiohttp application: add it as a sub-application (``app.add_subapp("/queues",
+        dashboard.aiohttp_app())``; the parent's middlewares run first), or run it alone. Needs aiohttp."""
+        return aiohttp_application(self._handle)
+
+    async def _handle(self, request: Request) -> Response:
+        """Answer one request (what both adapters call): a page, the stylesheet, an action's redirect,
+        or an error page (400 bad input, 403 refused POST, 404 unknown page or queue, 405, 503 when
+        Redis does not answer)."""
+        if request.path == "":  # the mount point without its slash: relative links need it
+            segment = request.mount.rstrip("/").rpartition("/")[2]
+            location = quote(segment) + "/" + (f"?{request.query}" if request.query else "")
+            return Response(308, b"", "text/plain; charset=utf-8", [("Location", location)])
+        methods = self._routes.get(request.path)
+        if methods is None:
+            return self._error(request, 404, "Not found", f"There is no page {request.path!r} here.")
+        method = "GET" if request.method == "HEAD" else request.method
+        view = methods.get(method)
+        if view is None:
+            allowed = ", ".join(sorted({*methods, "HEAD"} if "GET" in methods else set(methods)))
+            response = self._error(request, 405, "Method not allowed", f"{request.path} takes {allowed}.")
+            response.headers.append(("Allow", allowed))
+            return response
+        try:
+            return await view(request)
+        except BadRequest as exc:
+            return self._error(request, 400, "Bad request", str(exc))
+        except (InvalidKeyError, InvalidNameError, InvalidDelayError, ConfigurationError) as exc:
+            return self._error(request, 400, "Bad request", str(exc))
+        except _NotFound as exc:
+            return self._error(request, 404, "Not found", str(exc))
+        except (BackendError, RedisError, OSError, asyncio.TimeoutError) as exc:
+            what = "Redis refused the call" if isinstance(exc, (AccessDeniedError, ResponseError)) else \
+                "Redis did not answer"
+            log.warning("aiodelayq: dashboard: %s %s%s: %s: %s", request.method, request.mount, request.path, what,
+                        exc or type(exc).__name__)
+            return self._error(request, 503, what, f"{type(exc).__name__}: {exc}")
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    def _render(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
+        headers: list[tuple[str, str]] = [("Cache-Control", "no-store")]
+        token = ""
+        if not self._read_only:
+            token, cookie = csrf_cookie(request)
+            if cookie is not None:
+                headers.append(("Set-Cookie", cookie))
+        depth = max(request.path.count("/") - 1, 0)
+        html = self._env.get_template(template).render(
+            root="../" * depth or "./", read_only=self._read_only, csrf_token=token, **context)
+        return Response(code, html.encode("utf-8"), headers=headers)
+
+    def _error(self, request: Request, status: int, title: str, message: str) -> Response:
+        return self._render(request, "error.html", status, status=status, title=title, message=message,
+                            refresh=None, refresh_choices=(), here="")
+
+    async def _stylesheet(self, request: Request) -> Response:
+        return Response(200, self._css, "text/css; charset=utf-8", [("Cache-Control", "max-age=300")])
+
+    async def _index(self, request: Request) -> Response:
+        params = request.params()
+        refresh = _refresh(params)
+        if self._queues is None:
+            listing = await find_queues(self._client)
+        else:
+            listing = QueueList(list(self._queues), None)
+        rows = await count_queues(self._client, listing.names)
+        now_ms = await self._server_ms(rows)
+        return self._render(request, "index.html", rows=rows, note=listing.note, scanned=self._queues is None,
+                            now_ms=now_ms, refresh=refresh, refresh_choices=REFRESH_CHOICES, here="")
+
+    async def _server_ms(self, rows: list[Row]) -> int:
+        """The server's clock, to show due times against (from the node of the first queue read)."""
+        read = [row.name for row in rows if row.counts is not None]
+        return await server_ms(self._client, QueueKeys.for_name(read[0])) if read else 0
+
+    async def _queue_page(self, request: Request) -> Response:
+        params = request.params()
+        name = params.get("name", "")
+        if not name:
+            raise BadRequest("which queue? The page is queue?name=NAME")
+        keys = self._known(name)
+        refresh = _refresh(params)
+        peek = _int_param(params, "peek", DEFAULT_PEEK)
+        dead = _int_param(params, "dead", DEFAULT_DEAD)
+        key = params.get("key", "")
+        async with open_queue(self._client, name) as queue:
+            counts, histogram, pending, letters, found = await asyncio.gather(
+                queue.counts(), due_histogram(self._client, keys), queue.peek(peek), queue.dead_letters(dead),
+                queue.get(key) if key else _none())
+        if self._queues is None and is_empty(counts):
+            raise _NotFound(_no_queue(name))
+        now = histogram.now_ms
+        charts = [make_chart("Due in the next hour (5-minute bars)", histogram.hour, now, 5 * MINUTE_MS,
+                                   3, MINUTE_MS, " min"),
+                  make_chart("Due in the next 24 hours (1-hour bars)", histogram.day, now, HOUR_MS,
+                                   6, HOUR_MS, " h")]
+        done = params.get("done")
+        message = None
+        if done in _DONE:
+            n = params.get("n", "")
+            message = _DONE[done].format(n=int(n) if n.isdigit() else "?")
+        here = f"queue?name={quote(name, safe='')}"
+        return self._render(request, "queue.html", name=name, counts=counts, histogram=histogram, charts=charts,
+                            pending=pending, peek=peek, letters=letters, dead=dead, key=key, found=found,
+                            now_ms=now, message=message, refresh=refresh, refresh_choices=REFRESH_CHOICES,
+                            here=here)
+
+    def _known(self, name: str) -> QueueKeys:
+        """The keys of queue ``name``; 404 for a name the dashboard was not given, 400 for a bad one."""
+        if self._queues is not None and name not in self._queues:
+            raise _NotFound(f"This dashboard shows no queue named {name!r}.")
+        try:
+            return QueueKeys.for_name(name)
+        except InvalidNameError as exc:
+            raise BadRequest(str(exc)) from None
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def _action(self, done: str, act: Callable[[DelayedQueue[bytes], Mapping[str, str]], Awaitable[int | None]]
+                ) -> Callable[[Request], Awaitable[Response]]:
+        async def post(request: Request) -> Response:
+            if self._read_only:
+                return self._error(request, 403, "Read-only", "This dashboard is read-only: it changes nothing.")
+            form = request.form()
+            refusal = post_refusal(request, form)
+            if refusal is not None:
+                return self._error(request, 403, "Forbidden", f"Refused: {refusal}.")
+            name = form.get("queue", "")
+            if not name:
+                raise BadRequest("the form names no queue")
+            self._known(name)
+            async with open_queue(self._client, name) as queue:
+                if self._queues is None and is_empty(await queue.counts()):
+                    raise _NotFound(_no_queue(name))
+                n = await act(queue, form)
+            location = f"queue?name={quote(name, safe='')}&done={done}" + ("" if n is None else f"&n={n}")
+            return Response(303, b"", "text/plain; charset=utf-8", [("Location", location)])
+
+        return post
+
+    @staticmethod
+    async def _pause(queue: DelayedQueue[bytes], form: Mapping[str, str]) -> None:
+        await queue.pause()
+
+    @staticmethod
+    async def _resume(queue: DelayedQueue[bytes], form: Mapping[str, str]) -> None:
+        await queue.resume()
+
+    @staticmethod
+    async def _requeue(queue: DelayedQueue[bytes], form: Mapping[str, str]) -> int:
+        limit_text = form.get("limit", "").strip()
+        limit = None
+        if limit_text:
+            if not limit_text.isdigit() or int(limit_text) < 1:
+                raise BadRequest(f"limit must be a whole number >= 1 (or empty: all), not {limit_text!r}")
+            limit = int(limit_text)
+        delay_text = form.get("delay", "").strip() or "0"
+        try:
+            delay = float(delay_text)
+        except ValueError:
+            delay = math.nan
+        if not math.isfinite(delay) or delay < 0:
+            raise BadRequest(f"delay must be a number of seconds >= 0, not {delay_text!r}")
+        return int(await queue.requeue_dead_letters(limit, delay))
+
+    @staticmethod
+    async def _purge(queue: DelayedQueue[bytes], form: Mapping[str, str]) -> int:
+        if form.get("confirm") != "yes":
+            raise BadRequest("purging deletes every dead letter: tick the box to confirm")
+        return int(await queue.purge_dead_letters())
+
+
+async def _none() -> None:
+    return None
+
+
+def _no_queue(name: str) -> str:
+    return (f"No queue named {name!r} is in Redis: nothing of it is stored (an empty queue leaves no key "
+            f"behind).")
+
+
+def _refresh(params: Mapping[str, str]) -> int | None:
+    text = params.get("refresh", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) not in REFRESH_CHOICES:
+        raise BadRequest(f"refresh is one of {', '.join(map(str, REFRESH_CHOICES))} seconds, not {text!r}")
+    return int(text)
+
+
+def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
+    text = params.get(name, "")
+    if not text:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ROWS:
+        raise BadRequest(f"{name} is a number of rows from 1 to {MAX_ROWS}, not {text!r}")
+    return int(text)

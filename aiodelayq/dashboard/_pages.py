@@ -1,0 +1,293 @@
+"""What the dashboard's pages show, read from Redis: the queues (given, or found by ``SCAN``), their
+counts, the due-time histogram (``ZCOUNT`` on the pending zset against the server's ``TIME``), and
+the chart geometry and text formatting the templates use."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from .._producing.pending import QueueCounts
+from .._queue import DelayedQueue
+from .._redis.retry import call_idempotent
+from .._wire.key_names import QueueKeys
+from ..cli._ops import scan_queues
+from ..exceptions import BackendError
+
+__all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
+           "format_duration", "format_utc", "make_chart", "open_queue", "preview", "server_ms"]
+
+AnyRedis = Redis | RedisCluster
+
+# Bounds of one listing of the queues by SCAN: the CLI's `ls` defaults.
+SCAN_LIMIT = 1000
+SCAN_MAX_CALLS = 100
+# Queues counted at once on the index page.
+COUNT_CONCURRENCY = 16
+# Bound of one page's own calls (TIME, the ZCOUNT pipeline), seconds; the queue's calls have theirs.
+CALL_TIMEOUT_S = 5.0
+
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+
+
+@dataclass(frozen=True)
+class QueueList:
+    """The queues the index shows.
+
+    Attributes:
+        names: queue names, in the order given or sorted when found by ``SCAN``.
+        note: why the list may be incomplete (``None`` when it is complete).
+    """
+
+    names: list[str]
+    note: str | None
+
+
+@contextlib.asynccontextmanager
+async def open_queue(client: AnyRedis, name: str) -> AsyncIterator[DelayedQueue[bytes]]:
+    """A queue object for reads and controls, never opened (no subscription, no scheduler), with the
+    ``bytes`` codec: the dashboard shows payloads as they are stored, whatever codec wrote them."""
+    queue: DelayedQueue[bytes] = DelayedQueue(client, name, codec="bytes")
+    try:
+        yield queue
+    finally:
+        await queue.aclose()
+
+
+async def find_queues(client: AnyRedis) -> QueueList:
+    """The queues of the server (on a Cluster, of every primary), found by ``SCAN`` as ``aiodelayq ls``
+    finds them: at most :data:`SCAN_LIMIT` names and :data:`SCAN_MAX_CALLS` calls per key prefix."""
+    found = await scan_queues(client, "*", SCAN_LIMIT, SCAN_MAX_CALLS)
+    return QueueList(found.names, found.note)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One queue of the index: its counts, or why they could not be read."""
+
+    name: str
+    counts: QueueCounts | None
+    error: str | None = None
+
+
+async def count_queues(client: AnyRedis, names: Sequence[str]) -> list[Row]:
+    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order. A
+    queue whose read fails has its error instead (a user whose ACL covers other queues only, say);
+    when every read fails, the first failure is raised.
+
+    Raises:
+        BackendError: every read failed (Redis down, or refusing them all).
+    """
+    gate = asyncio.Semaphore(COUNT_CONCURRENCY)
+
+    async def one(name: str) -> Row:
+        async with gate, open_queue(client, name) as queue:
+            return Row(name, await queue.counts())
+
+    results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
+    rows = []
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, Row):
+            rows.append(result)
+        elif isinstance(result, (BackendError, RedisError, OSError, asyncio.TimeoutError)):
+            rows.append(Row(name, None, f"{type(result).__name__}: {result}"))
+        else:
+            raise result
+    if rows and all(row.counts is None for row in rows):
+        first = next(r for r in results if isinstance(r, BaseException))
+        raise first
+    return rows
+
+
+def is_empty(counts: QueueCounts) -> bool:
+    """Nothing of the queue is in Redis: no items, no dead letters, no controls, no schedules."""
+    return (counts.pending == counts.ready == counts.in_flight == counts.dead_letters == counts.recurring == 0
+            and not counts.paused and counts.rate_limit_per_s is None)
+
+
+# -- the due-time histogram ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DueHistogram:
+    """Pending items by due time, against the server's clock.
+
+    Attributes:
+        now_ms: the server's clock when it was read (epoch ms).
+        overdue: items due at ``now_ms`` or before (a transfer moves them soon; see ``lag``).
+        hour: items due in each 5-minute step of the next hour (``(now + i*5 min, now + (i+1)*5 min]``).
+        day: items due in each hour of the next 24.
+        later: items due more than 24 hours from now.
+    """
+
+    now_ms: int
+    overdue: int
+    hour: list[int]
+    day: list[int]
+    later: int
+
+
+async def server_ms(client: AnyRedis, keys: QueueKeys) -> int:
+    """The server's clock (``TIME``, on the node of the queue's slot), epoch ms: due times are on it."""
+    seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=CALL_TIMEOUT_S,
+                                            route=keys.timeout_set)
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def due_histogram(client: AnyRedis, keys: QueueKeys) -> DueHistogram:
+    """Count the pending zset by due time: ``TIME`` (on the queue's node), then 38 ``ZCOUNT`` in one
+    pipeline (on a cluster all go to the queue's slot). Read-only, O(log N) each."""
+    now = await server_ms(client, keys)
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zcount(keys.timeout_set, "-inf", now)
+        for step_ms, steps in ((5 * MINUTE_MS, 12), (HOUR_MS, 24)):
+            for i in range(steps):
+                pipe.zcount(keys.timeout_set, f"({now + i * step_ms}", now + (i + 1) * step_ms)
+        pipe.zcount(keys.timeout_set, f"({now + 24 * HOUR_MS}", "+inf")
+        replies = [int(n) for n in await asyncio.wait_for(pipe.execute(), CALL_TIMEOUT_S)]
+    return DueHistogram(now, replies[0], replies[1:13], replies[13:37], replies[37])
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of a chart, in SVG user units."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    count: int
+    title: str
+    label_y: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A label under the x axis."""
+
+    x: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A bar chart, drawn as inline SVG by the template.
+
+    Attributes:
+        title: what it counts.
+        width, height: the SVG's size; ``left``, ``top``, ``right``, ``bottom``: the plot area.
+        bars: one per step; ``ticks``: the x labels; ``peak``: the y axis' top value.
+        total: the sum of the bars.
+    """
+
+    title: str
+    width: int
+    height: int
+    left: int
+    top: int
+    right: int
+    bottom: int
+    bars: list[Bar]
+    ticks: list[Tick]
+    peak: int
+    total: int
+
+
+def make_chart(title: str, counts: Sequence[int], start_ms: int, step_ms: int, tick_every: int,
+               tick_unit_ms: int, tick_suffix: str) -> Chart:
+    """The geometry of a bar chart of ``counts``, bar ``i`` covering ``(start + i*step, start + (i+1)*step]``."""
+    width, height, left, top, right, bottom = 720, 176, 44, 24, 712, 148
+    peak = max(max(counts, default=0), 1)
+    slot = (right - left) / max(len(counts), 1)
+    gap = max(1.0, slot * 0.15)
+    bars = []
+    for i, count in enumerate(counts):
+        h = (bottom - top) * count / peak
+        begin, end = start_ms + i * step_ms, start_ms + (i + 1) * step_ms
+        bars.append(Bar(x=round(left + i * slot + gap / 2, 2), y=round(bottom - h, 2), width=round(slot - gap, 2),
+                        height=round(h, 2), count=count,
+                        title=f"{_hm(begin)}-{_hm(end)} UTC: {count:,} due",
+                        label_y=round(bottom - h - 4, 2)))
+    ticks = [Tick(x=round(left + i * slot, 2), text=f"+{i * step_ms // tick_unit_ms}{tick_suffix}")
+             for i in range(0, len(counts) + 1, tick_every)]
+    ticks[0] = Tick(x=left, text=f"now {_hm(start_ms)}")
+    return Chart(title, width, height, left, top, right, bottom, bars, ticks, peak, sum(counts))
+
+
+def _hm(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%H:%M")
+
+
+# -- text ------------------------------------------------------------------------------------------------
+
+PREVIEW_CHARS = 300
+
+
+def preview(raw: bytes | None, limit: int = PREVIEW_CHARS) -> str:
+    """A payload as text: UTF-8 as it is (JSON, text), anything else as a bytes literal; cut at ``limit``
+    characters (``…`` then)."""
+    if raw is None:
+        return ""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = repr(raw)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def format_utc(ms: int | None) -> str:
+    """An epoch-ms instant as ``2026-11-22 12:03:15 UTC`` (``-`` for ``None``)."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def format_duration(ms: float | None) -> str:
+    """A duration: ``340 ms``, ``4.2 s``, ``3 min 05 s``, ``2 h 05 min``, ``3 d 4 h``."""
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f} s"
+    s_int = int(s)
+    if s_int < 3600:
+        return f"{s_int // 60} min {s_int % 60:02d} s"
+    if s_int < 86400:
+        return f"{s_int // 3600} h {s_int % 3600 // 60:02d} min"
+    return f"{s_int // 86400} d {s_int % 86400 // 3600} h"
+
+
+def format_rate(counts: QueueCounts) -> str:
+    """The rate limit as ``10/s (burst 20)``, ``-`` without one."""
+    if counts.rate_limit_per_s is None:
+        return "-"
+    burst = f" (burst {counts.rate_burst})" if counts.rate_burst is not None else ""
+    return f"{counts.rate_limit_per_s:g}/s{burst}"
+
+
+def relative(due_ms: int | None, now_ms: int) -> str:
+    """``in 4 min 03 s`` / ``2.1 s ago`` against the server clock."""
+    if due_ms is None:
+        return "-"
+    delta = due_ms - now_ms
+    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(delta)} ago"
+
+
+def as_text(value: Any) -> str:
+    """Headers and other small values for a table cell."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)

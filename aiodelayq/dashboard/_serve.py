@@ -1,0 +1,131 @@
+"""The dashboard on its own: :func:`serve` runs it with uvicorn (what ``aiodelayq dashboard`` calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..cli._ops import Target, connect
+from ._app import Dashboard
+
+__all__ = ["CannotListen", "serve"]
+
+log = logging.getLogger("aiodelayq")
+
+
+class CannotListen(Exception):
+    """The dashboard cannot listen on ``host:port`` (in use, not an address of this machine, a
+    privileged port); the message is one line that says so."""
+
+
+async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, *,
+                queues: Sequence[str] | None = None) -> None:
+    """Serve a :class:`Dashboard` of the server at ``url`` on ``http://host:port/`` with uvicorn, until
+    SIGTERM (then it returns) or until cancelled (Ctrl-C under ``asyncio.run``: the server shuts down,
+    then :class:`asyncio.CancelledError` propagates). Needs the ``dashboard`` extra (Jinja2, uvicorn).
+
+    The command line's ``aiodelayq dashboard --redis-url URL --host H --port P [--read-only]`` calls
+    it: every failure it can expect is one of the exceptions below, whose message is one line.
+
+    It has no authentication of its own: keep the default loopback ``host`` (reach it through an SSH
+    tunnel or a proxy that authenticates), use ``read_only``, or mount :meth:`Dashboard.asgi_app` in
+    an app that has authentication.
+
+    Args:
+        url: a Redis URL (``redis://``, ``rediss://``, ``unix://``): a server, or a node of a Cluster
+            (detected); or the command line's ``Target`` (``aiodelayq.cli._ops``), for Sentinel.
+        host: the address to listen on.
+        port: the port to listen on (0: any free port).
+        read_only: no buttons; every POST answers 403.
+        queues: the queues to show (``None``: those ``SCAN`` finds).
+
+    Raises:
+        aiodelayq.cli._ops.BadInput: ``url`` is not a Redis URL.
+        aiodelayq.cli._ops.CannotConnect: the server does not answer a ``PING`` (refused, unknown host,
+            timeout, bad password).
+        CannotListen: ``host:port`` cannot be listened on (in use, an address not of this machine).
+        ImportError: uvicorn is not installed (the message says ``pip install 'aiodelayq[dashboard]'``).
+    """
+    try:
+        import uvicorn  # imported here: only serve() needs it
+    except ImportError as exc:
+        raise ImportError("aiodelayq.dashboard.serve needs uvicorn: pip install 'aiodelayq[dashboard]'") from exc
+
+    target = url if isinstance(url, Target) else Target(url)
+    async with connect(target) as client:
+        dashboard = Dashboard(client, read_only=read_only, queues=queues)
+        sock = _listen(host, port)
+        bound = sock.getsockname()
+        server = _server(uvicorn.Config(dashboard.asgi_app(), lifespan="on", log_level="warning", access_log=False,
+                                        server_header=False, proxy_headers=False))
+        log.info("aiodelayq: dashboard of %s on http://%s/%s", target, _address(bound),
+                 " (read-only)" if read_only else "")
+        running = asyncio.ensure_future(server.serve(sockets=[sock]))
+        try:
+            await asyncio.shield(running)
+        except asyncio.CancelledError:
+            server.should_exit = True  # a graceful stop: requests in flight finish, then the socket closes
+            with contextlib.suppress(Exception):
+                await running
+            raise
+        finally:
+            sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    if not 0 <= port <= 65535:
+        raise CannotListen(f"cannot listen on {where}: a port is 0 to 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                            flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise CannotListen(f"cannot listen on {where}: unknown host ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart at once
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        reason = {errno.EADDRINUSE: "the address is in use (another server listens there)",
+                  errno.EADDRNOTAVAIL: "not an address of this machine",
+                  errno.EACCES: "permission denied (a port below 1024 needs privileges)"}.get(
+                      exc.errno or 0, exc.strerror or str(exc))
+        raise CannotListen(f"cannot listen on {where}: {reason}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def _address(bound: Any) -> str:
+    host, port = bound[0], bound[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _server(config: Any) -> Any:
+    """A uvicorn server that leaves SIGINT to the caller (Ctrl-C cancels :func:`serve`) and ends
+    :func:`serve` on SIGTERM without raising the signal again (uvicorn's own handling re-raises both
+    once it has stopped)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            try:
+                loop.add_signal_handler(signal.SIGTERM, self.handle_exit, signal.SIGTERM, None)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals
+                yield
+                return
+            try:
+                yield
+            finally:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    return Server(config)
