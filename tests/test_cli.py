@@ -17,18 +17,20 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import httpx
 import pytest
 import typer.main
 from redis.asyncio import Redis
 
 import aiodelayq
+from aiodelayq import DelayedQueue
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli import MISSING_EXTRA
 from aiodelayq.cli._app import app
 from aiodelayq.cli._ops import queue_name_of
 from aiodelayq.testing import ThrowawayCluster, ThrowawaySentinels, ThrowawayServer
 from tests.conftest import ServerInfo
-from tests.helpers import server_ms, until
+from tests.helpers import free_socket, server_ms, until
 
 # Bound of one command run: each takes ~0.5 s (interpreter, typer, rich, one connection).
 RUN_TIMEOUT_S = 30.0
@@ -489,6 +491,70 @@ async def test_the_console_script_and_redis_url_from_the_environment(redis_serve
     assert json.loads(run.out)["queues"][0]["pending"] == 1
 
 
+# -- doctor, dashboard -------------------------------------------------------------------------------
+
+
+async def test_doctor_prints_a_line_per_check_and_fails_on_an_evicting_policy(own_server: Any, make_client: Any,
+                                                                            qname: str) -> None:
+    server = own_server(**{"maxmemory-policy": "allkeys-lru"})
+    await DelayedQueue(make_client(server), qname).offer("x", 60)
+    run = await run_command([sys.executable, "-m", "aiodelayq", "doctor", "--redis-url", server.url])
+    assert run.code == 1, run.err
+    lines = {line.split()[1]: line for line in run.out.splitlines()}
+    assert lines["eviction"].startswith("FAIL eviction")
+    assert "allkeys-lru" in lines["eviction"]
+    assert " -> CONFIG SET maxmemory-policy noeviction" in lines["eviction"]
+    assert lines["persistence"].startswith("WARN")
+    assert lines["lag"].startswith("OK")
+    assert qname in lines["lag"]  # found by SCAN
+    await make_client(server).config_set("maxmemory-policy", "noeviction")
+    run = await run_command([sys.executable, "-m", "aiodelayq", "doctor", qname, "--redis-url", server.url, "--json"])
+    assert run.code == 0, run.out  # warnings do not fail
+    report = json.loads(run.out)
+    assert report["ok"] is True
+    assert {f["check"]: f["status"] for f in report["findings"]}["persistence"] == "warn"
+
+
+async def test_doctor_on_an_unreachable_server_is_one_line() -> None:
+    run = await run_command([sys.executable, "-m", "aiodelayq", "doctor", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert run.code == 1
+    assert run.err.startswith("aiodelayq: cannot connect to redis://127.0.0.1:1/0")
+    assert len(run.err.splitlines()) == 1
+
+
+async def test_the_dashboard_command_serves_until_sigterm(redis_server: Any, make_queue: Any, qname: str) -> None:
+    if redis_server.cluster:
+        pytest.skip("one server here; the dashboard on a Cluster is in tests/test_dashboard.py")
+    await make_queue().offer("x", 60)
+    proc = await _spawn([sys.executable, "-m", "aiodelayq", "dashboard", "--port", "0", "--queue", qname,
+                         "--redis-url", redis_server.url], _env())
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), RUN_TIMEOUT_S)).decode()
+        url = re.search(r"http://\S+", line)
+        assert url is not None, line
+        async with httpx.AsyncClient(timeout=10) as http:
+            page = await http.get(url.group(0))
+        assert page.status_code == 200
+        assert qname in page.text
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), RUN_TIMEOUT_S) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_the_dashboard_on_a_port_in_use_is_one_line(redis_server: Any) -> None:
+    with free_socket() as taken:
+        taken.listen()
+        run = await run_command([sys.executable, "-m", "aiodelayq", "dashboard", "--port",
+                                 str(taken.getsockname()[1]), "--redis-url", redis_server.url])
+    assert run.code == 1
+    assert len(run.err.strip().splitlines()) == 1, run.err
+    assert run.err.startswith("aiodelayq: "), run.err
+
+
 # -- help pages --------------------------------------------------------------------------------------
 
 # Each command's usage line after "Usage: aiodelayq": what a person types.
@@ -504,6 +570,8 @@ USAGES = {
     ("rate-limit",): "rate-limit [OPTIONS] NAME RATE",
     ("ls",): "ls [OPTIONS]",
     ("worker",): "worker [OPTIONS] MODULE:FUNC",
+    ("doctor",): "doctor [OPTIONS] [NAMES...]",
+    ("dashboard",): "dashboard [OPTIONS]",
     ("dead-letters",): "dead-letters [OPTIONS] COMMAND [ARGS]...",
     ("dead-letters", "list"): "dead-letters list [OPTIONS] NAME",
     ("dead-letters", "requeue"): "dead-letters requeue [OPTIONS] NAME",
@@ -559,7 +627,7 @@ async def test_help_shows_flags_as_flags_arguments_by_name_and_every_option() ->
             assert len(shown) == 1, (path, start, run.out)
     top = runs[0].out
     for name in ("stats", "watch", "peek", "offer", "cancel", "pause", "resume", "rate-limit", "ls", "worker",
-                 "dead-letters"):
+                 "dead-letters", "doctor", "dashboard"):
         assert re.search(rf"^\s+{re.escape(name)}\s\s+\S", top, re.MULTILINE), name
 
 

@@ -501,6 +501,89 @@ async def _dead_letter_count(queue: DelayedQueue[Any]) -> int:
     return (await queue.counts()).dead_letters
 
 
+# -- doctor, dashboard --------------------------------------------------------------------------------
+
+
+class WireFormatName(str, Enum):
+    """What the queues' producers write (``DelayedQueue(wire_format=...)``)."""
+
+    REDISSON = "redisson"
+    LEGACY = "redisson-legacy"
+
+
+@_command()
+def doctor(names: Annotated[list[str] | None, typer.Argument(metavar="NAMES", help="Queues to check (default: "
+                                                             "the queues SCAN finds, up to 100).")] = None,
+           max_lag: Annotated[float, typer.Option("--max-lag", min=0.0, metavar="SECONDS",
+                                                  help="A queue whose due items wait longer fails.")] = 60.0,
+           max_skew: Annotated[float, typer.Option("--max-skew", min=0.0, metavar="SECONDS",
+                                                   help="Warn when this machine's clock is further off the "
+                                                   "server's.")] = 1.0,
+           wire_format: Annotated[WireFormatName, typer.Option("--wire-format", metavar="redisson|redisson-legacy",
+                                                               help="What the queues' producers write.")]
+           = WireFormatName.REDISSON,
+           acl_user: Annotated[str | None, typer.Option("--acl-user", metavar="NAME",
+                                                        help="Check this user's ACL (default: the URL's user; "
+                                                        "needs ACL DRYRUN).")] = None,
+           redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+           service: ServiceOpt = None, as_json: AsJson = False) -> None:
+    """Check a deployment: eviction policy, persistence, replication, server version and commands,
+    clock, and per queue the ACL, lag and element format. One line per check; exit 1 when one
+    fails (warnings do not fail)."""
+    failed = _run(_doctor(_target(redis_url, cluster, sentinel, service), names, max_lag, max_skew,
+                          wire_format.value, acl_user, as_json))
+    raise typer.Exit(1 if failed else 0)
+
+
+async def _doctor(target: Target, names: list[str] | None, max_lag_s: float, max_skew_s: float, wire_format: str,
+                  acl_user: str | None, as_json: bool) -> bool:
+    from ._doctor import diagnose
+    from ._ops import connect, scan_queues
+    from ._render import doctor_lines, print_json
+
+    async with connect(target) as client:
+        if not names:
+            names = (await scan_queues(client, "*", 100, 100)).names
+        findings = await diagnose(client, names, max_lag_s=max_lag_s, max_skew_s=max_skew_s,
+                                  wire_format=wire_format, acl_user=acl_user)
+    failed = any(f.status == "fail" for f in findings)
+    if as_json:
+        print_json({"ok": not failed, "findings": [vars(f) for f in findings]})
+    else:
+        for line in doctor_lines(findings):
+            typer.echo(line)
+    return failed
+
+
+@_command()
+def dashboard(host: Annotated[str, typer.Option("--host", metavar="ADDRESS",
+                                                help="The address to listen on (keep loopback unless a proxy "
+                                                "authenticates).")] = "127.0.0.1",
+              port: Annotated[int, typer.Option("--port", min=0, max=65535, metavar="PORT",
+                                                help="The port to listen on (0: any free one).")] = 8000,
+              read_only: Annotated[bool, typer.Option("--read-only", help="No buttons: nothing can be "
+                                                      "changed.")] = False,
+              names: Annotated[list[str] | None, typer.Option("--queue", metavar="NAME",
+                                                              help="Show this queue (repeatable; default: the "
+                                                              "queues SCAN finds).")] = None,
+              redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
+              service: ServiceOpt = None) -> None:
+    """Serve the web dashboard of the queues until Ctrl-C or SIGTERM (docs: Dashboard)."""
+    import logging
+
+    from ..dashboard import CannotListen, serve
+
+    # The dashboard's one INFO line says where it listens (the port it got, with --port 0).
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("aiodelayq").setLevel(logging.INFO)
+    try:
+        _run(serve(_target(redis_url, cluster, sentinel, service), host, port, read_only, queues=names))
+    except CannotListen as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:  # Ctrl-C is how it ends: exit 0
+        raise typer.Exit(0) from None
+
+
 # -- worker ------------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from .._producing.dead_letters import DeadLetter
 from .._producing.pending import PendingItem, QueueCounts
+from ._doctor import Finding
 from ._ops import QueueRow
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
@@ -208,3 +209,10 @@ def dead_letter_json(letter: DeadLetter[Any]) -> dict[str, Any]:
             "value": _json_value(letter.value) if letter.decodable else None, "decodable": letter.decodable,
             "headers": letter.headers, "expires_at_ms": letter.expires_at_ms,
             "raw_b64": base64.b64encode(letter.raw).decode()}
+
+
+def doctor_lines(findings: Sequence[Finding]) -> list[str]:
+    """One line per finding: ``FAIL eviction    127.0.0.1:6379  what it saw -> what to do``."""
+    width = max((len(f.where) for f in findings), default=0)
+    return [f"{f.status.upper():<4} {f.check:<11} {f.where:<{width}}  {f.saw}" + (f" -> {f.todo}" if f.todo else "")
+            for f in findings]
