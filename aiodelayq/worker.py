@@ -16,10 +16,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
 from ._consuming.worker import Reject, Retry, Worker, WorkerStats
@@ -33,6 +34,7 @@ __all__ = ["Reject", "Retry", "Worker", "WorkerStats", "load_handler", "run_work
 log = logging.getLogger("aiodelayq")
 
 Handler = Callable[[Any], Awaitable[object]]
+Connect = Callable[[], AbstractAsyncContextManager[Redis | RedisCluster]]
 
 
 def load_handler(spec: str) -> Handler:
@@ -67,8 +69,11 @@ def load_handler(spec: str) -> Handler:
 
 def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://localhost:6379/0",
                max_deliveries: int | None = 5, codec: str = "json", concurrency: int = 16,
-               visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0) -> int:
+               visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
+               connect: Connect | None = None) -> int:
     """Blocking: run a worker on ``queue`` until SIGTERM/SIGINT, then drain (see the module docstring).
+    ``connect``: an async context manager factory giving the client, for a Cluster or Sentinel (the
+    command line passes its own); without it, ``Redis.from_url(redis_url)``, checked with a ``PING``.
     Logs lifecycle events at INFO (configures logging to stderr if nothing did). The worker's options
     are :class:`~aiodelayq.WorkerOptions`'s, with its defaults. ``max_deliveries``: the queue's limit
     before a failing item is dead-lettered. It is 5 here where a :class:`~aiodelayq.DelayedQueue` has
@@ -85,8 +90,8 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
     try:
         function = load_handler(handler) if isinstance(handler, str) else handler
         options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s)
-        return asyncio.run(_serve(function, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries,
-                                  codec=codec, options=options))
+        return asyncio.run(_serve(function, queue=queue, connect=connect or _from_url(redis_url),
+                                  max_deliveries=max_deliveries, codec=codec, options=options))
     except (ConfigurationError, ValueError) as exc:  # ValueError: a malformed Redis URL
         print(f"aiodelayq worker: {exc}", file=sys.stderr)
         return 2
@@ -95,38 +100,55 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
         return 1
 
 
-async def _serve(handler: Handler, *, queue: str, redis_url: str, max_deliveries: int | None, codec: str,
-                 options: WorkerOptions) -> int:
-    client = Redis.from_url(redis_url)
-    try:
+class _Unreachable(Exception):
+    """The server did not answer the first ``PING`` (the message is the one line to print)."""
+
+
+def _from_url(redis_url: str) -> Connect:
+    """The default ``connect``: ``Redis.from_url(redis_url)``, checked with one ``PING``."""
+
+    @contextlib.asynccontextmanager
+    async def connect() -> AsyncIterator[Redis]:
+        client = Redis.from_url(redis_url)
         try:
-            # A server that is not there is the common first mistake: one line now, rather than
-            # retry warnings until the queue's open_timeout_s.
-            await asyncio.wait_for(client.ping(), 5.0)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            print(f"aiodelayq worker: cannot connect to {redact(redis_url)}: {exc or type(exc).__name__}",
-                  file=sys.stderr)
-            return 1
-        q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries or None)
-        worker = Worker(q, handler, options)
-        with _signals(worker) as stopped_early:
             try:
-                async with q:
-                    log.info("aiodelayq: worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
-                             "max deliveries %s)", queue, options.concurrency,
-                             "reliable" if options.reliable else "plain", options.visibility_timeout_s,
-                             max_deliveries)
-                    await worker.run()
-            except asyncio.CancelledError:
-                if not stopped_early:  # not our signal: someone else cancelled this task
-                    raise
-                uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
-                if uncancel is not None:
-                    uncancel()  # our own request, handled: later timeouts in this task work as usual
-        log.info("aiodelayq: worker on %r stopped: %s", queue, worker.stats)
-        return 0
-    finally:
-        await client.aclose()
+                # A server that is not there is the common first mistake: one line now, rather than
+                # retry warnings until the queue's open_timeout_s.
+                await asyncio.wait_for(client.ping(), 5.0)
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                raise _Unreachable(f"cannot connect to {redact(redis_url)}: {exc or type(exc).__name__}") from None
+            yield client
+        finally:
+            await client.aclose()
+
+    return connect
+
+
+async def _serve(handler: Handler, *, queue: str, connect: Connect, max_deliveries: int | None, codec: str,
+                 options: WorkerOptions) -> int:
+    try:
+        async with connect() as client:
+            q: DelayedQueue[Any] = DelayedQueue(client, queue, codec=codec, max_deliveries=max_deliveries or None)
+            worker = Worker(q, handler, options)
+            with _signals(worker) as stopped_early:
+                try:
+                    async with q:
+                        log.info("aiodelayq: worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
+                                 "max deliveries %s)", queue, options.concurrency,
+                                 "reliable" if options.reliable else "plain", options.visibility_timeout_s,
+                                 max_deliveries)
+                        await worker.run()
+                except asyncio.CancelledError:
+                    if not stopped_early:  # not our signal: someone else cancelled this task
+                        raise
+                    uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
+                    if uncancel is not None:
+                        uncancel()  # our own request, handled: later timeouts in this task work as usual
+            log.info("aiodelayq: worker on %r stopped: %s", queue, worker.stats)
+            return 0
+    except _Unreachable as exc:
+        print(f"aiodelayq worker: {exc}", file=sys.stderr)
+        return 1
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -733,6 +734,35 @@ async def _topology_cli(*args: str) -> Run:
     return await run_command([sys.executable, "-m", "aiodelayq", *args])
 
 
+_RECORDING_HANDLER = """
+import json, os
+
+async def record(item):
+    with open(os.environ["RECORD_FILE"], "a", encoding="utf-8") as out:
+        out.write(json.dumps(item) + "\\n")
+"""
+
+
+async def _worker_delivers(q: aiodelayq.DelayedQueue[Any], tmp_path: Path, *where: str) -> None:
+    """``aiodelayq worker`` on ``q`` (connected by ``where``) gets an item offered now, then ends on
+    SIGTERM with exit 0."""
+    (tmp_path / "recording.py").write_text(_RECORDING_HANDLER, encoding="utf-8")
+    record = tmp_path / "record.jsonl"
+    env = {**_env(), "RECORD_FILE": str(record),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = await _spawn([sys.executable, "-m", "aiodelayq", "worker", "recording:record", "--queue", q.name, *where],
+                        env)
+    try:
+        await q.offer({"order": "worked"}, 0)
+        await until(lambda: record.exists() and "worked" in record.read_text(encoding="utf-8"), timeout_s=30)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), RUN_TIMEOUT_S) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 def _away_from(cluster: ThrowawayCluster, name: str) -> str:
     """The URL of a primary that does not serve the queue ``name``'s slot: the CLI must find it."""
     owner = cluster.primary_of(name)
@@ -779,7 +809,7 @@ def _one_queue_per_primary(cluster: ThrowawayCluster, prefix: str) -> list[str]:
 
 @pytest.mark.topology
 async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cluster_clients: Any,
-                                                   qname: str) -> None:
+                                                   qname: str, tmp_path: Path) -> None:
     rc = cluster_clients(cluster)
     q: aiodelayq.DelayedQueue[Any] = aiodelayq.DelayedQueue(rc, qname)
     try:
@@ -806,9 +836,7 @@ async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cl
         assert json.loads(forced.out)["queues"][0]["pending"] == 1
         assert rows_by_first_cell(watched.out)[qname][:4] == ["1", "0", "0", "0"]
         assert json.loads(dead.out)["total"] == 0
-        worker = await _topology_cli("worker", "nothing:here", "--queue", qname, "--redis-url", url)
-        assert (worker.code, worker.out) == (2, "")
-        assert "not a single server" in worker.err
+        await _worker_delivers(q, tmp_path, "--redis-url", url)
     finally:
         for name in [qname, *_one_queue_per_primary(cluster, qname)]:
             await aiodelayq.DelayedQueue(rc, name).clear()
@@ -844,7 +872,8 @@ async def test_the_cli_on_a_cluster_node_without_info_needs_cluster(cluster: Thr
 
 
 @pytest.mark.topology
-async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySentinels], qname: str) -> None:
+async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySentinels], qname: str,
+                                     tmp_path: Path) -> None:
     setup = own_sentinels()
     where = [arg for host, port in setup.sentinel_nodes[:2] for arg in ("--sentinel", f"{host}:{port}")]
     where += ["--service", setup.service]
@@ -855,6 +884,7 @@ async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySenti
         q: aiodelayq.DelayedQueue[Any] = aiodelayq.DelayedQueue(primary, qname)
         assert (await q.get("k2")).value == {"order": 2}  # type: ignore[union-attr]
         assert not await q.is_paused()
+        await _worker_delivers(q, tmp_path, *where)
     finally:
         await primary.aclose()
 

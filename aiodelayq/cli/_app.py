@@ -606,26 +606,20 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
                                                "item is logged and gone.")] = False,
            redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
            service: ServiceOpt = None, codec: CodecOpt = CodecName.JSON) -> None:
-    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once, unless --plain).
-    One server only."""
+    """Consume a queue with a handler until SIGTERM/Ctrl-C, then drain (at-least-once, unless --plain):
+    on one server, a Cluster (any node's URL) or a Sentinel-managed primary."""
     where = _target(redis_url, cluster, sentinel, service)
-    if where.sentinels or where.cluster or _run(_is_cluster(where)):
-        _fail(f"worker: {where} is not a single server; the worker process connects to one server by URL "
-              "(run a Worker in your own process for a Cluster or Sentinel)", 2)
     # Imported here: the worker is only this command's business. run_worker loads MODULE:FUNC itself,
     # prints its own one-line errors and returns the exit code.
     from ..worker import run_worker
+    from ._ops import BadInput, CannotConnect, connect
 
-    code = run_worker(target, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries, codec=codec.value,
-                      concurrency=concurrency, visibility_timeout_s=visibility_timeout, reliable=not plain,
-                      drain_timeout_s=drain_timeout)
+    try:
+        code = run_worker(target, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries,
+                          codec=codec.value, concurrency=concurrency, visibility_timeout_s=visibility_timeout,
+                          reliable=not plain, drain_timeout_s=drain_timeout, connect=lambda: connect(where))
+    except BadInput as exc:
+        _fail(str(exc), 2)
+    except CannotConnect as exc:
+        _fail(str(exc), 1)
     raise typer.Exit(code)
-
-
-async def _is_cluster(target: Target) -> bool:
-    from redis.asyncio.cluster import RedisCluster
-
-    from ._ops import connect
-
-    async with connect(target) as client:
-        return isinstance(client, RedisCluster)
