@@ -837,6 +837,12 @@ async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cl
         assert rows_by_first_cell(watched.out)[qname][:4] == ["1", "0", "0", "0"]
         assert json.loads(dead.out)["total"] == 0
         await _worker_delivers(q, tmp_path, "--redis-url", url)
+        doctor = await _topology_cli("doctor", qname, "--json", "--redis-url", url)
+        findings = json.loads(doctor.out)["findings"]
+        assert {f["where"] for f in findings if f["check"] == "eviction"} == {
+            f"127.0.0.1:{node.port}" for node in cluster.primaries()}  # every primary's server checks
+        assert {f["check"]: f["status"] for f in findings if f["where"] == qname} == {
+            "acl": "ok", "lag": "ok", "format": "ok"}
     finally:
         for name in [qname, *_one_queue_per_primary(cluster, qname)]:
             await aiodelayq.DelayedQueue(rc, name).clear()

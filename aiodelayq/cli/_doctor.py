@@ -73,9 +73,10 @@ async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float =
         redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError: the server went away.
     """
     findings: list[Finding] = []
-    for where, call in await _servers(client):
+    servers = await _servers(client)
+    for where, call in servers:
         findings += await _server_checks(where, call, max_skew_s)
-    user = acl_user or await _whoami(client)
+    user = acl_user or await _whoami(servers[0][1])
     for name in names:
         findings += await _queue_checks(client, name, user, max_lag_s=max_lag_s, wire_format=wire_format)
     return findings
@@ -84,16 +85,27 @@ async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float =
 async def _servers(client: AnyRedis) -> list[tuple[str, Call]]:
     """``(host:port, call)`` of the server, or of each primary of a Cluster."""
     if isinstance(client, RedisCluster):
-        out: list[tuple[str, Call]] = []
-        for node in client.get_primaries():
-            async def call(*args: Any, _node: Any = node) -> Any:
-                reply = await client.execute_command(*args, target_nodes=_node)
-                return reply.get(_node.name, reply) if isinstance(reply, dict) and _node.name in reply else reply
-            out.append((node.name, call))
-        return out
+        return [(node.name, _node_call(client, node)) for node in client.get_primaries()]
     kwargs = client.connection_pool.connection_kwargs
     where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     return [(str(where), client.execute_command)]
+
+
+def _node_call(client: RedisCluster, node: Any) -> Call:
+    """Calls sent to one node of a Cluster (commands without a key, such as ``ACL``, need one)."""
+
+    async def call(*args: Any) -> Any:
+        reply = await client.execute_command(*args, target_nodes=node)
+        return reply[node.name] if isinstance(reply, dict) and node.name in reply else reply
+
+    return call
+
+
+def _call_for(client: AnyRedis, key: str) -> Call:
+    """Calls sent to the server that holds ``key`` (on a Cluster, the primary of its slot)."""
+    if isinstance(client, RedisCluster):
+        return _node_call(client, client.get_node_from_key(key))
+    return client.execute_command
 
 
 async def _read(call: Call, *args: Any) -> Any:
@@ -218,8 +230,8 @@ async def _clock(where: str, call: Call, max_skew_s: float) -> Finding:
     return Finding("clock", "ok", where, saw)
 
 
-async def _whoami(client: AnyRedis) -> str | None:
-    reply = await _read(client.execute_command, "ACL", "WHOAMI")
+async def _whoami(call: Call) -> str | None:
+    reply = await _read(call, "ACL", "WHOAMI")
     return None if isinstance(reply, ResponseError) else _text(reply)
 
 
@@ -246,8 +258,9 @@ async def _acl(client: AnyRedis, keys: QueueKeys, user: str | None) -> Finding:
         return Finding("acl", "warn", name, "ACL WHOAMI is refused: the user is not known",
                        "grant +acl|whoami, or check the rules of docs/deployments.md by hand")
     denied: list[str] = []
+    call = _call_for(client, keys.timeout_set)
     for what, probe in acl_probes(keys):
-        reply = await _read(client.execute_command, "ACL", "DRYRUN", user, *probe)
+        reply = await _read(call, "ACL", "DRYRUN", user, *probe)
         if isinstance(reply, ResponseError):
             return Finding("acl", "warn", name, f"user {user!r}: ACL DRYRUN is refused or unknown ({reply})",
                            "run doctor as an admin user (Redis/Valkey >= 7.0) to check this user's ACL")
