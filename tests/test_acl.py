@@ -185,3 +185,13 @@ async def _nothing_left(q: DelayedQueue[int]) -> bool:
     if counts.ready:
         await q.poll()
     return counts == QueueCounts(0, 0, 0, 0, None)
+
+
+async def test_the_minimal_acl_of_a_name_with_glob_characters_covers_that_queue_only(
+        acl_client: Any, make_queue: Any) -> None:
+    client = await acl_client("glob-user", "secret", acl_rules("jobs*[x]"))
+    mine: DelayedQueue[int] = make_queue("jobs*[x]", redis=client)
+    await mine.offer(1, 60)
+    assert (await mine.counts()).pending == 1
+    with pytest.raises(AccessDeniedError):
+        await make_queue("jobs-other-x", redis=client).counts()  # a glob would have matched it

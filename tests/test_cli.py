@@ -891,6 +891,9 @@ async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySenti
         assert (await q.get("k2")).value == {"order": 2}  # type: ignore[union-attr]
         assert not await q.is_paused()
         await _worker_delivers(q, tmp_path, *where)
+        doctor = await _topology_cli("doctor", qname, "--json", *where)
+        wheres = {f["where"] for f in json.loads(doctor.out)["findings"] if f["check"] == "server"}
+        assert wheres == {f"127.0.0.1:{setup.master_port()}"}  # the primary the Sentinels name
     finally:
         await primary.aclose()
 

@@ -172,3 +172,21 @@ async def test_the_metrics_count_the_same_events_as_the_prometheus_ones(make_que
     (lateness,) = points["aiodelayq.lateness"]
     assert lateness.count == 3
     assert points["aiodelayq.dead_lettered"][0].attributes["reason"] == "nacked"
+
+
+async def test_no_context_in_the_headers_of_unsampled_offers_or_of_strict_elements(
+        spans: InMemorySpanExporter, make_queue: Any) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    strict = make_queue(strict=True, codec="str")
+    await strict.offer("for-java", 0)
+    (send,) = _named(spans, f"send {strict.name}")  # traced, but Java reads the payload bare
+    assert send.kind == SpanKind.PRODUCER
+    async with strict:
+        assert await asyncio.wait_for(strict.take_with_headers(), 10) == ("for-java", {})
+    _reset_global_provider()
+    trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    q = make_queue(codec="str")
+    await q.offer("unsampled", 0)
+    async with q:
+        assert await asyncio.wait_for(q.take_with_headers(), 10) == ("unsampled", {})

@@ -10,7 +10,9 @@ the handler runs.
 Free when unused: nothing here imports ``opentelemetry``. :func:`tracer` looks for it in
 ``sys.modules`` (a process that set a tracer provider has imported it) and returns ``None`` while
 no SDK provider is set, so without an SDK no span is made and no header is written: items are stored
-byte for byte as without tracing.
+byte for byte as without tracing. The context goes into the headers only for a sampled span and for
+fast elements (the default): a queue that writes strict or legacy elements shares them with Java's
+consumers, which read the payload bare.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = ["SYSTEM", "links_to", "now_ns", "process_span", "receive_span", "send
 SYSTEM = "aiodelayq"
 
 _cached: tuple[object, Any] = (None, None)  # (the provider, its tracer for this library)
+_UNKNOWN = object()
 
 
 def tracer() -> Tracer | None:
@@ -39,6 +42,11 @@ def tracer() -> Tracer | None:
     global _cached
     api = sys.modules.get("opentelemetry.trace")
     if api is None:
+        return None
+    # The API's global provider stays None until one is set (set_tracer_provider, or the first
+    # get_tracer_provider() of a process configured by OTEL_PYTHON_TRACER_PROVIDER): reading it first
+    # skips get_tracer_provider(), which reads the environment on every call.
+    if getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None:
         return None
     provider = api.get_tracer_provider()
     if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
@@ -59,18 +67,21 @@ def _attributes(queue: str, operation_type: str, operation_name: str, count: int
 
 
 @contextmanager
-def send_span(found: Tracer, queue: str, count: int, key: str | None = None) -> Iterator[dict[str, str]]:
+def send_span(found: Tracer, queue: str, count: int, key: str | None = None, *,
+              inject: bool = True) -> Iterator[dict[str, str]]:
     """A PRODUCER span around one offer call of ``count`` items; yields the trace context to put
-    into every item's headers (``traceparent``, and ``tracestate`` when there is one)."""
+    into every item's headers (``traceparent``, and ``tracestate`` when there is one): empty unless
+    ``inject`` and the span is sampled, so an unsampled offer stores its items as it would untraced."""
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
 
     attributes = _attributes(queue, "send", "offer_many" if count != 1 else "offer", count)
     if key is not None:
         attributes["messaging.message.id"] = key
-    with found.start_as_current_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes):
+    with found.start_as_current_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes) as span:
         carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        if inject and span.get_span_context().trace_flags.sampled:
+            propagate.inject(carrier)
         yield carrier
 
 

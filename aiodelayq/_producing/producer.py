@@ -77,8 +77,9 @@ class Producer:
         found = tracer()
         if found is None:
             return await self._offer(item, delay, key, replace, headers, expires)
-        with send_span(found, self._keys.destination, 1, key) as carrier:
-            return await self._offer(item, delay, key, replace, with_context(headers, carrier), expires)
+        with send_span(found, self._keys.destination, 1, key, inject=self._kind == "fast") as carrier:
+            return await self._offer(item, delay, key, replace, with_context(headers, carrier) if carrier else headers,
+                                     expires)
 
     async def _offer(self, item: Any, delay: float | timedelta, key: str | None, replace: bool,
                      headers: Mapping[str, str] | None, expires: float | timedelta | None) -> int:
@@ -107,10 +108,10 @@ class Producer:
         found = tracer()
         if found is None:
             return await self._offer_many(pairs, keys, replace, headers, expires)
-        with send_span(found, self._keys.destination, len(pairs)) as carrier:
-            if headers is None:
+        with send_span(found, self._keys.destination, len(pairs), inject=self._kind == "fast") as carrier:
+            if carrier and headers is None:
                 headers = [carrier] * len(pairs)
-            elif isinstance(headers, Sequence) and not isinstance(headers, (str, bytes, Mapping)):
+            elif carrier and isinstance(headers, Sequence) and not isinstance(headers, (str, bytes, Mapping)):
                 headers = [with_context(h, carrier) for h in headers]
             return await self._offer_many(pairs, keys, replace, headers, expires)
 

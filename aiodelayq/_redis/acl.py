@@ -63,11 +63,16 @@ def minimal_acl_rules(name: str, *, waitaof: bool = False) -> list[str]:
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
     (with :data:`WAITAOF_COMMANDS` when ``waitaof``)."""
     keys = QueueKeys.for_name(name)
-    tag = keys.timeout_set.partition(":")[2]  # "{name}", or the name's own hash tag form
+    tag = _literal(keys.timeout_set.partition(":")[2])  # "{name}", or the name's own hash tag form
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
-    return ["resetkeys", "resetchannels", "-@all", f"~{keys.destination}", f"~{keys.timeout_set}",
-            f"~{keys.delay_list}", f"~{keys.channel}", f"~aiodelayq_*:{tag}", f"&{keys.channel}",
-            *(f"+{command}" for command in commands)]
+    return ["resetkeys", "resetchannels", "-@all", *(f"~{_literal(key)}" for key in (
+        keys.destination, keys.timeout_set, keys.delay_list, keys.channel)), f"~aiodelayq_*:{tag}",
+            f"&{_literal(keys.channel)}", *(f"+{command}" for command in commands)]
+
+
+def _literal(text: str) -> str:
+    """``text`` as an ACL glob that matches only itself (``*``, ``?``, ``[``, ``]``, ``\\`` escaped)."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in text)
 
 
 def acl_probes(keys: QueueKeys, *, waitaof: bool = False) -> list[tuple[str, tuple[str, ...]]]:

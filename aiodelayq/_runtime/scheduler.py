@@ -85,6 +85,9 @@ class TransferScheduler:
         # The watchdog: a look that finds items due this long ago logs a WARNING (None: never).
         self._lag_warning_s = lag_warning_s
         self._lagging = False
+        # The earliest pending due time last seen (server ms; None: none known), for the lag while
+        # transfers fail (a cluster has no shared poll to read it).
+        self._head_ms: float | None = None
         self._call_timeout_s = scripts.call_timeout_s
         # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
@@ -203,6 +206,7 @@ class TransferScheduler:
         self._anchor = anchor
         self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
         now_ms = anchor[1]
+        self._head_ms = head_ms
         self._watch_lag(0.0 if head_ms is None else now_ms - head_ms)
         if (head_ms is not None and head_ms <= now_ms) or (lease_ms is not None and lease_ms <= now_ms):
             self._wake.set()
@@ -236,6 +240,8 @@ class TransferScheduler:
 
     def on_due(self, due_ms: int | None) -> None:
         """A producer published a new earliest due time (epoch ms, server clock)."""
+        if due_ms is not None and (self._head_ms is None or due_ms < self._head_ms):
+            self._head_ms = due_ms
         if due_ms is None or self._anchor is None:
             self._wake.set()
         else:
@@ -294,6 +300,8 @@ class TransferScheduler:
                 delay = backoff.failed()
                 log.log(backoff.level(exc), "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
                         self._keys.destination, exc, delay)
+                if self._anchor is not None and self._head_ms is not None:  # how late it is by now
+                    self._watch_lag(self._anchor[1] + (self._loop.time() - self._anchor[0]) * 1000 - self._head_ms)
                 self.arm_at(self._loop.time() + delay)
                 continue
             backoff.succeeded()
@@ -305,6 +313,7 @@ class TransferScheduler:
                         self._keys.destination, self._failures, self._loop.time() - self._failing_since)
                 self._failures = 0
             moved, dead, next_due, lease_due = reply
+            self._head_ms = next_due
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
             # A full batch may leave due items behind: their lag says whether the transfers keep up.

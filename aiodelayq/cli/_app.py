@@ -571,7 +571,10 @@ def dashboard(host: Annotated[str, typer.Option("--host", metavar="ADDRESS",
     """Serve the web dashboard of the queues until Ctrl-C or SIGTERM (docs: Dashboard)."""
     import logging
 
-    from ..dashboard import CannotListen, serve
+    try:
+        from ..dashboard import CannotListen, serve
+    except ImportError as exc:  # the extra is missing: its message says what to install
+        _fail(str(exc), 2)
 
     # The dashboard's one INFO line says where it listens (the port it got, with --port 0).
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import RedisCluster
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ResponseError
 
 from .._queue import DelayedQueue
@@ -86,7 +87,11 @@ async def _servers(client: AnyRedis) -> list[tuple[str, Call]]:
     """``(host:port, call)`` of the server, or of each primary of a Cluster."""
     if isinstance(client, RedisCluster):
         return [(node.name, _node_call(client, node)) for node in client.get_primaries()]
-    kwargs = client.connection_pool.connection_kwargs
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):  # the primary the Sentinels name now
+        host, port = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        return [(f"{host}:{port}", client.execute_command)]
+    kwargs = pool.connection_kwargs
     where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     return [(str(where), client.execute_command)]
 
@@ -273,7 +278,7 @@ async def _acl(client: AnyRedis, keys: QueueKeys, user: str | None) -> Finding:
 
 
 def _lag(name: str, lag_ms: int, pending: int, ready: int, max_lag_s: float) -> Finding:
-    if lag_ms >= max_lag_s * 1000:
+    if lag_ms > max_lag_s * 1000:
         return Finding("lag", "fail", name, f"due items wait {lag_ms / 1000:.1f} s and no transfer moves them "
                        f"({pending} pending, {ready} ready)",
                        "open a consumer of the queue (or a worker); check its log for transfer errors")

@@ -31,7 +31,8 @@ from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent
 from .._wire.key_names import QueueKeys, prefix_name
 
-__all__ = ["QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target", "connect",
+__all__ = ["COUNT_CONCURRENCY", "QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target",
+           "connect", "format_duration",
            "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists", "queue_name_of", "redact",
            "scan_queues", "server_now_ms", "with_queue"]
 
@@ -262,10 +263,30 @@ async def with_queue(client: AnyRedis, name: str, codec: str = "bytes") -> Async
         await queue.aclose()
 
 
-async def server_now_ms(client: AnyRedis) -> int:
-    """The server's clock in epoch ms: due times are on it, so "in 12 s" must be too."""
-    seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=SOCKET_TIMEOUT_S)
+async def server_now_ms(client: AnyRedis, route: str | None = None) -> int:
+    """The server's clock in epoch ms: due times are on it, so "in 12 s" must be too. ``route``: a
+    key whose node answers (on a Cluster, the queue's own clock)."""
+    seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=SOCKET_TIMEOUT_S, route=route)
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+def format_duration(ms: float | None) -> str:
+    """A duration for people: ``340 ms``, ``4.2 s``, ``3 min 05 s``, ``2 h 05 min``, ``3 d 4 h`` (``-``
+    for ``None``)."""
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f} s"
+    s_int = int(s)
+    if s_int < 3600:
+        return f"{s_int // 60} min {s_int % 60:02d} s"
+    if s_int < 86400:
+        return f"{s_int // 3600} h {s_int % 3600 // 60:02d} min"
+    return f"{s_int // 86400} d {s_int % 86400 // 3600} h"
 
 
 async def queue_counts(client: AnyRedis, names: Iterable[str]) -> list[QueueRow]:

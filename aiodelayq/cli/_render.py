@@ -19,7 +19,7 @@ from rich.text import Text
 from .._producing.dead_letters import DeadLetter
 from .._producing.pending import PendingItem, QueueCounts
 from ._doctor import Finding
-from ._ops import QueueRow
+from ._ops import QueueRow, format_duration
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
            "pending_json", "pending_table", "print_json", "relative", "show_value"]
@@ -102,14 +102,8 @@ def _next_due(counts_due: int | None, now_ms: int) -> str:
 
 
 def lag(ms: int) -> str:
-    """A lag for people: ``0``, ``850 ms``, ``12.5 s``, ``3.2 min``, ``2.0 h``."""
-    if ms <= 0:
-        return "0"
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms / 60_000:.1f} min" if ms < 3_600_000 else f"{ms / 3_600_000:.1f} h"
+    """A lag for people: ``0``, else as :func:`._ops.format_duration` writes a duration."""
+    return "0" if ms <= 0 else format_duration(ms)
 
 
 def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = None,

@@ -20,8 +20,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from .._options import check_client
+from .._producing.keyed import check_key
 from .._queue import DelayedQueue
 from .._wire.key_names import QueueKeys
+from ..cli._ops import format_duration, server_now_ms, with_queue
 from ..exceptions import (
     AccessDeniedError,
     BackendError,
@@ -50,15 +52,12 @@ from ._pages import (
     count_queues,
     due_histogram,
     find_queues,
-    format_duration,
     format_rate,
     format_utc,
     is_empty,
     make_chart,
-    open_queue,
     preview,
     relative,
-    server_ms,
 )
 
 if TYPE_CHECKING:
@@ -236,7 +235,7 @@ class Dashboard:
     async def _server_ms(self, rows: list[Row]) -> int:
         """The server's clock, to show due times against (from the node of the first queue read)."""
         read = [row.name for row in rows if row.counts is not None]
-        return await server_ms(self._client, QueueKeys.for_name(read[0])) if read else 0
+        return await server_now_ms(self._client, route=QueueKeys.for_name(read[0]).timeout_set) if read else 0
 
     async def _queue_page(self, request: Request) -> Response:
         params = request.params()
@@ -248,10 +247,17 @@ class Dashboard:
         peek = _int_param(params, "peek", DEFAULT_PEEK)
         dead = _int_param(params, "dead", DEFAULT_DEAD)
         key = params.get("key", "")
-        async with open_queue(self._client, name) as queue:
-            counts, histogram, pending, letters, found = await asyncio.gather(
+        if key:
+            check_key(key)  # a bad key is a 400 before any call starts
+        async with with_queue(self._client, name) as queue:
+            # Every read is awaited to its end, whatever fails: none outlives the page (or the queue).
+            results = await asyncio.gather(
                 queue.counts(), due_histogram(self._client, keys), queue.peek(peek), queue.dead_letters(dead),
-                queue.get(key) if key else _none())
+                queue.get(key) if key else _none(), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
+        counts, histogram, pending, letters, found = results
         if self._queues is None and is_empty(counts):
             raise _NotFound(_no_queue(name))
         now = histogram.now_ms
@@ -294,7 +300,7 @@ class Dashboard:
             if not name:
                 raise BadRequest("the form names no queue")
             self._known(name)
-            async with open_queue(self._client, name) as queue:
+            async with with_queue(self._client, name) as queue:
                 if self._queues is None and is_empty(await queue.counts()):
                     raise _NotFound(_no_queue(name))
                 n = await act(queue, form)

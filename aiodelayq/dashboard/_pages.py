@@ -5,9 +5,7 @@ the chart geometry and text formatting the templates use."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -17,22 +15,18 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._producing.pending import QueueCounts
-from .._queue import DelayedQueue
-from .._redis.retry import call_idempotent
 from .._wire.key_names import QueueKeys
-from ..cli._ops import scan_queues
+from ..cli._ops import COUNT_CONCURRENCY, format_duration, scan_queues, server_now_ms, with_queue
 from ..exceptions import BackendError
 
 __all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
-           "format_duration", "format_utc", "make_chart", "open_queue", "preview", "server_ms"]
+           "format_utc", "make_chart", "preview"]
 
 AnyRedis = Redis | RedisCluster
 
 # Bounds of one listing of the queues by SCAN: the CLI's `ls` defaults.
 SCAN_LIMIT = 1000
 SCAN_MAX_CALLS = 100
-# Queues counted at once on the index page.
-COUNT_CONCURRENCY = 16
 # Bound of one page's own calls (TIME, the ZCOUNT pipeline), seconds; the queue's calls have theirs.
 CALL_TIMEOUT_S = 5.0
 
@@ -51,17 +45,6 @@ class QueueList:
 
     names: list[str]
     note: str | None
-
-
-@contextlib.asynccontextmanager
-async def open_queue(client: AnyRedis, name: str) -> AsyncIterator[DelayedQueue[bytes]]:
-    """A queue object for reads and controls, never opened (no subscription, no scheduler), with the
-    ``bytes`` codec: the dashboard shows payloads as they are stored, whatever codec wrote them."""
-    queue: DelayedQueue[bytes] = DelayedQueue(client, name, codec="bytes")
-    try:
-        yield queue
-    finally:
-        await queue.aclose()
 
 
 async def find_queues(client: AnyRedis) -> QueueList:
@@ -91,7 +74,7 @@ async def count_queues(client: AnyRedis, names: Sequence[str]) -> list[Row]:
     gate = asyncio.Semaphore(COUNT_CONCURRENCY)
 
     async def one(name: str) -> Row:
-        async with gate, open_queue(client, name) as queue:
+        async with gate, with_queue(client, name) as queue:
             return Row(name, await queue.counts())
 
     results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
@@ -137,17 +120,10 @@ class DueHistogram:
     later: int
 
 
-async def server_ms(client: AnyRedis, keys: QueueKeys) -> int:
-    """The server's clock (``TIME``, on the node of the queue's slot), epoch ms: due times are on it."""
-    seconds, micros = await call_idempotent(client, "TIME", what="TIME", timeout_s=CALL_TIMEOUT_S,
-                                            route=keys.timeout_set)
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 async def due_histogram(client: AnyRedis, keys: QueueKeys) -> DueHistogram:
     """Count the pending zset by due time: ``TIME`` (on the queue's node), then 38 ``ZCOUNT`` in one
     pipeline (on a cluster all go to the queue's slot). Read-only, O(log N) each."""
-    now = await server_ms(client, keys)
+    now = await server_now_ms(client, route=keys.timeout_set)
     async with client.pipeline(transaction=False) as pipe:
         pipe.zcount(keys.timeout_set, "-inf", now)
         for step_ms, steps in ((5 * MINUTE_MS, 12), (HOUR_MS, 24)):
@@ -250,24 +226,6 @@ def format_utc(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def format_duration(ms: float | None) -> str:
-    """A duration: ``340 ms``, ``4.2 s``, ``3 min 05 s``, ``2 h 05 min``, ``3 d 4 h``."""
-    if ms is None or not math.isfinite(ms):
-        return "-"
-    ms = abs(ms)
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    s = ms / 1000
-    if s < 60:
-        return f"{s:.1f} s"
-    s_int = int(s)
-    if s_int < 3600:
-        return f"{s_int // 60} min {s_int % 60:02d} s"
-    if s_int < 86400:
-        return f"{s_int // 3600} h {s_int % 3600 // 60:02d} min"
-    return f"{s_int // 86400} d {s_int % 86400 // 3600} h"
 
 
 def format_rate(counts: QueueCounts) -> str:
