@@ -68,13 +68,17 @@ class Sizes:
     keys_rounds: int = 7  # of keyed/unkeyed offer and transfer, after a warm-up pair
     keys_pending_n: int = 1_000_000
     startup_runs: int = 11  # of each process of the startup scenario
+    otel_rounds: int = 11  # of the otel scenario's offer and drain, in each of its three processes
+    otel_offer_seconds: float = 1.0
+    otel_items: int = 50_000  # drained in each round
 
 
 FULL = Sizes()
 QUICK = Sizes(offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
               drain_items=50_000, drain_messages=50_000, due_calls=60, keys_transfer_n=20_000,
-              keys_rounds=3, keys_pending_n=100_000, startup_runs=5)
+              keys_rounds=3, keys_pending_n=100_000, startup_runs=5,
+              otel_rounds=8, otel_offer_seconds=0.5, otel_items=20_000)
 
 
 def payload(i: int) -> dict[str, Any]:

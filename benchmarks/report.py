@@ -170,6 +170,24 @@ def tables(res: dict[str, Any]) -> list[str]:
               ["process", "median", "/ `import redis.asyncio`", "/ the reference consumer"],
               [[label, fmt_ms(None if sec[key] is None else sec[key] * 1000),
                 fmt_ratio(rat[r]) if r else "", by_ref] for label, key, r, by_ref in rows])
+    if "otel" in sc:
+        ot = sc["otel"]
+        v, rat = ot["variants"], ot["ratio"]
+
+        def otel_rate(key: str, op: str) -> str:
+            value = fmt_num(v[key][op]["items_per_s"])
+            return f"{value} ({fmt_ratio(rat[key][op])})" if key in rat else value
+
+        rows = []
+        for op, label in (("offer", "`offer()`"), ("drain", "`async for`")):
+            rows.append([f"{label}: items/s", *(otel_rate(key, op) for key in ("plain", "api", "sdk"))])
+            rows.append([f"{label}: CPU per item", *(f"{fmt_sig(v[key][op]['cpu_us_per_item'])} µs"
+                                                    for key in ("plain", "api", "sdk"))])
+        table("otel", f"Tracing on the hot paths, one new process per variant, {ot['rounds']} rounds taking turns: "
+              f"`offer()` from {ot['callers']} callers for {ot['seconds']:g} s, `async for` over {ot['items']:,} due "
+              f"items; medians (/ plain); the SDK process exported {fmt_num(v['sdk']['spans'])} spans.",
+              ["", "plain: no `opentelemetry`", "`opentelemetry` imported, no SDK",
+               "SDK tracer provider, spans dropped"], rows)
     if "big_item_stall" in sc:
         b = sc["big_item_stall"]
         table("big_item_stall", f"One offer of a big item; event-loop stall (medians of {b['rounds']}; ticker "
@@ -286,6 +304,15 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         judge(checks, "startup: aiodelayq --help <= 1x import redis.asyncio", rat["help"], 1.0, False)
         judge(checks, "startup: a worker's first delivery <= 2.8x the reference consumer's", rat["worker"], 2.8,
               False)
+    if "otel" in sc:
+        rat = sc["otel"]["ratio"]
+        for op, label in (("offer", "offer()"), ("drain", "async for")):
+            bar(f"otel: {label} with opentelemetry imported, no SDK >= 0.9x without it", rat["api"][op], 0.9, True,
+                check=0.9)
+        judge(checks, "otel: offer() traced (SDK, spans dropped) >= 0.2x without opentelemetry", rat["sdk"]["offer"],
+              0.2, True)
+        judge(checks, "otel: async for traced (SDK, spans dropped) >= 0.12x without opentelemetry",
+              rat["sdk"]["drain"], 0.12, True)
     return bars, checks
 
 

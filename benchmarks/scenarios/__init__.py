@@ -1,5 +1,6 @@
-"""The scenarios, one module each (``lateness`` holds two); each ``run`` function's docstring says what it
-measures. :data:`REGISTRY` is the order they run in; those in :data:`EXTRA` run only when asked for."""
+"""The scenarios, one module each (``lateness`` holds two; ``_otel_process.py`` is the program ``otel``
+starts for each of its variants); each ``run`` function's docstring says what it measures. :data:`REGISTRY`
+is the order they run in; those in :data:`EXTRA` run only when asked for."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from . import (
     memory,
     offer,
     offer_many,
+    otel,
     reliable_lateness,
     startup,
     transfer,
@@ -35,6 +37,7 @@ REGISTRY: dict[str, Scenario] = {
     "due_times": due_times.run,
     "keys": keys.run,
     "startup": startup.run,
+    "otel": otel.run,
     "big_item_stall": big_item_stall.run,
 }
 EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
