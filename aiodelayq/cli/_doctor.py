@@ -126,15 +126,11 @@ def _text(value: Any) -> str:
 
 
 def _config(reply: Any, name: str) -> str | None:
-    """One parameter of a ``CONFIG GET`` reply (a dict, or a flat list under RESP2 parsers)."""
+    """One parameter of a ``CONFIG GET`` reply (redis-py's dict); ``None`` when refused or absent."""
     if isinstance(reply, dict):
         for key, value in reply.items():
             if _text(key) == name:
                 return _text(value)
-        return None
-    if isinstance(reply, list):
-        pairs = dict(zip(reply[::2], reply[1::2], strict=False))
-        return _config(pairs, name)
     return None
 
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._producing.pending import QueueCounts
+from .._redis.connections import AnyRedis
 from .._wire.key_names import QueueKeys
 from ..cli._ops import COUNT_CONCURRENCY, format_duration, scan_queues, server_now_ms, with_queue
 from ..exceptions import BackendError
@@ -22,7 +21,6 @@ from ..exceptions import BackendError
 __all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
            "format_utc", "make_chart", "preview"]
 
-AnyRedis = Redis | RedisCluster
 
 # Bounds of one listing of the queues by SCAN: the CLI's `ls` defaults.
 SCAN_LIMIT = 1000
