@@ -1,10 +1,12 @@
 """Durable writes: with ``min_replicas``, a write returns only once that many replicas have
-it, checked by reading the replica right after the call returns; an unconfirmed one raises
-``NotReplicatedError`` and is neither undone nor doubled; a resend after a lost reply is covered too."""
+it, checked by reading the replica right after the call returns (acks included, a worker's too); an
+unconfirmed one raises ``NotReplicatedError`` and is neither undone nor doubled; a resend after a lost
+reply is covered too."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -12,13 +14,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError
+from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError, current_message
 from aiodelayq._producing.keyed import key_tag
 from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts import CANCEL
 from aiodelayq.testing import ThrowawayServer, server_version
 from aiodelayq.testing.topologies import replicate
 from tests.faults import debug_args, stall_server
+from tests.helpers import until
 
 pytestmark = pytest.mark.topology
 
@@ -59,15 +62,107 @@ async def test_a_durable_offer_returns_only_once_the_replica_has_it(own_server: 
 async def test_durable_receive_and_ack_reach_the_replica_before_they_return(own_server: Any, make_client: Any,
                                                                             make_queue: Any) -> None:
     primary, [replica] = _replicated(own_server)
-    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1)
+    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1, replication_timeout_s=5)
     reader: Redis = make_client(replica)
-    await q.offer(7, 0)
+    await q.offer_many([(i, 0) for i in range(25)])
     async with q:
         msg = await q.receive(30, timeout=5)
         assert msg is not None
         assert await reader.zcard(q.keys.in_flight) == 1
-        assert await msg.ack(confirm=True)
+        # A plain ack(), the queue's default: confirmed, as every durable write.
+        assert await msg.ack()
+        assert await reader.zscore(q.keys.in_flight, msg._element) is None
+        msgs = await q.receive_many(24, 30, timeout=5)
+        while len(msgs) < 24:
+            msgs += await q.receive_many(24 - len(msgs), 30, timeout=5)
+        for one in msgs[:4]:  # one by one: each on the replica when its ack returns
+            assert await one.ack()
+            assert await reader.zscore(q.keys.in_flight, one._element) is None
+        # Concurrent acks share SETTLE calls; each returns once the replica has it.
+        rest = msgs[4:]
+        assert all(await asyncio.gather(*(m.ack() for m in rest)))
+        scores = await reader.zmscore(q.keys.in_flight, [m._element for m in rest])
+        assert scores == [None] * len(rest)
         assert await reader.zcard(q.keys.in_flight) == 0
+        assert not await msg.ack()  # settled already
+    assert q.stats.unconfirmed_settles == 0
+
+
+async def test_an_unconfirmed_ack_raises_and_is_applied_on_the_primary(own_server: Any, make_client: Any,
+                                                                       make_queue: Any) -> None:
+    primary, [replica] = _replicated(own_server)
+    client: Redis = make_client(primary)
+    q: DelayedQueue[int] = make_queue(redis=client, min_replicas=1, replication_timeout_s=0.2, call_timeout_s=1)
+    await q.offer_many([(1, 0), (2, 0)])
+    async with q:
+        msgs = await q.receive_many(2, 30, timeout=5)
+        while len(msgs) < 2:
+            msgs += await q.receive_many(2 - len(msgs), 30, timeout=5)
+        confirmed, behind = msgs
+        replica.stop()  # nothing confirms from now on
+        with pytest.raises(NotReplicatedError) as caught:
+            await asyncio.wait_for(confirmed.ack(), 10)  # WAIT gives up after 0.2 s
+        assert (caught.value.replicas, caught.value.wanted, caught.value.maybe_applied) == (0, 1, True)
+        assert "applied on the primary" in str(caught.value)
+        assert await client.zscore(q.keys.in_flight, confirmed._element) is None  # applied, not undone
+        # Written behind on request: True at once; the settle call's failed confirmation is counted.
+        assert await behind.ack(confirm=False)
+        assert behind.settled
+        await until(lambda: q.stats.unconfirmed_settles == 1, timeout_s=10)
+        assert await client.zscore(q.keys.in_flight, behind._element) is None
+
+
+async def test_a_durable_worker_acks_confirmed(own_server: Any, make_client: Any, make_queue: Any,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    primary, [replica] = _replicated(own_server)
+    q: DelayedQueue[int] = make_queue(redis=make_client(primary), min_replicas=1, replication_timeout_s=5)
+    reader: Redis = make_client(replica)
+    n = 20
+    await q.offer_many([(i, 0) for i in range(n)])
+    previous: list[bytes] = []
+    acked_before_next: list[bool] = []
+
+    async def handler(item: int) -> None:
+        # One slot: the previous handler's ack returned before this one started, so the replica has it.
+        if previous:
+            acked_before_next.append(await reader.zscore(q.keys.in_flight, previous[-1]) is None)
+        message = current_message()
+        assert message is not None
+        previous.append(message._element)
+
+    async with q:
+        worker = q.worker(handler, concurrency=1, visibility_timeout_s=30)
+        task = asyncio.create_task(worker.run())
+        await until(lambda: len(previous) == n, timeout_s=20)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        # The slot waited for the last ack too: on the replica once the worker stopped.
+        assert await reader.zcard(q.keys.in_flight) == 0
+    assert acked_before_next == [True] * (n - 1)
+    assert worker.stats.succeeded == n
+    assert q.stats.unconfirmed_settles == 0
+
+    # Without the replica, the worker's ack is applied on the primary and reported as unconfirmed.
+    q2: DelayedQueue[int] = make_queue(f"{q.name}:2", redis=make_client(primary), min_replicas=1,
+                                       replication_timeout_s=0.2, call_timeout_s=1)
+    await q2.offer(99, 0)
+    handled = asyncio.Event()
+
+    async def stops_the_replica(item: int) -> None:
+        await asyncio.to_thread(replica.stop)
+        handled.set()
+
+    caplog.set_level(logging.WARNING, logger="aiodelayq")
+    async with q2:
+        worker2 = q2.worker(stops_the_replica, concurrency=1, visibility_timeout_s=30)
+        task = asyncio.create_task(worker2.run())
+        await asyncio.wait_for(handled.wait(), 10)
+        await until(lambda: any("not confirmed by the replicas" in r.getMessage() for r in caplog.records),
+                    timeout_s=10)
+        worker2.stop()
+        await asyncio.wait_for(task, 10)
+    assert await make_client(primary).zcard(q2.keys.in_flight) == 0  # applied on the primary
+    assert q2.stats.unconfirmed_settles == 0  # confirmed settles raise to their caller: not written behind
 
 
 async def test_an_unconfirmed_write_raises_and_is_neither_undone_nor_doubled(own_server: Any, make_client: Any,

@@ -66,33 +66,49 @@ class Message(Generic[T]):
         bound); negative once it has passed."""
         return self._expires - asyncio.get_running_loop().time()
 
-    async def ack(self, *, confirm: bool = False) -> bool:
+    async def ack(self, *, confirm: bool | None = None) -> bool:
         """Done: remove the message for good. ``False`` if it was no longer in flight as this
         delivery (already settled, or its visibility timeout ended and it was delivered again).
 
-        By default the ack is sent with the next settle call, without waiting for its answer, when
-        its outcome is already known: nobody else can settle this delivery before its deadline, and
-        more than ``call_timeout_s`` of it is left, so it lands in time unless Redis cannot be
-        reached at all. Then ``True`` comes back at once, and if the write does fail, that is logged
-        (WARNING), counted in ``stats.unconfirmed_settles``, and the message is delivered again
-        after its visibility timeout: at-least-once, never a loss. Closer to the deadline, after
-        the queue was closed, or with ``confirm=True``, the call waits for Redis's answer.
+        ``confirm=None`` (the default) follows the queue: written behind without durable writes,
+        confirmed with them (``min_replicas`` or ``wait_aof``). ``confirm=True`` always waits;
+        ``confirm=False`` writes behind even on a durable queue.
+
+        Written behind: the ack is sent with the next settle call, without waiting for its answer,
+        when its outcome is already known: nobody else can settle this delivery before its
+        deadline, and more than ``call_timeout_s`` of it is left, so it lands in time unless Redis
+        cannot be reached at all. Then ``True`` comes back at once, and if the write does fail (or,
+        on a durable queue, is not confirmed by the replicas), that is logged (WARNING), counted in
+        ``stats.unconfirmed_settles``, and unless it landed the message is delivered again after its
+        visibility timeout: at-least-once, never a loss. Closer to the deadline, or after the queue
+        was closed, the call waits for Redis's answer whatever ``confirm`` says.
+
+        Confirmed: the call returns once Redis answered and, on a durable queue, once
+        ``min_replicas`` replicas (and the AOF fsync with ``wait_aof``) have the ack, so a replica
+        read right after it no longer shows the message in flight. Concurrent acks share calls.
 
         Raises:
-            BackendError: (waiting for the answer) the call failed within ``call_timeout_s``: the
-                message stays in flight until its deadline; ``maybe_applied`` tells whether the ack
-                may have landed.
+            NotReplicatedError: (confirmed, durable queue) the ack ran on the primary but was not
+                confirmed within ``replication_timeout_s`` (``maybe_applied`` is ``True``): the message
+                is not delivered again unless a failover loses the ack. Acking again does not tell
+                (the delivery is gone from the primary: ``False``, or this error again).
+            BackendError: (confirmed) the call failed within ``call_timeout_s``: the message stays in
+                flight until its deadline; ``maybe_applied`` tells whether the ack may have landed.
         """
         if self._settled:
             return False
-        if not confirm and self._ack_behind():
+        if self._ack_behind(confirm):
             return True
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
 
-    def _ack_behind(self) -> bool:
+    def _ack_behind(self, confirm: bool | None = None) -> bool:
         """The no-wait part of :meth:`ack`, without a coroutine (a worker's fast path): ``True`` if
-        the ack was written behind; ``False`` if it must be confirmed (call :meth:`ack`)."""
-        if not self._settled and self._settler.ack_behind(self._element, self.deadline_ms, self._expires):
+        the ack was written behind; ``False`` if it must be confirmed (call :meth:`ack`): asked for,
+        the queue's default (durable writes), or too close to its deadline."""
+        settler = self._settler
+        if (settler.acks_confirmed if confirm is None else confirm) or self._settled:
+            return False
+        if settler.ack_behind(self._element, self.deadline_ms, self._expires):
             self._settled = True
             return True
         return False
@@ -102,11 +118,11 @@ class Message(Generic[T]):
         this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
         once (reason ``"max_deliveries"``). With ``dead_letter=True`` it goes there now, whatever is
         left (reason ``"nacked"``; ``delay`` is ignored): for items no retry can fix. ``False`` as
-        for :meth:`ack`. Always waits for Redis's answer.
+        for :meth:`ack`. Always waits for Redis's answer (and, on a durable queue, its replicas').
 
         Raises:
             InvalidDelayError: a negative, NaN or infinite delay.
-            BackendError: as :meth:`ack` when it waits.
+            NotReplicatedError, BackendError: as a confirmed :meth:`ack`.
         """
         delay_ms = delay_to_ms(delay)
         if self._settled:
@@ -119,10 +135,11 @@ class Message(Generic[T]):
         """Hand the message back as if this delivery never happened: visible again at once, its
         ``delivery_count`` not raised (a first delivery goes back to the head of the list). For
         messages fetched ahead and never worked on (a worker's unstarted ones at shutdown); a
-        message that was worked on should be nacked. ``False`` as for :meth:`ack`.
+        message that was worked on should be nacked. ``False`` as for :meth:`ack`. Always waits,
+        as :meth:`nack`.
 
         Raises:
-            BackendError: as :meth:`ack` when it waits.
+            NotReplicatedError, BackendError: as a confirmed :meth:`ack`.
         """
         if self._settled:
             return False

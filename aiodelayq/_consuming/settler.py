@@ -5,7 +5,9 @@ so concurrent handlers and prefetched messages share round trips. A settle is ei
 (its caller awaits the script's answer, errors included) or *written behind* (nobody waits: an
 ``ack()`` the consumer knows must apply if it reaches Redis, or the release of prefetched messages
 nobody came for). A written-behind settle that cannot be confirmed is logged and counted; its
-message is then delivered again after its visibility timeout (at-least-once: never a loss).
+message is then delivered again after its visibility timeout (at-least-once: never a loss). On a
+queue with durable writes every call waits for the replicas, and acks are confirmed by default
+(:attr:`Settler.acks_confirmed`): ``ack()`` returns once the replicas have it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Settler:
         # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
         self._scripts, self._keys, self._events, self._tasks = scripts, scripts.keys, events, tasks
         self._max_deliveries, self._call_timeout_s = max_deliveries, scripts.call_timeout_s
+        # With durable writes an ack is confirmed by default (its caller waits for the replicas, as
+        # for any other durable write); written behind only when asked (``ack(confirm=False)``).
+        self.acks_confirmed = scripts.durability.enabled
         self._pending: list[Settle] = []
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None

@@ -4,10 +4,12 @@
 One fetch task receives as many messages as there are free slots (one round trip for all of
 them, prefetch aside) and starts a task per message; a lease keeper extends every message whose
 handler has run for a third of the visibility timeout. Reliable mode (the default) acks on success
-and nacks with a backoff on failure, so ``max_deliveries`` then dead-letters; a message whose handler
-was cut off by a shutdown is nacked with no delay (it counts as a delivery: it did start, as
-BullMQ counts a stalled job). Plain mode (``reliable=False``) takes items (``take_many_with_headers``): at most
-once, a failure is logged with the item and the item is gone.
+(as ``ack()`` does: written behind, or confirmed on a queue with durable writes, where the slot takes
+its next message once the replicas have the ack) and nacks with a backoff on failure, so
+``max_deliveries`` then dead-letters; a message whose handler was cut off by a shutdown is nacked
+with no delay (it counts as a delivery: it did start, as BullMQ counts a stalled job). Plain mode
+(``reliable=False``) takes items (``take_many_with_headers``): at most once, a failure is logged with
+the item and the item is gone.
 
 Stopping: :meth:`Worker.stop` stops fetching (a receive in flight is undone by the queue), lets
 running handlers finish within ``drain_timeout_s``, then cancels the rest; :meth:`Worker.abort`
@@ -36,7 +38,14 @@ from redis.backoff import EqualJitterBackoff
 from .._core.tasks import run_through_cancellation, wait_event
 from .._core.tracing import process_span, tracer
 from .._options import WorkerOptions
-from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, QueueClosedError, WrongNodeError
+from ..exceptions import (
+    AccessDeniedError,
+    BackendError,
+    ConfigurationError,
+    NotReplicatedError,
+    QueueClosedError,
+    WrongNodeError,
+)
 from .current import CURRENT_HEADERS, CURRENT_MESSAGE
 from .messages import Message
 
@@ -400,7 +409,9 @@ class Worker(Generic[T]):
                 await self._settling_in(me, self._failed(item, message, exc))
             else:
                 stats.succeeded += 1
-                if message is not None and not message._ack_behind():  # else: near its deadline, confirmed
+                # Written behind, or confirmed (durable writes, or near its deadline): then the slot
+                # waits, and the acks of the slots that wait meanwhile share the next SETTLE call.
+                if message is not None and not message._ack_behind():
                     await self._settling_in(me, self._settle(message, "ack", 0.0))
             finally:
                 del busy[me]
@@ -580,6 +591,10 @@ class Worker(Generic[T]):
         return None if applied else "no longer held: its visibility timeout had ended"
 
     def _unsettled(self, message: Message[T], how: str, exc: BackendError) -> None:
+        if isinstance(exc, NotReplicatedError):  # applied on the primary: it does not come back unless lost
+            log.warning("aiodelayq: worker on %r: the %s of message %s is not confirmed by the replicas (%s)",
+                        self.queue.name, how, message.id, exc)
+            return
         log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "
                     "visibility timeout", self.queue.name, how, message.id, exc)
 

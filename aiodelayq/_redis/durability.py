@@ -6,7 +6,9 @@ before a replica received it, and a failover then promotes a replica without it.
 requeued dead letters, a reliable consumer's receive and settle) are followed, on the same
 connection, by ``WAIT min_replicas timeout_ms`` (or ``WAITAOF 1 min_replicas timeout_ms``), and the
 call returns only once that many replicas confirmed; otherwise it raises
-:class:`~aiodelayq.NotReplicatedError`.
+:class:`~aiodelayq.NotReplicatedError`. A reliable consumer's ``ack()`` is then confirmed too (its
+caller waits for the SETTLE call and its confirmation) unless it asks to be written behind
+(``ack(confirm=False)``, see ``_consuming/settler.py``).
 
 What this does and does not promise, in the words Redis uses for ``WAIT``: it does not make Redis
 strongly consistent. A confirmed write is on the primary and on at least ``min_replicas`` replicas
