@@ -71,6 +71,9 @@ class Sizes:
     otel_rounds: int = 11  # of the otel scenario's offer and drain, in each of its three processes
     otel_offer_seconds: float = 1.0
     otel_items: int = 50_000  # drained in each round
+    scale_items: int = 10_000_000  # pending items of the pending_10m scenario
+    scale_due: int = 1_000_000  # of them due when its consumer opens
+    scale_ref_backlog: int = 200_000  # the backlog alone its move rate is compared with
 
 
 FULL = Sizes()
@@ -78,7 +81,8 @@ QUICK = Sizes(offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 1
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
               drain_items=50_000, drain_messages=50_000, due_calls=60, keys_transfer_n=20_000,
               keys_rounds=3, keys_pending_n=100_000, startup_runs=5,
-              otel_rounds=8, otel_offer_seconds=0.5, otel_items=20_000)
+              otel_rounds=8, otel_offer_seconds=0.5, otel_items=20_000,
+              scale_items=1_000_000, scale_due=100_000, scale_ref_backlog=20_000)
 
 
 def payload(i: int) -> dict[str, Any]:

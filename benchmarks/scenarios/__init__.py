@@ -18,6 +18,7 @@ from . import (
     offer,
     offer_many,
     otel,
+    pending_10m,
     reliable_lateness,
     startup,
     transfer,
@@ -39,6 +40,7 @@ REGISTRY: dict[str, Scenario] = {
     "startup": startup.run,
     "otel": otel.run,
     "big_item_stall": big_item_stall.run,
+    "pending_10m": pending_10m.run,
 }
-EXTRA = ("big_item_stall",)  # run only when asked for (--only / --big-item-stall)
+EXTRA = ("big_item_stall", "pending_10m")  # run only when asked for (--only / --big-item-stall)
 DEFAULT = tuple(name for name in REGISTRY if name not in EXTRA)
