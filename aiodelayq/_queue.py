@@ -230,7 +230,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
-        items and ``max_call_bytes``, each atomic, all sent at once); returns their due times (epoch
+        items, ``max_call_bytes`` and about 2 ms of server time, each atomic, all sent at once: a list
+        of at most 50 items within ``max_call_bytes`` is one call); returns their due times (epoch
         ms, server clock) in input order. ``keys``: one key (or ``None``) per item, the rules of
         :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,
         the second finds it pending (or replaces it). Every item is checked first (one bad one

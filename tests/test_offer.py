@@ -28,6 +28,7 @@ from aiodelayq import (
     QueueFullError,
     delay_to_ms,
 )
+from aiodelayq._producing.call_cost import BUDGET_US, MAX_CALL_ITEMS, MIN_CALL_ITEMS, CallCost
 from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts import OFFER
 from aiodelayq._wire.clock import STALE_S, ServerClock
@@ -541,3 +542,43 @@ async def test_an_offer_during_a_stall_fails_within_its_bound(debug_server: Thro
     assert caught.value.maybe_applied
     stall.result(10)
     assert await q.offer(2, 60) > 0
+
+
+def test_call_cost_sizes_calls_to_the_budget_within_bounds() -> None:
+    cost = CallCost()
+    assert cost.max_items == MAX_CALL_ITEMS  # a small zset's cost until a call was measured
+    for _ in range(30):
+        cost.observe(1000, 1000 * 20)  # 20 µs an item: a 10M-item zset on a slow machine
+    assert cost.max_items == BUDGET_US // 20
+    for _ in range(30):
+        cost.observe(100, 100 * 1000)  # a server that stalls on every call: never below the floor
+    assert cost.max_items == MIN_CALL_ITEMS
+    for _ in range(30):
+        cost.observe(1000, 100)
+    assert cost.max_items == MAX_CALL_ITEMS
+    for _ in range(30):
+        cost.observe(1, 40)  # single offers: their time is the call's, not the item's
+    assert cost.max_items == MAX_CALL_ITEMS
+
+
+async def test_offer_many_splits_by_the_server_time_its_calls_cost(own_server: Any, make_client: Any,
+                                                                   make_queue: Any) -> None:
+    client = make_client(own_server())
+    q: DelayedQueue[int] = make_queue("costly", redis=client)
+
+    async def offer_calls(n: int) -> int:
+        await client.config_resetstat()
+        await q.offer_many([(i, 3600) for i in range(n)])
+        stats = await client.info("commandstats")
+        return int(stats["cmdstat_evalsha"]["calls"])
+
+    await q.offer(-1, 3600)  # reads the server's long layout (a script call of its own)
+    assert await offer_calls(MAX_CALL_ITEMS) == 1
+    cost = q._producer._cost
+    for _ in range(30):  # as if each item had cost 40 µs (a zset of millions, a loaded server)
+        cost.observe(MAX_CALL_ITEMS, MAX_CALL_ITEMS * 40)
+    most = cost.max_items
+    assert most == BUDGET_US // 40
+    assert await offer_calls(MAX_CALL_ITEMS) == math.ceil(MAX_CALL_ITEMS / most)
+    assert await q.size() == 2 * MAX_CALL_ITEMS + 1
+    assert cost.max_items != most  # the calls measured themselves: the estimate moved

@@ -21,7 +21,7 @@ class OfferBatcher:
     """Sends waiting offers in script calls, at most :data:`MAX_IN_FLIGHT` at a time.
 
     A lone offer is sent at once (no added latency). Offers that arrive in the same event loop turn
-    go out together, up to ``max_items`` items and ``max_bytes`` bytes (an item larger than
+    go out together, up to ``max_items()`` items and ``max_bytes`` bytes (an item larger than
     ``max_bytes`` goes alone), so one big item never makes small ones fail with it; when both calls
     are in flight they wait for one to finish. Each call is a task that lives only while its call is
     in flight; callers await their own future, so a cancelled caller whose offer was not sent yet is
@@ -30,7 +30,7 @@ class OfferBatcher:
     order, and one caller's offers, awaited one after the other, are never in flight together.
     """
 
-    def __init__(self, send: Callable[[list[Any]], Awaitable[list[Any]]], *, max_items: int,
+    def __init__(self, send: Callable[[list[Any]], Awaitable[list[Any]]], *, max_items: Callable[[], int],
                  max_bytes: int, size: Callable[[Any], int]) -> None:
         self._send = send
         self._max_items = max_items
@@ -79,9 +79,10 @@ class OfferBatcher:
         batch: list[tuple[Any, asyncio.Future[int]]] = []
         size = 0
         taken = 0
+        most = self._max_items()
         for fragment, future in self._pending:
             fragment_size = self._size(fragment)
-            if batch and (len(batch) >= self._max_items or size + fragment_size > self._max_bytes):
+            if batch and (len(batch) >= most or size + fragment_size > self._max_bytes):
                 break
             taken += 1
             if not future.done():

@@ -2,7 +2,8 @@
 
 Offers carry a call id (16 random bytes) that OFFER remembers for 60 s: after a lost reply the
 producer resends the same call within ``call_timeout_s`` and the server applies it once. Calls are
-capped by count and by bytes, so one large item never fails small ones sent with it.
+capped by count, by bytes (so one large item never fails small ones sent with it) and by the server
+time they cost (``call_cost.py``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ from .._wire.elements import (
 )
 from ..exceptions import InvalidDelayError, InvalidHeadersError, InvalidKeyError, ItemTooLargeError, QueueFullError
 from .batcher import OfferBatcher
+from .call_cost import CallCost
 from .keyed import Offered, check_key, key_tag, parse_outcome
 
-__all__ = ["MAX_CALL_ITEMS", "Producer"]
-
-MAX_CALL_ITEMS = 1000  # items per OFFER call: a few ms of server time at most
+__all__ = ["Producer"]
 
 
 class Producer:
@@ -56,9 +56,10 @@ class Producer:
         # Only payloads of these codecs never start with an item envelope's marker (see _wire/envelope.py).
         self._bare_safe = isinstance(self._codec, (JsonCodec, StrCodec, MsgpackCodec))
         self._batcher: OfferBatcher | None = None
+        self._cost = CallCost()
 
     def __repr__(self) -> str:
-        return f"<Producer {self._keys.destination!r} kind={self._kind} batcher={self._batcher!r}>"
+        return f"<Producer {self._keys.destination!r} kind={self._kind} batcher={self._batcher!r} cost={self._cost!r}>"
 
     @property
     def kind(self) -> ElementKind:
@@ -89,7 +90,7 @@ class Producer:
         fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace,
                                                 envelope=envelope, issued=issued)
         if self._batcher is None:
-            self._batcher = OfferBatcher(self._send_issued, max_items=MAX_CALL_ITEMS,
+            self._batcher = OfferBatcher(self._send_issued, max_items=lambda: self._cost.max_items,
                                          max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
         return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b""))
 
@@ -97,7 +98,7 @@ class Producer:
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
-        """Many items, in calls of at most ``MAX_CALL_ITEMS`` items and ``max_call_bytes`` bytes, all
+        """Many items, in calls of at most :class:`CallCost`'s items and ``max_call_bytes`` bytes, all
         sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
         When one call fails, the others are still awaited (none is left running unowned), then the
         first failure is raised. Traced as :meth:`offer` (one span for the call)."""
@@ -123,12 +124,12 @@ class Producer:
         envelope = None if headers is None and expires is None else (headers, expires, False)
         fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued)
         chunks: list[list[int]] = [[]]  # indexes into fragments
-        size = 0
+        size, most = 0, self._cost.max_items
         for i, fragment in enumerate(fragments):
             size_of = fragment_size(fragment)
             # Under max_pending one call, all or nothing: no other producer's items between the calls.
             if chunks[-1] and self._max_pending is None and (
-                    len(chunks[-1]) >= MAX_CALL_ITEMS or size + size_of > self._max_call_bytes):
+                    len(chunks[-1]) >= most or size + size_of > self._max_call_bytes):
                 chunks.append([])
                 size = 0
             chunks[-1].append(i)
@@ -222,6 +223,8 @@ class Producer:
             return reply
 
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        if len(reply) > 3:  # a fresh run measured itself
+            self._cost.observe(len(fragments), int(reply[3]))
         if reply[0] is None:  # refused whole: nothing written
             raise self._full(int(reply[2]), len(fragments))
         base = int(reply[0])

@@ -18,18 +18,19 @@
 --   'strict' (8-byte id) or 'legacy' (dLc0): ARGV[6..] triples of delay ms, id (strict: 8 bytes;
 --             legacy: a decimal long, or for a keyed item the 8 bytes of the double), payload;
 --             packed here; zset + list.
--- returns: {base, now, outcome}: each item is due at base + its delay. base is the issue time when
+-- returns: {base, now, outcome, us}: each item is due at base + its delay. base is the issue time when
 -- it is sane (not after now, at most MAX_ISSUE_AGE_MS before it), else now, the server time (ms)
 -- of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
 -- item, 'a' added, 'r' replaced a pending item of its key, 'p' kept the pending item of its key
 -- (nothing written), 'f' refused (the queue was full), then for every 'p' ',' and that item's due
--- ms. A resend of the same call id within the window writes nothing and returns {base, false,
--- outcome} of the first run (a call refused whole wrote nothing and is not remembered).
+-- ms. us: the µs this run took (the producer sizes its next calls by it). A resend of the same call
+-- id within the window writes nothing and returns {base, false, outcome} of the first run (a call
+-- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- scheduler re-arms (Redisson publishes when the new element becomes the head).
 local first = first_run(KEYS[5], ARGV[1])
 if first then return {first, false, redis.call('hget', KEYS[6], ARGV[1]) or ''} end
-local now = now_ms()
+local now, started = now_ms()
 local base = issue_base(ARGV[2], now)
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
@@ -221,4 +222,4 @@ local outcome = table.concat(letters) .. table.concat(kept)
 if keys then sweep_index(KEYS[7], KEYS[2], 2) end
 -- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.
 remember(KEYS[5], KEYS[6], ARGV[1], base, outcome ~= '' and outcome or nil)
-return {base, now, outcome}
+return {base, now, outcome, elapsed_us(started)}
