@@ -34,7 +34,7 @@ from aiodelayq._scripts import OFFER
 from aiodelayq._wire.clock import STALE_S, ServerClock
 from aiodelayq.testing import ThrowawayServer
 from tests.faults import pause_server, stall_server
-from tests.helpers import queue_on, server_clock_at, server_ms
+from tests.helpers import free_socket, queue_on, server_clock_at, server_ms
 
 # -- delays and input ----------------------------------------------------------------------------------
 
@@ -582,3 +582,30 @@ async def test_offer_many_splits_by_the_server_time_its_calls_cost(own_server: A
     assert await offer_calls(MAX_CALL_ITEMS) == math.ceil(MAX_CALL_ITEMS / most)
     assert await q.size() == 2 * MAX_CALL_ITEMS + 1
     assert cost.max_items != most  # the calls measured themselves: the estimate moved
+
+
+@pytest.mark.parametrize("how", ["nothing listens", "TLS to a plain server"])
+async def test_an_offer_that_never_connected_says_nothing_was_written(own_server: Any, how: str) -> None:
+    if how == "nothing listens":
+        with free_socket() as sock:  # bound, not listening: connections are refused
+            port = sock.getsockname()[1]
+            client = Redis(host="127.0.0.1", port=port)
+            await _refused_offer(client)
+    else:
+        srv = own_server()
+        client = Redis(host="127.0.0.1", port=srv.port, ssl=True, ssl_cert_reqs="none")
+        await _refused_offer(client)
+        plain = Redis.from_url(srv.url)
+        assert await plain.keys("*") == []  # the handshake's bytes ran no command
+        await plain.aclose()
+
+
+async def _refused_offer(client: Redis) -> None:
+    q: DelayedQueue[int] = DelayedQueue(client, "never", call_timeout_s=0.5, strict=True)
+    try:
+        with pytest.raises(BackendError) as caught:
+            await asyncio.wait_for(q.offer(1, 60), 10)
+        assert caught.value.maybe_applied is False, caught.value
+        assert "may have been applied" not in str(caught.value), caught.value
+    finally:
+        await client.aclose()

@@ -66,8 +66,11 @@ async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool
     """Write ``commands`` on ``conn`` in one go and return their replies in order; an error reply is
     returned as its ``ResponseError``, not raised. ``then`` (``WAIT``) follows on the same connection
     only if the last command succeeded (a ``WAIT`` after a refused command would block for nothing),
-    its reply appended. ``sent[0]`` is set before the write."""
+    its reply appended. ``sent[0]`` is set before the write, after the connection is made: a call
+    that fails to connect (refused, a TLS handshake, AUTH) was never sent."""
     try:
+        if not conn.is_connected:
+            await conn.connect()
         sent[0] = True
         await conn.send_packed_command(pack(conn, commands))
         replies = [await _read(conn) for _ in commands]
