@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,75 @@ async def test_missing_permissions_are_clear_permanent_errors(acl_client: Any, m
     with pytest.raises(AccessDeniedError):
         await q.open()
     assert loop.time() - start < 5  # not "could not subscribe within 30 s", not retried forever
+
+
+@pytest.mark.parametrize("refused", ["the channel", "evalsha", "the password"])
+async def test_an_open_the_acl_refuses_raises_it_and_no_background_task_logs_it(
+        refused: str, acl_client: Any, make_queue: Any, redis_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    rules = acl_rules("orders", version)
+    if refused == "the channel":  # SUBSCRIBE refused
+        rules = [r for r in rules if not r.startswith("&")]
+    elif refused == "evalsha":  # the first transfer refused
+        rules.remove("+evalsha")
+    client = await acl_client("consumer", "wrong" if refused == "the password" else "secret", rules)
+    q: DelayedQueue[int] = make_queue("orders", redis=client, open_timeout_s=30)
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(AccessDeniedError):
+        await q.open()
+    assert loop.time() - start < 15  # raised, not waited out (open_timeout_s=30)
+    await q.aclose()
+    # The caller got the error; the subscriber, the scheduler and the opening task reported nothing.
+    assert [r.getMessage() for r in caplog.records if r.name == "aiodelayq" and r.levelno >= logging.WARNING] == []
+
+
+async def test_a_refused_channel_is_named_with_the_acl_rule_that_grants_it(acl_client: Any, make_client: Any,
+                                                                           make_queue: Any, redis_server: Any) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    name = "jobs*[x]"  # the rule escapes the glob characters of its channel
+    rules = acl_rules(name, version)
+    [grant] = [r for r in rules if r.startswith("&")]
+    client = await acl_client("consumer", "secret", [r for r in rules if r != grant])
+    q: DelayedQueue[int] = make_queue(name, redis=client)
+    with pytest.raises(AccessDeniedError) as opened:  # the consumer's SUBSCRIBE
+        await q.open()
+    assert q.keys.channel in str(opened.value)
+    assert grant in str(opened.value)
+    # The producer's PUBLISH, inside the offer script: named the same way. The script's writes before
+    # it stay: the offer may have been applied.
+    with pytest.raises(AccessDeniedError) as offered:
+        await q.offer(1, 0)
+    assert q.keys.channel in str(offered.value)
+    assert grant in str(offered.value)
+    assert offered.value.maybe_applied
+    # The rule the errors name is the one missing: granted, the queue opens and the offered item comes.
+    kwargs = client.connection_pool.connection_kwargs
+    admin = make_client(f"redis://{kwargs['host']}:{kwargs['port']}/0")
+    await admin.execute_command("ACL", "SETUSER", "consumer", grant)
+    async with make_queue(name, redis=client) as granted:
+        assert await asyncio.wait_for(granted.take(), 5) == 1
+
+
+async def test_a_queue_refused_its_channel_leaves_the_open_queues_of_its_client_working(
+        acl_client: Any, make_queue: Any, redis_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    allowed, refused = acl_rules("allowed", version), acl_rules("refused", version)
+    [grant] = [r for r in refused if r.startswith("&")]
+    resets = {"on", ">secret", "resetkeys", "resetchannels", "-@all"}
+    client = await acl_client("consumer", "secret", [*allowed, *(r for r in refused if r not in resets | {grant})])
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    # Only the channel wakes the open queue's scheduler here (its safety poll is a minute away).
+    async with make_queue("allowed", redis=client, safety_poll_s=60) as working:
+        other: DelayedQueue[int] = make_queue("refused", redis=client)
+        with pytest.raises(AccessDeniedError) as opened:  # its SUBSCRIBE shares the open queue's connection
+            await other.open()
+        assert other.keys.channel in str(opened.value)
+        assert working.keys.channel not in str(opened.value)
+        await working.offer(1, 0.2)
+        assert await asyncio.wait_for(working.take(), 10) == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "aiodelayq" and r.levelno >= logging.WARNING] == []
 
 
 async def test_the_first_take_without_permission_to_pop_raises_it(acl_client: Any, make_queue: Any) -> None:

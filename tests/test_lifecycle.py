@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from aiodelayq import (
     BackendError,
@@ -26,7 +28,7 @@ from aiodelayq import (
     WrongEventLoopError,
 )
 from aiodelayq._runtime.client_runtime import TRANSFER_SLOTS, runtime_for
-from tests.helpers import receivers_waiting, takers_waiting, until
+from tests.helpers import free_socket, receivers_waiting, takers_waiting, until
 
 # -- opening and closing ---------------------------------------------------------------------------
 
@@ -214,6 +216,24 @@ async def test_open_fails_clearly_when_redis_is_unreachable() -> None:
         await q.offer("x", 1)
     await q.aclose()
     await client.aclose()
+
+
+async def test_an_open_that_cannot_connect_names_what_it_waited_for_and_no_background_task_logs_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    with free_socket() as bound:  # bound, not listening: every connection is refused
+        port = bound.getsockname()[1]
+        # No retry inside redis-py: the subscriber and the scheduler fail and try again many times.
+        client = Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+        q = DelayedQueue(client, "nowhere", open_timeout_s=2, call_timeout_s=0.5)
+        with pytest.raises(BackendError) as opened:
+            await q.open()
+        await q.aclose()
+        await client.aclose()
+    assert q.keys.channel in str(opened.value)  # what it waited for: the subscription
+    failures = [r for r in caplog.records if r.name == "aiodelayq" and "failed" in r.getMessage()]
+    assert failures  # the background tasks did fail meanwhile: at DEBUG, the caller got the error
+    assert [r.getMessage() for r in caplog.records if r.name == "aiodelayq" and r.levelno >= logging.WARNING] == []
 
 
 async def test_aclose_wakes_waiting_takes_and_receives_is_idempotent_and_bounded(make_queue: Any) -> None:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from .._wire.key_names import QueueKeys
 
-__all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_probes", "minimal_acl_rules"]
+__all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", "minimal_acl_rules"]
 
 # Every command the library sends for a queue, the commands its scripts run included.
 MINIMAL_COMMANDS = (
@@ -63,14 +63,14 @@ def minimal_acl_rules(name: str, *, waitaof: bool = False) -> list[str]:
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
     (with :data:`WAITAOF_COMMANDS` when ``waitaof``)."""
     keys = QueueKeys.for_name(name)
-    tag = _literal(keys.timeout_set.partition(":")[2])  # "{name}", or the name's own hash tag form
+    tag = acl_literal(keys.timeout_set.partition(":")[2])  # "{name}", or the name's own hash tag form
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
-    return ["resetkeys", "resetchannels", "-@all", *(f"~{_literal(key)}" for key in (
+    return ["resetkeys", "resetchannels", "-@all", *(f"~{acl_literal(key)}" for key in (
         keys.destination, keys.timeout_set, keys.delay_list, keys.channel)), f"~aiodelayq_*:{tag}",
-            f"&{_literal(keys.channel)}", *(f"+{command}" for command in commands)]
+            f"&{acl_literal(keys.channel)}", *(f"+{command}" for command in commands)]
 
 
-def _literal(text: str) -> str:
+def acl_literal(text: str) -> str:
     """``text`` as an ACL glob that matches only itself (``*``, ``?``, ``[``, ``]``, ``\\`` escaped)."""
     return "".join("\\" + char if char in "*?[]\\" else char for char in text)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, TypeAlias
@@ -41,11 +42,14 @@ from redis.exceptions import (
 )
 
 from .._core.tasks import keep
+from .._wire.key_names import QueueKeys
 from ..exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
+from .acl import acl_literal
 from .cluster import cluster_exchange, mark_stale
 from .exchange import exchange, reconnect_if_closed, result
 
-__all__ = ["AnyRedis", "Script", "call", "call_pipelined", "classify", "is_permanent", "run_script"]
+__all__ = ["AnyRedis", "Script", "call", "call_pipelined", "channel_denied", "classify", "is_permanent",
+           "run_script"]
 
 AnyRedis: TypeAlias = Redis | RedisCluster
 """The clients the library takes: a single server (or Sentinel-managed primary) or a cluster."""
@@ -81,16 +85,20 @@ def is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, (AccessDeniedError, WrongNodeError))
 
 
-def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
+def classify(what: str, exc: BaseException, *, sent: bool, channels: Sequence[str] = ()) -> BackendError:
     """Turn a redis-py or OS error into the library's error for ``what``.
 
     ``sent`` says whether the command may have reached the server: then a connection failure or a
-    timeout leaves its outcome unknown (``maybe_applied``).
+    timeout leaves its outcome unknown (``maybe_applied``). ``channels``: the pub/sub channels the
+    command used; a refused channel permission names them (the server's text does not) and the
+    ACL rule that grants each.
     """
     if isinstance(exc, BackendError):
         return exc
     text = str(exc)
     if isinstance(exc, (NoPermissionError, AuthenticationError, AuthorizationError)) or _denied(text):
+        if channels and _about_channel(text):
+            return channel_denied(what, channels, text)
         return AccessDeniedError(f"{what}: permission denied: {text}")
     if isinstance(exc, AskError) or text.startswith(("MOVED", "ASK ")):
         return WrongNodeError(f"{what}: the key lives on another cluster node ({text}); a plain "
@@ -99,18 +107,65 @@ def classify(what: str, exc: BaseException, *, sent: bool) -> BackendError:
         # The server answered with an error: the call did not complete (a script that failed
         # midway may have applied its first writes; the scripts order their writes for that).
         return BackendError(f"{what} failed: {text}", maybe_applied=False)
+    if (refused := _tls_refusal(exc)) is not None:
+        # A certificate refused on either side: permanent, like a wrong password (nothing was sent).
+        return AccessDeniedError(f"{what}: TLS handshake failed: {refused}")
     # A dropped connection, a timeout, or a non-Redis error raised while redis-py tears a
     # connection down under the call: the outcome is unknown if the command was sent.
-    return BackendError(f"{what} failed: {exc!r}", maybe_applied=sent)
+    return BackendError(f"{what} failed: {type(exc).__name__}: {text}", maybe_applied=sent)
+
+
+def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl`` error among ``exc``'s causes that refused a certificate (the server's, by this
+    client's checks; or this client's, when the server's alert arrives before it closes), if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLCertVerificationError) or (
+                isinstance(cause, ssl.SSLError) and any(word in str(cause.reason or cause).upper()
+                                                        for word in ("CERTIFICATE", "UNKNOWN_CA"))):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def channel_denied(what: str, channels: Sequence[str], text: str) -> AccessDeniedError:
+    """The error of a refused pub/sub channel permission (``text``: the server's words) for ``what``
+    on one of ``channels``: it names them and the ACL rule (``&channel``, globs escaped) that grants
+    each, as the minimal ACL of ``_redis/acl.py`` does."""
+    rules = " ".join(f"&{acl_literal(channel)}" for channel in channels)
+    how = f"(ACL SETUSER <user> {rules}; the Deployments page of the docs shows the minimal ACL)"
+    if len(channels) == 1:
+        return AccessDeniedError(f"{what}: permission denied for pub/sub channel {channels[0]!r} ({text}): the "
+                                 f"Redis user needs the ACL rule {rules} {how}")
+    return AccessDeniedError(f"{what}: permission denied for one of the pub/sub channels "
+                             f"{', '.join(map(repr, channels))} ({text}): the Redis user needs the ACL rule of "
+                             f"each {how}")
 
 
 # How servers word a permission refusal, also from inside a script (Redis 6.2/7, Valkey 8).
 _DENIED = ("NOPERM", "NOAUTH", "WRONGPASS", "ACL failure", "can't run this command", "no permissions",
-           "No permissions", "can't access")
+           "No permissions", "can't access", "can't publish")
 
 
 def _denied(text: str) -> bool:
     return text.startswith(_DENIED[:3]) or any(marker in text for marker in _DENIED[3:])
+
+
+def _about_channel(text: str) -> bool:
+    """Whether a refusal concerns a pub/sub channel ("No permissions to access a channel", "...one of
+    the channels used as arguments", a script's "can't publish to the channel ...") rather than a
+    command, a key or the login."""
+    return "channel" in text.lower()
+
+
+# The channel of every queue starts with this (Redisson's channel prefix), whatever its name.
+_CHANNEL_PREFIX = QueueKeys.for_name("_").channel.partition(":")[0] + ":"
+
+
+def _text(key: Any) -> str:
+    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
 
 
 async def _exchange(client: AnyRedis, commands: Sequence[Sequence[Any]], sent: list[bool], route: Any,
@@ -144,8 +199,8 @@ async def _bounded(client: AnyRedis, commands: Sequence[Sequence[Any]], *, what:
         child.cancel()
         if isinstance(client, RedisCluster):
             mark_stale(client)  # the node may be gone (a failover): read the slot map again
-        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; it may have been applied",
-                               maybe_applied=sent[0])
+        outcome = "it may have been applied" if sent[0] else "it was not sent (no connection was made)"
+        raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; {outcome}", maybe_applied=sent[0])
     try:
         return child.result()
     except Exception as exc:
@@ -188,10 +243,26 @@ async def run_script(client: AnyRedis, script: Script, keys: Sequence[Any], args
     """``EVALSHA`` ``script`` (loading it on ``NOSCRIPT``) within ``timeout_s`` seconds in all; on a
     cluster, on the primary of ``keys[0]``'s slot (a queue's keys share one). ``then``: as in :func:`call`.
 
-    Raises: as :func:`call`.
+    Raises: as :func:`call`. A ``PUBLISH`` the script's user may not send is an
+        :class:`AccessDeniedError` naming the queue's channel among ``keys``; ``maybe_applied``, as
+        the script's writes before it stay applied.
     """
-    route = keys[0] if keys else None
     label = what or script.name
+    try:
+        return await _evalsha(client, script, keys, args, timeout_s=timeout_s, label=label, then=then)
+    except AccessDeniedError as exc:
+        cause = exc.__cause__
+        channels = [key for key in map(_text, keys) if key.startswith(_CHANNEL_PREFIX)]
+        if cause is None or not channels or not _about_channel(str(cause)):
+            raise
+        denied = channel_denied(label, channels, str(cause))
+        denied.maybe_applied = True
+        raise denied from cause
+
+
+async def _evalsha(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+                   timeout_s: float, label: str, then: Sequence[Any] | None) -> Any:
+    route = keys[0] if keys else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     command = ("EVALSHA", script.sha, len(keys), *keys, *args)

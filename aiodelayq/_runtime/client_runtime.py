@@ -13,6 +13,7 @@ own deadline, so a close never waits for another queue's open, even during a ser
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ __all__ = [
     "release_scheduler",
     "runtime_for",
 ]
+
+log = logging.getLogger("aiodelayq")
 
 # Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
 # connections a client's queues use stay below this plus the pub/sub connection, however many
@@ -88,6 +91,8 @@ def runtime_for(client: AnyRedis) -> ClientRuntime | None:
 
 
 async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float) -> None:
+    """Subscribe and transfer once, then let the safety poll look at the queue. Until then the
+    subscriber and the scheduler log their failures at DEBUG only: the opener reports them."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     scheduler.start()
@@ -97,6 +102,15 @@ async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferSch
     if not await scheduler.wait_transferred(max(0.0, deadline - loop.time())):
         raise BackendError(f"first transfer of {keys.destination!r} failed: "
                            f"{scheduler.stats.last_error or 'timed out'}")
+    if runtime.safety_poll is not None:
+        runtime.safety_poll.add(scheduler)
+
+
+def _progress(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler) -> str:
+    """What an opening that ran out of time still waits for, and the last failure in its way."""
+    if not runtime.subscriber.subscribed(keys.channel):
+        return f"not subscribed to {keys.channel!r} ({runtime.subscriber.last_error or 'no confirmation'})"
+    return f"no transfer succeeded ({scheduler.stats.last_error or 'none finished'})"
 
 
 async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
@@ -119,8 +133,6 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
         scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
                                       batch=batch, safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
                                       shared_poll=runtime.safety_poll is not None, lag_warning_s=lag_warning_s)
-        if runtime.safety_poll is not None:
-            runtime.safety_poll.add(scheduler)
         ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s),
                                     name=f"aiodelayq-open:{keys.destination}", quiet=True)
         entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
@@ -128,8 +140,9 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
     try:
         done, _ = await asyncio.wait({entry.ready}, timeout=open_timeout_s)
         if not done:
-            raise BackendError(f"opening {keys.destination!r} did not finish within {open_timeout_s} s")
-        entry.ready.result()
+            raise BackendError(f"opening {keys.destination!r} did not finish within {open_timeout_s} s: "
+                               f"{_progress(runtime, keys, entry.scheduler)}")
+        entry.ready.result()  # its failure: raised here, to every opener, and reported by them alone
     except BaseException:
         await release_scheduler(client, keys, timeout_s=1.0)
         raise
@@ -161,7 +174,11 @@ async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float)
         runtime.safety_poll.discard(entry.scheduler)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    await stop_task(entry.ready, max(0.0, deadline - loop.time()))
+    if entry.ready.done():  # its outcome went to its openers (acquire_scheduler raised a failure)
+        if not entry.ready.cancelled() and entry.ready.exception() is not None:
+            log.debug("aiodelayq: opening of %r failed: %s", keys.destination, entry.ready.exception())
+    else:
+        await stop_task(entry.ready, max(0.0, deadline - loop.time()))
     await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
     if last:  # the subscriber and the safety poll first (they release their connections), then the rest
         if runtime.safety_poll is not None:

@@ -109,6 +109,10 @@ class TransferScheduler:
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
         self._permanent: BackendError | None = None
+        # Whether a transfer succeeded since start. Until one did the queue is opening, and open()
+        # reports the failures (raises a permanent one, names the last one when it times out): the
+        # worker logs them at DEBUG only.
+        self._opened = False
         # The current streak of failed transfers: its length and when it began (loop time), for the
         # INFO line when transfers work again.
         self._failures = 0
@@ -298,7 +302,8 @@ class TransferScheduler:
                     self._transferred.set()  # wakes open(), which raises it
                     self._transferred.clear()
                 delay = backoff.failed()
-                log.log(backoff.level(exc), "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
+                log.log(backoff.level(exc) if self._opened else logging.DEBUG,
+                        "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
                         self._keys.destination, exc, delay)
                 if self._anchor is not None and self._head_ms is not None:  # how late it is by now
                     self._watch_lag(self._anchor[1] + (self._loop.time() - self._anchor[0]) * 1000 - self._head_ms)
@@ -307,11 +312,13 @@ class TransferScheduler:
             backoff.succeeded()
             if self._failures:
                 # The end of an outage (or of a stall): one line, the failures were each logged. After
-                # a single failure (a connection the server had closed) it stays at DEBUG, as it did.
-                log.log(logging.INFO if self._failures > 1 else logging.DEBUG,
+                # a single failure (a connection the server had closed), or failures before the first
+                # success (logged at DEBUG: an open that fails reports them), it is DEBUG.
+                log.log(logging.INFO if self._failures > 1 and self._opened else logging.DEBUG,
                         "aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
                         self._keys.destination, self._failures, self._loop.time() - self._failing_since)
                 self._failures = 0
+            self._opened = True
             moved, dead, next_due, lease_due = reply
             self._head_ms = next_due
             if lease_due is not None:

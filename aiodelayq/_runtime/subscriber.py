@@ -56,9 +56,10 @@ class Subscriber:
         # Channels whose queues closed, unsubscribed together by one task (many queues may close at once).
         self._leaving: set[bytes] = set()
         self._unsubscriber: asyncio.Task[None] | None = None
-        # Set (and replaced) when a subscribe fails for good (e.g. no permission for the channel),
-        # so open() raises it instead of waiting out its timeout.
-        self._failed: asyncio.Future[BackendError] = asyncio.get_running_loop().create_future()
+        # The callers of add() still waiting, by channel: a subscribe that fails for good (e.g. no
+        # permission for the channel) is handed to them, so open() raises it instead of waiting out
+        # its timeout, and reports it alone.
+        self._openers: dict[bytes, asyncio.Future[BackendError]] = {}
         self.reconnects = 0
         self.last_error: str | None = None
 
@@ -70,27 +71,38 @@ class Subscriber:
         """How many channels this subscriber serves."""
         return len(self._listeners)
 
+    def subscribed(self, channel: str) -> bool:
+        """Whether the server confirmed a subscription to ``channel`` since it was added."""
+        return self._is_confirmed(channel.encode())
+
+    def _is_confirmed(self, key: bytes) -> bool:
+        confirmed = self._confirmed.get(key)
+        return confirmed is not None and confirmed.is_set()
+
     async def add(self, channel: str, listener: ChannelListener, timeout_s: float) -> bool:
         """Subscribe ``listener`` to ``channel``; return whether the server confirmed within ``timeout_s``.
 
-        When it did not, the reader keeps retrying in the background; the caller decides.
+        When it did not, the reader keeps retrying in the background; the caller decides (until a
+        channel is confirmed, the reader logs its failures at DEBUG only: the caller reports them).
 
         Raises:
-            AccessDeniedError: the server refused the subscription (the user may not use the channel).
+            AccessDeniedError: the server refused the subscription; a missing channel permission
+                names the channel and the ACL rule that grants it.
+            WrongNodeError: another permanent failure of the subscription.
         """
         key = channel.encode()
         self._listeners[key] = listener
         self._leaving.discard(key)
         confirmed = self._confirmed[key] = asyncio.Event()
-        if self._failed.done():
-            self._failed = asyncio.get_running_loop().create_future()
-        failed = self._failed
+        failed = self._openers[key] = asyncio.get_running_loop().create_future()
         self._task.start()  # unless running; the reader subscribes every listener when it connects
         subscribing = asyncio.ensure_future(self._subscribe(key, confirmed))
         waits: set[asyncio.Future[Any]] = {subscribing, failed}
         try:
             await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if self._openers.get(key) is failed:
+                del self._openers[key]
             await stop_task(subscribing, 0.1, report=False)  # its subscribe call is detached
         if confirmed.is_set():
             return True
@@ -154,6 +166,7 @@ class Subscriber:
     async def _run(self) -> None:
         backoff = Backoff()
         failures = 0  # connection losses since the last successful (re)subscribe
+        warned = False  # whether one of them was logged at WARNING
         while True:
             pubsub = await self._new_pubsub()
             try:
@@ -165,30 +178,53 @@ class Subscriber:
                 if failures:
                     # Says the drop is over (each channel's confirmation then runs its scheduler's
                     # compensating transfer): INFO after an outage that was warned about, DEBUG after
-                    # one loss that one reconnect mended (a proxy's idle cut, CLIENT KILL).
-                    log.log(logging.INFO if failures > 1 else logging.DEBUG,
+                    # one loss that one reconnect mended (a proxy's idle cut, CLIENT KILL) or losses
+                    # while every channel was opening.
+                    log.log(logging.INFO if warned else logging.DEBUG,
                             "aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
                             len(self._listeners), failures)
-                    failures = 0
+                    failures, warned = 0, False
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
                 self.reconnects += 1
                 failures += 1
                 if isinstance(self._client, RedisCluster):
                     mark_stale(self._client)  # its node may be gone: the next data call reads the map
-                error = classify("subscribe", exc, sent=True)
+                # The channels never confirmed (their queues are opening) are the ones a refusal
+                # of a channel is about: the others were allowed when they subscribed.
+                opening = [key for key in self._listeners if not self._is_confirmed(key)]
+                error = classify("subscribe", exc, sent=True,
+                                 channels=[key.decode() for key in opening or self._listeners])
                 self.last_error = str(error)
-                if is_permanent(error) and not self._failed.done():
-                    self._failed.set_result(error)
+                handed = is_permanent(error) and self._hand_to_openers(opening, error)
                 delay = backoff.failed()
-                # The first loss of a streak once at INFO: a reconnect usually mends it.
-                log.log(logging.INFO if backoff.level(error) == logging.DEBUG else logging.WARNING,
-                        "aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
+                # The open() calls report what they were handed, and while every channel is opening
+                # any failure (raised if permanent, named when they time out): DEBUG here. The
+                # channels of open queues are resubscribed once a refused one has left. Else the
+                # first loss of a streak once at INFO: a reconnect usually mends it.
+                level = (logging.DEBUG if handed or len(opening) == len(self._listeners) else
+                         logging.INFO if backoff.level(error) == logging.DEBUG else logging.WARNING)
+                warned = warned or level == logging.WARNING
+                log.log(level, "aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
             finally:
                 self._pubsub = None
                 # reset() closes the connection; shielded so a cancelled reader still releases it.
                 await asyncio.shield(cast(Any, pubsub).aclose())
+
+    def _hand_to_openers(self, channels: list[bytes], error: BackendError) -> bool:
+        """Give ``error`` to the callers of :meth:`add` that wait for ``channels`` (they raise it);
+        return whether one did. Their channels are dropped at once, so the next reconnect subscribes
+        only the others, whoever runs first."""
+        handed = False
+        for key in channels:
+            waiter = self._openers.get(key)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(error)
+                self._listeners.pop(key, None)
+                self._confirmed.pop(key, None)
+                handed = True
+        return handed
 
     async def _new_pubsub(self) -> Any:
         """A ``PubSub`` of the client. On a cluster any node hears every channel (a ``PUBLISH``, also
