@@ -75,8 +75,9 @@ def lint(session: nox.Session) -> None:
 # topologies (clusters, sentinels, failovers), plus the Java Redisson interop and a Cluster smoke test.
 QUICK_SELECTION = ("-m", "(not slow and not topology) or smoke")
 # What the other server kinds and Pythons run: also without the Java interop (one JVM per module and
-# build) and the smoke test (the first kind ran both).
-OTHERS_SELECTION = ("-m", "not slow and not java and not topology")
+# build), the smoke test (the first kind ran both) and the tests marked once (a browser, Prometheus,
+# argument parsing: neither the server nor the Python version changes what they check).
+OTHERS_SELECTION = ("-m", "not slow and not java and not topology and not once")
 
 
 @nox.session

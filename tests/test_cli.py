@@ -605,6 +605,7 @@ def _option_line(param: Any) -> str:
     return names if flag else f"{names} {param.metavar}"
 
 
+@pytest.mark.once
 async def test_help_shows_flags_as_flags_arguments_by_name_and_every_option() -> None:
     script = shutil.which("aiodelayq", path=os.path.dirname(sys.executable))
     assert script is not None, "aiodelayq is not installed next to this interpreter: pip install -e '.[cli]'"
@@ -658,6 +659,7 @@ async def test_help_and_version_import_neither_rich_nor_redis_nor_the_commands_c
 # -- bad input -------------------------------------------------------------------------------------
 
 
+@pytest.mark.once
 async def test_bad_options_are_one_line_and_exit_2(redis_server: ServerInfo, cli: Cli, qname: str) -> None:
     cases = {
         ("stats", qname, "--redis-url", "http://127.0.0.1:6379/0"): "bad --redis-url",

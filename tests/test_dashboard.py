@@ -622,6 +622,7 @@ def _browser(chromium: str, driver_path: str, width: int = 1280, height: int = 1
             browser.quit()
 
 
+@pytest.mark.once
 async def test_in_a_browser_the_page_lists_the_queue_and_pause_pauses_it(client: Redis, make_queue: Any,
                                                                        serve_asgi: Any) -> None:
     chromium, driver_path = _browser_or_skip()

@@ -421,6 +421,7 @@ async def _prometheus_query(http: httpx.AsyncClient, base: str, query: str) -> l
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus (.ci/run installs it)")
+@pytest.mark.once
 async def test_a_real_prometheus_scrapes_a_workers_metrics(make_queue: Any, metrics: QueueMetrics, serve_asgi: Any,
                                                          tmp_path: Path) -> None:
     q = make_queue(max_deliveries=3)
