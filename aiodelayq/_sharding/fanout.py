@@ -1,0 +1,34 @@
+"""One call on every shard at once, for the whole-queue calls of a sharded queue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+__all__ = ["on_every", "redeliver_cancellation"]
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+async def on_every(shards: Sequence[S], call: Callable[[S], Awaitable[R]]) -> list[R]:
+    """``call(shard)`` for every shard, concurrently; the results in shard order. Every call runs to
+    its end (none is left running unowned), then the first failure, in shard order, is raised: the
+    other shards' calls may have been applied."""
+    results = await asyncio.gather(*(call(shard) for shard in shards), return_exceptions=True)
+    out: list[R] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
+    return out
+
+
+def redeliver_cancellation() -> None:
+    """The running task caught its cancellation while it held items a caller must get (popped or
+    received from one shard before a look at the next was cancelled): it returns them, and the
+    cancellation is raised again at the task's next await (as ``Prioritized`` does)."""
+    current = asyncio.current_task()
+    assert current is not None
+    current.cancel()
