@@ -19,7 +19,13 @@ from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
 from .record import ShardCount
 
-__all__ = ["QueueParts"]
+__all__ = ["QueueParts", "check_timeout_s"]
+
+
+def check_timeout_s(options: QueueOptions) -> float:
+    """The bound of a queue object's shard count check: ``call_timeout_s``, or ``open_timeout_s`` when
+    shorter (the check may be the first call of an opening)."""
+    return min(options.call_timeout_s, options.open_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -49,4 +55,4 @@ class QueueParts:
         return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
                    DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
                    Lifecycle(scripts, o, events, on_new_loop=producer.rebind,
-                             check=ShardCount(scripts, 1) if whole else None))
+                             check=ShardCount(scripts, 1, timeout_s=check_timeout_s(o)) if whole else None))

@@ -26,11 +26,13 @@ __all__ = ["ShardCount"]
 class ShardCount:
     """The check of one queue object: ``await count.ensure()`` passes once the name's shard count in
     Redis is this object's (``scripts`` are those of the queue's own name, which for a sharded queue
-    holds no item)."""
+    holds no item). The check, resends included, is bounded by ``timeout_s`` (the queue's
+    ``call_timeout_s``, and its ``open_timeout_s`` when shorter: it may be an opening's first call)."""
 
-    def __init__(self, scripts: QueueScripts, shards: int) -> None:
+    def __init__(self, scripts: QueueScripts, shards: int, *, timeout_s: float) -> None:
         self._scripts = scripts
         self.shards = shards
+        self._timeout_s = timeout_s
         self.passed = False
         self._refused: int | None = None  # the count found, once refused
         self._task: asyncio.Future[None] | None = None
@@ -66,10 +68,11 @@ class ShardCount:
         what = f"the shard count of {k.destination!r}"
         if self.shards == 1:
             raw = await call_idempotent(self._scripts.client, "HGET", k.controls, "shards", route=k.controls,
-                                        what=what, timeout_s=self._scripts.call_timeout_s)
+                                        what=what, timeout_s=self._timeout_s)
             recorded = 1 if raw is None else _count(raw)
         else:  # records it, or reads it: resending is harmless
-            recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what))
+            recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what,
+                                                                      timeout_s=self._timeout_s))
         if recorded != self.shards:
             self._refused = recorded
             raise self._error(recorded)

@@ -18,7 +18,7 @@ from .keyed import ShardedKeyed, ShardedSchedules
 from .layout import Rotation
 from .lifecycle import ShardedLifecycle
 from .offers import ShardedProducer
-from .parts import QueueParts
+from .parts import QueueParts, check_timeout_s
 from .pending import ShardedPending
 from .record import ShardCount
 
@@ -51,8 +51,8 @@ class ShardedParts:
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         producer = ShardedProducer(scripts, o, Events(keys.destination), [p.producer for p in parts],
                                    Rotation(shards))
-        life = ShardedLifecycle(keys.destination, [p.life for p in parts], ShardCount(scripts, shards),
-                                recheck_s=o.safety_poll_s)
+        count = ShardCount(scripts, shards, timeout_s=check_timeout_s(o))
+        life = ShardedLifecycle(keys.destination, [p.life for p in parts], count, recheck_s=o.safety_poll_s)
         return cls(parts, producer, ShardedPending([p.pending for p in parts]), ShardedKeyed([p.keyed for p in parts]),
                    ShardedDeadLetters([p.dead for p in parts]), ShardedControls([p.controls for p in parts]),
                    ShardedSchedules([p.schedules for p in parts]), life)
