@@ -128,6 +128,11 @@ class ReliableConsumer(Generic[T]):
             finally:
                 self.waiting -= 1
 
+    def prefetched(self, vt_ms: int) -> bool:
+        """Whether messages received ahead with the visibility timeout ``vt_ms`` wait for a caller: a
+        :meth:`look` now returns some at once, without a round trip and without suspending."""
+        return not self._closed and bool(self._buffer) and self._buffer_vt_ms == vt_ms
+
     async def look(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], asyncio.Future[None], float]:
         """One look for up to ``max_items`` messages: prefetched ones (no round trip), else one
         RECEIVE. Returns them (delivered to the caller, who owns them now) or none, with a future that

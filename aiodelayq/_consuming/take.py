@@ -145,15 +145,17 @@ class TakePump:
         return self._signal
 
     @property
-    def buffered(self) -> bool:
-        """Whether prefetched items wait for a caller (a ``get`` takes them without a round trip)."""
-        return bool(self._buffer)
+    def prefetched(self) -> bool:
+        """Whether prefetched items wait for a caller and nobody waits before it: a ``get`` now returns
+        some at once, without a round trip and without suspending."""
+        return self._closed is None and bool(self._buffer) and not self._waiters
 
     def idle(self) -> bool:
         """Whether a pop now would most likely find nothing, or not be sent yet: the last pop came
         back short and nothing announced items since, or the pump waits out a failed pop's backoff
-        (never once closing: a look then raises the closing error)."""
-        return self._closed is None and not self._buffer and (
+        (never once closing: a look then raises the closing error; nor while the scheduler waits for
+        this pump's next POP to transfer)."""
+        return self._closed is None and not self._buffer and self._transfer_ask is None and (
             self._backing_off or (self._drained_at is not None and not self._maybe_ready))
 
     def held_s(self) -> float:
@@ -196,8 +198,13 @@ class TakePump:
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
                 self._events.delivered(1)
+                if not self._buffer and self._transfer_ask is not None:
+                    self._buffer_emptied()
                 return [_pair(taken) if with_headers else _value(taken)]
-            return self._deliver(self._buffer.take(max_items), with_headers)
+            delivered = self._deliver(self._buffer.take(max_items), with_headers)
+            if not self._buffer and self._transfer_ask is not None:
+                self._buffer_emptied()
+            return delivered
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)
@@ -241,6 +248,13 @@ class TakePump:
             pop.settle(index, verdict)
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._handoff.maybe_finish(pop)
+
+    def _buffer_emptied(self) -> None:
+        """A caller took the last prefetched items while the scheduler's transfer request waits for
+        the buffer's taker (see ask_transfer): unless that caller (or another) waits within the hold,
+        the pump answers it then, and the scheduler transfers itself. A caller that takes from
+        several pumps in turn (a sharded queue) may not come back to this one."""
+        asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
 
     def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
