@@ -59,7 +59,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
     Args:
         client: a ``redis.asyncio.Redis`` (a server, or ``Sentinel.master_for(...)``) or a
             ``redis.asyncio.RedisCluster``, with ``decode_responses=False`` (payloads are bytes).
-        name: the destination list, Redisson's queue name; may contain a ``{hash tag}``.
+        name: the destination list, Redisson's queue name; may contain a ``{hash tag}`` (unless
+            sharded).
         codec: ``"json"`` (default), ``"str"``, ``"bytes"``, ``"msgpack"`` or an object with
             ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
         wire_format: how this producer packs elements (see :data:`WireFormat`).
@@ -145,7 +146,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def keys(self) -> QueueKeys:
-        """The Redis keys this queue uses."""
+        """The Redis keys of the queue's name (a sharded queue's hold only its shard count: its items
+        are in :attr:`shard_keys`)."""
         return self._keys
 
     @property

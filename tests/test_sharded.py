@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import random
 import statistics
 import uuid
 import zlib
@@ -273,6 +274,34 @@ async def test_a_waiting_consumer_gets_an_item_of_any_shard_and_closing_ends_the
 
 async def _drain_iterator(q: DelayedQueue[Any]) -> list[Any]:
     return [item async for item in q]
+
+
+async def test_cancelled_takes_and_receives_lose_and_double_nothing(sharded: Queues) -> None:
+    q = sharded(shards=3)
+    rng = random.Random(11)
+    got: list[int] = []
+    await q.offer_many([(i, 0.002 * (i % 50)) for i in range(600)])
+    async with q:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30  # does not hang (about 2 s expected)
+        while len(got) < 600 and loop.time() < deadline:
+            # Waves of callers, each cancelled at a random moment: waiting, popping, or done.
+            calls = [asyncio.create_task(q.take_many(rng.randint(1, 20))) for _ in range(4)]
+            calls += [asyncio.create_task(q.receive_many(rng.randint(1, 20), 30)) for _ in range(4)]
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            for call in calls:
+                call.cancel()
+            for result in await asyncio.gather(*calls, return_exceptions=True):
+                if isinstance(result, asyncio.CancelledError):
+                    continue
+                assert isinstance(result, list), result
+                for entry in result:
+                    if isinstance(entry, int):
+                        got.append(entry)
+                    else:
+                        got.append(entry.value)
+                        assert await entry.ack()
+    assert sorted(got) == list(range(600))
 
 
 async def test_exactly_once_under_two_consumers(sharded: Queues) -> None:

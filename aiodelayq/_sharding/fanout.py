@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["on_every", "redeliver_cancellation"]
+__all__ = ["on_every"]
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -24,11 +24,3 @@ async def on_every(shards: Sequence[S], call: Callable[[S], Awaitable[R]]) -> li
         out.append(result)
     return out
 
-
-def redeliver_cancellation() -> None:
-    """The running task caught its cancellation while it held items a caller must get (popped or
-    received from one shard before a look at the next was cancelled): it returns them, and the
-    cancellation is raised again at the task's next await (as ``Prioritized`` does)."""
-    current = asyncio.current_task()
-    assert current is not None
-    current.cancel()

@@ -2,7 +2,9 @@
 sharded queue.
 
 A call looks at the shards in an order that starts one shard further each time (so none starves
-under load), one look each (prefetched messages, or one RECEIVE), until as many as asked came. A look
+under load), one look each (prefetched messages, or one RECEIVE), until one gives messages; those are
+topped up with what other shards received ahead, never with another round trip, so the call holds
+messages only where it cannot be interrupted (a cancelled look undoes its RECEIVE). A look
 that found nothing tells how long its shard can wait (its earliest in-flight deadline, the safety
 poll, a pause's recheck) and hands back a future that is done once its shard may have more: until
 then later calls skip that shard, so waiting on K idle shards does not cost K RECEIVEs per call.
@@ -26,7 +28,6 @@ from .._consuming.reliable import ReliableConsumer
 from .._core.tracing import now_ns, receive_span, tracer
 from .._redis.connections import is_permanent
 from ..exceptions import BackendError
-from .fanout import redeliver_cancellation
 from .layout import Rotation
 
 __all__ = ["ShardedReceiver"]
@@ -93,27 +94,20 @@ class ShardedReceiver(Generic[T]):
                                return_when=asyncio.FIRST_COMPLETED)
 
     async def _look_around(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], BackendError | None]:
-        """One look at each shard that may have messages, in rotation, until ``max_items`` came; the
-        messages, and the first transient failure met. A cancellation or a permanent error met
-        with messages in hand lets the caller have them first: the cancellation is raised again at
-        its next await, the error by its next call."""
+        """One look at each shard that may have messages, in rotation, until one gives some; those
+        are topped up with messages other shards received ahead, never with another round trip, so
+        the call holds messages only where it cannot be interrupted. Returns the messages, or none
+        and the first transient failure met."""
         loop = asyncio.get_running_loop()
-        got: list[Message[T]] = []
         failure: BackendError | None = None
-        for index in self._rotation.order():
+        order = self._rotation.order()
+        for index in order:
             quiet = self._quiet[index]
             if quiet is not None and not quiet.wake.done() and loop.time() < quiet.until:
                 continue
             try:
-                messages, wake, wait_s = await self._consumers[index].look(max_items - len(got), vt_ms)
-            except asyncio.CancelledError:
-                if not got:
-                    raise
-                redeliver_cancellation()
-                return got, None
+                messages, wake, wait_s = await self._consumers[index].look(max_items, vt_ms)
             except BackendError as exc:
-                if got:
-                    return got, None
                 if is_permanent(exc):
                     raise
                 failure = failure or exc
@@ -123,7 +117,9 @@ class ShardedReceiver(Generic[T]):
                 self._quiet[index] = _Quiet(wake, loop.time() + wait_s)
                 continue
             self._quiet[index] = None
-            got += messages
-            if len(got) >= max_items:
-                break
-        return got, failure
+            for other in order:  # what others received ahead: no round trip, nothing suspends
+                consumer = self._consumers[other]
+                if len(messages) < max_items and consumer.prefetched(vt_ms):
+                    messages += (await consumer.look(max_items - len(messages), vt_ms))[0]
+            return messages, None
+        return [], failure

@@ -1,13 +1,15 @@
 """``take``/``take_many``/``poll``/``async for`` over the K take pumps of a sharded queue.
 
 A call looks at the shards in an order that starts one shard further each time (so none starves
-under load): first for items a pump already prefetched (no round trip), then with one pop attempt
-on each shard that may have items, until as many as asked came. A shard is skipped while its pump knows
-its list is empty (its last pop came back short and nothing announced items since) or waits out a
-failed pop's backoff; that keeps a call on K mostly idle shards from costing K pops. When nothing
-came, the call waits on every pump's signal (a transfer, items given back, the queue closing) and
-looks again; each item is handed to one caller only, and a cancelled caller loses none (each pump's
-own guarantee: what a pop brought for nobody goes back to the head of its list).
+under load): first for items the pumps already prefetched (no round trip), then with one pop attempt
+on each shard that may have items, until one gives some; those are topped up with what other pumps
+prefetched, never with another round trip, so the call holds items only where it cannot be
+interrupted (a cancelled caller loses nothing: what a pop brought for nobody goes back to the head of
+its list, each pump's own guarantee). A shard is skipped while its pump knows its list is empty (its
+last pop came back short and nothing announced items since) or waits out a failed pop's backoff:
+a call on K idle shards then costs no K pops. When nothing came, the call waits on every pump's
+signal (a transfer, items given back, the queue closing) and looks again, and at every shard after
+``recheck_s`` (items pushed into a list by other code announce nothing). ``poll`` looks at every shard.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from typing import Any
 
 from .._consuming.take import TakePump
 from .._core.tracing import now_ns, receive_span, tracer
-from ..exceptions import BackendError
-from .fanout import redeliver_cancellation
 from .layout import Rotation
 
 __all__ = ["ShardedPump"]
@@ -58,20 +58,21 @@ class ShardedPump:
             once, timeout_s = True, None
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        # Look even at shards that seem idle: a poll's one look, and a look after a recheck (items
-        # pushed into a list by other code announce nothing).
-        everywhere = once
+        everywhere = once  # look even at shards that seem idle
         while True:
             order = [self._pumps[index] for index in self._rotation.order()]
-            for pump in order:
-                if pump.buffered:
-                    got = await pump.get(None, max_items, once=True, with_headers=with_headers, traced=False)
-                    if got:
-                        return got
-            signals = {pump.signal for pump in order}  # before the looks: no announcement is missed
-            got = await self._look_around(order, max_items, with_headers, everywhere)
-            if got or once:
+            got = await self._prefetched(order, max_items, with_headers)
+            if got:
                 return got
+            signals = {pump.signal for pump in order}  # before the looks: no announcement is missed
+            for pump in order:
+                if pump.idle() and not everywhere:
+                    continue
+                got = await pump.get(None, max_items, once=True, with_headers=with_headers, traced=False)
+                if got:
+                    return got + await self._prefetched(order, max_items - len(got), with_headers)
+            if once:
+                return []
             wait_s = min([self._recheck_s, *(held for pump in order if (held := pump.held_s()) > 0)])
             if deadline is not None:
                 remaining = deadline - loop.time()
@@ -81,27 +82,14 @@ class ShardedPump:
             done, _ = await asyncio.wait(signals, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             everywhere = not done
 
-    async def _look_around(self, order: list[TakePump], max_items: int, with_headers: bool,
-                           everywhere: bool) -> list[Any]:
-        """One pop attempt on each pump of ``order`` that may have items (``everywhere``: on each),
-        until ``max_items`` came. A cancellation, or a permanent error, met with items in hand lets
-        the caller have them first: the cancellation is raised again at its next await, the error
-        by its next call."""
+    async def _prefetched(self, order: list[TakePump], max_items: int, with_headers: bool) -> list[Any]:
+        """Up to ``max_items`` items the pumps of ``order`` prefetched, in that order: no round trip,
+        and nothing here suspends (see :attr:`TakePump.prefetched`)."""
         got: list[Any] = []
         for pump in order:
-            if pump.idle() and not everywhere:
-                continue
-            try:
-                got += await pump.get(None, max_items - len(got), once=True, with_headers=with_headers, traced=False)
-            except asyncio.CancelledError:
-                if not got:
-                    raise
-                redeliver_cancellation()
-                return got
-            except BackendError:
-                if not got:
-                    raise
-                return got
             if len(got) >= max_items:
                 break
+            if pump.prefetched:
+                got += await pump.get(None, max_items - len(got), once=True, with_headers=with_headers,
+                                      traced=False)
         return got
