@@ -31,6 +31,7 @@ from .exceptions import (
     QueueClosedError,
     QueueFullError,
     QueueNotOpenError,
+    ShardCountError,
     WrongEventLoopError,
     WrongNodeError,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "Reject",
     "Retry",
     "SchedulerStats",
+    "ShardCountError",
     "StrCodec",
     "WireFormat",
     "Worker",

@@ -1,6 +1,7 @@
 """The public :class:`DelayedQueue`: a facade. Options are checked by ``_options``, the life of the
 queue is ``_lifecycle``'s, and every call is delegated: offers to ``_producer``, ``take``/``poll`` to
-the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending``."""
+the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending``. Those are one
+ordinary queue's components, or for ``shards > 1`` composites over the shards' (``_sharding``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from ._consuming.controls import Controls
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
-from ._core.observe import Events
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._producing.dead_letters import DeadLetter, DeadLetters
 from ._producing.keyed import KeyedItems, Offered, Pending
@@ -25,7 +25,15 @@ from ._producing.pending import PendingItem, PendingView, QueueCounts
 from ._producing.producer import Producer
 from ._producing.recurring import Schedules
 from ._runtime.lifecycle import Lifecycle, QueueStats
-from ._scripts import QueueScripts
+from ._sharding.controls import ShardedControls
+from ._sharding.dead_letters import ShardedDeadLetters
+from ._sharding.keyed import ShardedKeyed, ShardedSchedules
+from ._sharding.layout import check_shards
+from ._sharding.lifecycle import ShardedLifecycle
+from ._sharding.offers import ShardedProducer
+from ._sharding.parts import QueueParts
+from ._sharding.pending import ShardedPending
+from ._sharding.sharded import ShardedParts
 from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
 from ._wire.key_names import QueueKeys
@@ -44,12 +52,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
     Consumers open it (``async with queue:``), which starts this event loop's transfer scheduler
     and pub/sub subscriber for the queue, then ``take``/``poll``/``async for`` or ``receive``.
     A queue object belongs to the event loop of its first call (:class:`WrongEventLoopError` from
-    any other; a producer-only queue moves on once that loop is closed).
+    any other; a producer-only queue moves on once that loop is closed). Its first call (or its
+    opening) checks that the shard count its name has in Redis is its ``shards`` (one read; a sharded
+    queue's first user records the count): :class:`ShardCountError` if not, then and at every call.
 
     Args:
         client: a ``redis.asyncio.Redis`` (a server, or ``Sentinel.master_for(...)``) or a
             ``redis.asyncio.RedisCluster``, with ``decode_responses=False`` (payloads are bytes).
-        name: the destination list, Redisson's queue name; may contain a ``{hash tag}``.
+        name: the destination list, Redisson's queue name; may contain a ``{hash tag}`` (unless
+            sharded).
         codec: ``"json"`` (default), ``"str"``, ``"bytes"``, ``"msgpack"`` or an object with
             ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
         wire_format: how this producer packs elements (see :data:`WireFormat`).
@@ -81,9 +92,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
             that finds the earliest due item this many seconds late logs one WARNING, and one INFO
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
             queue object a client opens for a name sets it.
+        shards: how many shards the queue has (an ``int`` from 1 to 1,024; 1: an ordinary queue). A
+            sharded queue is that many ordinary queues, ``name{0}`` ... ``name{K-1}``, in different
+            cluster slots, so one queue can use every primary of a cluster: a keyed item goes to shard
+            ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
+            within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit
+            are split over the shards (docs: "Deployments: When to shard"). The count is fixed for the
+            queue's life: the first user records it in Redis, and an object with another count
+            (``shards=1`` included) is refused with :class:`ShardCountError` at its first call.
+            Allowed on a single server too (no gain there, K times the scheduling work).
 
     Raises:
-        InvalidNameError: empty or non-``str`` name.
+        InvalidNameError: empty or non-``str`` name; a sharded queue's name with a ``{``.
         ConfigurationError: a bad option or a client that decodes responses.
     """
 
@@ -93,7 +113,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0) -> None:
+                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0, shards: int = 1) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
@@ -102,15 +122,22 @@ class DelayedQueue(AsyncResource, Generic[T]):
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
             max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
-        scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
-        events = Events(keys.destination)
-        self._producer = Producer(scripts, o, events)
-        self._pending = PendingView(scripts, o.codec)
-        self._keyed = KeyedItems(scripts, o.codec)
-        self._dead = DeadLetters(scripts, o.codec, o.kind)
-        self._controls = Controls(scripts)
-        self._schedules = Schedules(scripts, o)
-        self._life = Lifecycle(scripts, o, events, on_new_loop=self._producer.rebind)
+        self._shards = check_shards(shards, name)
+        # One ordinary queue, or composites over the shards' (_sharding/): the same calls either way.
+        parts: QueueParts | ShardedParts
+        if self._shards == 1:
+            parts = QueueParts.build(client, keys, o, whole=True)
+            self._shard_keys: tuple[QueueKeys, ...] = (keys,)
+        else:
+            parts = ShardedParts.build(client, keys, o, self._shards)
+            self._shard_keys = parts.shard_keys
+        self._producer: Producer | ShardedProducer = parts.producer
+        self._pending: PendingView | ShardedPending = parts.pending
+        self._keyed: KeyedItems | ShardedKeyed = parts.keyed
+        self._dead: DeadLetters | ShardedDeadLetters = parts.dead
+        self._controls: Controls | ShardedControls = parts.controls
+        self._schedules: Schedules | ShardedSchedules = parts.schedules
+        self._life: Lifecycle | ShardedLifecycle = parts.life
 
     @property
     def name(self) -> str:
@@ -119,8 +146,20 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def keys(self) -> QueueKeys:
-        """The Redis keys this queue uses."""
+        """The Redis keys of the queue's name (a sharded queue's hold only its shard count: its items
+        are in :attr:`shard_keys`)."""
         return self._keys
+
+    @property
+    def shards(self) -> int:
+        """How many shards the queue has (1: an ordinary queue), fixed for the queue's life."""
+        return self._shards
+
+    @property
+    def shard_keys(self) -> tuple[QueueKeys, ...]:
+        """The keys of each shard, in shard order (an ordinary queue: its own keys alone). A sharded
+        queue's :attr:`keys` are those of its name, which hold only its recorded shard count."""
+        return self._shard_keys
 
     @property
     def wire_format(self) -> WireFormat:
@@ -148,7 +187,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return self._life.stats()
 
     def __repr__(self) -> str:
-        return f"<DelayedQueue {self.name!r} {self._life.state} kind={self._options.kind}>"
+        shards = f" shards={self._shards}" if self._shards > 1 else ""
+        return f"<DelayedQueue {self.name!r} {self._life.state} kind={self._options.kind}{shards}>"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -222,7 +262,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             AccessDeniedError: the user may not write the queue's keys.
             BackendError: any other Redis failure (see ``maybe_applied``).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._producer.offer(item, delay, key, replace, headers, expires)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]], *,
@@ -239,7 +279,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         ``max_pending`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
         item, parallel to ``keys``; ``expires``: one value for every item, or one (or ``None``) per
         item. Raises as :meth:`offer`."""
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
                                                headers, expires)
 
@@ -267,7 +307,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 EncodeError, ItemTooLargeError: as :meth:`offer`.
             BackendError: the call failed (``maybe_applied``).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._schedules.schedule(key, item, every=every, cron=cron, tz=tz, headers=headers)
 
     # -- keyed pending items (see _producing/keyed.py) -----------------------------------------------------
@@ -280,7 +320,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             InvalidKeyError: a bad key. BackendError: the call failed (``maybe_applied``).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._keyed.cancel(key)
 
     async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
@@ -290,7 +330,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             InvalidKeyError, InvalidDelayError: bad arguments. BackendError: the call failed.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._keyed.reschedule(key, delay)
 
     async def get(self, key: str) -> Pending[T] | None:
@@ -300,7 +340,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             InvalidKeyError: a bad key. DecodeError: its payload cannot be decoded.
             BackendError: the call failed.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return cast("Pending[T] | None", await self._keyed.get(key))
 
     # -- consuming -------------------------------------------------------------------------------
@@ -435,12 +475,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def size(self) -> int:
         """Number of pending elements of every kind (``ZCARD``; Redisson's ``size()`` counts its
         insertion-order list, without fast elements)."""
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._pending.size()
 
     async def ready_size(self) -> int:
         """Number of due items waiting in the destination list."""
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._pending.ready_size()
 
     async def counts(self) -> QueueCounts:
@@ -451,7 +491,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             BackendError: the call failed within ``call_timeout_s`` (resends included).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._pending.counts()
 
     # -- controls, for every consumer in every process (see _consuming/controls.py) -----------------
@@ -465,7 +505,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             BackendError: the call failed within ``call_timeout_s`` (resent: it is idempotent).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         await self._controls.pause()
 
     async def resume(self) -> None:
@@ -474,7 +514,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             BackendError: the call failed within ``call_timeout_s``.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         await self._controls.resume()
 
     async def is_paused(self) -> bool:
@@ -483,7 +523,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             BackendError: the read failed within ``call_timeout_s``.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._controls.is_paused()
 
     async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
@@ -498,7 +538,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                 ``burst`` not an int >= 1; nothing is written.
             BackendError: the call failed within ``call_timeout_s``.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         await self._controls.set_rate_limit(per_second, burst)
 
     async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
@@ -509,7 +549,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             ConfigurationError: a bad ``limit``. BackendError: the call failed.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return cast(list[PendingItem[T]], await self._pending.peek(limit))
 
     async def contains(self, item: T) -> bool:
@@ -519,7 +559,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             BackendError: a page call failed (each bounded by ``call_timeout_s``, resends included).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._pending.contains(item)
 
     async def read_all(self) -> list[T]:
@@ -531,7 +571,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             DecodeError: a pending payload cannot be decoded by this queue's codec.
             BackendError: as :meth:`contains`.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return cast(list[T], await self._pending.read_all())
 
     async def remove(self, item: T) -> bool:
@@ -544,18 +584,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
             BackendError: a page call failed for good; ``maybe_applied`` says whether it may have
                 removed the element.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return bool(await self._pending.remove([item], first_only=True))
 
     async def remove_all(self, items: Iterable[T]) -> bool:
         """Cancel every pending element equal to any of ``items`` in one paged walk; ``True`` if this
         call removed any. Raises as :meth:`remove`."""
-        self._life.bind_loop()
+        await self._life.enter()
         return bool(await self._pending.remove(items, first_only=False))
 
     async def clear(self) -> None:
         """Drop every pending element (both pending keys); the destination list is untouched."""
-        self._life.bind_loop()
+        await self._life.enter()
         await self._pending.clear()
 
     # -- the dead-letter list (see _producing/dead_letters.py) ---------------------------------------------
@@ -568,7 +608,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         Raises:
             ConfigurationError: a bad ``limit``. BackendError: the read failed.
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return cast(list[DeadLetter[T]], await self._dead.read(limit))
 
     async def requeue_dead_letters(self, limit: int | None = None, delay: float | timedelta = 0) -> int:
@@ -581,10 +621,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
             ConfigurationError, InvalidDelayError: bad arguments. BackendError: a call failed (the
                 entries of earlier calls are requeued).
         """
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._dead.requeue(limit, delay)
 
     async def purge_dead_letters(self) -> int:
         """Delete the dead-letter list; returns how many entries it had. Raises ``BackendError``."""
-        self._life.bind_loop()
+        await self._life.enter()
         return await self._dead.purge()

@@ -22,6 +22,7 @@ __all__ = [
     "QueueClosedError",
     "QueueFullError",
     "QueueNotOpenError",
+    "ShardCountError",
     "WrongEventLoopError",
     "WrongNodeError",
 ]
@@ -150,3 +151,20 @@ class ConfigurationError(DelayedQueueError, ValueError):
 class WrongEventLoopError(ConfigurationError):
     """A queue object used from an event loop other than the one it is bound to (its first use);
     create one queue object per event loop."""
+
+
+class ShardCountError(ConfigurationError):
+    """A queue object whose ``shards`` differs from the shard count its name has in Redis. A sharded
+    queue's first user records its count under the name, and the count is fixed for the queue's life
+    (changing it would move keys to other shards); a name that holds an ordinary queue counts as 1.
+    Raised by the object's first call (or ``open()``), and by every call after; nothing was written.
+
+    Attributes:
+        recorded: the name's shard count in Redis (1: an ordinary queue).
+        wanted: the ``shards`` this queue object was made with.
+    """
+
+    def __init__(self, message: str, *, recorded: int, wanted: int) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+        self.wanted = wanted

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Coroutine
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, run_through_cancellation
@@ -38,7 +38,7 @@ from .prefetch import PrefetchBuffer
 from .refill import CronRefill
 from .settler import Settle, Settler
 
-__all__ = ["MessageIterator", "ReliableConsumer"]
+__all__ = ["MessageIterator", "Receiver", "ReliableConsumer"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -114,23 +114,9 @@ class ReliableConsumer(Generic[T]):
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
-            if self._closed:
-                raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
-            if self._buffer and self._buffer_vt_ms == vt_ms:
-                return self._delivered(self._buffer.take(max_items))  # prefetched: no round trip, no await
-            signal: asyncio.Future[None] = self._signal
-            prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
-            asked = max(max_items, self._prefetch.size) if prefetch else max_items
-            sent = loop.time()
-            messages, wait_s, hold = await self._receive_once(asked, vt_ms, sent)
-            self._prefetch.fetched(asked, len(messages), loop.time() - sent)
-            self._limited = hold > 0
+            messages, signal, wait_s = await self.look(max_items, vt_ms)
             if messages:
-                self._events.count("receives")
-                self._keep(messages[max_items:], vt_ms)
-                return self._delivered(messages[:max_items])
-            if hold:  # refused by the controls: ask again after the hold, only closing cuts it short
-                signal, wait_s = self._closing, hold_s(hold)
+                return messages
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -141,6 +127,40 @@ class ReliableConsumer(Generic[T]):
                 await asyncio.wait({signal}, timeout=wait_s)
             finally:
                 self.waiting -= 1
+
+    def prefetched(self, vt_ms: int) -> bool:
+        """Whether messages received ahead with the visibility timeout ``vt_ms`` wait for a caller: a
+        :meth:`look` now returns some at once, without a round trip and without suspending."""
+        return not self._closed and bool(self._buffer) and self._buffer_vt_ms == vt_ms
+
+    async def look(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], asyncio.Future[None], float]:
+        """One look for up to ``max_items`` messages: prefetched ones (no round trip), else one
+        RECEIVE. Returns them (delivered to the caller, who owns them now) or none, with a future that
+        is done once more may be there and the longest wait (s) before looking again anyway (the
+        earliest in-flight deadline, the safety poll, or the hold of the queue's controls).
+
+        Raises:
+            QueueClosedError: the queue was closed. BackendError: the RECEIVE failed (undone).
+        """
+        if self._closed:
+            raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
+        if self._buffer and self._buffer_vt_ms == vt_ms:
+            return self._delivered(self._buffer.take(max_items)), self._signal, 0.0  # prefetched: no await
+        loop = asyncio.get_running_loop()
+        signal: asyncio.Future[None] = self._signal
+        prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
+        asked = max(max_items, self._prefetch.size) if prefetch else max_items
+        sent = loop.time()
+        messages, wait_s, hold = await self._receive_once(asked, vt_ms, sent)
+        self._prefetch.fetched(asked, len(messages), loop.time() - sent)
+        self._limited = hold > 0
+        if messages:
+            self._events.count("receives")
+            self._keep(messages[max_items:], vt_ms)
+            return self._delivered(messages[:max_items]), signal, 0.0
+        if hold:  # refused by the controls: ask again after the hold, only closing cuts it short
+            return [], self._closing, hold_s(hold)
+        return [], signal, wait_s
 
     def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
         """``messages`` go to the caller now: reported as delivered (and redelivered)."""
@@ -277,10 +297,17 @@ class ReliableConsumer(Generic[T]):
         await self.settler.aclose(deadline)
 
 
+class Receiver(Protocol[T]):
+    """What :class:`MessageIterator` receives from: a :class:`ReliableConsumer`, or one over the
+    shards of a sharded queue."""
+
+    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None) -> list[Message[T]]: ...
+
+
 class MessageIterator(Generic[T]):
     """``async for msg in queue.messages(visibility_timeout)``: receives until the queue is closed."""
 
-    def __init__(self, consumer: ReliableConsumer[T], vt_ms: int) -> None:
+    def __init__(self, consumer: Receiver[T], vt_ms: int) -> None:
         self._consumer = consumer
         self._vt_ms = vt_ms
 

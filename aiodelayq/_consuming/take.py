@@ -125,11 +125,50 @@ class TakePump:
         self._limited = False  # the last POP met the rate limit: pop only what callers want
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
+        # Done, and replaced, each time items may have reached the list from outside this pump's own
+        # pops (see signal).
+        self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
                 f"prefetch={self._prefetch.size} closed={self._closed is not None} {self._handoff!r} "
                 f"task={self._task!r}>")
+
+    # -- a caller across several pumps (a sharded queue) -------------------------------------------
+
+    @property
+    def signal(self) -> asyncio.Future[None]:
+        """A future that is done once items may have reached the list (a transfer, items given back,
+        the queue closing, a failed pop's backoff over): a caller that waits on several pumps takes
+        it before it looks, so no announcement between its look and its wait is missed. Its own
+        looks (``get(..., once=True)``) do not set it."""
+        return self._signal
+
+    @property
+    def prefetched(self) -> bool:
+        """Whether prefetched items wait for a caller and nobody waits before it: a ``get`` now returns
+        some at once, without a round trip and without suspending."""
+        return self._closed is None and bool(self._buffer) and not self._waiters
+
+    def idle(self) -> bool:
+        """Whether a pop now would most likely find nothing, or not be sent yet: the last pop came
+        back short and nothing announced items since, or the pump waits out a failed pop's backoff
+        (never once closing: a look then raises the closing error; nor while the scheduler waits for
+        this pump's next POP to transfer)."""
+        return self._closed is None and not self._buffer and self._transfer_ask is None and (
+            self._backing_off or (self._drained_at is not None and not self._maybe_ready))
+
+    def held_s(self) -> float:
+        """Seconds until the queue's controls let this pump pop again (0: not held)."""
+        if self._held_until is None:
+            return 0.0
+        return max(0.0, self._held_until - asyncio.get_running_loop().time())
+
+    def _announce(self) -> None:
+        """Items may be in the list: whoever waits on :attr:`signal` looks again."""
+        if not self._signal.done():
+            self._signal.set_result(None)
+        self._signal = asyncio.get_running_loop().create_future()
 
     # -- callers -----------------------------------------------------------------------------------
 
@@ -159,13 +198,18 @@ class TakePump:
                 if not pop.undecided:
                     self._handoff.maybe_finish(pop)
                 self._events.delivered(1)
+                if not self._buffer and self._transfer_ask is not None:
+                    self._buffer_emptied()
                 return [_pair(taken) if with_headers else _value(taken)]
-            return self._deliver(self._buffer.take(max_items), with_headers)
+            delivered = self._deliver(self._buffer.take(max_items), with_headers)
+            if not self._buffer and self._transfer_ask is not None:
+                self._buffer_emptied()
+            return delivered
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)
         if once or not self._just_drained(loop.time()):
-            self.notify()
+            self._poke()
         else:
             self._recheck_later(loop)
             self._wake.set()
@@ -205,15 +249,28 @@ class TakePump:
         for pop in {id(pop): pop for pop, _, _ in entries}.values():
             self._handoff.maybe_finish(pop)
 
+    def _buffer_emptied(self) -> None:
+        """A caller took the last prefetched items while the scheduler's transfer request waits for
+        the buffer's taker (see ask_transfer): unless that caller (or another) waits within the hold,
+        the pump answers it then, and the scheduler transfers itself. A caller that takes from
+        several pumps in turn (a sharded queue) may not come back to this one."""
+        asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
+
     def _return(self, entries: list[tuple[Pop, int, Any]]) -> None:
         """Nobody takes ``entries``: back to the head of the list."""
         self._events.count("returned", len(entries))
         self._drained_at = None  # they will be in the list: the next waiter pops them
         self._settle(entries, "r")
         self._wake.set()  # a transfer request kept for the buffer's taker is answered now (see _run)
+        self._announce()
 
     def notify(self) -> None:
         """Items may be in the destination now: pop for the waiters."""
+        self._poke()
+        self._announce()
+
+    def _poke(self) -> None:
+        """Pop for the waiters (their items may be in the list)."""
         self._maybe_ready = True
         self._drained_at = None
         self._wake.set()
@@ -276,6 +333,7 @@ class TakePump:
         self._answer_ask()
         self._fail_current(exc)
         self._buffer.give_back()
+        self._announce()
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop popping and settle everything popped (given back or finished), within ``timeout_s``;
@@ -398,6 +456,7 @@ class TakePump:
                     finally:
                         self._backing_off = False
                     self._maybe_ready = True
+                    self._announce()
                     continue
                 backoff.succeeded()
                 if expired:

@@ -41,14 +41,22 @@ from .batcher import OfferBatcher
 from .call_cost import CallCost
 from .keyed import Offered, check_key, key_tag, parse_outcome
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "SendMany"]
+
+SendMany = Callable[[list[Fragment], "list[bytes] | None", float], Awaitable[list[int]]]
+"""What sends an ``offer_many``'s packed items: ``(fragments, OFFER entries or None, issued loop time)``
+to their due times (see :meth:`Producer.send_many`)."""
 
 
 class Producer:
     """``offer``/``offer_many`` of one queue object (see :class:`~aiodelayq.DelayedQueue`)."""
 
-    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
+                 send_many: SendMany | None = None) -> None:
         self._scripts, self._keys, self._events = scripts, scripts.keys, events
+        # Where offer_many's checked and packed items go: this queue's OFFER calls, or (a sharded
+        # queue's) a split over the shards' producers.
+        self._send_many: SendMany = send_many or self.send_many
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
@@ -123,6 +131,19 @@ class Producer:
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, False)
         fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued)
+        return await self._send_many(fragments, entries, issued)
+
+    async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
+        """Packed items (:meth:`prepare`'s, with their OFFER entries or ``None``) of an ``offer_many``
+        issued at loop time ``issued``, in calls of at most :class:`CallCost`'s items and
+        ``max_call_bytes`` bytes (one call under ``max_pending``), all sent at once; their due times
+        in order (:class:`Offered` with entries). When one call fails, the others are still awaited,
+        then the first failure is raised.
+
+        Raises:
+            QueueFullError: under ``max_pending``, the call was refused (nothing written).
+            BackendError: a call failed (``maybe_applied``).
+        """
         chunks: list[list[int]] = [[]]  # indexes into fragments
         size, most = 0, self._cost.max_items
         for i, fragment in enumerate(fragments):

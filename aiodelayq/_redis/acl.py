@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .._wire.key_names import QueueKeys
+from .._wire.key_names import QueueKeys, shard_names
 
 __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", "minimal_acl_rules"]
 
@@ -58,16 +58,32 @@ _PROBES: dict[str, tuple[str, ...]] = {
 }
 
 
-def minimal_acl_rules(name: str, *, waitaof: bool = False) -> list[str]:
+def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1) -> list[str]:
     """The ``ACL SETUSER`` rules (after the user name, ``on`` and the password) of a user that may
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
-    (with :data:`WAITAOF_COMMANDS` when ``waitaof``)."""
+    (with :data:`WAITAOF_COMMANDS` when ``waitaof``). A sharded queue (``shards`` > 1): the keys of
+    its name that the shard count check reads and writes (no channel: nothing is published there),
+    then each shard's keys and channel."""
+    commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
+    if shards == 1:
+        patterns = _queue_patterns(name, channel=True)
+    else:
+        patterns = _queue_patterns(name, channel=False)
+        for shard in shard_names(name, shards):
+            patterns += _queue_patterns(shard, channel=True)
+    keys = [rule for rule in patterns if rule.startswith("~")]
+    channels = [rule for rule in patterns if rule.startswith("&")]
+    return ["resetkeys", "resetchannels", "-@all", *keys, *channels, *(f"+{command}" for command in commands)]
+
+
+def _queue_patterns(name: str, *, channel: bool) -> list[str]:
+    """The key patterns (``~``) of the queue ``name`` and, with ``channel``, its channel (as a key,
+    which the scripts that publish declare, and as a channel, ``&``)."""
     keys = QueueKeys.for_name(name)
     tag = acl_literal(keys.timeout_set.partition(":")[2])  # "{name}", or the name's own hash tag form
-    commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
-    return ["resetkeys", "resetchannels", "-@all", *(f"~{acl_literal(key)}" for key in (
-        keys.destination, keys.timeout_set, keys.delay_list, keys.channel)), f"~aiodelayq_*:{tag}",
-            f"&{acl_literal(keys.channel)}", *(f"+{command}" for command in commands)]
+    listed = (keys.destination, keys.timeout_set, keys.delay_list) + ((keys.channel,) if channel else ())
+    return [*(f"~{acl_literal(key)}" for key in listed), f"~aiodelayq_*:{tag}",
+            *((f"&{acl_literal(keys.channel)}",) if channel else ())]
 
 
 def acl_literal(text: str) -> str:

@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .._consuming.refill import CronRefill
 from .._consuming.reliable import ReliableConsumer
@@ -29,7 +29,7 @@ from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopErro
 from .client_runtime import acquire_scheduler, release_scheduler
 from .scheduler import TransferScheduler
 
-__all__ = ["Lifecycle", "QueueStats"]
+__all__ = ["Check", "Lifecycle", "QueueStats"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -105,11 +105,21 @@ class QueueStats:
                    settle_calls=mine["settle_calls"], expired=mine["dead_lettered:expired"])
 
 
+class Check(Protocol):
+    """A check a queue object runs once, before its first call or its opening goes to Redis (the
+    shard count its name has there, ``_sharding/record.py``)."""
+
+    @property
+    def passed(self) -> bool: ...
+    async def ensure(self) -> None: ...
+
+
 class Lifecycle:
     """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
 
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
-                 on_new_loop: Callable[[], None]) -> None:
+                 on_new_loop: Callable[[], None], check: Check | None = None) -> None:
+        self._check = check
         self._scripts = scripts
         self._events = events
         self._client = scripts.client
@@ -146,6 +156,18 @@ class Lifecycle:
         raise WrongEventLoopError(
             f"queue {self._keys.destination!r} is bound to the event loop of its first use; it cannot be used "
             "from another one (create one DelayedQueue, and one redis client, per event loop)")
+
+    async def enter(self) -> None:
+        """What every call of the queue object does first: :meth:`bind_loop`, then the object's
+        check until it has passed once.
+
+        Raises:
+            WrongEventLoopError: the queue belongs to another event loop. ShardCountError: the name
+                has another shard count in Redis. BackendError: the check could not be made.
+        """
+        self.bind_loop()
+        if self._check is not None and not self._check.passed:
+            await self._check.ensure()
 
     def pump(self) -> TakePump:
         """The take pump of the open queue.
@@ -207,6 +229,8 @@ class Lifecycle:
         o, keys = self._options, self._keys
         try:
             check_eviction_policy(self._client)
+            if self._check is not None:
+                await self._check.ensure()
             scheduler = await acquire_scheduler(
                 self._client, keys, batch=o.transfer_batch, safety_poll_s=o.safety_poll_s,
                 open_timeout_s=o.open_timeout_s, call_timeout_s=o.call_timeout_s, lag_warning_s=o.lag_warning_s)

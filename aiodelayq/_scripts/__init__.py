@@ -38,10 +38,10 @@ from .._redis.retry import resend_script
 from .._wire.key_names import QueueKeys
 
 __all__ = [
-    "CANCEL", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER", "PAGE_SIZE",
-    "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE", "RESCHEDULE",
-    "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript", "QueueScripts",
-    "assemble",
+    "CANCEL", "CLAIM_SHARDS", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER",
+    "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE",
+    "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript",
+    "QueueScripts", "assemble",
 ]
 
 # The shared library files, in the order a script's text includes them: a file may use the names
@@ -169,10 +169,11 @@ PURGE = QueueScript("purge")
 SET_CONTROLS = QueueScript("set_controls")
 SCHEDULE = QueueScript("schedule")
 REFILL = QueueScript("refill")
+CLAIM_SHARDS = QueueScript("claim_shards")
 
 SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
                                     COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL)
+                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS)
 """Every script, for tests and tools (the Lua lint assembles each)."""
 
 
@@ -250,6 +251,7 @@ class QueueScripts:
         self.set_controls = BoundScript(self, SET_CONTROLS)
         self.schedule = BoundScript(self, SCHEDULE)
         self.refill = BoundScript(self, REFILL)
+        self.claim_shards = BoundScript(self, CLAIM_SHARDS)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"

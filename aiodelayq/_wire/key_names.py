@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..exceptions import InvalidNameError
 
-__all__ = ["QueueKeys", "prefix_name"]
+__all__ = ["QueueKeys", "prefix_name", "shard_names"]
 
 
 def prefix_name(prefix: str, name: str) -> str:
@@ -18,6 +18,14 @@ def prefix_name(prefix: str, name: str) -> str:
     if "{" in name:
         return f"{prefix}:{name}"
     return f"{prefix}:{{{name}}}"
+
+
+def shard_names(name: str, shards: int) -> list[str]:
+    """The queue names of the ``shards`` shards of the sharded queue ``name``: ``name{0}`` ...
+    ``name{shards-1}``, each an ordinary Redisson queue. A name with a ``{`` keeps its keys as is
+    (:func:`prefix_name`), so every key of shard ``i`` has the hash tag ``i``: the shards of a queue
+    fall in different cluster slots (shard ``i`` of every sharded queue in the same one)."""
+    return [f"{name}{{{index}}}" for index in range(shards)]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""The controls of a sharded queue: a pause or a rate limit goes to every shard's controls hash.
+
+A pause pauses every shard (each call idempotent; a call that failed part way leaves some shards
+paused: call it again), and ``is_paused`` is ``True`` while any shard is. A whole-queue rate of R
+items a second becomes R/K on each shard, with a burst of ``ceil(burst / K)`` (at least 1) each: the
+consumers together get R a second while every shard has items to give, but a shard's items come out
+at R/K at most, so items bunched on a few shards (one hot key) come out slower than R, and the
+bursts of the shards add up to at least ``burst``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .._consuming.controls import Controls
+from .._core.checks import count, positive
+from .fanout import on_every
+
+__all__ = ["ShardedControls"]
+
+
+class ShardedControls:
+    """``pause``/``resume``/``is_paused``/``set_rate_limit`` of a sharded queue object."""
+
+    def __init__(self, shards: Sequence[Controls]) -> None:
+        self._shards = list(shards)
+
+    def __repr__(self) -> str:
+        return f"<ShardedControls shards={len(self._shards)}>"
+
+    async def pause(self) -> None:
+        """Pause every shard's consumers."""
+        await on_every(self._shards, Controls.pause)
+
+    async def resume(self) -> None:
+        """Resume every shard's consumers."""
+        await on_every(self._shards, Controls.resume)
+
+    async def is_paused(self) -> bool:
+        """Whether any shard is paused."""
+        return any(await on_every(self._shards, Controls.is_paused))
+
+    async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
+        """Limit the whole queue to ``per_second`` items a second (``None``: no limit), in bursts of
+        ``burst`` (default: one second's worth): each shard gets ``per_second / K`` and a share of the
+        burst (see the module docstring).
+
+        Raises:
+            ConfigurationError: ``per_second`` is not a finite number above 0, or ``burst`` not an
+                int >= 1; nothing is written.
+        """
+        k = len(self._shards)
+        if per_second is None:
+            if burst is not None:
+                count("burst", burst)
+            await on_every(self._shards, lambda controls: controls.set_rate_limit(None))
+            return
+        rate = positive("per_second", per_second)
+        size = max(1, math.ceil(rate)) if burst is None else count("burst", burst)
+        await on_every(self._shards, lambda controls: controls.set_rate_limit(rate / k, max(1, math.ceil(size / k))))

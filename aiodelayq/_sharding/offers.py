@@ -1,0 +1,92 @@
+"""Offers to a sharded queue: each item to its shard (:mod:`.layout`), through that shard's producer.
+
+``offer`` goes to one shard: its batcher coalesces the concurrent offers of that shard. ``offer_many``
+checks and packs every item first (one bad item writes nothing), as an ordinary queue does, then
+splits them by shard and sends each shard its part concurrently, as that shard's ``offer_many``
+would (atomic per call; under ``max_pending`` one call per shard, all or nothing). The whole list is
+not atomic: a failure of one shard's call can leave the other shards' items written (the first
+failure is raised once every shard's call has ended).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from .._core.observe import Events
+from .._options import QueueOptions
+from .._producing.keyed import check_key
+from .._producing.producer import Producer
+from .._scripts import QueueScripts
+from .._wire.elements import Fragment
+from .layout import Rotation, shard_of
+
+__all__ = ["ShardedProducer"]
+
+
+class ShardedProducer:
+    """``offer``/``offer_many`` of a sharded queue object over its shards' producers.
+
+    ``scripts`` are those of the queue's own name: ``offer_many`` checks and packs there (spans are
+    named after the queue), no item is written there.
+    """
+
+    def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, shards: Sequence[Producer],
+                 rotation: Rotation) -> None:
+        self._shards = list(shards)
+        self._rotation = rotation
+        self._router = Producer(scripts, options, events, send_many=self._send_many)
+
+    def __repr__(self) -> str:
+        return f"<ShardedProducer shards={len(self._shards)} {self._rotation!r}>"
+
+    def shard_for(self, key: str | None) -> int:
+        """The shard of an item offered with ``key`` (``None``: the next one of the rotation).
+
+        Raises:
+            InvalidKeyError: a bad key.
+        """
+        if key is None:
+            return self._rotation.next()
+        return shard_of(check_key(key), len(self._shards))
+
+    async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
+        """One item, to its shard (see :meth:`Producer.offer`)."""
+        return await self._shards[self.shard_for(key)].offer(item, delay, key, replace, headers, expires)
+
+    async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
+                         keys: Sequence[str | None] | None = None, replace: bool = False,
+                         headers: Sequence[Mapping[str, str] | None] | None = None,
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
+        """Many items, every one checked and packed first, then one ``offer_many`` part per shard
+        touched, all sent at once; due times in input order (see the module docstring)."""
+        return await self._router.offer_many(pairs, keys, replace, headers, expires)
+
+    async def _send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
+        """Split packed items by shard (a keyed item's entry is a flag byte and its key) and send each
+        shard its part; due times in input order."""
+        parts: dict[int, list[int]] = {}
+        count = len(self._shards)
+        for index in range(len(fragments)):
+            entry = entries[index] if entries is not None else b""
+            shard = shard_of(entry[1:], count) if entry else self._rotation.next()
+            parts.setdefault(shard, []).append(index)
+
+        async def send(shard: int, indexes: list[int]) -> list[int]:
+            return await self._shards[shard].send_many([fragments[i] for i in indexes],
+                                                        None if entries is None else [entries[i] for i in indexes],
+                                                        issued)
+
+        results = await asyncio.gather(*(send(shard, indexes) for shard, indexes in parts.items()),
+                                       return_exceptions=True)
+        dues: list[int] = [0] * len(fragments)
+        for indexes, result in zip(parts.values(), results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            for index, due in zip(indexes, result, strict=True):
+                dues[index] = due
+        return dues
+

@@ -1,0 +1,58 @@
+"""The components of one ordinary queue, built the same way for a whole queue (``shards=1``) and for
+each shard of a sharded one: the facade (or a sharded composite) delegates to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._consuming.controls import Controls
+from .._core.observe import Events
+from .._options import QueueOptions
+from .._producing.dead_letters import DeadLetters
+from .._producing.keyed import KeyedItems
+from .._producing.pending import PendingView
+from .._producing.producer import Producer
+from .._producing.recurring import Schedules
+from .._redis.connections import AnyRedis
+from .._runtime.lifecycle import Lifecycle
+from .._scripts import QueueScripts
+from .._wire.key_names import QueueKeys
+from .record import ShardCount
+
+__all__ = ["QueueParts", "check_timeout_s"]
+
+
+def check_timeout_s(options: QueueOptions) -> float:
+    """The bound of a queue object's shard count check: ``call_timeout_s``, or ``open_timeout_s`` when
+    shorter (the check may be the first call of an opening)."""
+    return min(options.call_timeout_s, options.open_timeout_s)
+
+
+@dataclass(frozen=True)
+class QueueParts:
+    """One ordinary queue's scripts (bound to its client and keys) and the components built on them."""
+
+    keys: QueueKeys
+    scripts: QueueScripts
+    events: Events
+    producer: Producer
+    pending: PendingView
+    keyed: KeyedItems
+    dead: DeadLetters
+    controls: Controls
+    schedules: Schedules
+    life: Lifecycle
+
+    @classmethod
+    def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *, whole: bool) -> QueueParts:
+        """The components of the queue ``keys`` on ``client`` with ``options``. A ``whole`` queue (not
+        a shard) checks, before its first call or its opening goes to Redis, that its name has no
+        shard count recorded (:mod:`.record`)."""
+        o = options
+        scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
+        events = Events(keys.destination)
+        producer = Producer(scripts, o, events)
+        return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
+                   DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
+                   Lifecycle(scripts, o, events, on_new_loop=producer.rebind,
+                             check=ShardCount(scripts, 1, timeout_s=check_timeout_s(o)) if whole else None))

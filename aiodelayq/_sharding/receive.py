@@ -1,0 +1,125 @@
+"""``receive``/``receive_many``/``messages`` (and reliable workers) over the K reliable consumers of a
+sharded queue.
+
+A call looks at the shards in an order that starts one shard further each time (so none starves
+under load), one look each (prefetched messages, or one RECEIVE), until one gives messages; those are
+topped up with what other shards received ahead, never with another round trip, so the call holds
+messages only where it cannot be interrupted (a cancelled look undoes its RECEIVE). A look
+that found nothing tells how long its shard can wait (its earliest in-flight deadline, the safety
+poll, a pause's recheck) and hands back a future that is done once its shard may have more: until
+then later calls skip that shard, so waiting on K idle shards does not cost K RECEIVEs per call.
+When nothing came, the call waits on those futures and looks again. A message is acked, nacked or
+extended on its own shard (it carries its shard's settler).
+
+A shard whose RECEIVE failed (a failover of its primary) is skipped for ``_FAILED_SKIP_S`` while
+the call goes on with the others; a call that found nothing raises that failure, as an ordinary
+queue's would, so callers see it and retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .._consuming.messages import Message
+from .._consuming.reliable import ReliableConsumer
+from .._core.tracing import now_ns, receive_span, tracer
+from .._redis.connections import is_permanent
+from ..exceptions import BackendError
+from .layout import Rotation
+
+__all__ = ["ShardedReceiver"]
+
+T = TypeVar("T")
+
+# How long a shard whose RECEIVE failed is left out of looks (it is looked at again after).
+_FAILED_SKIP_S = 1.0
+
+
+@dataclass
+class _Quiet:
+    """A shard that had nothing at its last look: skipped until ``wake`` is done or ``until`` (loop time)."""
+
+    wake: asyncio.Future[None]
+    until: float
+
+
+class ShardedReceiver(Generic[T]):
+    """Receives messages of all shards (see the module docstring)."""
+
+    def __init__(self, name: str, consumers: Sequence[ReliableConsumer[T]]) -> None:
+        self._name = name
+        self._consumers = list(consumers)
+        self._rotation = Rotation(len(self._consumers))
+        self._quiet: list[_Quiet | None] = [None] * len(self._consumers)
+
+    def __repr__(self) -> str:
+        return f"<ShardedReceiver {self._name!r} shards={len(self._consumers)}>"
+
+    async def receive_many(self, max_items: int, vt_ms: int, timeout_s: float | None, *,
+                           traced: bool = True) -> list[Message[T]]:
+        """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever) for at least
+        one; ``[]`` after. Traced as :meth:`ReliableConsumer.receive_many`.
+
+        Raises:
+            QueueClosedError: the queue was closed. BackendError: a shard's RECEIVE failed and no
+                other shard had messages.
+        """
+        found = tracer() if traced else None
+        if found is not None:
+            started_ns = now_ns()
+            messages = await self.receive_many(max_items, vt_ms, timeout_s, traced=False)
+            if messages:
+                receive_span(found, self._name, "receive", started_ns, [m.headers for m in messages],
+                             messages[0].id if len(messages) == 1 else None)
+            return messages
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            got, failure = await self._look_around(max_items, vt_ms)
+            if got:
+                return got
+            if failure is not None:
+                raise failure
+            quiets = [quiet for quiet in self._quiet if quiet is not None]  # others may have looked meanwhile
+            wait_s = max(0.0, min((quiet.until for quiet in quiets), default=loop.time()) - loop.time())
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait_s = min(wait_s, remaining)
+            await asyncio.wait({quiet.wake for quiet in quiets}, timeout=wait_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+
+    async def _look_around(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], BackendError | None]:
+        """One look at each shard that may have messages, in rotation, until one gives some; those
+        are topped up with messages other shards received ahead, never with another round trip, so
+        the call holds messages only where it cannot be interrupted. Returns the messages, or none
+        and the first transient failure met."""
+        loop = asyncio.get_running_loop()
+        failure: BackendError | None = None
+        order = self._rotation.order()
+        for index in order:
+            quiet = self._quiet[index]
+            if quiet is not None and not quiet.wake.done() and loop.time() < quiet.until:
+                continue
+            try:
+                messages, wake, wait_s = await self._consumers[index].look(max_items, vt_ms)
+            except BackendError as exc:
+                if is_permanent(exc):
+                    raise
+                failure = failure or exc
+                self._quiet[index] = _Quiet(loop.create_future(), loop.time() + _FAILED_SKIP_S)
+                continue
+            if not messages:
+                self._quiet[index] = _Quiet(wake, loop.time() + wait_s)
+                continue
+            self._quiet[index] = None
+            for other in order:  # what others received ahead: no round trip, nothing suspends
+                consumer = self._consumers[other]
+                if len(messages) < max_items and consumer.prefetched(vt_ms):
+                    messages += (await consumer.look(max_items - len(messages), vt_ms))[0]
+            return messages, None
+        return [], failure

@@ -1,0 +1,95 @@
+"""The shard count recorded under a queue's name, checked once per queue object.
+
+A sharded queue's count is part of its configuration, like its name: changing it would move keys
+to other shards. The first sharded queue object to use a name records the count in the name's
+controls hash (``aiodelayq_controls:{name}``, field ``shards``) with CLAIM_SHARDS, atomically: of two
+processes racing with different counts, one records and the other reads it and is refused. A name
+that already holds an ordinary queue is refused too (the claim looks at that queue's keys). An
+ordinary queue object (``shards=1``) reads the field with one ``HGET`` (read-only: an idle queue
+keeps no key, and a read-only user can still check) and is refused when a count is recorded.
+The check runs before the object's first call or its opening goes to Redis; a check that could not
+be made (a ``BackendError``) runs again with the next call, a refusal is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .._core.tasks import keep
+from .._redis.retry import call_idempotent
+from .._scripts import QueueScripts
+from ..exceptions import ShardCountError
+
+__all__ = ["ShardCount"]
+
+
+class ShardCount:
+    """The check of one queue object: ``await count.ensure()`` passes once the name's shard count in
+    Redis is this object's (``scripts`` are those of the queue's own name, which for a sharded queue
+    holds no item). The check, resends included, is bounded by ``timeout_s`` (the queue's
+    ``call_timeout_s``, and its ``open_timeout_s`` when shorter: it may be an opening's first call)."""
+
+    def __init__(self, scripts: QueueScripts, shards: int, *, timeout_s: float) -> None:
+        self._scripts = scripts
+        self.shards = shards
+        self._timeout_s = timeout_s
+        self.passed = False
+        self._refused: int | None = None  # the count found, once refused
+        self._task: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        state = "passed" if self.passed else "refused" if self._refused is not None else "unchecked"
+        return f"<ShardCount {self._scripts.keys.destination!r} shards={self.shards} {state}>"
+
+    async def ensure(self) -> None:
+        """Check once; concurrent first callers share one check (a cancelled caller only stops
+        waiting for it).
+
+        Raises:
+            ShardCountError: the name has another shard count (every call raises it again).
+            BackendError: the check could not be made (the next call tries again).
+        """
+        if self.passed:
+            return
+        if self._refused is not None:
+            raise self._error(self._refused)
+        loop = asyncio.get_running_loop()
+        task = self._task
+        failed = task is not None and task.done() and (task.cancelled() or task.exception() is not None)
+        if task is None or failed or self._loop is not loop:
+            self._loop = loop
+            task = self._task = keep(asyncio.ensure_future(self._check()), quiet=True)
+        await asyncio.shield(task)
+        self.passed = True
+
+    async def _check(self) -> None:
+        k = self._scripts.keys
+        what = f"the shard count of {k.destination!r}"
+        if self.shards == 1:
+            raw = await call_idempotent(self._scripts.client, "HGET", k.controls, "shards", route=k.controls,
+                                        what=what, timeout_s=self._timeout_s)
+            recorded = 1 if raw is None else _count(raw)
+        else:  # records it, or reads it: resending is harmless
+            recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what,
+                                                                      timeout_s=self._timeout_s))
+        if recorded != self.shards:
+            self._refused = recorded
+            raise self._error(recorded)
+
+    def _error(self, recorded: int) -> ShardCountError:
+        name, wanted = self._scripts.keys.destination, self.shards
+        if recorded == 1:
+            message = (f"queue {name!r} holds an ordinary (unsharded) queue: shards={wanted} refused (a queue's shard "
+                       "count is fixed for its life: drain it and delete its keys first, or use another name)")
+        else:
+            message = (f"queue {name!r} has {recorded} shards (recorded in {self._scripts.keys.controls!r}); this "
+                       f"queue object has shards={wanted}: make it with shards={recorded} (a queue's shard count "
+                       "is fixed for its life)")
+        return ShardCountError(message, recorded=recorded, wanted=wanted)
+
+
+def _count(raw: object) -> int:
+    """A recorded count as an int; 0 for something that is not one (refused with it)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return int(text) if text.isdigit() else 0
