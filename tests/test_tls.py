@@ -336,7 +336,8 @@ async def test_a_refused_server_certificate_is_named_in_the_errors(
     offered, opened = await _offer_and_open_fail(q)
     for error in (offered, opened):  # permanent: open() raises it at once instead of retrying to its bound
         assert isinstance(error, AccessDeniedError), repr(error)
-        assert "TLS handshake failed" in str(error) and "certificate verify failed" in str(error), error
+        assert "TLS handshake failed" in str(error), error
+        assert "certificate verify failed" in str(error), error
 
 
 # -- the server's name --------------------------------------------------------------------------------
