@@ -93,7 +93,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
             queue object a client opens for a name sets it.
         shards: how many shards the queue has (an ``int`` from 1 to 1,024; 1: an ordinary queue). A
-            sharded queue is that many ordinary queues, ``name{0}`` ... ``name{K-1}``, in different
+            sharded queue is that many ordinary queues, ``{name:0}`` ... ``{name:K-1}``, in different
             cluster slots, so one queue can use every primary of a cluster: a keyed item goes to shard
             ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
             within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit

@@ -111,7 +111,7 @@ async def sharded(request: pytest.FixtureRequest, client: Redis, drop_keys: Call
 async def test_items_spread_evenly_over_the_shards_and_each_is_taken_once(sharded: Queues) -> None:
     q = sharded(shards=6)
     assert q.shards == 6
-    assert [keys.destination for keys in q.shard_keys] == [f"{q.name}{{{i}}}" for i in range(6)]
+    assert [keys.destination for keys in q.shard_keys] == [f"{{{q.name}:{i}}}" for i in range(6)]
     assert "shards=6" in repr(q)
     # Unkeyed: in rotation, so exactly even; keyed: by the key's CRC-32, within 25% of even.
     await q.offer_many([(i, 0.05) for i in range(600)])
@@ -135,7 +135,12 @@ async def test_items_spread_evenly_over_the_shards_and_each_is_taken_once(sharde
 async def test_six_shards_use_every_primary_of_a_three_primary_cluster(cluster: ThrowawayCluster,
                                                                       cluster_clients: Any) -> None:
     rc = cluster_clients(cluster)
-    q: DelayedQueue[int] = DelayedQueue(rc, _name("primaries"), shards=6)
+    # Each shard's tag is "<name>:<i>": where 6 shards land depends on the name, as for 6 queues. A
+    # name whose 6 shards fall on all 3 primaries (about 3 names in 4 do) shows them used together.
+    name = next(n for n in (_name("primaries") for _ in range(100))
+                if len({cluster.primary_of(k.destination).port for k in DelayedQueue(rc, n, shards=6).shard_keys}) == 3
+                and len({cluster.slot_of(k.destination) for k in DelayedQueue(rc, n, shards=6).shard_keys}) == 6)
+    q: DelayedQueue[int] = DelayedQueue(rc, name, shards=6)
     try:
         await q.offer_many([(i, 60) for i in range(60)])
         primaries = collections.Counter(cluster.primary_of(keys.destination).port for keys in q.shard_keys)
@@ -480,7 +485,7 @@ async def test_a_shard_is_an_ordinary_queue_others_may_use(sharded: Queues) -> N
     q = sharded(shards=2)
     key = _keys_for(1, 2, 1)[0]
     await q.offer("from the sharded queue", 0.05, key=key)
-    # A consumer of one shard (Java's RDelayedQueue on "name{1}" sees the same) gets it.
+    # A consumer of one shard (Java's RDelayedQueue on "{name:1}" sees the same) gets it.
     shard: DelayedQueue[str] = DelayedQueue(sharded.client, q.shard_keys[1].destination)
     sharded.made.append(shard)
     async with shard:

@@ -1,5 +1,5 @@
 """A queue larger than one shard: ``DelayedQueue(client, name, shards=K)`` is K ordinary queues,
-``name{0}`` ... ``name{K-1}``, in different cluster slots (``docs/design.md``, "A queue larger than
+``{name:0}`` ... ``{name:K-1}``, in different cluster slots (``docs/design.md``, "A queue larger than
 one shard").
 
 The queue facade delegates to the same components whatever K is: for K = 1 those of one ordinary

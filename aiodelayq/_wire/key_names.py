@@ -21,11 +21,11 @@ def prefix_name(prefix: str, name: str) -> str:
 
 
 def shard_names(name: str, shards: int) -> list[str]:
-    """The queue names of the ``shards`` shards of the sharded queue ``name``: ``name{0}`` ...
-    ``name{shards-1}``, each an ordinary Redisson queue. A name with a ``{`` keeps its keys as is
-    (:func:`prefix_name`), so every key of shard ``i`` has the hash tag ``i``: the shards of a queue
-    fall in different cluster slots (shard ``i`` of every sharded queue in the same one)."""
-    return [f"{name}{{{index}}}" for index in range(shards)]
+    """The queue names of the ``shards`` shards of the sharded queue ``name``: ``{name:0}`` ...
+    ``{name:K-1}``, each an ordinary Redisson queue. A name with a ``{`` keeps its keys as is
+    (:func:`prefix_name`), so every key of shard ``i`` has the hash tag ``name:i``: the shards fall
+    in slots spread by CRC16 as different queues' do."""
+    return [f"{{{name}:{index}}}" for index in range(shards)]
 
 
 @dataclass(frozen=True)
