@@ -52,9 +52,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
     Consumers open it (``async with queue:``), which starts this event loop's transfer scheduler
     and pub/sub subscriber for the queue, then ``take``/``poll``/``async for`` or ``receive``.
     A queue object belongs to the event loop of its first call (:class:`WrongEventLoopError` from
-    any other; a producer-only queue moves on once that loop is closed). Its first call (or its
-    opening) checks that the shard count its name has in Redis is its ``shards`` (one read; a sharded
-    queue's first user records the count): :class:`ShardCountError` if not, then and at every call.
+    any other; a producer-only queue moves on once that loop is closed). A sharded queue object's
+    first call (or its opening) checks that the shard count its name has in Redis is its ``shards``
+    (its first user records the count); an ordinary one's offers and opening check that the name
+    has none: :class:`ShardCountError` if not.
 
     Args:
         client: a ``redis.asyncio.Redis`` (a server, or ``Sentinel.master_for(...)``) or a
@@ -98,8 +99,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
             ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
             within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit
             are split over the shards (docs: "Deployments: When to shard"). The count is fixed for the
-            queue's life: the first user records it in Redis, and an object with another count
-            (``shards=1`` included) is refused with :class:`ShardCountError` at its first call.
+            queue's life: the first user records it in Redis, and a sharded object with another count
+            is refused with :class:`ShardCountError` at its first call (an ordinary one on a sharded
+            name, by its offers and its opening).
             Allowed on a single server too (no gain there, K times the scheduling work).
 
     Raises:
@@ -126,7 +128,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         # One ordinary queue, or composites over the shards' (_sharding/): the same calls either way.
         parts: QueueParts | ShardedParts
         if self._shards == 1:
-            parts = QueueParts.build(client, keys, o, whole=True)
+            parts = QueueParts.build(client, keys, o)
             self._shard_keys: tuple[QueueKeys, ...] = (keys,)
         else:
             parts = ShardedParts.build(client, keys, o, self._shards)

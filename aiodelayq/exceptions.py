@@ -157,7 +157,8 @@ class ShardCountError(ConfigurationError):
     """A queue object whose ``shards`` differs from the shard count its name has in Redis. A sharded
     queue's first user records its count under the name, and the count is fixed for the queue's life
     (changing it would move keys to other shards); a name that holds an ordinary queue counts as 1.
-    Raised by the object's first call (or ``open()``), and by every call after; nothing was written.
+    Raised by a sharded object's first call (or ``open()``), and by every call after; by an ordinary
+    object's offers and ``open()`` on a sharded name. Nothing was written.
 
     Attributes:
         recorded: the name's shard count in Redis (1: an ordinary queue).

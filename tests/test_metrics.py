@@ -166,7 +166,7 @@ async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_q
     q = make_queue()
     k = q.keys
     scans: list[str] = []  # the transfers' ZRANGEBYSCORE of the timeout zset (TRANSFER's and POP's)
-    limits: list[int] = []  # TRANSFER's ARGV[1]: EVALSHA sha 7 <7 keys> limit (no binary argument before it)
+    limits: list[int] = []  # TRANSFER's ARGV[1]: EVALSHA sha 8 <8 keys> limit (no binary argument before it)
 
     async def watch(monitor: Any) -> None:
         while True:
@@ -174,8 +174,8 @@ async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_q
             words = command.split(" ")
             if command.startswith("zrangebyscore") and words[1] == k.timeout_set:
                 scans.append(command)
-            elif words[0] == "EVALSHA" and len(words) == 11 and words[4] == k.timeout_set:
-                limits.append(int(words[10]))
+            elif words[0] == "EVALSHA" and len(words) == 12 and words[4] == k.timeout_set:
+                limits.append(int(words[11]))
 
     async def traffic(n: int) -> None:
         await q.offer_many([(i, 0.02) for i in range(n)])

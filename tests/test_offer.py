@@ -492,7 +492,8 @@ async def test_a_resent_offer_whose_reply_was_lost_is_delivered_once(own_server:
 async def test_a_resent_offer_call_writes_nothing_twice_even_after_transfer(client: Redis, make_queue: Any) -> None:
     q = make_queue()
     k = q.keys
-    keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index]
+    keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index,
+            k.controls]
     args = [os.urandom(16), "", "strict", "", "", 0, os.urandom(8), b'"job"']
     first = await run_script(client, OFFER, keys, args, timeout_s=5)
     async with q:  # the element falls due and is transferred

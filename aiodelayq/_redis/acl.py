@@ -62,8 +62,9 @@ def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1) -> l
     """The ``ACL SETUSER`` rules (after the user name, ``on`` and the password) of a user that may
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
     (with :data:`WAITAOF_COMMANDS` when ``waitaof``). A sharded queue (``shards`` > 1): the keys of
-    its name that the shard count check reads and writes (no channel: nothing is published there),
-    then each shard's keys and channel."""
+    its name, which hold the shard count and which an ordinary queue object's refused OFFER or
+    TRANSFER declares (no channel permission: nothing is published there), then each shard's keys
+    and channel."""
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     if shards == 1:
         patterns = _queue_patterns(name, channel=True)
@@ -77,11 +78,11 @@ def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1) -> l
 
 
 def _queue_patterns(name: str, *, channel: bool) -> list[str]:
-    """The key patterns (``~``) of the queue ``name`` and, with ``channel``, its channel (as a key,
-    which the scripts that publish declare, and as a channel, ``&``)."""
+    """The key patterns (``~``) of the queue ``name``, its channel's among them (the scripts that
+    publish declare it as a key), and with ``channel`` the channel permission (``&``)."""
     keys = QueueKeys.for_name(name)
     tag = acl_literal(keys.timeout_set.partition(":")[2])  # "{name}", or the name's own hash tag form
-    listed = (keys.destination, keys.timeout_set, keys.delay_list) + ((keys.channel,) if channel else ())
+    listed = (keys.destination, keys.timeout_set, keys.delay_list, keys.channel)
     return [*(f"~{acl_literal(key)}" for key in listed), f"~aiodelayq_*:{tag}",
             *((f"&{acl_literal(keys.channel)}",) if channel else ())]
 

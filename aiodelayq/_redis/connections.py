@@ -43,7 +43,7 @@ from redis.exceptions import (
 
 from .._core.tasks import keep
 from .._wire.key_names import QueueKeys
-from ..exceptions import AccessDeniedError, BackendError, CallTimeoutError, WrongNodeError
+from ..exceptions import AccessDeniedError, BackendError, CallTimeoutError, ShardCountError, WrongNodeError
 from .acl import acl_literal
 from .cluster import cluster_exchange, mark_stale
 from .exchange import exchange, reconnect_if_closed, result
@@ -81,8 +81,9 @@ class Script:
 
 
 def is_permanent(exc: BaseException) -> bool:
-    """Whether retrying cannot help: missing permission, or a key on another cluster node."""
-    return isinstance(exc, (AccessDeniedError, WrongNodeError))
+    """Whether retrying cannot help: missing permission, a key on another cluster node, or an ordinary
+    queue object on a sharded queue's name."""
+    return isinstance(exc, (AccessDeniedError, WrongNodeError, ShardCountError))
 
 
 def classify(what: str, exc: BaseException, *, sent: bool, channels: Sequence[str] = ()) -> BackendError:
@@ -128,6 +129,15 @@ def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
             return cause
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def _sharded_name(what: str, text: str) -> ShardCountError:
+    """The refusal of an ordinary queue's OFFER or TRANSFER on a name that records a shard count."""
+    count = text.split()[1]
+    recorded = int(count) if count.isdigit() else 0
+    return ShardCountError(f"{what}: the queue has {recorded} shards (recorded in its controls hash); this queue "
+                           f"object has shards=1: make it with shards={recorded} (a queue's shard count is fixed "
+                           "for its life)", recorded=recorded, wanted=1)
 
 
 def channel_denied(what: str, channels: Sequence[str], text: str) -> AccessDeniedError:
@@ -203,6 +213,10 @@ async def _bounded(client: AnyRedis, commands: Sequence[Sequence[Any]], *, what:
         raise CallTimeoutError(f"{what}: no reply within {timeout_s:g} s; {outcome}", maybe_applied=sent[0])
     try:
         return child.result()
+    except ResponseError as exc:
+        if str(exc).startswith("SHARDED "):  # OFFER or TRANSFER of an ordinary queue on a sharded name
+            raise _sharded_name(what, str(exc)) from exc
+        raise classify(what, exc, sent=sent[0]) from exc
     except Exception as exc:
         raise classify(what, exc, sent=sent[0]) from exc
 

@@ -56,14 +56,14 @@ class Backoff:
         """The next failure starts a fresh backoff."""
         self.failures = 0
 
-    def level(self, exc: BackendError) -> int:
+    def level(self, exc: Exception) -> int:
         """The log level of the failure just counted: ``DEBUG`` for the first of a streak when trying
         again may fix it (a connection the server closed, a lost reply: a reconnect that works is no
         incident), ``WARNING`` for the next ones and for refusals and permanent errors."""
         return logging.DEBUG if self.failures <= 1 and may_resend(exc) else logging.WARNING
 
 
-def may_resend(exc: BackendError) -> bool:
+def may_resend(exc: Exception) -> bool:
     """Whether a failed call may be tried again: not refused by the server, not permanent, and not
     a durable write that ran but was not confirmed in time (it waited ``replication_timeout_s``
     already: the caller decides)."""

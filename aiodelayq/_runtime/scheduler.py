@@ -16,7 +16,7 @@ from .._redis.connections import is_permanent
 from .._redis.retry import Backoff
 from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
-from ..exceptions import BackendError
+from ..exceptions import BackendError, ShardCountError
 
 __all__ = ["SchedulerStats", "TransferScheduler"]
 
@@ -108,7 +108,7 @@ class TransferScheduler:
         self._aimed_ms: float | None = None
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
-        self._permanent: BackendError | None = None
+        self._permanent: BackendError | ShardCountError | None = None
         # Whether a transfer succeeded since start. Until one did the queue is opening, and open()
         # reports the failures (raises a permanent one, names the last one when it times out): the
         # worker logs them at DEBUG only.
@@ -179,7 +179,8 @@ class TransferScheduler:
         """Wait until one transfer has succeeded since start; return whether it did within the bound.
 
         Raises:
-            AccessDeniedError, WrongNodeError: the transfer failed with a permanent error.
+            AccessDeniedError, WrongNodeError, ShardCountError: the transfer failed with a permanent
+                error (a ShardCountError: an ordinary queue object on a sharded queue's name).
         """
         await wait_event(self._transferred, timeout_s)
         if not self._transferred.is_set() and self._permanent is not None:
@@ -291,7 +292,7 @@ class TransferScheduler:
             self._wake.clear()
             try:
                 reply = await self._transfer()
-            except BackendError as exc:
+            except (BackendError, ShardCountError) as exc:
                 self._last_error = str(exc)
                 if self._failures == 0:
                     self._failing_since = self._loop.time()

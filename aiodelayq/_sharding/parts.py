@@ -17,7 +17,6 @@ from .._redis.connections import AnyRedis
 from .._runtime.lifecycle import Lifecycle
 from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
-from .record import ShardCount
 
 __all__ = ["QueueParts", "check_timeout_s"]
 
@@ -44,15 +43,14 @@ class QueueParts:
     life: Lifecycle
 
     @classmethod
-    def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *, whole: bool) -> QueueParts:
-        """The components of the queue ``keys`` on ``client`` with ``options``. A ``whole`` queue (not
-        a shard) checks, before its first call or its opening goes to Redis, that its name has no
-        shard count recorded (:mod:`.record`)."""
+    def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> QueueParts:
+        """The components of the queue ``keys`` on ``client`` with ``options``. Its OFFER and TRANSFER
+        refuse a name that records a shard count (``ShardCountError``): an ordinary queue object on a
+        sharded queue's name neither writes nor opens there."""
         o = options
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         producer = Producer(scripts, o, events)
         return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
                    DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
-                   Lifecycle(scripts, o, events, on_new_loop=producer.rebind,
-                             check=ShardCount(scripts, 1, timeout_s=check_timeout_s(o)) if whole else None))
+                   Lifecycle(scripts, o, events, on_new_loop=producer.rebind))

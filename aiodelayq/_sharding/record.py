@@ -1,14 +1,14 @@
-"""The shard count recorded under a queue's name, checked once per queue object.
+"""The shard count recorded under a sharded queue's name, checked once per sharded queue object.
 
 A sharded queue's count is part of its configuration, like its name: changing it would move keys
 to other shards. The first sharded queue object to use a name records the count in the name's
 controls hash (``aiodelayq_controls:{name}``, field ``shards``) with CLAIM_SHARDS, atomically: of two
 processes racing with different counts, one records and the other reads it and is refused. A name
 that already holds an ordinary queue is refused too (the claim looks at that queue's keys). An
-ordinary queue object (``shards=1``) reads the field with one ``HGET`` (read-only: an idle queue
-keeps no key, and a read-only user can still check) and is refused when a count is recorded.
-The check runs before the object's first call or its opening goes to Redis; a check that could not
-be made (a ``BackendError``) runs again with the next call, a refusal is final.
+ordinary queue object (``shards=1``) makes no check of its own: its OFFER and TRANSFER read the
+field and refuse a sharded name. The check runs before the object's first call or its opening goes
+to Redis; a check that could not be made (a ``BackendError``) runs again with the next call, a
+refusal is final.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 
 from .._core.tasks import keep
-from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from ..exceptions import ShardCountError
 
@@ -66,13 +65,8 @@ class ShardCount:
     async def _check(self) -> None:
         k = self._scripts.keys
         what = f"the shard count of {k.destination!r}"
-        if self.shards == 1:
-            raw = await call_idempotent(self._scripts.client, "HGET", k.controls, "shards", route=k.controls,
-                                        what=what, timeout_s=self._timeout_s)
-            recorded = 1 if raw is None else _count(raw)
-        else:  # records it, or reads it: resending is harmless
-            recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what,
-                                                                      timeout_s=self._timeout_s))
+        # Records it, or reads it: resending is harmless.
+        recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what, timeout_s=self._timeout_s))
         if recorded != self.shards:
             self._refused = recorded
             raise self._error(recorded)

@@ -1,7 +1,8 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
--- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash
+-- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash,
+-- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused)
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
@@ -28,6 +29,8 @@
 -- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- scheduler re-arms (Redisson publishes when the new element becomes the head).
+local sharded = redis.call('hget', KEYS[8], 'shards')
+if sharded then return redis.error_reply('SHARDED ' .. sharded) end
 local first = first_run(KEYS[5], ARGV[1])
 if first then return {first, false, redis.call('hget', KEYS[6], ARGV[1]) or ''} end
 local now, started = now_ms()
