@@ -22,8 +22,8 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar, cast
 
 from ..exceptions import BackendError
 
@@ -32,7 +32,7 @@ if sys.version_info >= (3, 11, 3):
 else:  # asyncio.timeout's own origin; redis-py depends on it on these Pythons too
     from async_timeout import timeout as _timeout
 
-__all__ = ["Supervised", "TaskOwner", "detached", "keep", "run_interruptible", "run_through_cancellation",
+__all__ = ["Supervised", "TaskOwner", "detached", "gather_all", "keep", "run_interruptible", "run_through_cancellation",
            "stop_task", "timeout", "wait_event", "wait_through_cancellation"]
 
 log = logging.getLogger("aiodelayq")
@@ -46,6 +46,16 @@ def timeout(timeout_s: float | None) -> Any:
     ``math.inf``: never) and raises ``asyncio.TimeoutError`` from it; a cancellation from outside
     propagates as itself."""
     return _timeout(None if timeout_s is None or math.isinf(timeout_s) else max(0.0, timeout_s))
+
+
+async def gather_all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``calls`` concurrently, each to its end (none is left running unowned); their results in
+    order, or the first failure in that order raised (the other calls may have been applied)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast("list[T]", results)
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from .._core.observe import Events
-from .._core.tasks import keep
+from .._core.tasks import gather_all, keep
 from .._core.tracing import send_span, tracer, with_context
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for, server_ms_at
@@ -165,13 +165,7 @@ class Producer:
         if entries is not None and _repeated_keys(entries):
             # A key given twice: calls in order, so the later item sees the earlier one pending.
             return [due for chunk in chunks for due in await send(chunk)]
-        results = await asyncio.gather(*(send(chunk) for chunk in chunks), return_exceptions=True)
-        dues: list[int] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            dues.extend(result)
-        return dues
+        return [due for dues in await gather_all(send(chunk) for chunk in chunks) for due in dues]
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,

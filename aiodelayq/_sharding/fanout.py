@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
+
+from .._core.tasks import gather_all
 
 __all__ = ["on_every"]
 
@@ -16,11 +17,5 @@ async def on_every(shards: Sequence[S], call: Callable[[S], Awaitable[R]]) -> li
     """``call(shard)`` for every shard, concurrently; the results in shard order. Every call runs to
     its end (none is left running unowned), then the first failure, in shard order, is raised: the
     other shards' calls may have been applied."""
-    results = await asyncio.gather(*(call(shard) for shard in shards), return_exceptions=True)
-    out: list[R] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-        out.append(result)
-    return out
+    return await gather_all(call(shard) for shard in shards)
 
