@@ -27,13 +27,26 @@ Invariants (exit status 1 if one fails):
 
 - plain: every offered id delivered; no duplicates but ids a killed child had been handed and not
   finished (read from the hand-off right after each kill); nothing left anywhere once drained.
-- reliable: every non-poison id received and settled; each duplicate delivery explained by what became
-  of the delivery before it: its settle raised, its consumer was stopped before or during the settle,
-  its ack came after the visibility timeout, or it was an ack written behind that the library reported
-  as not confirmed (no more of those than it reported); every poison id dead-lettered exactly once;
-  nothing pending, in flight, ready or in the hand-off.
+- reliable: every non-poison id received and settled, or dead-lettered after ``max_deliveries``
+  deliveries none of which was settled; each delivery that was not settled (followed by another, or
+  the last of such a dead letter) explained: its settle raised, its consumer was stopped before or
+  during the settle, its ack came after the visibility timeout, or it was an ack written behind that
+  the library reported as not confirmed (no more of those than it reported); every poison id
+  dead-lettered exactly once; nothing pending, in flight, ready or in the hand-off.
+- reliable, every delivery count accounted for: each message's counts seen in order, none twice, no
+  redelivery before the previous deadline; a count that no consumer saw (the server counted a
+  delivery whose reply never reached its caller) is matched with a receive call whose caller never had
+  the reply: a SIGKILLed child's (it undoes nothing), or one that failed with ``maybe_applied`` or was
+  cancelled while a fault held the server or the network past the messages' deadline (so the undo,
+  RELEASE_CALL, came after another RECEIVE had redelivered them). The RECEIVE's time comes from the
+  next delivery's ``due_ms`` (the deadline of the one nobody saw); consumers record their receive calls.
+- the library counts what the consumers saw: ``stats.delivered`` of this process's queue, and of each
+  child shut down by SIGINT (it prints it), equals the deliveries they recorded.
 - every forced shutdown's ``asyncio.run`` returned within 1 s; no child still ran 15 s after its
   signal; no phase hangs (a watchdog prints every task's stack and fails the run).
+
+``--trace FILE`` writes every reliable delivery (message id, count, deadline, due), receive call and
+fault to FILE (JSON), to follow one message.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import itertools
 import json
 import logging
 import random
@@ -77,6 +91,7 @@ from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
 
 POISON_EVERY = 97
+MAX_DELIVERIES = 3  # the reliable queue's, here and in stress_consumer.py
 CALL_TIMEOUT_S = 1.0
 VISIBILITY_S = 2.0
 STALL_S = (2.0, 3.0)
@@ -208,7 +223,25 @@ class Delivery:
     count: int
     t: float  # time.monotonic() when received (the same clock in every process)
     who: str
+    id: str = ""  # the message id
+    deadline_ms: int = 0  # this delivery's visibility deadline, server ms
+    due_ms: int = 0  # when it became due again (the previous delivery's deadline or nack), server ms
     state: str = "received"  # -> acking -> acked | behind (acked, written behind) | false | error
+
+
+@dataclass(eq=False)
+class Call:
+    """One ``receive_many`` call of a consumer and how it ended."""
+
+    start: float  # time.monotonic() when it began
+    who: str
+    end: float = 0.0
+    # got | empty | error (not applied) | error? (maybe applied) | consumer-crash | forced-shutdown | hard-kill
+    outcome: str = ""
+
+    def close(self, outcome: str, t: float | None = None) -> None:
+        if not self.outcome:
+            self.outcome, self.end = outcome, time.monotonic() if t is None else t
 
 
 class Child:
@@ -225,6 +258,8 @@ class Child:
         self.ended = False
         self.unconfirmed = 0  # written-behind acks its log reported as not confirmed
         self.end = ""  # the signal it was stopped with
+        self.calls: list[Call] = []  # its receive calls
+        self.lib_delivered: int | None = None  # its stats.delivered, printed on a forced shutdown
 
     async def start(self) -> bool:
         self.proc.start()
@@ -242,10 +277,20 @@ class Child:
             if kind == "got":
                 self.got += [int(x) for x in rest.split()[1:]]
             elif kind == "r":
-                v, c, t = rest.split()
-                d = Delivery(int(v), int(c), float(t), self.tag)
+                v, c, t, mid, deadline, due = rest.split()
+                d = Delivery(int(v), int(c), float(t), self.tag, mid, int(deadline), int(due))
                 self.deliveries.append(d)
                 self._latest[d.value] = d
+                self.calls[-1].close("got", d.t)
+            elif kind == "q":
+                if self.calls:
+                    self.calls[-1].close("empty", float(rest))
+                self.calls.append(Call(float(rest), self.tag))
+            elif kind == "x":
+                t, maybe = rest.split()
+                self.calls[-1].close("error?" if maybe == "1" else "error", float(t))
+            elif kind == "delivered":
+                self.lib_delivered = int(rest)
             elif kind in ("s", "a", "b", "e"):
                 v, _, result = rest.partition(" ")
                 d = self._latest[int(v)]
@@ -265,6 +310,8 @@ class Child:
             info["exit"] = "HUNG"  # still running 15 s after the signal
         self.proc.close()
         self.absorb()
+        if self.calls:
+            self.calls[-1].close(self.end, sent)  # the call it was in, if any
         self.ended = True
         lines = self.proc.lines
         stamps = {line.split()[0]: float(line.split()[1]) for line in lines
@@ -293,6 +340,7 @@ class Ctx:
     admin: Redis
     rng: random.Random
     seed: int
+    trace: Path | None = None  # every reliable delivery, receive call and fault, as JSON
 
 
 @dataclass
@@ -304,6 +352,7 @@ class PhaseFaults:
     lost_replies_unfired: Counter[str] = field(default_factory=Counter)
     recoveries: list[float] = field(default_factory=list)
     shutdowns: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, fault), monotonic
 
     def summary(self) -> dict[str, Any]:
         returns = [s["return_s"] for s in self.shutdowns if s.get("return_s") is not None]
@@ -358,9 +407,10 @@ async def inject(ctx: Ctx, end: float, menu: list[str], pf: PhaseFaults,
         fault = ctx.rng.choice(menu)
         pf.counts[fault] += 1
         before = progress()
-        began = loop.time()
+        began, t0 = loop.time(), time.monotonic()
         if not await common_fault(ctx, fault, pf):
             await phase_fault(fault)
+        pf.timeline.append((t0, time.monotonic(), fault))
         # Recovery: time from the end of the fault until deliveries advance again.
         started = loop.time()
         while progress() == before and loop.time() - started < 30:  # noqa: ASYNC110 - bounded poll
@@ -516,6 +566,8 @@ async def plain_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
             "drained": drained_ok, "drain_s": round(drain_s, 2), "left": left,
             "stats": {"recovered": stats.recovered, "returned": stats.returned,
                       "transfer_errors": stats.transfer_errors},
+            "stats_delivered": stats.delivered, "stats_delivered_matches_seen": stats.delivered == local.total()
+            and all(c.lib_delivered == len(c.got) for c in children if c.lib_delivered is not None),
             "children": len(children), "child_start_failures": len(child_failures), **pf.summary()}
 
 
@@ -539,20 +591,128 @@ async def _left(admin: Redis, k: Any) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------- reliable
 
 
+# How a receive call ended when its caller never had the reply: the RECEIVE may have run anyway.
+NOT_SEEN_OUTCOMES = ("hard-kill", "forced-shutdown", "consumer-crash", "error?")
+# Faults that hold a reply and the undo after it (RELEASE_CALL) for longer than VISIBILITY_S.
+HOLDING_FAULTS = ("stall", "net-stall", "server-sigkill", "pause")
+FAILED_OUTCOMES = ("error", "error?")
+# How late after its caller gave up a RECEIVE may still run (it waited in the proxy or the server).
+LATE_RUN_S = 5.0
+CLOCK_SLACK_S = 0.05  # server clock -> monotonic clock
+RECEIVE_MAX = 100  # the consumers' receive_many(100)
+
+
+def _history(ds: list[Delivery], offset_ms: float) -> list[tuple[Any, ...]]:
+    """A message's deliveries for a report: who, count, time, state, deadline and due (monotonic s)."""
+    return [(d.who, d.count, round(d.t, 3), d.state, round((d.deadline_ms - offset_ms) / 1000, 3),
+             round((d.due_ms - offset_ms) / 1000, 3) if d.due_ms else None) for d in ds]
+
+
+def count_gaps(by_value: dict[int, list[Delivery]], dead: dict[int, tuple[int, int]], offset_ms: float,
+               calls: list[Call], timeline: list[tuple[float, float, str]]) -> dict[str, Any]:
+    """Account for every delivery count: each count the server gave and no consumer saw is matched
+    with a receive call whose caller never had the reply, and a reason its undo did not restore the
+    count; anomalies (a count seen twice, a redelivery before the previous deadline, a value under two
+    message ids) are listed.
+
+    A RECEIVE counts its deliveries when it runs. The library undoes one whose caller never had the
+    reply (cancelled, or failed with ``maybe_applied``) by its call id (RELEASE_CALL), which finds the
+    messages only while they are still in flight as that delivery: when the undo lands after their
+    visibility deadline, another RECEIVE has redelivered them with the count raised, and the count
+    keeps the delivery nobody saw. A SIGKILLed consumer undoes nothing.
+
+    ``dead``: value -> (delivery count, dead_at_ms) of its dead letter; ``offset_ms``: server ms minus
+    monotonic ms; ``timeline``: (start, end, fault) on the monotonic clock."""
+    vt_ms = int(VISIBILITY_S * 1000)
+    runs: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (server ms, or_before) -> (value, count)
+    odd: list[dict[str, Any]] = []
+    for value in by_value.keys() | dead.keys():
+        ds = by_value.get(value, [])
+        if len({d.id for d in ds}) > 1:
+            odd.append({"what": "one value, several message ids", "value": value, "history": _history(ds, offset_ms)})
+        for before, after in itertools.pairwise(ds):
+            if value % POISON_EVERY and after.due_ms < before.deadline_ms:
+                odd.append({"what": "redelivered before its deadline", "value": value,
+                            "history": _history(ds, offset_ms)})
+        counts = Counter(d.count for d in ds)
+        if any(n > 1 for n in counts.values()):
+            odd.append({"what": "a delivery count seen twice", "value": value, "history": _history(ds, offset_ms)})
+        dead_count, dead_at = dead.get(value, (0, 0))
+        for c in range(1, max(max(counts, default=0), dead_count) + 1):
+            if c in counts:
+                continue
+            # The next delivery seen became due at the deadline of the one before it (or later, when a
+            # delivery in between was undone): this one's RECEIVE ran a timeout before that (at or
+            # before, when more unseen deliveries followed); the last one of a dead letter, a timeout
+            # before the RECEIVE that dead-lettered it.
+            nxt = min((d for d in ds if d.count > c and d.due_ms), key=lambda d: d.count, default=None)
+            key = ((nxt.due_ms - vt_ms * (nxt.count - c), nxt.count > c + 1) if nxt is not None
+                   else (dead_at - vt_ms, True))
+            runs.setdefault(key, []).append((value, c))
+    causes: Counter[str] = Counter()
+    unexplained: list[dict[str, Any]] = []
+    load: Counter[int] = Counter()  # unseen deliveries matched with each call (at most RECEIVE_MAX)
+    receives: list[dict[str, Any]] = []
+    for (at_ms, or_before), unseen in sorted(runs.items()):
+        at = (at_ms - offset_ms) / 1000
+        call, fault = _match(at, or_before, len(unseen), calls, load, timeline)
+        if call is None:
+            unexplained.append({"at": round(at, 3), "or_before": or_before, "deliveries": len(unseen),
+                                "examples": [(v, c, _history(by_value.get(v, []), offset_ms)) for v, c in unseen[:3]]})
+            continue
+        load[id(call)] += len(unseen)
+        cause = "receive_of_killed_consumer" if call.outcome == "hard-kill" else f"undo_after_deadline:{fault}"
+        causes[cause] += len(unseen)
+        receives.append({"at": round(at, 3), "n": len(unseen), "who": call.who, "call": call.outcome,
+                         "began": round(call.start, 3), "ended": round(call.end, 3), "cause": cause})
+    return {"unseen_deliveries": sum(len(u) for u in runs.values()), "unseen_by_cause": dict(causes),
+            "unseen_unexplained": sum(u["deliveries"] for u in unexplained),
+            "unseen_unexplained_examples": unexplained[:5], "unseen_receives": receives[:20],
+            "delivery_anomalies": len(odd), "delivery_anomaly_examples": odd[:10]}
+
+
+def _match(at: float, or_before: bool, n: int, calls: list[Call], load: Counter[int],
+           timeline: list[tuple[float, float, str]]) -> tuple[Call | None, str]:
+    """The receive call behind ``n`` unseen deliveries of a RECEIVE that ran at ``at`` (monotonic s;
+    ``or_before``: at or before then), and what held its undo past their deadline: the latest call
+    begun before then whose caller never had the reply and that has room for them. A killed
+    consumer's needs nothing (it undoes nothing); any other needs the server out of reach between its
+    start and the deadline: a fault that holds traffic or the server, or, with no such fault injected
+    (the machine or the server's disk stalling it), other receive calls failing meanwhile too (its
+    consumer's next ones, or other consumers')."""
+    best: tuple[Call | None, str] = (None, "")
+    for c in calls:
+        if (c.outcome not in NOT_SEEN_OUTCOMES or load[id(c)] + n > RECEIVE_MAX
+                or c.start - CLOCK_SLACK_S > at or (not or_before and at > c.end + LATE_RUN_S)):
+            continue
+        held = [f for t0, t1, f in timeline if f in HOLDING_FAULTS and t0 <= at + VISIBILITY_S and t1 >= c.start]
+        if not held and any(o is not c and o.outcome in FAILED_OUTCOMES and c.start <= o.end <= at + VISIBILITY_S
+                            for o in calls):
+            held = ["server-unreachable"]
+        if c.outcome != "hard-kill" and not held:
+            continue
+        if best[0] is None or c.start > best[0].start:
+            best = (c, held[0] if held else "")
+    return best
+
+
 async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     name = "stress:reliable"
     client = Redis.from_url(ctx.proxy.url)
-    q: DelayedQueue[int] = DelayedQueue(client, name, max_deliveries=3, safety_poll_s=1.0,
+    q: DelayedQueue[int] = DelayedQueue(client, name, max_deliveries=MAX_DELIVERIES, safety_poll_s=1.0,
                                         call_timeout_s=CALL_TIMEOUT_S)
     k, admin = q.keys, ctx.admin
     offers = Offers(random.Random(ctx.seed * 1000 + 2), 2.0)
     pf = PhaseFaults()
     local: list[Delivery] = []
+    local_calls: list[Call] = []
     children: list[Child] = []
     child_failures: list[str] = []
     await retrying(q.open, "open")
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
+    # Server ms - monotonic ms (both clocks of this machine): deadlines on the monotonic clock.
+    clock_offset_ms = await retrying(lambda: server_ms(admin), "TIME") - time.monotonic() * 1000
 
     def all_deliveries() -> list[Delivery]:
         for c in children:
@@ -562,13 +722,20 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
 
     async def consume(tag: str) -> None:
         while True:
+            call = Call(time.monotonic(), tag)
+            local_calls.append(call)
             try:
                 msgs = await q.receive_many(100, visibility_timeout=VISIBILITY_S, timeout=1.0)
-            except BackendError:
+            except BackendError as exc:
+                call.close("error?" if exc.maybe_applied else "error")
                 await asyncio.sleep(0.05)
                 continue
+            except asyncio.CancelledError:
+                call.close("consumer-crash")
+                raise
             now = time.monotonic()
-            batch = [Delivery(m.value, m.delivery_count, now, tag) for m in msgs]
+            call.close("got" if msgs else "empty", now)
+            batch = [Delivery(m.value, m.delivery_count, now, tag, m.id, m.deadline_ms, m.due_ms or 0) for m in msgs]
             local.extend(batch)
             for m, d in zip(msgs, batch, strict=True):
                 d.state = "acking"
@@ -628,9 +795,12 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     pf.shutdowns.append(await child.stop(signal.SIGINT))
     for task in consumers:
         await stop_task(task)
-    dead = [int(d.value) for d in await retrying(q.dead_letters, "dead_letters")]
+    dead_entries = await retrying(q.dead_letters, "dead_letters")
+    dead = [int(d.value) for d in dead_entries]
+    dead_counts = {int(d.value): (d.delivery_count or 0, d.dead_at_ms or 0) for d in dead_entries}
     await q.aclose()  # sends the acks still written behind
     q_unconfirmed = [q.stats.unconfirmed_settles]
+    q_delivered = q.stats.delivered
     await client.aclose()
     deliveries = all_deliveries()
     received = {d.value for d in deliveries}
@@ -642,22 +812,40 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     by_value: dict[int, list[Delivery]] = {}
     for d in sorted(deliveries, key=lambda d: d.t):
         by_value.setdefault(d.value, []).append(d)
-    causes: Counter[str] = Counter()
+    causes: Counter[str] = Counter()  # why a delivery was followed by another one
+    dead_causes: Counter[str] = Counter()  # why the last delivery of a dead-lettered non-poison id was not settled
     unexplained: list[dict[str, Any]] = []
     ends = {c.tag: c.end for c in children} | {f"local{n}": "consumer-crash" for n in crashed}
+
+    def why_unsettled(d: Delivery) -> str | None:
+        """What became of a delivery that was not settled, or None if nothing explains it."""
+        if d.state in ("received", "acking"):
+            phase = "before" if d.state == "received" else "during"
+            return f"abandoned_{phase}_settle:{ends[d.who]}" if d.who in ends else None
+        return {"error": "settle_reply_lost", "false": "visibility_expired_before_ack",
+                "behind": "written_behind_ack_unconfirmed"}.get(d.state)
+
     for value, ds in by_value.items():
         if value % POISON_EVERY == 0:
             continue
-        for before in ds[:-1]:
-            cause = {"error": "settle_reply_lost", "false": "visibility_expired_before_ack",
-                     "behind": "written_behind_ack_unconfirmed"}.get(before.state)
-            if before.state in ("received", "acking"):
-                phase = "before" if before.state == "received" else "during"
-                cause = f"abandoned_{phase}_settle:{ends.get(before.who, 'consumer still running')}"
-            if cause is None or cause.endswith("consumer still running"):
+        # A non-poison dead letter (max_deliveries unsettled deliveries): its last one was not settled either.
+        last = [(ds[-1], dead_causes)] if value in dead_counts else []
+        for d, counter in [(d, causes) for d in ds[:-1]] + last:
+            cause = why_unsettled(d)
+            if cause is None:
                 unexplained.append({"value": value, "history": [(x.who, x.count, round(x.t, 3), x.state) for x in ds]})
             else:
-                causes[cause] += 1
+                counter[cause] += 1
+    # Deliveries the server counted that no consumer saw: gaps in each message's delivery counts.
+    calls = local_calls + [call for c in children for call in c.calls]
+    clock_offset_ms = (clock_offset_ms + await retrying(lambda: server_ms(admin), "TIME") - time.monotonic() * 1000) / 2
+    gaps = count_gaps(by_value, dead_counts, clock_offset_ms, calls, pf.timeline)
+    if ctx.trace is not None:
+        ctx.trace.write_text(json.dumps({
+            "clock_offset_ms": clock_offset_ms, "faults": pf.timeline, "dead": dead_counts,
+            "calls": [(c.who, c.start, c.end, c.outcome) for c in calls],
+            "deliveries": {v: [(d.who, d.id, d.count, d.t, d.state, d.deadline_ms, d.due_ms) for d in ds]
+                           for v, ds in by_value.items()}}))
     # Written-behind acks the library reported as not confirmed (WARNING, stats.unconfirmed_settles):
     # this process's, and what the children's logs said.
     unconfirmed = q_unconfirmed[0] + sum(c.unconfirmed for c in children)
@@ -674,9 +862,14 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
             "unexplained_examples": unexplained[:5],
             "unconfirmed_written_behind_acks": unconfirmed,
             "duplicates_from_written_behind_acks_le_unconfirmed":
-                causes["written_behind_ack_unconfirmed"] <= unconfirmed,
-            "dead_letters": len(dead), "dead_letters_match_poison": Counter(dead) == Counter(poison),
-            "dead_letters_not_poison": not_poison_dead[:20],
+                causes["written_behind_ack_unconfirmed"] + dead_causes["written_behind_ack_unconfirmed"] <= unconfirmed,
+            **gaps,
+            "stats_delivered": q_delivered, "stats_delivered_matches_seen": q_delivered == len(local)
+            and all(c.lib_delivered == len(c.deliveries) for c in children if c.lib_delivered is not None),
+            "dead_letters": len(dead),
+            "dead_letters_poison_once": Counter(i for i in dead if i in poison) == Counter(poison),
+            "dead_letters_not_poison": len(not_poison_dead), "dead_letters_not_poison_by_cause": dict(dead_causes),
+            "dead_letters_not_poison_short": [i for i in not_poison_dead if dead_counts[i][0] != MAX_DELIVERIES][:20],
             "due_pending": due_pending, "in_flight": left["in_flight"], "left": left,
             "drained": drained_ok, "drain_s": round(drain_s, 2),
             "children": len(children), "child_start_failures": len(child_failures), **pf.summary()}
@@ -702,12 +895,20 @@ def failed_checks(plain: dict[str, Any], reliable: dict[str, Any]) -> list[str]:
         check(not slow, f"{phase}: forced shutdowns that did not return within 1 s: {slow}")
         hung = [s for s in r["shutdowns"] if s["exit"] == "HUNG"]
         check(not hung, f"{phase}: children still running 15 s after their signal: {hung}")
+        # The library's count of items and messages handed to callers (stats.delivered: this process's,
+        # and each child's printed on its forced shutdown) is what the consumers recorded.
+        check(r["stats_delivered_matches_seen"], f"{phase}: stats.delivered differs from what the consumers saw")
     check(plain["duplicates"] <= sum(plain["duplicates_at_risk"].values()),
           "plain: more duplicates than items handed out by killed children and not finished")
     check(reliable["unsettled"] == 0, f"reliable: {reliable['unsettled']} received but never settled")
     check(reliable["duplicates_from_written_behind_acks_le_unconfirmed"],
           "reliable: more duplicates after written-behind acks than acks reported as not confirmed")
-    check(reliable["dead_letters_match_poison"], "reliable: dead letters are not exactly the poison ids")
+    check(reliable["unseen_unexplained"] == 0,
+          f"reliable: {reliable['unseen_unexplained']} deliveries counted that no consumer saw, unexplained")
+    check(reliable["delivery_anomalies"] == 0, f"reliable: {reliable['delivery_anomalies']} delivery anomalies")
+    check(reliable["dead_letters_poison_once"], "reliable: a poison id not dead-lettered exactly once")
+    check(not reliable["dead_letters_not_poison_short"],
+          f"reliable: dead-lettered before {MAX_DELIVERIES} deliveries: {reliable['dead_letters_not_poison_short']}")
     check(reliable["due_pending"] == 0 and reliable["in_flight"] == 0, "reliable: due pending or in flight left")
     return failures
 
@@ -737,7 +938,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     with ThrowawayServer(kind, options) as server, FaultProxy(server.port) as proxy:
         admin = Redis.from_url(server.url, socket_timeout=30, socket_connect_timeout=5)
-        ctx = Ctx(server, proxy, admin, random.Random(args.seed), args.seed)
+        ctx = Ctx(server, proxy, admin, random.Random(args.seed), args.seed,
+                  Path(args.trace) if args.trace else None)
         print(f"stress test on {kind.name} {server_version(kind.binary)}, {args.minutes:g} min, seed {args.seed}; "
               f"clients through a fault proxy, call_timeout_s={CALL_TIMEOUT_S}, stalls {STALL_S[0]}-{STALL_S[1]} s")
         try:
@@ -761,6 +963,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kind", default=None, help="server kind (default: the first found)")
+    parser.add_argument("--trace", default=None,
+                        help="write every delivery, receive call and fault of the reliable phase to this file (JSON)")
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "aiodelayq-stress.json"),
                         help="the summary (JSON); the library's log goes next to it (.log)")
     args = parser.parse_args()

@@ -7,9 +7,12 @@ the main task (``asyncio.Runner``), ``asyncio.run`` cancels every other task and
 second Ctrl-C. A SIGKILL is the hard variant.
 
 Lines on stdout (unbuffered, so the stress test reads everything written before a kill):
-``ready`` once open; plain: ``got T ID ID ...`` per batch; reliable: ``r ID COUNT T`` per message
-received, ``s ID`` right before its settle, ``a ID 1|0`` after it, ``e ID MAYBE_APPLIED`` when it
-raised; then ``cancelled T`` and ``returned T`` (``time.monotonic()``, the clock of the stress test's loop).
+``ready`` once open; plain: ``got T ID ID ...`` per batch; reliable: ``q T`` right before each
+``receive_many``, ``x T MAYBE_APPLIED`` when it raised, ``r ID COUNT T MESSAGE_ID DEADLINE_MS DUE_MS``
+per message received (``DUE_MS`` 0 for a first delivery), ``s ID`` right before its settle, ``a ID
+1|0`` (``b ID 1`` written behind) after it, ``e ID MAYBE_APPLIED`` when it raised; on a forced
+shutdown ``cancelled T``, ``delivered N`` (the queue's ``stats.delivered``) and ``returned T``
+(``time.monotonic()``, the clock of the stress test's loop).
 """
 
 from __future__ import annotations
@@ -43,13 +46,15 @@ async def plain(q: DelayedQueue[int]) -> None:
 async def reliable(q: DelayedQueue[int], poison_every: int) -> None:
     write = sys.stdout.write
     while True:
+        write(f"q {time.monotonic():.6f}\n")
         try:
             messages = await q.receive_many(100, visibility_timeout=VISIBILITY_S, timeout=1.0)
-        except BackendError:
+        except BackendError as exc:
+            write(f"x {time.monotonic():.6f} {int(exc.maybe_applied)}\n")
             await asyncio.sleep(0.05)
             continue
         for m in messages:
-            write(f"r {m.value} {m.delivery_count} {time.monotonic():.6f}\n")
+            write(f"r {m.value} {m.delivery_count} {time.monotonic():.6f} {m.id} {m.deadline_ms} {m.due_ms or 0}\n")
         for m in messages:
             write(f"s {m.value}\n")
             # An ack with more than call_timeout_s left is written behind (not waited for): "b".
@@ -72,6 +77,7 @@ async def main(mode: str, url: str, name: str, poison_every: int) -> None:
         await (plain(q) if mode == "plain" else reliable(q, poison_every))
     except asyncio.CancelledError:
         print(f"cancelled {time.monotonic():.6f}", flush=True)
+        print(f"delivered {q.stats.delivered}", flush=True)
         raise  # nothing is closed: asyncio.run cancels the library's tasks and returns
 
 
