@@ -5,7 +5,9 @@ removes it; ``nack(delay)`` makes it visible again after ``delay``; a message ne
 nacked becomes visible again at its deadline. Each redelivery counts; past ``max_deliveries`` the
 payload goes to the dead-letter list. RECEIVE pops and registers in one atomic step, under a call
 id: a lost reply is resent and returns the same messages, and a cancelled caller's call is undone
-by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw.
+by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw, unless the undo lands
+after the messages' visibility timeout (Redis unreachable that long, or a SIGKILLed process): they
+were redelivered meanwhile, and the count keeps that delivery.
 
 Prefetch (see _consuming/prefetch.py): a receive may ask for more messages than its caller wants; the rest
 are in flight already, under the visibility timeout of the call that fetched them, and wait in a
