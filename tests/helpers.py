@@ -112,6 +112,44 @@ async def queue_on(url: str, name: str, **options: Any) -> AsyncIterator[tuple[R
         await client.aclose()
 
 
+async def migrate_under_load(q: DelayedQueue[int], migrate: Callable[[], int], *, warm: int,
+                             pause_s: float) -> tuple[list[int], list[int], int]:
+    """Offer 0, 1, 2, ... (each due in 50 ms, ``pause_s`` apart) to the open queue ``q`` while ``async
+    for`` takes them; once ``warm`` items arrived, ``migrate()`` runs in a thread (it moves a slot and
+    returns how many keys moved), then ``warm`` more offers go out. Returns ``(offered, got, moved)``
+    once everything offered arrived or 15 s passed (what is missing then shows in the caller's
+    assertion)."""
+    offered: list[int] = []
+    got: list[int] = []
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            await q.offer(i, 0.05)
+            offered.append(i)
+            i += 1
+            await asyncio.sleep(pause_s)
+
+    async def consume() -> None:
+        async for item in q:
+            got.append(item)
+
+    consumer = asyncio.create_task(consume())
+    producer = asyncio.create_task(produce())
+    await until(lambda: len(got) >= warm, timeout_s=10)  # the load runs (counted, not timed)
+    moved = await asyncio.to_thread(migrate)
+    after = len(offered)
+    await until(lambda: len(offered) >= after + warm, timeout_s=10)  # and goes on after the migration
+    stop.set()
+    await producer
+    with contextlib.suppress(AssertionError):
+        await until(lambda: len(got) >= len(offered), timeout_s=15)
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    return offered, got, moved
+
+
 class FailoverLoad:
     """Steady load for failover tests: a producer offering an increasing int every ~5 ms and a reliable
     consumer acking, both going on through errors; what happened is counted, and ``report`` gives the

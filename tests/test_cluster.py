@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from aiodelayq import DelayedQueue
 from aiodelayq.testing import ThrowawayCluster
 from aiodelayq.testing.topologies import _cmd, _info
 from tests.faults import debug_args, stall_server
-from tests.helpers import FailoverLoad, until
+from tests.helpers import FailoverLoad, migrate_under_load, until
 from tests.redisson_scripts import OFFER_CURRENT
 
 pytestmark = pytest.mark.topology
@@ -156,35 +155,9 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
     source = cl.primary_of_slot(slot)
     target = next(n for n in cl.primaries() if n.port != source.port)
     caplog.set_level(logging.DEBUG, logger="aiodelayq")
-    offered: list[int] = []
-    got: list[int] = []
-    stop = asyncio.Event()
-
-    async def produce() -> None:
-        i = 0
-        while not stop.is_set():
-            await q.offer(i, 0.05)
-            offered.append(i)
-            i += 1
-            await asyncio.sleep(0.005)
-
-    async def consume() -> None:
-        async for item in q:
-            got.append(item)
-
     async with q:
-        consumer = asyncio.create_task(consume())
-        producer = asyncio.create_task(produce())
-        await until(lambda: len(got) >= 20, timeout_s=10)  # the load runs (counted, not timed)
-        moved = await asyncio.to_thread(cl.migrate_slot, slot, target, pause_s=0.2)
-        after = len(offered)
-        await until(lambda: len(offered) >= after + 20, timeout_s=10)  # and goes on after the migration
-        stop.set()
-        await producer
-        with contextlib.suppress(AssertionError):  # what is missing then shows in the assertion below
-            await until(lambda: len(got) >= len(offered), timeout_s=15)
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
+        offered, got, moved = await migrate_under_load(q, lambda: cl.migrate_slot(slot, target, pause_s=0.2),
+                                                       warm=20, pause_s=0.005)
     assert moved >= 4, "the queue's keys should move one by one"
     assert cl.primary_of(q.keys.destination).port == target.port
     assert sorted(got) == offered, (len(got), len(offered))

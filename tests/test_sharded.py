@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import random
 import statistics
 import uuid
@@ -37,7 +36,7 @@ from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.testing import ThrowawayCluster, server_version
 from aiodelayq.testing.topologies import _cmd, _info
 from tests.faults import debug_args, stall_server
-from tests.helpers import FailoverLoad, until
+from tests.helpers import FailoverLoad, migrate_under_load, until
 
 Make = Callable[..., DelayedQueue[Any]]
 
@@ -553,35 +552,9 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
     slot = cl.slot_of(q.shard_keys[0].destination)
     source = cl.primary_of_slot(slot)
     target = next(n for n in cl.primaries() if n.port != source.port)
-    offered: list[int] = []
-    got: list[int] = []
-    stop = asyncio.Event()
-
-    async def produce() -> None:
-        i = 0
-        while not stop.is_set():
-            await q.offer(i, 0.05)
-            offered.append(i)
-            i += 1
-            await asyncio.sleep(0.003)
-
-    async def consume() -> None:
-        async for item in q:
-            got.append(item)
-
     async with q:
-        consumer = asyncio.create_task(consume())
-        producer = asyncio.create_task(produce())
-        await until(lambda: len(got) >= 30, timeout_s=10)  # the load runs (counted, not timed)
-        moved = await asyncio.to_thread(cl.migrate_slot, slot, target, pause_s=0.2)
-        after = len(offered)
-        await until(lambda: len(offered) >= after + 30, timeout_s=10)  # and goes on after it
-        stop.set()
-        await producer
-        with contextlib.suppress(AssertionError):  # what is missing shows in the assertion below
-            await until(lambda: len(got) >= len(offered), timeout_s=15)
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
+        offered, got, moved = await migrate_under_load(q, lambda: cl.migrate_slot(slot, target, pause_s=0.2),
+                                                       warm=30, pause_s=0.003)
     assert moved >= 2, "the shard's keys should move one by one"
     assert cl.primary_of(q.shard_keys[0].destination).port == target.port
     assert sorted(got) == offered, (len(got), len(offered))
