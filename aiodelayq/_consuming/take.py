@@ -125,9 +125,9 @@ class TakePump:
         self._limited = False  # the last POP met the rate limit: pop only what callers want
         self._closed: BaseException | None = None
         self._flush_deadline: float | None = None
-        # Done, and replaced, each time items may have reached the list from outside this pump's own
-        # pops (see signal).
-        self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Done, and dropped, each time items may have reached the list from outside this pump's own
+        # pops (see signal); made only when a caller asks for it.
+        self._signal: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return (f"<TakePump {self._keys.destination!r} waiters={len(self._waiters)} buffered={len(self._buffer)} "
@@ -142,6 +142,8 @@ class TakePump:
         the queue closing, a failed pop's backoff over): a caller that waits on several pumps takes
         it before it looks, so no announcement between its look and its wait is missed. Its own
         looks (``get(..., once=True)``) do not set it."""
+        if self._signal is None:
+            self._signal = asyncio.get_running_loop().create_future()
         return self._signal
 
     @property
@@ -166,9 +168,9 @@ class TakePump:
 
     def _announce(self) -> None:
         """Items may be in the list: whoever waits on :attr:`signal` looks again."""
-        if not self._signal.done():
+        if self._signal is not None and not self._signal.done():
             self._signal.set_result(None)
-        self._signal = asyncio.get_running_loop().create_future()
+        self._signal = None
 
     # -- callers -----------------------------------------------------------------------------------
 
