@@ -81,6 +81,16 @@ class DelayedQueue(AsyncResource, Generic[T]):
             that finds the earliest due item this many seconds late logs one WARNING, and one INFO
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
             queue object a client opens for a name sets it.
+        tier_after_s: tiered pending (``None``: off): an item this object offers without a key, as
+            a fast element, due so far ahead that the one-minute bucket of its due time starts more
+            than this many seconds (at least 1) from now, waits in that bucket's compact list
+            instead of the timeout zset (about half the memory at millions of pending items, and
+            inserts that stay cheap), and is moved into the zset one bucket width (60 s, or this
+            horizon when shorter) before the bucket's start, by the transfer of any aiodelayq queue
+            object (with the option or not). Only aiodelayq's transfer does that: a queue consumed
+            only by Redisson's transfer never delivers tiered items. Every call of the queue sees
+            them (``size``, ``counts``, ``peek``, ``read_all``, ``contains``, ``remove``, ``clear``).
+            Needs fast elements (not ``strict``, not legacy). See the docs' design, "Tiered pending".
 
     Raises:
         InvalidNameError: empty or non-``str`` name.
@@ -93,7 +103,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0) -> None:
+                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0,
+                 tier_after_s: float | None = None) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
@@ -101,7 +112,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
-            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
+            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
+            tier_after_s=tier_after_s)
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         self._producer = Producer(scripts, o, events)
@@ -131,6 +143,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
     def strict(self) -> bool:
         """Whether this producer writes strict or legacy elements (also in Redisson's list)."""
         return self._options.kind != "fast"
+
+    @property
+    def tier_after_s(self) -> float | None:
+        """The horizon of tiered pending, seconds (``None``: this object tiers nothing)."""
+        ms = self._options.tier_after_ms
+        return None if ms is None else ms / 1000
 
     @property
     def max_deliveries(self) -> int | None:
@@ -433,8 +451,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _producing/pending.py) ---------
 
     async def size(self) -> int:
-        """Number of pending elements of every kind (``ZCARD``; Redisson's ``size()`` counts its
-        insertion-order list, without fast elements)."""
+        """Number of pending elements of every kind: the timeout zset's (``ZCARD``) and the tier's, in
+        one read (Redisson's ``size()`` counts its insertion-order list, without fast elements).
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (resends included).
+        """
         self._life.bind_loop()
         return await self._pending.size()
 
@@ -554,7 +576,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return bool(await self._pending.remove(items, first_only=False))
 
     async def clear(self) -> None:
-        """Drop every pending element (both pending keys); the destination list is untouched."""
+        """Drop every pending element (both pending keys, and the tier's buckets in calls of up to 500
+        buckets); the destination list is untouched.
+
+        Raises:
+            BackendError: a call failed within ``call_timeout_s`` (earlier calls' drops stay).
+        """
         self._life.bind_loop()
         await self._pending.clear()
 

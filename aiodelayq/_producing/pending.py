@@ -36,6 +36,8 @@ T = TypeVar("T")
 
 # Most elements one peek() returns: one short script call, whatever the backlog.
 MAX_PEEK = 1000
+# Buckets one CLEAR call drops (lua/clear.lua).
+CLEAR_BUCKETS = 500
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class QueueCounts:
             read in the same call; 0 when no pending item is due. Items the transfer moved to the
             destination list are not in it (``ready`` counts them). A lag that keeps growing means
             no transfer runs (docs: Operating).
+        tiered: how many of the ``pending`` items wait in the tier's buckets (tiered pending,
+            ``tier_after_s``), not yet in the timeout zset.
     """
 
     pending: int
@@ -70,6 +74,7 @@ class QueueCounts:
     rate_burst: int | None = None
     recurring: int = 0
     lag_ms: int = 0
+    tiered: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,9 @@ class PendingView:
             timeout_s=self._timeout_s)
 
     async def size(self) -> int:
-        """``ZCARD`` of the timeout zset: every pending element."""
-        return int(await self._call("ZCARD", self._keys.timeout_set, what="size"))
+        """Every pending element: ``ZCARD`` of the timeout zset plus the tier's count, in one
+        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        return int(await self._page(self._scripts.size, [], what=f"size of {self._keys.destination!r}"))
 
     async def ready_size(self) -> int:
         """``LLEN`` of the destination list."""
@@ -155,7 +161,7 @@ class PendingView:
                            None if head is None else int(float(head)), paused=bool(reply[5]),
                            rate_limit_per_s=None if rate is None else float(rate),
                            rate_burst=None if burst is None else int(burst), recurring=int(reply[8]),
-                           lag_ms=int(reply[9]))
+                           lag_ms=int(reply[9]), tiered=int(reply[10]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
@@ -234,9 +240,17 @@ class PendingView:
 
     async def clear(self) -> None:
         """``UNLINK`` both pending keys, the key index and the recurring items' schedules (freed in the
-        background: a huge zset does not block the server)."""
-        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index,
-                         self._keys.schedules, what="clear")
+        background: a huge zset does not block the server), then the tier's buckets, index and
+        count: CLEAR script calls of up to 500 buckets each, each resent after a transient failure
+        within ``call_timeout_s`` (dropping what is there is idempotent). The pages stop once the
+        index is empty, or after as many pages as the buckets of the first reply need (items
+        offered meanwhile may stay, as after any clear)."""
+        what = f"clear of {self._keys.destination!r}"
+        left = int(await self._page(self._scripts.clear, ["1"], what=what))
+        for _ in range(left // CLEAR_BUCKETS + 1):
+            if left == 0:
+                return
+            left = int(await self._page(self._scripts.clear, ["0"], what=what))
 
 
 def _stored(payload: bytes) -> bytes:

@@ -38,16 +38,16 @@ from .._redis.retry import resend_script
 from .._wire.key_names import QueueKeys
 
 __all__ = [
-    "CANCEL", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER", "PAGE_SIZE",
-    "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE", "RESCHEDULE",
-    "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript", "QueueScripts",
-    "assemble",
+    "CANCEL", "CLEAR", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER",
+    "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE",
+    "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "SIZE", "TRANSFER", "BoundScript", "QueueScript",
+    "QueueScripts", "assemble",
 ]
 
 # The shared library files, in the order a script's text includes them: a file may use the names
 # of those before it.
 LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex",
-           "sweep", "transfer", "walk", "messages", "controls", "recur")
+           "sweep", "tiers", "transfer", "walk", "messages", "controls", "recur")
 
 # Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
@@ -169,10 +169,12 @@ PURGE = QueueScript("purge")
 SET_CONTROLS = QueueScript("set_controls")
 SCHEDULE = QueueScript("schedule")
 REFILL = QueueScript("refill")
+SIZE = QueueScript("size")
+CLEAR = QueueScript("clear")
 
 SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
                                     COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL)
+                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, SIZE, CLEAR)
 """Every script, for tests and tools (the Lua lint assembles each)."""
 
 
@@ -250,6 +252,8 @@ class QueueScripts:
         self.set_controls = BoundScript(self, SET_CONTROLS)
         self.schedule = BoundScript(self, SCHEDULE)
         self.refill = BoundScript(self, REFILL)
+        self.size = BoundScript(self, SIZE)
+        self.clear = BoundScript(self, CLEAR)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"
