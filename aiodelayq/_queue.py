@@ -526,7 +526,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
         """The ``limit`` (1 to 1,000) soonest-due pending items, soonest first, with their due time
         and key; an item the codec cannot decode has ``value`` ``None`` and its ``raw`` bytes (a
-        malformed element: ``malformed``). One read-only call, O(log N + limit).
+        malformed element: ``malformed``). One read-only call, O(log N + limit). Tiered items
+        (``tier_after_s``) are merged in by due time from the first buckets that may hold one of the
+        ``limit`` soonest, reading at most 1,000 tiered items (a larger bucket is read from its
+        first offered).
 
         Raises:
             ConfigurationError: a bad ``limit``. BackendError: the call failed.
@@ -535,8 +538,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return cast(list[PendingItem[T]], await self._pending.peek(limit))
 
     async def contains(self, item: T) -> bool:
-        """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, at
-        most 1,000 elements (256 KiB) per script call, until a match; read-only.
+        """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, then
+        the tier's buckets, at most 1,000 elements (256 KiB) per script call, until a match; read-only.
 
         Raises:
             BackendError: a page call failed (each bounded by ``call_timeout_s``, resends included).
@@ -546,8 +549,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def read_all(self) -> list[T]:
         """All pending items in due order (due time, then element bytes; fast elements due in the same
-        millisecond in their producer's order), malformed ones skipped. Paged like :meth:`contains`;
-        not a snapshot: an item that changes during the walk may or may not be listed, none twice.
+        millisecond in their producer's order), then the tiered ones (``tier_after_s``) bucket by
+        bucket, each bucket in the order its items were offered; malformed ones skipped. Paged like
+        :meth:`contains`; not a snapshot: an item that changes during the walk (falls due, is
+        promoted from its bucket, is added or removed) may or may not be listed, none twice.
 
         Raises:
             DecodeError: a pending payload cannot be decoded by this queue's codec.
@@ -557,10 +562,11 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return cast(list[T], await self._pending.read_all())
 
     async def remove(self, item: T) -> bool:
-        """Cancel the first pending element equal to ``item`` in due order; ``True`` only if this call
-        removed it. The page that finds it removes it in the same script call, and a resent page
-        answers as its first run did. Strict and legacy elements are also ``LREM``ed from Redisson's
-        list (O(list), Redisson's cost); fast ones cost O(log N).
+        """Cancel the first pending element equal to ``item`` in the order of :meth:`read_all`; ``True``
+        only if this call removed it. The page that finds it removes it in the same script call, and a
+        resent page answers as its first run did. Strict and legacy elements are also ``LREM``ed from
+        Redisson's list (O(list), Redisson's cost); fast ones cost O(log N), tiered ones an ``LREM``
+        from their bucket (O(bucket)).
 
         Raises:
             BackendError: a page call failed for good; ``maybe_applied`` says whether it may have

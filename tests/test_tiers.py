@@ -13,6 +13,8 @@ from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts, QueueFullError
 from aiodelayq._redis.acl import minimal_acl_rules
+from aiodelayq._redis.connections import run_script
+from aiodelayq._scripts import READ_PAGE
 from aiodelayq._wire.elements import classify_element, unpack_tier_entry
 from aiodelayq.testing import server_version
 from tests.helpers import server_ms
@@ -257,6 +259,12 @@ async def test_the_minimal_acl_user_offers_promotes_and_reads_tiered_items(acl_c
     await q.offer_many([("later", 3600), ("gone", 3600), ("also-gone", 7200)])
     assert (await q.counts()).tiered == 6
     assert await q.size() == 6
+    assert [p.value for p in await q.peek(2)] == ["far0", "far1"]
+    assert await q.read_all() == ["far0", "far1", "far2", "later", "gone", "also-gone"]
+    assert await q.contains("gone")
+    assert await q.remove("gone")
+    assert await q.remove_all(["also-gone", "later"])
+    assert await q.read_all() == ["far0", "far1", "far2"]
     await q.clear()
     assert await q.size() == 0
     dues = await q.offer_many([(f"far{i}", 2.5 + 0.1 * i) for i in range(3)])
@@ -266,3 +274,122 @@ async def test_the_minimal_acl_user_offers_promotes_and_reads_tiered_items(acl_c
     assert [item for item, _ in got] == ["far0", "far1", "far2"]
     assert all(at >= due for (_, at), due in zip(got, dues, strict=True))
     assert await q.size() == 0
+
+
+# -- the walks, peek -------------------------------------------------------------------------------
+
+
+async def offered_in_order(q: DelayedQueue[Any], client: Redis, pairs: list[tuple[str, float]]
+                           ) -> tuple[list[str], list[str]]:
+    """Offer ``pairs`` (one call); returns the payloads in the zset by due order and the tiered ones in
+    walk order: bucket by bucket (start order), each in the order offered."""
+    dues = await q.offer_many(pairs)
+    tiered = await tiered_items(client, q)
+    in_zset = [name for due, name in sorted(zip(dues, [p for p, _ in pairs], strict=True)) if name not in tiered]
+    by_bucket = sorted((tiered[name] // 60_000, i, name) for i, (name, _) in enumerate(pairs) if name in tiered)
+    return in_zset, [name for _, _, name in by_bucket]
+
+
+async def test_read_all_walks_the_zset_then_each_bucket_in_the_order_offered(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    # Far items of two buckets, offered out of due order; near ones and a keyed far one in the zset.
+    pairs = [("far-b", 7230.0), ("far-a", 7210.0), ("near-2", 20.0), ("far-c", 7200.5), ("next-b", 7290.0),
+             ("near-1", 10.0), ("next-a", 7270.0)]
+    in_zset, tiered = await offered_in_order(q, client, pairs)
+    assert len(tiered) == 5
+    assert len(await buckets(client, q)) in (2, 3)
+    await q.offer("keyed", 9000, key="k")
+    expected = [*in_zset[:2], "keyed", *tiered]
+    assert await q.read_all() == expected
+    for page_size in (1, 2, 3):
+        q._pending.page_size = page_size
+        assert await q.read_all() == expected, page_size
+
+
+async def test_contains_remove_and_remove_all_reach_the_buckets(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    await q.offer_many([("same", 10), ("x", 3700), ("same", 3701), ("y", 3702), ("same", 7300), ("z", 7301)])
+    assert await tiered_count(client, q) == 5
+    assert await q.contains("y")
+    assert not await q.contains("absent")
+    assert await q.remove("same")  # the first in walk order: the zset's
+    assert await client.zcard(q.keys.timeout_set) == 0
+    assert await q.remove("y")
+    assert await tiered_count(client, q) == 4
+    assert not await q.contains("y")
+    assert await q.remove_all(["same", "z"])
+    assert await q.read_all() == ["x"]
+    assert await q.size() == 1
+    assert await tiered_count(client, q) == 1
+    assert len(await buckets(client, q)) == 1  # the emptied bucket left the index
+    assert await q.remove("x")
+    assert await q.size() == 0
+    assert not await client.exists(q.keys.tier_index, q.keys.tier_count)
+
+
+async def test_remove_all_over_small_pages_misses_nothing_in_a_bucket(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    names = [("a" if i % 3 else "b") for i in range(30)]
+    await q.offer_many([(name, 3700 + i * 0.01) for i, name in enumerate(names)])
+    assert sum(len(e) for e in (await buckets(client, q)).values()) == 30  # a bucket, or two
+    for page_size in (1, 2, 4):
+        q._pending.page_size = page_size
+        assert await q.remove_all(["a"])
+        assert await q.read_all() == ["b"] * 10
+        await q.offer_many([("a", 3700 + i * 0.01) for i in range(20)])
+    q._pending.page_size = 1
+    assert await q.remove_all(["b"])
+    assert sorted(await q.read_all()) == ["a"] * 20
+
+
+async def test_a_tier_page_resumes_after_removals_and_promotions_under_it(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    await q.offer_many([(f"e{i}", 3700 + i * 0.01) for i in range(10)])
+    [(start, entries)] = (await buckets(client, q)).items()
+    bucket = q.keys.tier_bucket(start)
+    raw = await client.lrange(bucket, 0, -1)
+    keys = [q.keys.timeout_set, q.keys.tier_index]
+
+    async def page(cursor: bytes, member: bytes, size: int) -> tuple[list[str], bytes, bytes]:
+        reply = await run_script(client, READ_PAGE, keys, [cursor, member, size], timeout_s=5)
+        return [p.decode() for p in reply[2:]], reply[0], reply[1]
+
+    assert await page(b"", b"", 3) == ([], b"T", b"")  # the empty zset: the tier is next
+    got, cursor, member = await page(b"T", b"", 3)
+    assert got == ["e0", "e1", "e2"]
+    await client.lrem(bucket, 1, raw[1])  # removed before the cursor: found again by the entry read last
+    got, cursor, member = await page(cursor, member, 3)
+    assert got == ["e3", "e4", "e5"]
+    await client.lrem(bucket, 1, raw[5])  # the entry read last removed: one position back
+    got, cursor, member = await page(cursor, member, 2)
+    assert got == ["e6", "e7"]
+    await client.rpop(bucket, 3)  # promoted from the tail: e7 (read last), e8, e9
+    assert await page(cursor, member, 2) == ([], None, None)
+    assert len(entries) == 10
+
+
+async def test_peek_merges_the_zset_and_the_buckets_by_due_time(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    await q.offer("keyed-late", 9000, key="k")  # in the zset, due after every tiered item
+    dues = await q.offer_many([("t3", 3703.0), ("t1", 3701.0), ("near", 30.0), ("t2", 3702.0), ("u1", 3800.0)])
+    assert await tiered_count(client, q) == 4
+    peeked = await q.peek(10)
+    assert [(p.value, p.key) for p in peeked] == [("near", None), ("t1", None), ("t2", None), ("t3", None),
+                                                  ("u1", None), ("keyed-late", "k")]
+    by_name = dict(zip(["t3", "t1", "near", "t2", "u1"], dues, strict=True))
+    assert all(p.due_ms == by_name[p.value] for p in peeked if p.value in by_name)
+    assert [p.value for p in await q.peek(2)] == ["near", "t1"]
+    assert [p.value for p in await q.peek(1)] == ["near"]
+
+
+async def test_the_dashboard_charts_count_tiered_items_at_their_bucket(client: Redis, make_tiered: Any) -> None:
+    from aiodelayq.dashboard._pages import due_histogram
+
+    q = make_tiered(codec="str", tier_after_s=60)
+    await q.offer_many([("z", 10.0), ("h", 1950.0), ("d", 9000.0), ("l", 30 * 3600.0)])
+    assert await tiered_count(client, q) == 3
+    histogram = await due_histogram(client, q.keys)
+    assert histogram.overdue == 0
+    assert histogram.hour == [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]  # z, then h in 30-35 min
+    assert histogram.day == [2, 0, 1] + [0] * 21  # z and h, then d in 2-3 h
+    assert histogram.later == 1

@@ -1,14 +1,18 @@
 """The pending side: what is scheduled and not yet due (Redisson's ``RDelayedQueue`` read/cancel
 calls).
 
-``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset in pages, one short
-script call per page, so no call holds the server for long whatever the backlog (Redis runs nothing
-else while a script runs). The zset holds every pending element (fast, strict, legacy, Java-written);
-Redisson's insertion-order list holds only the non-fast ones, so walking the zset alone sees
-everything. The walk goes in zset order, score (due ms) then member bytes, with a cursor that is the
-(score, member) of the last element seen: it survives concurrent changes (transfers remove elements
-from the low end, offers add anywhere, other removals anywhere), so no element is seen twice, an
-element pending during the whole walk is seen once, and one that moves or is added during the walk
+``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset, then the tier's
+buckets (tiered pending), in pages, one short script call per page, so no call holds the server for
+long whatever the backlog (Redis runs nothing else while a script runs). The zset holds every pending
+element (fast, strict, legacy, Java-written) but the tiered ones; Redisson's insertion-order list
+holds only the non-fast ones, so walking the zset and the buckets sees everything. The zset's part
+goes in zset order, score (due ms) then member bytes, with a cursor that is the (score, member) of
+the last element seen: it survives concurrent changes (transfers remove elements from the low end,
+offers add anywhere, other removals anywhere). The tier's part goes bucket by bucket (in promotion
+order), each in the order its items were offered, with a cursor that is the bucket, a position and
+the entry seen last (``lua/lib/tier_walk.lua``). So no element is seen twice, an element pending in
+the same place during the whole walk is seen once, and one that moves (falls due, or is promoted
+from its bucket into the zset: within one bucket width of its due time) or is added during the walk
 may or may not be seen.
 
 Removal happens inside the page script that finds the match, so it is atomic with the check. A page
@@ -164,7 +168,8 @@ class PendingView:
                            lag_ms=int(reply[9]), tiered=int(reply[10]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
-        """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
+        """The ``limit`` soonest-due pending elements, the tier's included (``lua/peek.lua`` bounds
+        what it reads of the buckets), decoded where possible (one read-only call).
 
         Raises:
             ConfigurationError: ``limit`` is not an ``int`` in 1..``MAX_PEEK``.
@@ -206,7 +211,7 @@ class PendingView:
             score, member = reply[1], reply[2]
 
     async def read_all(self) -> list[Any]:
-        """Pending items in zset (due) order (see :meth:`DelayedQueue.read_all`)."""
+        """Pending items in zset (due) order, then the tier's (see :meth:`DelayedQueue.read_all`)."""
         what = f"read_all on {self._keys.destination!r}"
         payloads: list[bytes] = []
         score: bytes = b""
@@ -219,7 +224,7 @@ class PendingView:
             score, member = reply[0], reply[1]
 
     async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:
-        """Cancel pending elements matching ``items`` (only the first found, in zset order, with
+        """Cancel pending elements matching ``items`` (only the first found, in walk order, with
         ``first_only``); returns how many this call removed."""
         payloads = list(dict.fromkeys(_stored(encode_item(self._codec, item)) for item in items))
         if not payloads:

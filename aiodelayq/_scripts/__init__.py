@@ -47,7 +47,7 @@ __all__ = [
 # The shared library files, in the order a script's text includes them: a file may use the names
 # of those before it.
 LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex",
-           "sweep", "tiers", "transfer", "walk", "messages", "controls", "recur")
+           "sweep", "tiers", "transfer", "walk", "tier_walk", "messages", "controls", "recur")
 
 # Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
