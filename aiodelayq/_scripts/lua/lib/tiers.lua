@@ -23,17 +23,18 @@ local function tier_forget(count, n)
 end
 -- Promote the buckets whose promotion time has come (score <= now), in index order, into the
 -- timeout zset at their due times: at most `budget` entries, each bucket's popped from its tail
--- (RPOP: positions counted from the head, which the pending walks use, stay put). An emptied bucket
--- leaves the index; a key that is not a list (nobody's bucket) leaves it too, untouched.
--- Returns how many entries moved, and the start (a number) of the earliest bucket whose promotion
--- time has come that still holds entries (nil: none): nothing due at or after that start may be
--- moved to the destination before its entries are in the zset.
-local function promote(index, count, zset, now, budget)
+-- (RPOP: positions counted from the head, which the pending walks use, stay put); with `late`, only
+-- the buckets whose start has come too (their entries may be due). An emptied bucket leaves the
+-- index; a key that is not a list (nobody's bucket) leaves it too, untouched.
+-- Returns how many entries moved, and the start (a number) of the earliest bucket whose start has
+-- come that still holds entries (nil: none): nothing due at or after that start may be moved to
+-- the destination before its entries are in the zset.
+local function promote(index, count, zset, now, budget, late)
   local ready = redis.call('zrangebyscore', index, '-inf', now, 'LIMIT', 0, 64)
   local moved, left = 0, nil
   for _, start in ipairs(ready) do
     local s, want = tonumber(start), budget - moved
-    local kept = want <= 0
+    local kept = want <= 0 or (late and s > now)
     if not kept then
       local key = tier_bucket(index, start)
       local got = redis.pcall('rpop', key, want)
@@ -54,11 +55,11 @@ local function promote(index, count, zset, now, budget)
         end
       end
     end
-    if kept and (left == nil or s < left) then left = s end
+    if kept and s <= now and (left == nil or s < left) then left = s end
   end
   if #ready == 64 then  -- more may be ready than read: the next one bounds the move too
-    local more = redis.call('zrangebyscore', index, '-inf', now, 'LIMIT', 0, 1)
-    if more[1] and (left == nil or tonumber(more[1]) < left) then left = tonumber(more[1]) end
+    local more = tonumber(redis.call('zrangebyscore', index, '-inf', now, 'LIMIT', 0, 1)[1])
+    if more and more <= now and (left == nil or more < left) then left = more end
   end
   tier_forget(count, moved)
   return moved, left

@@ -9,8 +9,10 @@
 --          the order they were pushed}: now (whole ms of TIME) minus its due score, an integer >= 0
 --          (the client adds TIME's sub-millisecond part). Only a metrics sink asks for it: it costs
 --          WITHSCORES and a table; a positive limit runs exactly as before it existed.
--- First promotes the tier's buckets whose promotion time has come (lib/tiers.lua: at most |limit|
--- entries into the zset); a next wake-up at or before TIME's ms says more is left to do at once.
+-- The tier (lib/tiers.lua): |limit| entries of work in all, promoted or moved. First the buckets
+-- whose start has come (a promotion fallen behind: their entries may be due), then the due
+-- elements, then, with what is left, the buckets whose promotion time has come; a next wake-up at
+-- or before TIME's ms says more is left to do at once.
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
 -- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
@@ -21,14 +23,17 @@
 local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, tcount, limit)
   local now, t = now_ms()
   local due, late
-  -- A bucket still holding entries after its promotion: nothing due at or after its start moves yet.
-  local _, left = promote(tindex, tcount, zset, now, math.abs(limit))
-  local upto = now
-  if left and left <= now then upto = '(' .. string.format('%d', left) end
-  if limit < 0 then
+  -- A bucket still holding entries after its start: nothing due at or after its start moves yet.
+  local promoted, left = promote(tindex, tcount, zset, now, math.abs(limit), true)
+  local room = math.abs(limit) - promoted
+  local upto = left and '(' .. string.format('%d', left) or now
+  if room == 0 then
+    due = {}
+    if limit < 0 then late = {} end
+  elseif limit < 0 then
     -- Asked for lateness: the due scores too (member, score, ...), split into the members (the rest
     -- of the function is unchanged) and each one's lateness.
-    local scored = redis.call('zrangebyscore', zset, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, -limit)
+    local scored = redis.call('zrangebyscore', zset, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, room)
     due, late = {}, {}
     local m = 0
     for i = 1, #scored, 2 do
@@ -37,8 +42,9 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, 
       late[m] = now - scored[i + 1]  -- Lua turns the score's text into a number (no tonumber lookup)
     end
   else
-    due = redis.call('zrangebyscore', zset, '-inf', upto, 'LIMIT', 0, limit)
+    due = redis.call('zrangebyscore', zset, '-inf', upto, 'LIMIT', 0, room)
   end
+  if #due < room then promote(tindex, tcount, zset, now, room - #due, false) end
   local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
   local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
   for i, v in ipairs(due) do
