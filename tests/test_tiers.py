@@ -5,6 +5,7 @@ exactly once, by any queue object's transfer, and every whole-queue call sees th
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,8 +15,8 @@ from redis.asyncio import Redis
 from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts, QueueFullError
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import READ_PAGE
-from aiodelayq._wire.elements import classify_element, unpack_tier_entry
+from aiodelayq._scripts import OFFER, READ_PAGE
+from aiodelayq._wire.elements import classify_element, offer_args, unpack_tier_entry
 from aiodelayq.testing import server_version
 from tests.helpers import server_ms
 
@@ -393,3 +394,32 @@ async def test_the_dashboard_charts_count_tiered_items_at_their_bucket(client: R
     assert histogram.hour == [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]  # z, then h in 30-35 min
     assert histogram.day == [2, 0, 1] + [0] * 21  # z and h, then d in 2-3 h
     assert histogram.later == 1
+
+
+# -- resends, pause --------------------------------------------------------------------------------
+
+
+async def test_a_resent_tiering_offer_writes_nothing_twice(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str", tier_after_s=60)
+    frags, _ = await q._producer.prepare([("a", 3700), ("b", 3760), ("c", 10)])
+    args = [os.urandom(16), "", *offer_args("fast", frags, None, "", 60_000)]
+    keys = [getattr(q.keys, name) for name in OFFER.key_names]
+    first = await run_script(client, OFFER, keys, args, timeout_s=5)
+    again = await run_script(client, OFFER, keys, args, timeout_s=5)  # as a resend after a lost reply
+    assert again[:2] == [first[0], None]
+    assert await tiered_count(client, q) == 2
+    assert sorted(await tiered_items(client, q)) == ["a", "b"]
+    assert await q.size() == 3
+
+
+async def test_a_paused_queue_keeps_tiered_items_until_resumed(client: Redis, make_tiered: Any) -> None:
+    q = make_tiered(codec="str")
+    async with q:
+        await q.pause()
+        [due] = await q.offer_many([("far", 2.5)])
+        assert await tiered_count(client, q) == 1
+        assert await q.poll(3.5) is None  # promoted and moved meanwhile, but not handed out
+        assert await tiered_count(client, q) == 0
+        await q.resume()
+        assert await asyncio.wait_for(q.take(), 5) == "far"
+        assert await server_ms(client) >= due
