@@ -81,13 +81,13 @@ class DelayedQueue(AsyncResource, Generic[T]):
             that finds the earliest due item this many seconds late logs one WARNING, and one INFO
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
             queue object a client opens for a name sets it.
-        tier_after_s: tiered pending (``None``: off): an item this object offers without a key, as
-            a fast element, due so far ahead that the one-minute bucket of its due time starts more
-            than this many seconds (at least 1) from now, waits in that bucket's compact list
+        tier_after_s: tiered pending, seconds, at least 1 (``None``: off): an item this object
+            offers without a key, as a fast element, due so far ahead that the bucket of its due
+            time starts more than this many seconds from now, waits in that bucket's compact list
             instead of the timeout zset (about half the memory at millions of pending items, and
-            inserts that stay cheap), and is moved into the zset one bucket width (60 s, or this
-            horizon when shorter) before the bucket's start, by the transfer of any aiodelayq queue
-            object (with the option or not). Only aiodelayq's transfer does that: a queue consumed
+            inserts that stay cheap). A bucket spans 60 s of due times (or this horizon, when
+            shorter) and moves into the zset one width before its start, by the transfer of any
+            aiodelayq queue object (with the option or not). Only aiodelayq's transfer does that: a queue consumed
             only by Redisson's transfer never delivers tiered items. Every call of the queue sees
             them (``size``, ``counts``, ``peek``, ``read_all``, ``contains``, ``remove``, ``clear``).
             Needs fast elements (not ``strict``, not legacy). See the docs' design, "Tiered pending".
