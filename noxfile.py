@@ -159,7 +159,7 @@ SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 VERBOSE = ("-v",)
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "offer", "names_and_options", "scheduling", "take", "reliable", "keys", "pending", "dead_letters", "redisson",
-    "lifecycle", "faults", "worker", "metrics", "web", "controls", "headers", "recurring", "priority"))
+    "lifecycle", "faults", "worker", "metrics", "web", "controls", "headers", "recurring", "priority", "tiers"))
 
 
 def _python(version: str) -> str | None:

@@ -4,6 +4,7 @@ and :class:`WorkerOptions` (a worker's, whichever way it is started)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,7 +20,10 @@ from ._wire.delays import MIN_VISIBILITY_TIMEOUT_S
 from ._wire.elements import ElementKind, element_kind
 from .exceptions import ConfigurationError
 
-__all__ = ["QueueOptions", "WireFormat", "WorkerOptions", "check_client"]
+__all__ = ["MIN_TIER_AFTER_S", "QueueOptions", "WireFormat", "WorkerOptions", "check_client"]
+
+MIN_TIER_AFTER_S = 1.0
+"""The shortest ``tier_after_s``, seconds (the tier is for items due far ahead)."""
 
 WireFormat = Literal["redisson", "redisson-legacy"]
 """How this producer packs pending elements: ``"redisson"`` (Redisson >= 3.21.1, ``Bc0Lc0``: fast or
@@ -51,7 +55,8 @@ def check_client(client: object) -> AnyRedis:
 class QueueOptions:
     """Checked options (see :class:`~aiodelayq.DelayedQueue` for their meaning; seconds in ``*_s``).
 
-    ``max_deliveries`` is 0 for "no limit", as the scripts take it.
+    ``max_deliveries`` is 0 for "no limit", as the scripts take it; ``tier_after_ms`` is
+    ``tier_after_s`` in whole ms (rounded up), as OFFER takes it.
     """
 
     codec: Codec
@@ -68,13 +73,15 @@ class QueueOptions:
     max_pending: int | None = None
     max_item_bytes: int | None = None
     lag_warning_s: float | None = None
+    tier_after_ms: int | None = None
 
     @classmethod
     def build(cls, *, codec: str | Codec, wire_format: str, strict: bool, max_deliveries: int | None,
               transfer_batch: int, safety_poll_s: float, open_timeout_s: float, close_timeout_s: float,
               call_timeout_s: float, max_call_bytes: int, min_replicas: int = 0,
               replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-              max_item_bytes: int | None = None, lag_warning_s: float | None = None) -> QueueOptions:
+              max_item_bytes: int | None = None, lag_warning_s: float | None = None,
+              tier_after_s: float | None = None) -> QueueOptions:
         """Check every option.
 
         Raises:
@@ -94,6 +101,13 @@ class QueueOptions:
             checks.count("max_item_bytes", max_item_bytes, minimum=1)
         if lag_warning_s is not None:
             lag_warning_s = checks.seconds("lag_warning_s", lag_warning_s, above_minimum=True)
+        kind = element_kind(strict=strict, wire_format=wire_format)
+        tier_after_ms = None
+        if tier_after_s is not None:
+            tier_after_ms = math.ceil(checks.seconds("tier_after_s", tier_after_s, minimum_s=MIN_TIER_AFTER_S) * 1000)
+            if kind != "fast":
+                raise ConfigurationError("tier_after_s tiers fast elements only: it needs strict=False and "
+                                         f"wire_format='redisson', not {kind} elements")
         durations = {name: checks.seconds(name, value, above_minimum=True) for name, value in (
             ("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
             ("close_timeout_s", close_timeout_s), ("call_timeout_s", call_timeout_s))}
@@ -102,10 +116,11 @@ class QueueOptions:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         return cls(codec=resolved, wire_format=wire_format,  # type: ignore[arg-type]
-                   kind=element_kind(strict=strict, wire_format=wire_format), max_deliveries=max_deliveries or 0,
+                   kind=kind, max_deliveries=max_deliveries or 0,
                    transfer_batch=transfer_batch, max_call_bytes=max_call_bytes, **durations,
                    durability=Durability.build(min_replicas, replication_timeout_s, wait_aof),
-                   max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
+                   max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
+                   tier_after_ms=tier_after_ms)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,16 @@ class DelayedQueue(AsyncResource, Generic[T]):
             that finds the earliest due item this many seconds late logs one WARNING, and one INFO
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
             queue object a client opens for a name sets it.
+        tier_after_s: tiered pending, seconds, at least 1 (``None``: off): an item this object
+            offers without a key, as a fast element, due so far ahead that the bucket of its due
+            time starts more than this many seconds from now, waits in that bucket's compact list
+            instead of the timeout zset (about half the memory at millions of pending items, and
+            inserts that stay cheap). A bucket spans 60 s of due times (or this horizon, when
+            shorter) and moves into the zset one width before its start, by the transfer of any
+            aiodelayq queue object (with the option or not). Only aiodelayq's transfer does that: a queue consumed
+            only by Redisson's transfer never delivers tiered items. Every call of the queue sees
+            them (``size``, ``counts``, ``peek``, ``read_all``, ``contains``, ``remove``, ``clear``).
+            Needs fast elements (not ``strict``, not legacy). See the docs' design, "Tiered pending".
         shards: how many shards the queue has (an ``int`` from 1 to 1,024; 1: an ordinary queue). A
             sharded queue is that many ordinary queues, ``{name:0}`` ... ``{name:K-1}``, in different
             cluster slots, so one queue can use every primary of a cluster: a keyed item goes to shard
@@ -115,7 +125,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0, shards: int = 1) -> None:
+                 max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0,
+                 tier_after_s: float | None = None, shards: int = 1) -> None:
         self._keys = keys = QueueKeys.for_name(name)
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
@@ -123,7 +134,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
             close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
             min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
-            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s)
+            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
+            tier_after_s=tier_after_s)
         self._shards = check_shards(shards, name)
         # One ordinary queue, or composites over the shards' (_sharding/): the same calls either way.
         parts: QueueParts | ShardedParts
@@ -172,6 +184,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
     def strict(self) -> bool:
         """Whether this producer writes strict or legacy elements (also in Redisson's list)."""
         return self._options.kind != "fast"
+
+    @property
+    def tier_after_s(self) -> float | None:
+        """The horizon of tiered pending, seconds (``None``: this object tiers nothing)."""
+        ms = self._options.tier_after_ms
+        return None if ms is None else ms / 1000
 
     @property
     def max_deliveries(self) -> int | None:
@@ -475,8 +493,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _producing/pending.py) ---------
 
     async def size(self) -> int:
-        """Number of pending elements of every kind (``ZCARD``; Redisson's ``size()`` counts its
-        insertion-order list, without fast elements)."""
+        """Number of pending elements of every kind: the timeout zset's (``ZCARD``) and the tier's, in
+        one read (Redisson's ``size()`` counts its insertion-order list, without fast elements).
+
+        Raises:
+            BackendError: the call failed within ``call_timeout_s`` (resends included).
+        """
         await self._life.enter()
         return await self._pending.size()
 
@@ -546,7 +568,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
     async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
         """The ``limit`` (1 to 1,000) soonest-due pending items, soonest first, with their due time
         and key; an item the codec cannot decode has ``value`` ``None`` and its ``raw`` bytes (a
-        malformed element: ``malformed``). One read-only call, O(log N + limit).
+        malformed element: ``malformed``). One read-only call, O(log N + limit). Tiered items
+        (``tier_after_s``) are merged in by due time from the first buckets that may hold one of the
+        ``limit`` soonest, reading at most 1,000 tiered items (a larger bucket is read from its
+        first offered).
 
         Raises:
             ConfigurationError: a bad ``limit``. BackendError: the call failed.
@@ -555,8 +580,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return cast(list[PendingItem[T]], await self._pending.peek(limit))
 
     async def contains(self, item: T) -> bool:
-        """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, at
-        most 1,000 elements (256 KiB) per script call, until a match; read-only.
+        """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, then
+        the tier's buckets, at most 1,000 elements (256 KiB) per script call, until a match; read-only.
 
         Raises:
             BackendError: a page call failed (each bounded by ``call_timeout_s``, resends included).
@@ -566,8 +591,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def read_all(self) -> list[T]:
         """All pending items in due order (due time, then element bytes; fast elements due in the same
-        millisecond in their producer's order), malformed ones skipped. Paged like :meth:`contains`;
-        not a snapshot: an item that changes during the walk may or may not be listed, none twice.
+        millisecond in their producer's order), then the tiered ones (``tier_after_s``) bucket by
+        bucket, each bucket in the order its items were offered; malformed ones skipped. Paged like
+        :meth:`contains`; not a snapshot: an item that changes during the walk (falls due, is
+        promoted from its bucket, is added or removed) may or may not be listed, none twice.
 
         Raises:
             DecodeError: a pending payload cannot be decoded by this queue's codec.
@@ -577,10 +604,11 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return cast(list[T], await self._pending.read_all())
 
     async def remove(self, item: T) -> bool:
-        """Cancel the first pending element equal to ``item`` in due order; ``True`` only if this call
-        removed it. The page that finds it removes it in the same script call, and a resent page
-        answers as its first run did. Strict and legacy elements are also ``LREM``ed from Redisson's
-        list (O(list), Redisson's cost); fast ones cost O(log N).
+        """Cancel the first pending element equal to ``item`` in the order of :meth:`read_all`; ``True``
+        only if this call removed it. The page that finds it removes it in the same script call, and a
+        resent page answers as its first run did. Strict and legacy elements are also ``LREM``ed from
+        Redisson's list (O(list), Redisson's cost); fast ones cost O(log N), tiered ones an ``LREM``
+        from their bucket (O(bucket)).
 
         Raises:
             BackendError: a page call failed for good; ``maybe_applied`` says whether it may have
@@ -596,7 +624,12 @@ class DelayedQueue(AsyncResource, Generic[T]):
         return bool(await self._pending.remove(items, first_only=False))
 
     async def clear(self) -> None:
-        """Drop every pending element (both pending keys); the destination list is untouched."""
+        """Drop every pending element (both pending keys, and the tier's buckets in calls of up to 500
+        buckets); the destination list is untouched.
+
+        Raises:
+            BackendError: a call failed within ``call_timeout_s`` (earlier calls' drops stay).
+        """
         await self._life.enter()
         await self._pending.clear()
 

@@ -188,6 +188,26 @@ def tables(res: dict[str, Any]) -> list[str]:
               f"items; medians (/ plain); the SDK process exported {fmt_num(v['sdk']['spans'])} spans.",
               ["", "plain: no `opentelemetry`", "`opentelemetry` imported, no SDK",
                "SDK tracer provider, spans dropped"], rows)
+    if "pending_10m" in sc and "ours_tiered" in sc["pending_10m"]:
+        p = sc["pending_10m"]
+        variants = (("ours", "ours"), ("ours_tiered", f"ours, `tier_after_s={p['tier_after_s']:g}`"))
+
+        def slow(part: dict[str, Any]) -> str:
+            share = part["share_over_5ms"]
+            return (f"{fmt_num(part['over_5ms'])} ({'n/a' if share is None else f'{100 * share:.3f}%'}) / "
+                    f"{part['over_30ms']} / {fmt_ms(part['max_ms'])}")
+
+        table("pending_10m", f"{p['items']:,} pending items ({p['due']:,} due, the rest in 1 to 24 h), `offer_many` "
+              f"of {p['batch']:,} by one caller on {p['mem_allocator']}: `used_memory` per item (and the model), fill "
+              "rate by tenth, the due items' move against a backlog alone, script calls over 5 ms (share) / over "
+              "30 ms / slowest.",
+              ["", "bytes per item (model)", "fill: first / last tenth, items/s", "last / first", "fill: slow calls",
+               "move, items/s", "/ backlog alone", "move: slow calls"],
+              [[label, f"{p[k]['memory']['bytes_per_item']:.1f} ({p[k]['memory']['model']['total']:.1f})",
+                f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][0])} / "
+                f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][-1])}", fmt_ratio(p[k]["fill"]["last_over_first"]),
+                slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]), fmt_ratio(p[k]["move"]["ratio"]),
+                slow(p[k]["move"]["slow"])] for k, label in variants])
     if "big_item_stall" in sc:
         b = sc["big_item_stall"]
         table("big_item_stall", f"One offer of a big item; event-loop stall (medians of {b['rounds']}; ticker "

@@ -25,7 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue, QueueCounts, Reject
 from aiodelayq._core import observe as _observe
-from aiodelayq._scripts import QueueScripts
+from aiodelayq._scripts import TRANSFER, QueueScripts
 from aiodelayq.prometheus import QueueMetrics
 from tests.helpers import free_socket, llen_is, server_ms, until
 
@@ -166,7 +166,8 @@ async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_q
     q = make_queue()
     k = q.keys
     scans: list[str] = []  # the transfers' ZRANGEBYSCORE of the timeout zset (TRANSFER's and POP's)
-    limits: list[int] = []  # TRANSFER's ARGV[1]: EVALSHA sha 8 <8 keys> limit (no binary argument before it)
+    limits: list[int] = []  # TRANSFER's ARGV[1]: EVALSHA sha N <N keys> limit (no binary argument before it)
+    nkeys = len(TRANSFER.key_names)
 
     async def watch(monitor: Any) -> None:
         while True:
@@ -174,8 +175,8 @@ async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_q
             words = command.split(" ")
             if command.startswith("zrangebyscore") and words[1] == k.timeout_set:
                 scans.append(command)
-            elif words[0] == "EVALSHA" and len(words) == 12 and words[4] == k.timeout_set:
-                limits.append(int(words[11]))
+            elif words[0] == "EVALSHA" and len(words) == 4 + nkeys and words[4] == k.timeout_set:
+                limits.append(int(words[3 + nkeys]))
 
     async def traffic(n: int) -> None:
         await q.offer_many([(i, 0.02) for i in range(n)])

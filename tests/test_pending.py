@@ -224,8 +224,8 @@ async def test_cursor_survives_removal_of_its_element_among_equal_scores(client:
     for i, m in enumerate(ordered):
         score = await client.zscore(fast.keys.timeout_set, m)
         await client.zrem(fast.keys.timeout_set, m)
-        reply = await run_script(client, READ_PAGE, [fast.keys.timeout_set], [repr(score), m, 1000],
-                                 timeout_s=5)
+        reply = await run_script(client, READ_PAGE, [fast.keys.timeout_set, fast.keys.tier_index],
+                                 [repr(score), m, 1000], timeout_s=5)
         assert [p.decode() for p in reply[2:]] == payloads[i + 1:], i
         await client.zadd(fast.keys.timeout_set, {m: score})
 
@@ -360,7 +360,7 @@ async def test_malformed_elements_are_skipped_by_every_walk(client: Redis, make_
 async def test_a_remove_page_runs_once_per_call_id(client: Redis, make_queue: Any) -> None:
     q = make_queue(codec="str")
     k = q.keys
-    keys = [k.timeout_set, k.delay_list, k.calls, k.call_replies]
+    keys = [k.timeout_set, k.delay_list, k.calls, k.call_replies, k.tier_index, k.tier_count]
     await q.offer_many([("t", 60), ("t", 61)])
 
     async def page(call_id: bytes, resend: str) -> Any:

@@ -470,6 +470,35 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
     assert all(isinstance(result, (int, ShardCountError)) for result in results)
 
 
+async def test_tiered_pending_works_per_shard(sharded: Queues) -> None:
+    # Each shard tiers its own far items (its buckets in its own slot); the whole-queue calls and
+    # the consumers see them, each delivered once.
+    q = sharded(shards=3, codec="str", tier_after_s=1.0)
+    r = sharded.client
+    try:
+        await q.offer_many([(f"far{i}", 2.5 + 0.05 * i) for i in range(30)])
+        tiered = [int(await r.get(keys.tier_count) or 0) for keys in q.shard_keys]
+        assert tiered == [10, 10, 10]
+        assert await q.size() == 30
+        assert (await q.counts()).tiered == 30
+        assert len(await q.peek(30)) == 30
+        async with q:
+            got = [await asyncio.wait_for(q.take(), 20) for _ in range(30)]
+            assert await q.poll(0.3) is None
+        assert sorted(got) == sorted(f"far{i}" for i in range(30))
+        assert (await q.counts()).tiered == 0
+        # A name whose ordinary queue holds only tiered items is an ordinary queue's: not sharded.
+        name = _name("tiered-plain")
+        plain = DelayedQueue(r, name, codec="str", tier_after_s=1.0)
+        await plain.offer("far", 3600)
+        assert await r.zcard(plain.keys.timeout_set) == 0
+        with pytest.raises(ShardCountError):
+            await sharded(shards=3, name=name).offer("x", 60)
+        await plain.clear()
+    finally:
+        await q.clear()
+
+
 def test_bad_shard_options_are_refused_by_name(client: Redis) -> None:
     for bad in (0, -1, True, 2.0, "3", 1025):
         with pytest.raises(ConfigurationError, match="shards"):

@@ -1,14 +1,18 @@
 """The pending side: what is scheduled and not yet due (Redisson's ``RDelayedQueue`` read/cancel
 calls).
 
-``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset in pages, one short
-script call per page, so no call holds the server for long whatever the backlog (Redis runs nothing
-else while a script runs). The zset holds every pending element (fast, strict, legacy, Java-written);
-Redisson's insertion-order list holds only the non-fast ones, so walking the zset alone sees
-everything. The walk goes in zset order, score (due ms) then member bytes, with a cursor that is the
-(score, member) of the last element seen: it survives concurrent changes (transfers remove elements
-from the low end, offers add anywhere, other removals anywhere), so no element is seen twice, an
-element pending during the whole walk is seen once, and one that moves or is added during the walk
+``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset, then the tier's
+buckets (tiered pending), in pages, one short script call per page, so no call holds the server for
+long whatever the backlog (Redis runs nothing else while a script runs). The zset holds every pending
+element (fast, strict, legacy, Java-written) but the tiered ones; Redisson's insertion-order list
+holds only the non-fast ones, so walking the zset and the buckets sees everything. The zset's part
+goes in zset order, score (due ms) then member bytes, with a cursor that is the (score, member) of
+the last element seen: it survives concurrent changes (transfers remove elements from the low end,
+offers add anywhere, other removals anywhere). The tier's part goes bucket by bucket (in promotion
+order), each in the order its items were offered, with a cursor that is the bucket, a position and
+the entry seen last (``lua/lib/tier_walk.lua``). So no element is seen twice, an element pending in
+the same place during the whole walk is seen once, and one that moves (falls due, or is promoted
+from its bucket into the zset: within one bucket width of its due time) or is added during the walk
 may or may not be seen.
 
 Removal happens inside the page script that finds the match, so it is atomic with the check. A page
@@ -36,6 +40,8 @@ T = TypeVar("T")
 
 # Most elements one peek() returns: one short script call, whatever the backlog.
 MAX_PEEK = 1000
+# Buckets one CLEAR call drops (lua/clear.lua).
+CLEAR_BUCKETS = 500
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class QueueCounts:
             read in the same call; 0 when no pending item is due. Items the transfer moved to the
             destination list are not in it (``ready`` counts them). A lag that keeps growing means
             no transfer runs (docs: Operating).
+        tiered: how many of the ``pending`` items wait in the tier's buckets (tiered pending,
+            ``tier_after_s``), not yet in the timeout zset.
     """
 
     pending: int
@@ -70,6 +78,7 @@ class QueueCounts:
     rate_burst: int | None = None
     recurring: int = 0
     lag_ms: int = 0
+    tiered: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,9 @@ class PendingView:
             timeout_s=self._timeout_s)
 
     async def size(self) -> int:
-        """``ZCARD`` of the timeout zset: every pending element."""
-        return int(await self._call("ZCARD", self._keys.timeout_set, what="size"))
+        """Every pending element: ``ZCARD`` of the timeout zset plus the tier's count, in one
+        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        return int(await self._page(self._scripts.size, [], what=f"size of {self._keys.destination!r}"))
 
     async def ready_size(self) -> int:
         """``LLEN`` of the destination list."""
@@ -155,10 +165,11 @@ class PendingView:
                            None if head is None else int(float(head)), paused=bool(reply[5]),
                            rate_limit_per_s=None if rate is None else float(rate),
                            rate_burst=None if burst is None else int(burst), recurring=int(reply[8]),
-                           lag_ms=int(reply[9]))
+                           lag_ms=int(reply[9]), tiered=int(reply[10]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
-        """The ``limit`` soonest-due pending elements, decoded where possible (one read-only call).
+        """The ``limit`` soonest-due pending elements, the tier's included (``lua/peek.lua`` bounds
+        what it reads of the buckets), decoded where possible (one read-only call).
 
         Raises:
             ConfigurationError: ``limit`` is not an ``int`` in 1..``MAX_PEEK``.
@@ -200,7 +211,7 @@ class PendingView:
             score, member = reply[1], reply[2]
 
     async def read_all(self) -> list[Any]:
-        """Pending items in zset (due) order (see :meth:`DelayedQueue.read_all`)."""
+        """Pending items in zset (due) order, then the tier's (see :meth:`DelayedQueue.read_all`)."""
         what = f"read_all on {self._keys.destination!r}"
         payloads: list[bytes] = []
         score: bytes = b""
@@ -213,7 +224,7 @@ class PendingView:
             score, member = reply[0], reply[1]
 
     async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:
-        """Cancel pending elements matching ``items`` (only the first found, in zset order, with
+        """Cancel pending elements matching ``items`` (only the first found, in walk order, with
         ``first_only``); returns how many this call removed."""
         payloads = list(dict.fromkeys(_stored(encode_item(self._codec, item)) for item in items))
         if not payloads:
@@ -234,9 +245,17 @@ class PendingView:
 
     async def clear(self) -> None:
         """``UNLINK`` both pending keys, the key index and the recurring items' schedules (freed in the
-        background: a huge zset does not block the server)."""
-        await self._call("UNLINK", self._keys.delay_list, self._keys.timeout_set, self._keys.key_index,
-                         self._keys.schedules, what="clear")
+        background: a huge zset does not block the server), then the tier's buckets, index and
+        count: CLEAR script calls of up to 500 buckets each, each resent after a transient failure
+        within ``call_timeout_s`` (dropping what is there is idempotent). The pages stop once the
+        index is empty, or after as many pages as the buckets of the first reply need (items
+        offered meanwhile may stay, as after any clear)."""
+        what = f"clear of {self._keys.destination!r}"
+        left = int(await self._page(self._scripts.clear, ["1"], what=what))
+        for _ in range(left // CLEAR_BUCKETS + 1):
+            if left == 0:
+                return
+            left = int(await self._page(self._scripts.clear, ["0"], what=what))
 
 
 def _stored(payload: bytes) -> bytes:

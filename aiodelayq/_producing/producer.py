@@ -60,6 +60,7 @@ class Producer:
         self._codec, self._kind = options.codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
+        self._tier_after_ms = options.tier_after_ms
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
         # Only payloads of these codecs never start with an item envelope's marker (see _wire/envelope.py).
         self._bare_safe = isinstance(self._codec, (JsonCodec, StrCodec, MsgpackCodec))
@@ -227,7 +228,8 @@ class Producer:
         k = self._keys
         clock = self._facts.clock
         limit = "" if self._max_pending is None else f"{self._max_pending}{'e' if each else 'a'}"
-        args = [os.urandom(16), clock.issue_arg(issued), *offer_args(self._kind, fragments, entries, limit)]
+        args = [os.urandom(16), clock.issue_arg(issued),
+                *offer_args(self._kind, fragments, entries, limit, self._tier_after_ms)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:

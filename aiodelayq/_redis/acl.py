@@ -1,6 +1,9 @@
 """The minimal ACL of a queue's producers and consumers, in one place: the rules
 ``docs/deployments.md`` shows (a test compares them), the restricted user of the suite, and the
 ``aiodelayq doctor`` check that asks the server (``ACL DRYRUN``) whether a user may run each of them.
+
+The pattern ``aiodelayq_*:{N}`` covers every aiodelayq key of the queue, the tier's bucket lists
+(``aiodelayq_tier_<start>:{N}``, named by the scripts as they need them) included.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", 
 # Every command the library sends for a queue, the commands its scripts run included.
 MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
-    "zcount", "zrank", "rpush", "lpush", "lpop", "lrem", "llen", "lrange", "hget", "hset", "hdel", "hlen", "hmget",
-    "hrandfield", "ltrim", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait",
+    "zcount", "zrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex", "lpos", "hget", "hset",
+    "hdel", "hlen", "hmget", "hrandfield", "ltrim", "get", "incrby", "publish", "subscribe", "unsubscribe", "ping",
+    "unlink", "wait",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -38,9 +42,12 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "rpush": ("RPUSH", "{destination}", "v"),
     "lpush": ("LPUSH", "{destination}", "v"),
     "lpop": ("LPOP", "{destination}"),
+    "rpop": ("RPOP", "{tier_bucket}", "1"),
     "lrem": ("LREM", "{delay_list}", "0", "v"),
     "llen": ("LLEN", "{destination}"),
     "lrange": ("LRANGE", "{dead_letter}", "0", "1"),
+    "lindex": ("LINDEX", "{tier_bucket}", "0"),
+    "lpos": ("LPOS", "{tier_bucket}", "v"),
     "hget": ("HGET", "{controls}", "f"),
     "hset": ("HSET", "{key_index}", "f", "v"),
     "hdel": ("HDEL", "{key_index}", "f"),
@@ -48,6 +55,8 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "hmget": ("HMGET", "{controls}", "f"),
     "hrandfield": ("HRANDFIELD", "{key_index}"),
     "ltrim": ("LTRIM", "{dead_letter}", "0", "1"),
+    "get": ("GET", "{tier_count}"),
+    "incrby": ("INCRBY", "{tier_count}", "1"),
     "publish": ("PUBLISH", "{channel}", "1"),
     "subscribe": ("SUBSCRIBE", "{channel}"),
     "unsubscribe": ("UNSUBSCRIBE", "{channel}"),
@@ -94,8 +103,9 @@ def acl_literal(text: str) -> str:
 
 def acl_probes(keys: QueueKeys, *, waitaof: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """``(what, call)`` pairs for ``ACL DRYRUN user *call``: one per command of the minimal ACL on a
-    key of the queue, then one per key of the queue (an ``EVALSHA`` that declares it)."""
-    fields: dict[str, str] = asdict(keys)
+    key of the queue, then one per key of the queue (an ``EVALSHA`` that declares it), a bucket
+    list of the tier (:meth:`~aiodelayq._wire.key_names.QueueKeys.tier_bucket`) among them."""
+    fields: dict[str, str] = {**asdict(keys), "tier_bucket": keys.tier_bucket(0)}
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     probes = [(command, tuple(arg.format(**fields) for arg in _PROBES[command])) for command in commands]
     probes += [(f"key {key}", ("EVALSHA", "0" * 40, "1", key)) for attr, key in sorted(fields.items())

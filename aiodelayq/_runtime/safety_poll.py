@@ -6,10 +6,11 @@ process or Redisson moved to the destination while this one's consumers wait, a 
 another process that died. Each queue is looked at within ``safety_poll_s`` of its last transfer.
 
 On a single server (or a Sentinel-managed primary) the poller reads, for each queue due a look, the
-head of its timeout zset and of its hand-off leases and the length of its destination, together
-with the server's ``TIME``, in one pipelined write of plain read commands per ``_CHUNK`` queues.
-Only a queue with something due, an expired lease or ready items is acted on; an idle queue costs
-three O(1) reads per period instead of a script call. A round takes every queue whose look is due
+head of its timeout zset, of its tier index (the first bucket's promotion time) and of its hand-off
+leases and the length of its destination, together with the server's ``TIME``, in one pipelined
+write of plain read commands per ``_CHUNK`` queues. Only a queue with something due (an item, or a
+bucket to promote), an expired lease or ready items is acted on; an idle queue costs four O(1)
+reads per period instead of a script call. A round takes every queue whose look is due
 within a fifth of its period, so the reads of many queues go in a few full writes. A cluster's
 queues live on many nodes, so there each scheduler polls by itself with a transfer
 (``TransferScheduler(shared_poll=False)``).
@@ -35,7 +36,7 @@ __all__ = ["SafetyPoll"]
 
 log = logging.getLogger("aiodelayq")
 
-# Queues read in one pipelined write: 3 commands each, about 1.5 ms of server time per write.
+# Queues read in one pipelined write: 4 commands each, about 2 ms of server time per write.
 _CHUNK = 200
 # A round also looks at the queues whose look is due within this share of their safety_poll_s, so
 # that a client's queues are read in a few full writes per period rather than one per queue.
@@ -107,6 +108,7 @@ class SafetyPoll:
         for s in schedulers:
             keys = s.keys
             commands += [("ZRANGE", keys.timeout_set, 0, 0, "WITHSCORES"),
+                         ("ZRANGE", keys.tier_index, 0, 0, "WITHSCORES"),
                          ("ZRANGE", keys.handoff_leases, 0, 0, "WITHSCORES"),
                          ("LLEN", keys.destination)]
         async with self._slots:
@@ -125,13 +127,14 @@ class SafetyPoll:
         anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.polls += 1
         for index, s in enumerate(schedulers):
-            head, lease, ready = replies[1 + 3 * index:4 + 3 * index]
+            head, tier, lease, ready = replies[1 + 4 * index:5 + 4 * index]
             if s not in self._schedulers:
                 continue  # closed meanwhile
-            if any(isinstance(r, ResponseError) for r in (head, lease, ready)):
+            if any(isinstance(r, ResponseError) for r in (head, tier, lease, ready)):
                 s.wake()  # e.g. a key of another type (WRONGTYPE): the transfer reports it
                 continue
-            s.polled(anchor, _score(head), _score(lease), int(ready))
+            wake_ms = min((ms for ms in (_score(head), _score(tier)) if ms is not None), default=None)
+            s.polled(anchor, wake_ms, _score(lease), int(ready))
 
 
 def _score(reply: list[Any]) -> float | None:

@@ -204,7 +204,8 @@ class TransferScheduler:
 
     def polled(self, anchor: tuple[float, float], head_ms: float | None, lease_ms: float | None, ready: int) -> None:
         """The client's safety poll read the queue: ``anchor`` is ``(loop time, server epoch ms)`` of
-        its ``TIME``, ``head_ms`` the earliest pending due time, ``lease_ms`` the earliest hand-off
+        its ``TIME``, ``head_ms`` the earliest pending due time or tier promotion time (the queue's
+        next wake-up), ``lease_ms`` the earliest hand-off
         lease deadline (``None``: none), ``ready`` the destination's length. Transfers if something
         is due or a lease ran out, else aims at what comes next; wakes the consumers if items are
         ready (another process, or Redisson, may have moved them)."""
@@ -324,9 +325,11 @@ class TransferScheduler:
             self._head_ms = next_due
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
-            # A full batch may leave due items behind: their lag says whether the transfers keep up.
-            full = moved + dead >= self._batch
             assert self._anchor is not None
+            # A full batch may leave due items behind: their lag says whether the transfers keep up.
+            # A next wake-up at or before the transfer's own clock is work it left (a tier bucket
+            # still to promote, and what is due behind it): full too.
+            full = moved + dead >= self._batch or (next_due is not None and next_due <= int(self._anchor[1]))
             self._watch_lag(self._anchor[1] - next_due if full and next_due is not None else 0.0)
             if full:
                 self._wake.set()  # more may be due: go again without waiting

@@ -38,16 +38,16 @@ from .._redis.retry import resend_script
 from .._wire.key_names import QueueKeys
 
 __all__ = [
-    "CANCEL", "CLAIM_SHARDS", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG", "OFFER",
-    "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE", "REQUEUE",
-    "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "TRANSFER", "BoundScript", "QueueScript",
-    "QueueScripts", "assemble",
+    "CANCEL", "CLAIM_SHARDS", "CLEAR", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG",
+    "OFFER", "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE",
+    "REQUEUE", "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "SIZE", "TRANSFER", "BoundScript",
+    "QueueScript", "QueueScripts", "assemble",
 ]
 
 # The shared library files, in the order a script's text includes them: a file may use the names
 # of those before it.
 LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex",
-           "sweep", "transfer", "walk", "messages", "controls", "recur")
+           "sweep", "tiers", "transfer", "walk", "tier_walk", "messages", "controls", "recur")
 
 # Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
@@ -170,10 +170,12 @@ SET_CONTROLS = QueueScript("set_controls")
 SCHEDULE = QueueScript("schedule")
 REFILL = QueueScript("refill")
 CLAIM_SHARDS = QueueScript("claim_shards")
+SIZE = QueueScript("size")
+CLEAR = QueueScript("clear")
 
 SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
                                     COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS)
+                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS, SIZE, CLEAR)
 """Every script, for tests and tools (the Lua lint assembles each)."""
 
 
@@ -252,6 +254,8 @@ class QueueScripts:
         self.schedule = BoundScript(self, SCHEDULE)
         self.refill = BoundScript(self, REFILL)
         self.claim_shards = BoundScript(self, CLAIM_SHARDS)
+        self.size = BoundScript(self, SIZE)
+        self.clear = BoundScript(self, CLEAR)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"

@@ -78,8 +78,8 @@ class ShardedPending:
 
 
 def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
-    """The counts of the shards as one queue's: pending, ready, in flight, dead letters and recurring
-    items summed; the earliest due time and the largest lag; paused when any shard is (its consumers
+    """The counts of the shards as one queue's: pending, ready, in flight, dead letters, recurring and
+    tiered items summed; the earliest due time and the largest lag; paused when any shard is (its consumers
     get nothing); the rate limit and burst summed over the shards that have one (``None`` when none
     has): the whole queue's, as ``set_rate_limit`` split it."""
     dues = [c.next_due_ms for c in counts if c.next_due_ms is not None]
@@ -90,4 +90,5 @@ def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
         in_flight=sum(c.in_flight for c in counts), dead_letters=sum(c.dead_letters for c in counts),
         next_due_ms=min(dues) if dues else None, paused=any(c.paused for c in counts),
         rate_limit_per_s=round(math.fsum(rates), 9) if rates else None, rate_burst=sum(bursts) if bursts else None,
-        recurring=sum(c.recurring for c in counts), lag_ms=max((c.lag_ms for c in counts), default=0))
+        recurring=sum(c.recurring for c in counts), lag_ms=max((c.lag_ms for c in counts), default=0),
+        tiered=sum(c.tiered for c in counts))

@@ -45,6 +45,14 @@ when offered, so it reads back as it was. The scripts read the fields at their f
 
 A **schedule record** (the schedules hash, by key) is laid out in ``lua/lib/recur.lua``;
 :func:`parse_schedule` reads it.
+
+A **tier entry** (tiered pending, ``tier_after_s``: ``docs/design.md``, "Tiered pending") is an
+unkeyed fast element waiting in a bucket list ``aiodelayq_tier_<start>:{N}`` instead of the timeout
+zset: ``>H`` its due time minus the bucket's start (ms, less than the bucket's width, at most
+:data:`TIER_WIDTH_MS`) | the element, as OFFER would have added it to the zset. A bucket holds the
+items due in ``[start, start + width)``, ``start`` a multiple of the width, in the order they were
+offered; ``lua/lib/tiers.lua`` writes and reads them (:func:`pack_tier_entry`,
+:func:`unpack_tier_entry` for tools and tests).
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ __all__ = [
     "ITEM_MAGIC",
     "ITEM_MARK",
     "MAX_HEADERS_BYTES",
+    "TIER_WIDTH_MS",
     "ScheduleRecord",
     "Unwrapped",
     "DeadReason",
@@ -76,10 +85,13 @@ __all__ = [
     "offer_args",
     "pack_dead_letter",
     "pack_fragments",
+    "pack_tier_entry",
     "pack_times",
     "parse_dead_letter",
     "parse_schedule",
     "requeue_ids",
+    "tier_width_ms",
+    "unpack_tier_entry",
 ]
 
 ElementKind = Literal["fast", "strict", "legacy"]
@@ -172,17 +184,20 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
     return [(delay_ms, legacy_ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
 
 
-def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None, limit: str = ""
-               ) -> list[bytes | int | str]:
+def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None, limit: str = "",
+               tier_after_ms: int | None = None) -> list[bytes | int | str]:
     """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind``, their key
-    ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_producing/producer.py``) and
-    the ``max_pending`` ``limit`` (``""``: none; see ``lua/offer.lua``)."""
+    ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_producing/producer.py``), the
+    ``max_pending`` ``limit`` (``""``: none; see ``lua/offer.lua``) and, for fast elements, the
+    tier's horizon ``tier_after_ms`` (``None``: nothing is tiered) and the width of its buckets."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
                                         + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
     if kind == "fast":
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)
-        return ["fast", keys, limit, blob, len(fragments)]
+        if tier_after_ms is None:
+            return ["fast", keys, limit, blob, len(fragments)]
+        return ["fast", keys, limit, blob, len(fragments), tier_after_ms, tier_width_ms(tier_after_ms)]
     args: list[bytes | int | str] = [kind, keys, limit]
     for fragment in fragments:
         args.extend(fragment)
@@ -194,6 +209,38 @@ def fragment_size(fragment: Fragment) -> int:
     if len(fragment) == 2:
         return _FRAME.size + len(fragment[1])
     return 24 + len(fragment[2])
+
+
+# -- tier entries -----------------------------------------------------------------------------------
+TIER_WIDTH_MS = 60_000
+"""The widest bucket of the tier, ms: a bucket spans this much of due times, or ``tier_after_s``
+when that is shorter (:func:`tier_width_ms`); the ``>H`` offset of an entry fits it."""
+_TIER_OFFSET = struct.Struct(">H")
+
+
+def tier_width_ms(tier_after_ms: int) -> int:
+    """The width of the buckets a producer with the horizon ``tier_after_ms`` (ms, >= 1) fills:
+    :data:`TIER_WIDTH_MS`, or the horizon when that is shorter. A bucket is promoted one width
+    before its start, so a horizon at least as long as the width never tiers an item into a bucket
+    whose promotion has come."""
+    return min(TIER_WIDTH_MS, tier_after_ms)
+
+
+def pack_tier_entry(due_ms: int, start_ms: int, element: bytes) -> bytes:
+    """The entry of ``element``, due at ``due_ms``, in the bucket that starts at ``start_ms``.
+
+    Raises:
+        struct.error: ``due_ms`` is not within 65,535 ms from ``start_ms``.
+    """
+    return _TIER_OFFSET.pack(due_ms - start_ms) + element
+
+
+def unpack_tier_entry(entry: bytes, start_ms: int) -> tuple[int, bytes]:
+    """``(due ms, element)`` of an entry of the bucket that starts at ``start_ms`` (an entry under 2
+    bytes, which the library never writes, reads as due at the start, the entry as its element)."""
+    if len(entry) < _TIER_OFFSET.size:
+        return start_ms, entry
+    return start_ms + _TIER_OFFSET.unpack_from(entry)[0], entry[_TIER_OFFSET.size:]
 
 
 def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, bytes]]:

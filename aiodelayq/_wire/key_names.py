@@ -57,6 +57,12 @@ class QueueKeys:
         schedules: hash of the queue's recurring items (aiodelayq only): field = the key, value =
             its record (``lua/lib/recur.lua``): the number of its current occurrence, the period or
             the upcoming cron times, its index field and element tag.
+        tier_index: zset of the tier's buckets (tiered pending, aiodelayq only): member = a
+            bucket's start (epoch ms, decimal text), score = when it is promoted into the timeout
+            zset (its start minus its width, epoch ms). Each bucket is the list
+            :meth:`tier_bucket` names.
+        tier_count: string, the number of items the tier's buckets hold (aiodelayq only); absent
+            when none.
     """
 
     destination: str
@@ -72,6 +78,8 @@ class QueueKeys:
     key_index: str
     controls: str
     schedules: str
+    tier_index: str
+    tier_count: str
 
     @classmethod
     def for_name(cls, name: str) -> QueueKeys:
@@ -98,11 +106,21 @@ class QueueKeys:
             key_index=prefix_name("aiodelayq_keys", name),
             controls=prefix_name("aiodelayq_controls", name),
             schedules=prefix_name("aiodelayq_schedules", name),
+            tier_index=prefix_name("aiodelayq_tier_index", name),
+            tier_count=prefix_name("aiodelayq_tier_count", name),
         )
+
+    def tier_bucket(self, start_ms: int) -> str:
+        """The list of the tier's bucket that starts at ``start_ms`` (epoch ms): its entries wait
+        there until the bucket is promoted (``_wire/elements.py``: tier entries). The name has the
+        hash tag of the queue's other keys (the same cluster slot); the scripts build it from
+        :attr:`tier_index` (``lua/lib/tiers.lua``)."""
+        return prefix_name(f"aiodelayq_tier_{start_ms}", self.destination)
 
     @property
     def all(self) -> tuple[str, ...]:
-        """Every key of the queue (not the channel), e.g. for ``DEL`` in tests or an ACL check."""
+        """Every key of the queue (not the channel, nor the tier's buckets, whose names depend on
+        the due times they hold: :meth:`tier_bucket`), e.g. for ``DEL`` in tests or an ACL check."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
-                self.schedules)
+                self.schedules, self.tier_index, self.tier_count)

@@ -36,10 +36,11 @@ __all__ = ["COUNT_CONCURRENCY", "QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect
            "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists", "queue_name_of", "redact",
            "scan_queues", "server_now_ms", "with_queue"]
 
-# The keys whose names reveal a queue: its pending zset, and the two lists a queue can keep when
-# nothing is pending (dead letters, in-flight messages). The destination list has the bare name and
-# cannot be told apart from any other list.
-QUEUE_KEY_PREFIXES = ("redisson_delay_queue_timeout", "aiodelayq_dead_letter", "aiodelayq_in_flight")
+# The keys whose names reveal a queue: its pending zset, its tier index (all its pending items may be
+# tiered), and the two lists a queue can keep when nothing is pending (dead letters, in-flight
+# messages). The destination list has the bare name and cannot be told apart from any other list.
+QUEUE_KEY_PREFIXES = ("redisson_delay_queue_timeout", "aiodelayq_tier_index", "aiodelayq_dead_letter",
+                      "aiodelayq_in_flight")
 
 # Connect and reply bounds of the CLI's own commands (PING, TIME, SCAN); the queue's calls have their
 # own (call_timeout_s). A URL's own socket_timeout/socket_connect_timeout win over these.

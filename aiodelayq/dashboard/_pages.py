@@ -1,6 +1,6 @@
 """What the dashboard's pages show, read from Redis: the queues (given, or found by ``SCAN``), their
-counts, the due-time histogram (``ZCOUNT`` on the pending zset against the server's ``TIME``), and
-the chart geometry and text formatting the templates use."""
+counts, the due-time histogram (``ZCOUNT`` on the pending zset and ``LLEN`` of the tier's buckets
+against the server's ``TIME``), and the chart geometry and text formatting the templates use."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ SCAN_LIMIT = 1000
 SCAN_MAX_CALLS = 100
 # Bound of one page's own calls (TIME, the ZCOUNT pipeline), seconds; the queue's calls have theirs.
 CALL_TIMEOUT_S = 5.0
+# Most tier buckets the histogram counts (LLEN each): a day of one-minute buckets.
+MAX_BUCKETS = 1440
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -101,7 +103,9 @@ def is_empty(counts: QueueCounts) -> bool:
 
 @dataclass(frozen=True)
 class DueHistogram:
-    """Pending items by due time, against the server's clock.
+    """Pending items by due time, against the server's clock. Items waiting in the tier's buckets
+    (tiered pending) count at their bucket's start (at most a minute before their due time); beyond
+    the first :data:`MAX_BUCKETS` buckets due within 24 hours, and beyond 24 hours, in ``later``.
 
     Attributes:
         now_ms: the server's clock when it was read (epoch ms).
@@ -119,16 +123,41 @@ class DueHistogram:
 
 
 async def due_histogram(client: AnyRedis, keys: QueueKeys) -> DueHistogram:
-    """Count the pending zset by due time: ``TIME`` (on the queue's node), then 38 ``ZCOUNT`` in one
-    pipeline (on a cluster all go to the queue's slot). Read-only, O(log N) each."""
+    """Count the pending zset by due time: ``TIME`` (on the queue's node), then 38 ``ZCOUNT``, the
+    tier's count and the buckets that start within 24 hours in one pipeline, then an ``LLEN`` of
+    each of those in another (on a cluster all go to the queue's slot). Read-only, O(log N) each.
+    The two pipelines are not one snapshot: a bucket promoted between them counts as empty."""
     now = await server_now_ms(client, route=keys.timeout_set)
+    day_end = now + 24 * HOUR_MS
     async with client.pipeline(transaction=False) as pipe:
         pipe.zcount(keys.timeout_set, "-inf", now)
         for step_ms, steps in ((5 * MINUTE_MS, 12), (HOUR_MS, 24)):
             for i in range(steps):
                 pipe.zcount(keys.timeout_set, f"({now + i * step_ms}", now + (i + 1) * step_ms)
-        pipe.zcount(keys.timeout_set, f"({now + 24 * HOUR_MS}", "+inf")
-        replies = [int(n) for n in await asyncio.wait_for(pipe.execute(), CALL_TIMEOUT_S)]
+        pipe.zcount(keys.timeout_set, f"({day_end}", "+inf")
+        pipe.get(keys.tier_count)
+        pipe.zrangebyscore(keys.tier_index, "-inf", day_end, start=0, num=MAX_BUCKETS)
+        *counts, tiered, listed = await asyncio.wait_for(pipe.execute(), CALL_TIMEOUT_S)
+    replies = [int(n) for n in counts]
+    starts = [start for start in (int(member) for member in listed) if start <= day_end]
+    if starts:
+        async with client.pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.llen(keys.tier_bucket(start))
+            sizes = [int(n) for n in await asyncio.wait_for(pipe.execute(), CALL_TIMEOUT_S)]
+        overdue, hour, day, counted = replies[0], replies[1:13], replies[13:37], 0
+        for start, size in zip(starts, sizes, strict=True):
+            counted += size
+            if start <= now:
+                overdue += size
+                continue
+            step = (start - now - 1) // (5 * MINUTE_MS)
+            if step < len(hour):
+                hour[step] += size
+            day[(start - now - 1) // HOUR_MS] += size
+        replies = [overdue, *hour, *day, replies[37] + max(0, int(tiered or 0) - counted)]
+    elif tiered:
+        replies[37] += int(tiered)
     return DueHistogram(now, replies[0], replies[1:13], replies[13:37], replies[37])
 
 

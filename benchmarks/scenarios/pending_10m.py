@@ -13,6 +13,8 @@ from scenarios.transfer import transfer_ours
 
 FAR_LO_S, FAR_HI_S = 3600.0, 86_400.0  # the far items' delays: due in 1 to 24 h, in random order
 SLOW_MS, STALL_MS = 5.0, 30.0  # a script over SLOW_MS holds every other client; over STALL_MS it is a stall
+TIER_AFTER_S = 3600.0  # the ours_tiered variant's horizon: every far item waits in the tier
+VARIANTS = (("ours", None), ("ours_tiered", TIER_AFTER_S))
 
 
 def _jemalloc_class(size: int) -> int:
@@ -43,8 +45,36 @@ def breakdown(element_len: int, items: int) -> dict[str, float]:
             "dict_table": table, "total": sds + node + _jemalloc_class(24) + table}
 
 
+def tier_breakdown(element_len: int, tiered: int, zset_items: int) -> dict[str, float]:
+    """Where each byte of one pending item goes, bytes per item, when ``tiered`` of the items wait in
+    the tier's bucket lists and ``zset_items`` in the zset (:func:`breakdown`). A tier entry is a
+    listpack string of the 2-byte offset and the element: its encoding's length header (1 byte under 64
+    bytes, 2 under 4,096), the bytes, and the back-length (1 byte under 128 in all, 2 under 16,384);
+    quicklist nodes of 8 KiB listpacks (``list-max-listpack-size -2``) add their 32-byte node and the
+    unused tail of each listpack, a few bytes per node."""
+    string = 2 + element_len
+    entry = (1 if string < 64 else 2) + string + (1 if string + 2 < 128 else 2)
+    per_node = max(1, (8192 - 7) // entry)
+    node = (_jemalloc_class(32) + 8192 - 7 - per_node * entry) / per_node
+    items = tiered + zset_items
+    zset = breakdown(element_len, max(1, zset_items))["total"]
+    tier_item = entry + node
+    return {"tier_entry": float(entry), "tier_node": node, "tier_item": tier_item, "zset_item": zset,
+            "tiered_share": tiered / items if items else 0.0,
+            "total": (tiered * tier_item + zset_items * zset) / items if items else 0.0}
+
+
 async def _used(bench: Bench) -> int:
     return int((await bench.ctl.info("memory"))["used_memory"])
+
+
+async def _freed(bench: Bench) -> None:
+    """Wait until the server has freed what earlier ``UNLINK``s left to its background thread, so that
+    ``used_memory`` before a fill is the true baseline (at most 120 s)."""
+    for _ in range(1200):
+        if int((await bench.ctl.info("memory")).get("lazyfree_pending_objects", 0)) == 0:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _slow_calls(bench: Bench, window: str) -> dict[str, Any]:
@@ -65,20 +95,40 @@ async def _slow_calls(bench: Bench, window: str) -> dict[str, Any]:
 async def run(bench: Bench) -> dict[str, Any]:
     """``scale_items`` pending items in one queue, ``scale_due`` of them (every tenth) due at once, the
     rest due in 1 to 24 h in random order; filled with ``offer_many`` in calls of ``offer_many_batch``
-    items by one caller. Measures the fill rate of each tenth of the items (the last against the
-    first), the server's memory per item (``used_memory`` before and after; at ``memory_items`` and at
-    the end) against a model of where each byte goes, the rate at which a queue opened afterwards moves
-    the due items to the destination list against that of a ``scale_ref_backlog`` backlog alone
-    (:func:`~scenarios.transfer.transfer_ours`), and the script calls over 5 and 30 ms (``SLOWLOG``)
-    during the fill and the move. Wants a jemalloc build (Debian's ``redis-server``:
-    ``--server-kind system``)."""
+    items by one caller; twice: ``ours`` (every item in the timeout zset) and ``ours_tiered``
+    (``tier_after_s`` of 1 h: every far item in the tier's bucket lists). Measures, for each, the fill
+    rate of each tenth of the items (the last against the first), the server's memory per item
+    (``used_memory`` before and after; at ``memory_items`` and at the end) against a model of where
+    each byte goes, the rate at which a queue opened afterwards moves the due items to the destination
+    list against that of a ``scale_ref_backlog`` backlog alone (:func:`~scenarios.transfer.transfer_ours`),
+    and the script calls over 5 and 30 ms (``SLOWLOG``) during the fill and the move. Wants a jemalloc
+    build (Debian's ``redis-server``: ``--server-kind system``)."""
+    s = bench.sizes
+    allocator = str((await bench.ctl.info("memory")).get("mem_allocator", "?"))
+    out: dict[str, Any] = {"items": s.scale_items, "due": s.scale_due, "batch": s.offer_many_batch,
+                           "mem_allocator": allocator, "tier_after_s": TIER_AFTER_S}
+    log(f"    {s.scale_items:,} items ({s.scale_due:,} due), offer_many of {s.offer_many_batch:,}, allocator "
+        f"{allocator}")
+    for impl, tier_after_s in VARIANTS:
+        await _freed(bench)
+        log(f"    {impl}:")
+        out[impl] = await _variant(bench, impl, tier_after_s)
+    alone = await transfer_ours(bench, s.scale_ref_backlog)
+    for impl, _ in VARIANTS:
+        move = out[impl]["move"]
+        move.update(alone_items_per_s=alone["items_per_s"], alone_backlog=s.scale_ref_backlog,
+                    ratio=ratio(move["items_per_s"], alone["items_per_s"]))
+        log(f"    {impl}: move ratio to a {s.scale_ref_backlog:,} backlog alone: {move['ratio']:.2f}")
+    return out
+
+
+async def _variant(bench: Bench, impl: str, tier_after_s: float | None) -> dict[str, Any]:
+    """One fill, memory reading and move of :func:`run`, with ``tier_after_s`` (``None``: no tier)."""
     s = bench.sizes
     n, due_every, batch = s.scale_items, s.scale_items // s.scale_due, s.offer_many_batch
-    allocator = str((await bench.ctl.info("memory")).get("mem_allocator", "?"))
-    out: dict[str, Any] = {"items": n, "due": s.scale_due, "batch": batch, "mem_allocator": allocator}
-    log(f"    {n:,} items ({s.scale_due:,} due), offer_many of {batch:,}, allocator {allocator}")
-    async with bench.fresh_queue("pending_10m", "ours") as (client, name):
-        q: DelayedQueue[Any] = DelayedQueue(client, name)
+    out: dict[str, Any] = {"tier_after_s": tier_after_s}
+    async with bench.fresh_queue("pending_10m", impl) as (client, name):
+        q: DelayedQueue[Any] = DelayedQueue(client, name, tier_after_s=tier_after_s)
         keys = q.keys
         tenth = n // 10
         rates: list[float] = []
@@ -102,12 +152,20 @@ async def run(bench: Bench) -> dict[str, Any]:
         used = (await _used(bench) - used0) / n
         head = await bench.ctl.zrange(keys.timeout_set, -1, -1)
         element_len = len(head[0]) if head else 0
+        counts = await q.counts()
+        in_zset = int(await bench.ctl.zcard(keys.timeout_set))
+        model = (breakdown(element_len, n) if tier_after_s is None
+                 else tier_breakdown(element_len, counts.tiered, in_zset))
         out["memory"] = {"bytes_per_item": used, "bytes_per_item_at_memory_items": used_small,
                          "memory_items": s.memory_items, "element_bytes": element_len,
                          "encoding": str(await bench.ctl.object("encoding", keys.timeout_set), "ascii"),
-                         "model": breakdown(element_len, n)}
+                         "tiered": counts.tiered, "in_zset": in_zset,
+                         "buckets": int(await bench.ctl.zcard(keys.tier_index)), "model": model}
         log(f"    memory: {used:.1f} B/item at {n:,} ({used_small or 0:.1f} at {s.memory_items:,}); element "
-            f"{element_len} B; model {out['memory']['model']}")
+            f"{element_len} B; {counts.tiered:,} tiered in {out['memory']['buckets']:,} buckets, {in_zset:,} in "
+            f"the zset; model {model}")
+        if counts.pending != n:
+            raise RuntimeError(f"pending_10m {impl}: {counts.pending:,} pending, expected {n:,}")
         consumer = bench.client()
         try:
             cq: DelayedQueue[Any] = DelayedQueue(consumer, name)
@@ -124,9 +182,6 @@ async def run(bench: Bench) -> dict[str, Any]:
         finally:
             await consumer.aclose()
         log(f"    moved {s.scale_due:,} due items among {n:,} at {moved_rate:,.0f} items/s")
-    alone = await transfer_ours(bench, s.scale_ref_backlog)
-    out["move"] = {"items_per_s": moved_rate, "alone_items_per_s": alone["items_per_s"],
-                   "alone_backlog": s.scale_ref_backlog, "ratio": ratio(moved_rate, alone["items_per_s"]),
-                   "slow": slow}
-    log(f"    move ratio to a {s.scale_ref_backlog:,} backlog alone: {out['move']['ratio']:.2f}")
+        out["move"] = {"items_per_s": moved_rate, "slow": slow}
+        await q.clear()  # the tier's buckets too (fresh_queue deletes the queue's fixed keys)
     return out

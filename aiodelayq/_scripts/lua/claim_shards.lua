@@ -1,11 +1,11 @@
 -- CLAIM_SHARDS: record the shard count of a sharded queue under its name, or read the one recorded.
--- KEYS: controls destination timeout_set delay_list in_flight dead_letter key_index schedules
--- KEYS[1] controls hash of the name (its 'shards' field holds the count), KEYS[2..8] the keys an
+-- KEYS: controls destination timeout_set delay_list in_flight dead_letter key_index schedules tier_count
+-- KEYS[1] controls hash of the name (its 'shards' field holds the count), KEYS[2..9] the keys an
 -- ordinary queue of the name would have: destination list, timeout zset, delay list, in-flight zset,
--- dead-letter list, key index hash, schedules hash
+-- dead-letter list, key index hash, schedules hash, tier count
 -- ARGV[1] the shard count this queue object was made with (an int > 1, text)
 -- returns: the name's shard count: the one recorded (ARGV[1] when this call recorded it), or 1 when
--- nothing is recorded and the name holds an ordinary queue (one of KEYS[2..8] exists, or the controls
+-- nothing is recorded and the name holds an ordinary queue (one of KEYS[2..9] exists, or the controls
 -- hash holds a pause or a rate limit). Records only on a name without either, atomically: of two
 -- callers with different counts, the second reads the first one's. A resend reads what its first run
 -- recorded.
@@ -13,7 +13,7 @@ local recorded = redis.call('hget', KEYS[1], 'shards')
 if recorded then return tonumber(recorded) end
 if redis.call('hlen', KEYS[1]) > 0 or redis.call('llen', KEYS[2]) > 0 or redis.call('zcard', KEYS[3]) > 0
     or redis.call('llen', KEYS[4]) > 0 or redis.call('zcard', KEYS[5]) > 0 or redis.call('llen', KEYS[6]) > 0
-    or redis.call('hlen', KEYS[7]) > 0 or redis.call('hlen', KEYS[8]) > 0 then
+    or redis.call('hlen', KEYS[7]) > 0 or redis.call('hlen', KEYS[8]) > 0 or (tonumber(redis.call('get', KEYS[9])) or 0) > 0 then
   return 1
 end
 redis.call('hset', KEYS[1], 'shards', ARGV[1])

@@ -1,21 +1,28 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash,
--- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused)
+-- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused), KEYS[9]
+-- tier index zset, KEYS[10] tier count (lib/tiers.lua)
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
 -- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
 -- element of a keyed item carries its key's tag.
--- ARGV[5] max_pending: '' for none, else the most items the queue may hold, pending + ready, then
+-- ARGV[5] max_pending: '' for none, else the most items the queue may hold, pending (tiered
+-- included) + ready, then
 -- 'a' (all or nothing: a call whose new items do not all fit writes nothing and returns {false,
 -- now, room}) or 'e' (each item in order while it fits, the rest refused: 'f' in the outcome).
 -- Replacing a key's pending item takes no room; keeping it ('p') none either.
 -- ARGV[6..] by kind:
 --   'fast':   elements packed by the client (with this server's 'L' size), all in one argument so
 --             the client does not send thousands of arguments: ARGV[6] = concatenated
---             struct.pack('>dI4c0', delay ms, element), ARGV[7] = their count; zset only.
+--             struct.pack('>dI4c0', delay ms, element), ARGV[7] = their count; zset only. Then,
+--             for a producer with tier_after_s, ARGV[8] its horizon (ms) and ARGV[9] the width of
+--             its buckets (ms, at most the horizon and 60,000): in a call without keys, an item
+--             whose bucket (its due time rounded down to a multiple of the width) starts more than
+--             the horizon after now is RPUSHed to that bucket instead (a new bucket enters the
+--             tier index, scored by its start minus the width; the tier count grows).
 --   'strict' (8-byte id) or 'legacy' (dLc0): ARGV[6..] triples of delay ms, id (strict: 8 bytes;
 --             legacy: a decimal long, or for a keyed item the 8 bytes of the double), payload;
 --             packed here; zset + list.
@@ -28,7 +35,8 @@
 -- id within the window writes nothing and returns {base, false, outcome} of the first run (a call
 -- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
--- scheduler re-arms (Redisson publishes when the new element becomes the head).
+-- scheduler re-arms (Redisson publishes when the new element becomes the head); likewise a new
+-- bucket's promotion time earlier than both the zset head and the first bucket's.
 local sharded = redis.call('hget', KEYS[8], 'shards')
 if sharded then return redis.error_reply('SHARDED ' .. sharded) end
 local first = first_run(KEYS[5], ARGV[1])
@@ -43,11 +51,14 @@ local keys = ARGV[4] ~= '' and ARGV[4] or nil
 local room, each = nil, false
 if ARGV[5] ~= '' then
   room = tonumber(string.sub(ARGV[5], 1, -2)) - redis.call('zcard', KEYS[2]) - redis.call('llen', KEYS[1])
+    - (tonumber(redis.call('get', KEYS[10])) or 0)
   each = string.sub(ARGV[5], -1) == 'e'
 end
 local added = 0
 local function fits() return room == nil or added < room end
 local earliest = nil
+-- The tier's wake-up for this call's buckets: the earliest promotion time among them (nil: none).
+local promotion = nil
 local letters, kept = {}, {}
 -- The element of a strict or legacy item (fast ones come packed).
 local function element(i, keyed)
@@ -60,20 +71,50 @@ if not keys and kind == 'fast' then
   local blob, pos, n = ARGV[6], 1, tonumber(ARGV[7])
   if room and not each and n > room then return {false, now, room} end
   local zargs = {}
+  local after, width = tonumber(ARGV[8] or ''), tonumber(ARGV[9] or '')
+  local buckets, starts, tiered = {}, {}, 0  -- bucket start -> its new entries; the starts in order
   for _ = 1, n do
     local d, v
     d, v, pos = struct.unpack('>dI4c0', blob, pos)
     if fits() then
-      zargs[#zargs + 1] = base + d
-      zargs[#zargs + 1] = v
+      local due = base + d
+      local start = after and due - due % width
+      if after and start - after > now then
+        local entries = buckets[start]
+        if not entries then
+          entries = {}
+          buckets[start] = entries
+          starts[#starts + 1] = start
+        end
+        entries[#entries + 1] = struct.pack('>I2', due - start) .. v
+        tiered = tiered + 1
+      else
+        zargs[#zargs + 1] = due
+        zargs[#zargs + 1] = v
+        if earliest == nil or due < earliest then earliest = due end
+      end
       added = added + 1
-      if earliest == nil or base + d < earliest then earliest = base + d end
       if each then letters[#letters + 1] = 'a' end
     else
       letters[#letters + 1] = 'f'
     end
   end
   chunked('zadd', KEYS[2], 'NX', zargs)
+  if tiered > 0 then
+    local bucket_head = redis.call('zrange', KEYS[9], 0, 0, 'WITHSCORES')
+    local listed = {}
+    for _, start in ipairs(starts) do
+      local name = string.format('%d', start)
+      chunked('rpush', tier_bucket(KEYS[9], name), nil, buckets[start])
+      listed[#listed + 1] = start - width
+      listed[#listed + 1] = name
+      if promotion == nil or start - width < promotion then promotion = start - width end
+    end
+    chunked('zadd', KEYS[9], 'NX', listed)
+    redis.call('incrby', KEYS[10], tiered)
+    -- Only a promotion earlier than every bucket's is news to the schedulers.
+    if bucket_head[2] and tonumber(bucket_head[2]) <= promotion then promotion = nil end
+  end
 elseif not keys then
   if room and not each and (#ARGV - 5) / 3 > room then return {false, now, room} end
   for i = 6, #ARGV, 3 do
@@ -218,6 +259,7 @@ else
   chunked('rpush', KEYS[3], nil, listed)
   chunked('hset', KEYS[7], nil, hargs)
 end
+if promotion ~= nil and (earliest == nil or promotion < earliest) then earliest = promotion end
 if earliest ~= nil and (old == nil or earliest < old) then
   redis.call('publish', KEYS[4], string.format('%d', earliest))
 end

@@ -1,8 +1,8 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
 -- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls
--- hash, KEYS[9] channel, KEYS[10] schedules hash
+-- hash, KEYS[9] channel, KEYS[10] schedules hash, KEYS[11] tier index zset, KEYS[12] tier count
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
@@ -31,7 +31,8 @@ if got then
 end
 local moved, late = false, nil
 if tonumber(ARGV[4]) ~= 0 then
-  moved, late = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], KEYS[7], tonumber(ARGV[4]))
+  moved, late = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], KEYS[7], KEYS[11], KEYS[12],
+                         tonumber(ARGV[4]))
 end
 local want, hold, level, now = controls_allow(KEYS[8], tonumber(ARGV[2]))
 local items = want > 0 and redis.call('lpop', KEYS[1], want)

@@ -1,13 +1,22 @@
--- READ_PAGE: one page of the walk that reads every pending payload.
--- KEYS: timeout_set
--- KEYS[1] timeout zset
--- ARGV[1] cursor score ('' = from the start), ARGV[2] cursor member, ARGV[3] page size
+-- READ_PAGE: one page of the walk that reads every pending payload: the zset's, then the tier's.
+-- KEYS: timeout_set tier_index
+-- KEYS[1] timeout zset, KEYS[2] tier index zset
+-- ARGV[1] cursor score ('' = from the start; 'T...' = in the tier, lib/tier_walk.lua), ARGV[2]
+-- cursor member, ARGV[3] page size
 -- returns: {cursor score, cursor member, payloads...}: the payloads of this page's elements in zset
--- order (malformed elements skipped); the cursor is false, false when the walk is over. Read-only.
+-- order, then the tier's entries in bucket order (malformed elements skipped); the cursor is false,
+-- false when the walk is over. A page ends where the zset ends (the next starts the tier). Read-only.
 local out = {false, false}
-local score, member = walk_page(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), function(v)
+local function read(v)
   local payload = parse(v)
   if payload then out[#out + 1] = payload end
-end)
+end
+local score, member
+if string.sub(ARGV[1], 1, 1) == TIER_CURSOR then
+  score, member = tier_page(KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), read)
+else
+  score, member = walk_page(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), read)
+  if not score and redis.call('zcard', KEYS[2]) > 0 then score, member = TIER_CURSOR, '' end
+end
 if score then out[1], out[2] = score, member end
 return out

@@ -1,13 +1,18 @@
 -- defines: transfer
 -- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
---          leases zset, key index hash, limit: at most |limit| elements; negative: also measure
---          the lateness of what moves)
--- returns: {moved, dead_lettered, next due score (epoch ms, text) or false, TIME seconds,
+--          leases zset, key index hash, tier index zset, tier count, limit: at most |limit|
+--          elements; negative: also measure the lateness of what moves)
+-- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
+--           tier bucket's promotion time, whichever is earlier) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
 --          and, only for a negative limit, a second value: {lateness ms of each moved item, in
 --          the order they were pushed}: now (whole ms of TIME) minus its due score, an integer >= 0
 --          (the client adds TIME's sub-millisecond part). Only a metrics sink asks for it: it costs
 --          WITHSCORES and a table; a positive limit runs exactly as before it existed.
+-- The tier (lib/tiers.lua): |limit| entries of work in all, promoted or moved. First the buckets
+-- whose start has come (a promotion fallen behind: their entries may be due), then the due
+-- elements, then, with what is left, the buckets whose promotion time has come; a next wake-up at
+-- or before TIME's ms says more is left to do at once.
 -- Moves due elements (score <= now, server clock) in due order: the payload goes to the
 -- destination; an element that is not a valid packed element goes, as it was, to the dead-letter
 -- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
@@ -15,13 +20,20 @@
 -- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
 -- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
-local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
+local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, tcount, limit)
   local now, t = now_ms()
   local due, late
-  if limit < 0 then
+  -- A bucket still holding entries after its start: nothing due at or after its start moves yet.
+  local promoted, left = promote(tindex, tcount, zset, now, math.abs(limit), true)
+  local room = math.abs(limit) - promoted
+  local upto = left and '(' .. string.format('%d', left) or now
+  if room == 0 then
+    due = {}
+    if limit < 0 then late = {} end
+  elseif limit < 0 then
     -- Asked for lateness: the due scores too (member, score, ...), split into the members (the rest
     -- of the function is unchanged) and each one's lateness.
-    local scored = redis.call('zrangebyscore', zset, '-inf', now, 'WITHSCORES', 'LIMIT', 0, -limit)
+    local scored = redis.call('zrangebyscore', zset, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, room)
     due, late = {}, {}
     local m = 0
     for i = 1, #scored, 2 do
@@ -30,8 +42,9 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
       late[m] = now - scored[i + 1]  -- Lua turns the score's text into a number (no tonumber lookup)
     end
   else
-    due = redis.call('zrangebyscore', zset, '-inf', now, 'LIMIT', 0, limit)
+    due = redis.call('zrangebyscore', zset, '-inf', upto, 'LIMIT', 0, room)
   end
+  if #due < room then promote(tindex, tcount, zset, now, room - #due, false) end
   local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
   local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
   for i, v in ipairs(due) do
@@ -70,12 +83,12 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, limit)
     redis.call('hdel', handoff, id)
     redis.call('zrem', leases, id)
   end
-  local nxt = redis.call('zrange', zset, 0, 0, 'WITHSCORES')
+  local nxt = tier_next(zset, tindex)
   local lease = redis.call('zrange', leases, 0, 0, 'WITHSCORES')
   if late and #bad > 0 then
     local kept = {}
     for j = 1, #due do if late[j] then kept[#kept + 1] = late[j] end end
     late = kept
   end
-  return {#out, #bad, nxt[2] or false, t[1], t[2], recovered, lease[2] or false}, late
+  return {#out, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late
 end
