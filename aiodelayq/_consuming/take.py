@@ -65,6 +65,9 @@ _SHUTDOWN_FLUSH_S = 0.5
 # would send one empty POP after every transfer, as many calls as the useful ones. Items pushed straight
 # into the list by other code are seen by such a waiter at most this much later.
 _DRAINED_FOR_S = 0.05
+# The longest a handed-out pop of a pump in a rotation waits for the pump's next POP (a crashed
+# process's handed-out items come back when their lease ends: the shorter the wait, the fewer).
+_DONE_HOLD_MAX_S = 0.25
 
 
 class Headed(NamedTuple):
@@ -91,10 +94,16 @@ class _Waiter:
 
 
 class TakePump:
-    """Serves decoded items of one queue to waiters in FIFO order (see the module docstring)."""
+    """Serves decoded items of one queue to waiters in FIFO order (see the module docstring).
+
+    ``rotation``: how many pumps a caller visits in turn, this one among them (a sharded queue's
+    shards; 1: callers come to this pump alone). A pop whose items were all handed out waits that
+    many round trips (at most ``_DONE_HOLD_MAX_S``) for this pump's next POP to forget it, instead of
+    a FINISH of its own.
+    """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
-                 slots: asyncio.Semaphore, events: Events) -> None:
+                 slots: asyncio.Semaphore, events: Events, rotation: int = 1) -> None:
         self._scripts = scripts
         self._events = events
         self._keys = keys = scripts.keys
@@ -114,7 +123,8 @@ class TakePump:
         # round trip, then back to the head of the list.
         self._buffer: PrefetchBuffer[tuple[Pop, int, Any]] = PrefetchBuffer(self._return)
         self._prefetch = self._buffer.prefetch
-        self._handoff = Handoff(scripts, tasks, slots=slots, hold_s=lambda: self._prefetch.hold_s,
+        self._handoff = Handoff(scripts, tasks, slots=slots,
+                                hold_s=lambda: min(_DONE_HOLD_MAX_S, self._prefetch.hold_s * rotation),
                                 closing=lambda: self._closed is not None)
         # The scheduler's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None

@@ -115,11 +115,14 @@ class Check(Protocol):
 
 
 class Lifecycle:
-    """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring)."""
+    """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring).
+    ``rotation``: how many take pumps a caller visits in turn, this one among them (a sharded
+    queue's K shards; 1: this pump alone), see :class:`TakePump`."""
 
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
-                 on_new_loop: Callable[[], None], check: Check | None = None) -> None:
+                 on_new_loop: Callable[[], None], check: Check | None = None, rotation: int = 1) -> None:
         self._check = check
+        self._rotation = rotation
         self._scripts = scripts
         self._events = events
         self._client = scripts.client
@@ -244,7 +247,7 @@ class Lifecycle:
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
         self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.codec),
-                              slots=scheduler.slots, events=self._events)
+                              slots=scheduler.slots, events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
         scheduler.listeners.append(self._pump.notify)
         scheduler.wakers.append(self._reliable.notify)

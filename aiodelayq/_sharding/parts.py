@@ -43,8 +43,9 @@ class QueueParts:
     life: Lifecycle
 
     @classmethod
-    def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions) -> QueueParts:
-        """The components of the queue ``keys`` on ``client`` with ``options``. Its OFFER and TRANSFER
+    def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *, rotation: int = 1) -> QueueParts:
+        """The components of the queue ``keys`` on ``client`` with ``options`` (``rotation``: the
+        shard count when it is one shard of a sharded queue, see ``_consuming/take.py``). Its OFFER and TRANSFER
         refuse a name that records a shard count (``ShardCountError``): an ordinary queue object on a
         sharded queue's name neither writes nor opens there."""
         o = options
@@ -53,4 +54,4 @@ class QueueParts:
         producer = Producer(scripts, o, events)
         return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
                    DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
-                   Lifecycle(scripts, o, events, on_new_loop=producer.rebind))
+                   Lifecycle(scripts, o, events, on_new_loop=producer.rebind, rotation=rotation))

@@ -47,7 +47,7 @@ class ShardedParts:
         if o.max_pending is not None:
             o = dataclasses.replace(o, max_pending=math.ceil(o.max_pending / shards))
         names = shard_names(keys.destination, shards)
-        parts = tuple(QueueParts.build(client, QueueKeys.for_name(name), o) for name in names)
+        parts = tuple(QueueParts.build(client, QueueKeys.for_name(name), o, rotation=shards) for name in names)
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         producer = ShardedProducer(scripts, o, Events(keys.destination), [p.producer for p in parts],
                                    Rotation(shards))
