@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts, QueueFullError
+from aiodelayq import BackendError, ConfigurationError, DelayedQueue, QueueCounts, QueueFullError
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts import OFFER, READ_PAGE
@@ -423,3 +423,42 @@ async def test_a_paused_queue_keeps_tiered_items_until_resumed(client: Redis, ma
         await q.resume()
         assert await asyncio.wait_for(q.take(), 5) == "far"
         assert await server_ms(client) >= due
+
+
+async def test_killed_connections_and_a_stall_lose_no_tiered_item_and_deliver_none_early(
+        own_server: Any, make_client: Any, make_tiered: Any) -> None:
+    # Promotions and transfers whose replies are cut off (every connection killed, over and over),
+    # and a server stall while buckets fall due: a resent transfer promotes nothing twice, so every
+    # item is received, none before its due time, and acked once.
+    server = own_server()
+    client, admin = make_client(server), make_client(server)
+    q = make_tiered(redis=client, codec="str", safety_poll_s=1.0)
+    n = 500
+    dues = dict(zip((f"t{i}" for i in range(n)),
+                    await q.offer_many([(f"t{i}", 2.5 + 2.0 * i / n) for i in range(n)]), strict=True))
+    assert await tiered_count(admin, q) == n
+    received: dict[str, list[float]] = {}
+
+    async def consume() -> None:
+        while len(received) < n:
+            for m in await q.receive_many(50, 30, timeout=20):
+                received.setdefault(m.value, []).append(await server_ms(admin))
+                try:
+                    await m.ack(confirm=True)
+                except BackendError:
+                    continue  # maybe not acked: delivered again later (a duplicate, never a loss)
+
+    async with q:
+        consumer = asyncio.create_task(consume())
+        kills = 0
+        for step in range(30):
+            await asyncio.sleep(0.15)
+            kills += int(await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            if step == 15:
+                await admin.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        await asyncio.wait_for(consumer, 60)  # does not hang: the last item is due 4.5 s after the offer
+    assert set(received) == set(dues)  # nothing lost
+    assert all(min(at) >= dues[item] for item, at in received.items())  # nothing early
+    assert await q.size() == 0 and await tiered_count(admin, q) == 0
+    print(f"\n{kills} connections killed; redelivered {sum(len(at) - 1 for at in received.values())}")

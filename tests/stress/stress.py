@@ -13,6 +13,9 @@ Phases (``--minutes`` of faults in all, then bounded drains):
 2. reliable (the rest): ids offered with random delays (0-2 s); consumers ``receive_many`` (visibility
    2 s) and ack, except "poison" ids (every 97th), always nacked (``max_deliveries=3``).
 
+With ``--tier-after-s S`` both phases' queues use tiered pending of horizon S and their delays grow by
+3S, so about half of the items wait in the tier's buckets and are promoted under the faults.
+
 Every 1-3 s the injector picks one fault from its phase's menu and waits for delivery to resume:
 ``kill-clients``, ``kill-pubsub``, ``proxy-kill-all`` (every proxied connection dropped), ``pause``
 (``CLIENT PAUSE``), ``stall`` (``DEBUG SLEEP`` 2-3 s, longer than every timeout the queues use),
@@ -341,6 +344,12 @@ class Ctx:
     rng: random.Random
     seed: int
     trace: Path | None = None  # every reliable delivery, receive call and fault, as JSON
+    tier_after_s: float | None = None  # tiered pending (--tier-after-s): the phases' delays grow by 3x it
+
+    def max_delay(self, base_s: float) -> float:
+        """A phase's longest delay: ``base_s``, plus three horizons with tiered pending (so that
+        about half of the items wait in buckets and are promoted under the faults)."""
+        return base_s + 3 * (self.tier_after_s or 0)
 
 
 @dataclass
@@ -458,9 +467,10 @@ async def stop_task(task: asyncio.Task[Any]) -> None:
 async def plain_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     name = "stress:plain"
     client = Redis.from_url(ctx.proxy.url)
-    q: DelayedQueue[int] = DelayedQueue(client, name, call_timeout_s=CALL_TIMEOUT_S, safety_poll_s=1.0)
+    q: DelayedQueue[int] = DelayedQueue(client, name, call_timeout_s=CALL_TIMEOUT_S, safety_poll_s=1.0,
+                                        tier_after_s=ctx.tier_after_s)
     k, admin = q.keys, ctx.admin
-    offers = Offers(random.Random(ctx.seed * 1000 + 1), 1.0)
+    offers = Offers(random.Random(ctx.seed * 1000 + 1), ctx.max_delay(1.0))
     pf = PhaseFaults()
     local: Counter[int] = Counter()  # delivered in this process
     children: list[Child] = []
@@ -537,8 +547,8 @@ async def plain_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
         if not wanted <= set(delivered()):
             return False
         left = await retrying(lambda: asyncio.gather(admin.llen(k.destination), admin.zcard(k.timeout_set),
-                                                     admin.hlen(k.handoff)), "drain check")
-        return not any(left)
+                                                     admin.hlen(k.handoff), admin.get(k.tier_count)), "drain check")
+        return not any(int(n or 0) for n in left)
 
     # Items a killed child left in the hand-off come back when its lease ends (20 s).
     drain_started = loop.time()
@@ -700,9 +710,9 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
     name = "stress:reliable"
     client = Redis.from_url(ctx.proxy.url)
     q: DelayedQueue[int] = DelayedQueue(client, name, max_deliveries=MAX_DELIVERIES, safety_poll_s=1.0,
-                                        call_timeout_s=CALL_TIMEOUT_S)
+                                        call_timeout_s=CALL_TIMEOUT_S, tier_after_s=ctx.tier_after_s)
     k, admin = q.keys, ctx.admin
-    offers = Offers(random.Random(ctx.seed * 1000 + 2), 2.0)
+    offers = Offers(random.Random(ctx.seed * 1000 + 2), ctx.max_delay(2.0))
     pf = PhaseFaults()
     local: list[Delivery] = []
     local_calls: list[Call] = []
@@ -786,8 +796,8 @@ async def reliable_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
         poison = sum(1 for i in wanted if i % POISON_EVERY == 0)
         counts = await retrying(lambda: asyncio.gather(
             admin.llen(k.dead_letter), admin.llen(k.destination), admin.zcard(k.timeout_set),
-            admin.zcard(k.in_flight)), "drain check")
-        return counts[0] >= poison and not any(counts[1:])
+            admin.zcard(k.in_flight), admin.get(k.tier_count)), "drain check")
+        return counts[0] >= poison and not any(int(n or 0) for n in counts[1:])
 
     drain_started = loop.time()
     drained_ok = await wait_until(drained, 60)
@@ -939,7 +949,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with ThrowawayServer(kind, options) as server, FaultProxy(server.port) as proxy:
         admin = Redis.from_url(server.url, socket_timeout=30, socket_connect_timeout=5)
         ctx = Ctx(server, proxy, admin, random.Random(args.seed), args.seed,
-                  Path(args.trace) if args.trace else None)
+                  Path(args.trace) if args.trace else None, args.tier_after_s)
         print(f"stress test on {kind.name} {server_version(kind.binary)}, {args.minutes:g} min, seed {args.seed}; "
               f"clients through a fault proxy, call_timeout_s={CALL_TIMEOUT_S}, stalls {STALL_S[0]}-{STALL_S[1]} s")
         try:
@@ -953,6 +963,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await admin.aclose()
     failures = failed_checks(plain, reliable)
     return {"server": f"{kind.name} {server_version(kind.binary)}", "seed": args.seed, "minutes": args.minutes,
+            "tier_after_s": args.tier_after_s,
             "plain": plain, "reliable": reliable, "library_log": dict(lib_log.most_common()),
             "children_log": dict(child_log.most_common(30)),
             "failed": failures, "ok": not failures, "elapsed_s": round(time.monotonic() - started, 1)}
@@ -963,6 +974,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kind", default=None, help="server kind (default: the first found)")
+    parser.add_argument("--tier-after-s", type=float, default=None,
+                        help="queues with tiered pending of this horizon (s); the delays grow by 3x it")
     parser.add_argument("--trace", default=None,
                         help="write every delivery, receive call and fault of the reliable phase to this file (JSON)")
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "aiodelayq-stress.json"),
