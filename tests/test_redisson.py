@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from aiodelayq import DelayedQueue
 from tests import redisson_scripts as rs
 from tests.conftest import ServerInfo
 from tests.helpers import server_ms, server_past, until
@@ -271,6 +272,34 @@ async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, 
     assert first_taken_at_ms >= offered_at_ms + 1500 - 1
     assert await client.zcard(q.keys.timeout_set) == 0
     assert await client.llen(q.keys.delay_list) == 0  # Java's list entries went with them
+
+
+@pytest.mark.java
+async def test_each_shard_of_a_sharded_queue_is_a_redisson_queue_both_ways(
+        java: JavaRedisson, client: Redis, drop_keys: Any, qname: str) -> None:
+    # Shard i is the ordinary queue {name:i}: Java's RDelayedQueue of that name delivers what the
+    # sharded queue offered to it, and the sharded queue's consumers take what Java offered to any shard.
+    [options, *_] = python_kinds(java)
+    q: DelayedQueue[str] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str", **options)
+    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    items = [f"py-{i}" for i in range(30)]
+    await q.offer_many([(item, 0.3) for item in items])  # unkeyed: 10 to each shard, in rotation
+    java_got: list[str] = []
+    for keys in q.shard_keys:
+        java_got += [item for item, _ in await jcall(java, "drain", name=keys.destination, count=10,
+                                                     timeout_ms=10_000)]
+        await jcall(java, "destroy", name=keys.destination)
+    assert sorted(java_got) == sorted(items)
+    java_items = {keys.destination: [f"java-{s}-{j}" for j in range(10)] for s, keys in enumerate(q.shard_keys)}
+    for name, batch in java_items.items():
+        await jcall(java, "offer", name=name, items=batch, delay_ms=300)
+        await jcall(java, "destroy", name=name)  # only the sharded queue's transfers move them
+    taken: list[str] = []
+    async with q:
+        while len(taken) < 30:
+            taken.extend(await asyncio.wait_for(q.take_many(30), 10))
+        assert await q.poll(0.2) is None
+    assert sorted(taken) == sorted(item for batch in java_items.values() for item in batch)
 
 
 @pytest.mark.java
