@@ -211,7 +211,8 @@ class ReliableConsumer(Generic[T]):
             if exc.maybe_applied:
                 self._spawn(self._release_call(call_id))
             raise
-        now_ms, head, dead, hold, expired = int(reply[0]), reply[1], int(reply[2]), int(reply[3]), int(reply[4])
+        now_ms, head, dead, hold = int(reply[0]), reply[1], int(reply[2]), int(reply[3])
+        expired, malformed = int(reply[4]), int(reply[5])
         if expired:
             self._events.dead_lettered(expired, "expired")
             log.debug("aiodelayq: %d message(s) of %r expired before delivery; moved to dead-letter list %r",
@@ -221,10 +222,16 @@ class ReliableConsumer(Generic[T]):
             self._events.dead_lettered(dead, "max_deliveries")
             log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
                       dead, k.destination, self._max_deliveries, k.dead_letter)
+        if malformed:
+            self._events.dead_lettered(malformed, "malformed")
+            log.warning("aiodelayq: moved %d in-flight entries of %r that are not messages to dead-letter list %r",
+                        malformed, k.destination, k.dead_letter)
         recheck_s = self._recheck_s
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
+        if dead or expired or malformed:
+            wait_s = 0.0  # they took the call's room: more may be ready now
         messages: list[Message[T]] = []
-        elements = reply[5:]
+        elements = reply[6:]
         deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
         for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
             payload, headers, expires_at_ms = stored, None, None

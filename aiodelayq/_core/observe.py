@@ -66,9 +66,9 @@ class MetricsSink(Protocol):
 
     def dead_lettered(self, queue: str, n: int, reason: str) -> None:
         """``n`` entries were written to the dead-letter list for ``reason``: ``malformed`` (a pending
-        element that is not a valid element, found by a transfer), ``max_deliveries`` (a message out
-        of deliveries, at a receive or at a nack of its last delivery; a receive also counts
-        in-flight garbage here), ``nacked`` (``nack(dead_letter=True)``), ``undecodable`` (a
+        element that is not a valid element, found by a transfer, or an in-flight entry that is not
+        a message, found by a receive), ``max_deliveries`` (a message out of deliveries, at a receive
+        or at a nack of its last delivery), ``nacked`` (``nack(dead_letter=True)``), ``undecodable`` (a
         payload the codec cannot decode) or ``expired`` (an item past its expiry when due for a
         delivery)."""
 

@@ -7,11 +7,13 @@
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index)
 -- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
---           dead-lettered count (past max deliveries, or malformed), hold, expired count,
+--           dead-lettered count (past max deliveries), hold, expired count, malformed count,
 --           messages...}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
 --           ms until the rate limit lets one more message out. expired: items whose envelope's
 --           expiry had passed when they were due for a delivery, moved to the dead-letter list
---           (reason expired) instead. The first delivery of an occurrence of a recurring item
+--           (reason expired) instead. malformed: in-flight entries that are not message elements
+--           (someone else's garbage), moved there as they were. Each of the three counts takes its
+--           share of ARGV[1]: a call that returns no message but counts some has more to do. The first delivery of an occurrence of a recurring item
 --           schedules its next occurrence (lib/recur.lua).
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
@@ -20,7 +22,7 @@
 -- (those still in flight as that delivery), without popping or counting anything.
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local out, dead, hold, lapsed = {}, 0, 0, 0
+local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
 local first = first_run(KEYS[4], ARGV[4])
 if first then
   out = received(KEYS[2], redis.call('hget', KEYS[5], ARGV[4]))
@@ -36,7 +38,7 @@ else
     if not valid then
       -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
       redis.call('rpush', KEYS[3], dead_entry(DEAD_MALFORMED, 0, now, e))
-      dead = dead + 1
+      garbage = garbage + 1
     elseif max > 0 and count >= max then
       redis.call('rpush', KEYS[3], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
@@ -56,7 +58,7 @@ else
     end
     redis.call('zrem', KEYS[2], e)
   end
-  local want = limit - #out - dead - lapsed
+  local want = limit - #out - dead - lapsed - garbage
   if want > 0 then
     local fresh = redis.call('lpop', KEYS[1], want)
     if fresh then
@@ -89,6 +91,6 @@ else
   end
 end
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
-local result = {now, head[2] or false, dead, hold, lapsed}
+local result = {now, head[2] or false, dead, hold, lapsed, garbage}
 for _, m in ipairs(out) do result[#result + 1] = m end
 return result
