@@ -71,9 +71,10 @@ def lint(session: nox.Session) -> None:
     _lint(session)
 
 
-# The quick command's selection: every test but the slow ones (scale, long fault runs) and the
-# topologies (clusters, sentinels, failovers), plus the Java Redisson interop and a Cluster smoke test.
-QUICK_SELECTION = ("-m", "(not slow and not topology) or smoke")
+# The quick command's selection: every test but the slow ones (scale, long fault runs), the ones that
+# wait seconds on purpose (timeouts, leases, promotions) and the topologies (clusters, sentinels,
+# failovers), plus the Java Redisson interop and a Cluster smoke test.
+QUICK_SELECTION = ("-m", "(not slow and not topology and not waits) or smoke")
 # What the other server kinds and Pythons run: also without the Java interop (one JVM per module and
 # build), the smoke test (the first kind ran both) and the tests marked once (a browser, Prometheus,
 # argument parsing: neither the server nor the Python version changes what they check).

@@ -339,6 +339,7 @@ async def test_a_list_of_queues_shows_those_only(client: Redis, make_queue: Any,
     assert empty.counts["pending"] == "0"
 
 
+@pytest.mark.waits
 async def test_redis_not_answering_is_a_503_page(served: Any) -> None:
     with free_socket() as closed:
         port = closed.getsockname()[1]

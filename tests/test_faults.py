@@ -423,6 +423,7 @@ async def test_every_queue_call_succeeds_on_a_connection_the_server_closed_while
     assert await setup.size() == 0  # the last call, clear(), ran
 
 
+@pytest.mark.waits
 async def test_consumers_of_an_open_queue_reconnect_quietly_after_idle_closes(
         own_server: Any, make_client: Any, make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
     server = own_server(timeout="1")
@@ -462,6 +463,7 @@ async def test_consumers_of_an_open_queue_reconnect_quietly_after_idle_closes(
     assert await producer.counts() == QueueCounts(0, 0, 0, 0, None)
 
 
+@pytest.mark.waits
 async def test_metrics_and_the_cli_watch_read_through_idle_closes(own_server: Any, make_client: Any,
                                                                   make_queue: Any) -> None:
     from prometheus_client import CollectorRegistry

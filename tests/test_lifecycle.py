@@ -197,6 +197,7 @@ async def test_open_racing_the_last_close_shares_one_runtime(client: Redis, make
         assert runtime_for(client) is None
 
 
+@pytest.mark.waits
 async def test_open_fails_clearly_when_redis_is_unreachable() -> None:
     import socket
 

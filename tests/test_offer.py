@@ -528,6 +528,7 @@ async def test_an_offer_under_maxmemory_fails_clearly_and_writes_nothing(own_ser
         await client.config_set("maxmemory", "0")
 
 
+@pytest.mark.waits
 async def test_an_offer_during_a_stall_fails_within_its_bound(debug_server: ThrowawayServer, make_client: Any,
                                                              make_queue: Any) -> None:
     client = make_client(debug_server)  # socket_timeout=None: redis-py alone would wait forever

@@ -475,6 +475,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.waits
 async def test_a_killed_holder_s_lease_ends_and_the_message_comes_back(redis_server: Any, make_queue: Any,
                                                                        qname: str, spawn_consumer: Any) -> None:
     q = make_queue(codec="json")

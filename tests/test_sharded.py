@@ -469,6 +469,7 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
     assert all(isinstance(result, (int, ShardCountError)) for result in results)
 
 
+@pytest.mark.waits
 async def test_tiered_pending_works_per_shard(sharded: Queues) -> None:
     # Each shard tiers its own far items (its buckets in its own slot); the whole-queue calls and
     # the consumers see them, each delivered once.

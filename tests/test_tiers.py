@@ -98,6 +98,7 @@ async def test_far_items_wait_in_buckets_and_come_out_on_time_in_due_order(clien
     assert not await client.exists(q.keys.tier_index, q.keys.tier_count)
 
 
+@pytest.mark.waits
 async def test_due_order_holds_across_the_horizon_boundary(client: Redis, make_tiered: Any) -> None:
     # Tiered items and, due between them, items that go straight to the zset (from an object
     # without the option, and from the tiering one: due within its horizon); one consumer.
@@ -117,6 +118,7 @@ async def test_due_order_holds_across_the_horizon_boundary(client: Redis, make_t
     assert all(at >= due for (_, at), (due, _) in zip(got, dues, strict=True))
 
 
+@pytest.mark.waits
 async def test_a_queue_object_without_the_option_promotes_and_delivers_them(client: Redis, make_tiered: Any) -> None:
     producer = make_tiered(codec="str")
     dues = await producer.offer_many([(f"x{i}", 2.5 + 0.1 * i) for i in range(10)])
@@ -204,6 +206,7 @@ async def test_tier_after_s_needs_fast_elements(make_queue: Any, options: dict[s
         make_queue(tier_after_s=60, **options)
 
 
+@pytest.mark.waits
 async def test_a_bucket_larger_than_one_promotion_call_is_promoted_across_calls(client: Redis,
                                                                                 make_tiered: Any) -> None:
     # transfer_batch bounds the entries one transfer promotes: 1,000 entries of one bucket take ten.
@@ -221,6 +224,7 @@ async def test_a_bucket_larger_than_one_promotion_call_is_promoted_across_calls(
     assert await q.size() == 0
 
 
+@pytest.mark.waits
 async def test_a_huge_single_second_bucket_is_delivered_exactly_once(client: Redis, make_tiered: Any) -> None:
     q = make_tiered(codec="str")
     await make_tiered(f"{q.name}:warm").offer("warm", 0)  # the client's clock estimate: one issue time for all
@@ -413,6 +417,7 @@ async def test_a_resent_tiering_offer_writes_nothing_twice(client: Redis, make_t
     assert await q.size() == 3
 
 
+@pytest.mark.waits
 async def test_a_paused_queue_keeps_tiered_items_until_resumed(client: Redis, make_tiered: Any) -> None:
     q = make_tiered(codec="str")
     async with q:
@@ -426,6 +431,7 @@ async def test_a_paused_queue_keeps_tiered_items_until_resumed(client: Redis, ma
         assert await server_ms(client) >= due
 
 
+@pytest.mark.waits
 async def test_killed_connections_and_a_stall_lose_no_tiered_item_and_deliver_none_early(
         own_server: Any, make_client: Any, make_tiered: Any) -> None:
     # Promotions and transfers whose replies are cut off (every connection killed, over and over),
