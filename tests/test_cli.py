@@ -440,6 +440,25 @@ async def test_ls_finds_queues_by_their_keys(client: Redis, make_queue: Any, cli
     assert "STOPPED EARLY: more than --limit 2 queues" in shown.out
 
 
+async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop_keys: Any, cli: Cli,
+                                                              qname: str) -> None:
+    # The shard count recorded under the name: ls lists the queue once (its shards' keys found by
+    # SCAN), and stats, peek and cancel cover every shard.
+    q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str")
+    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    await q.offer_many([(f"v{i}", 600) for i in range(6)])
+    await q.offer("keyed", 600, key="k1")
+    listed, stats, peek = await asyncio.gather(cli("ls", "--match", f"{qname}*", "--json"),
+                                               cli("stats", q.name, "--json"), cli("peek", q.name, "--json"))
+    assert [entry["name"] for entry in json.loads(listed.out)["queues"]] == [q.name]
+    (entry,) = json.loads(stats.out)["queues"]
+    assert entry["pending"] == 7
+    assert len(json.loads(peek.out)["items"]) == 7
+    cancelled = await cli("cancel", q.name, "k1")
+    assert cancelled.code == 0, cancelled.err
+    assert await q.size() == 6
+
+
 @pytest.mark.parametrize(("key", "name"), [
     ("redisson_delay_queue_timeout:{orders}", "orders"),
     ("redisson_delay_queue_timeout:{a}b", "{a}b"),

@@ -185,6 +185,22 @@ async def test_the_index_lists_a_queue_and_its_counts(client: Redis, make_queue:
     assert '{"bad":0}' in page.text
 
 
+async def test_a_sharded_queue_is_one_row_and_one_page_over_all_its_shards(client: Redis, drop_keys: Any,
+                                                                             qname: str, served: Any) -> None:
+    q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3)
+    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    await q.offer_many([(i, 7 * 60) for i in range(6)] + [(i, 50 * 60) for i in range(3)])  # 3 to each shard
+    base = await served(Dashboard(client))
+    async with httpx.AsyncClient(timeout=10) as http:
+        index = await get_page(http, base)
+        page = await get_page(http, queue_url(base, q.name))
+    assert index.rows[q.name]["pending"] == "9"
+    assert not [name for name in index.rows if name.startswith(f"{q.name}:")]  # the shards are not queues of their own
+    assert page.counts["pending"] == "9"
+    assert page.charts["hour"][1] == 6  # due in 7 min: (5, 10], on every shard
+    assert page.charts["hour"][9] == 3  # due in 50 min: (45, 50]
+
+
 async def test_a_post_needs_the_csrf_token_and_a_same_site_origin(client: Redis, make_queue: Any,
                                                                    served: Any) -> None:
     q: DelayedQueue[Any] = make_queue()

@@ -29,12 +29,11 @@ from .._producing.pending import QueueCounts
 from .._queue import DelayedQueue
 from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent
-from .._wire.key_names import QueueKeys, prefix_name
+from .._wire.key_names import QueueKeys, prefix_name, shard_name_parts
 
 __all__ = ["COUNT_CONCURRENCY", "QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target",
-           "connect", "format_duration",
-           "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists", "queue_name_of", "redact",
-           "scan_queues", "server_now_ms", "with_queue"]
+           "connect", "format_duration", "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists",
+           "queue_name_of", "recorded_shards", "redact", "scan_queues", "server_now_ms", "with_queue"]
 
 # The keys whose names reveal a queue: its pending zset, its tier index (all its pending items may be
 # tiered), and the two lists a queue can keep when nothing is pending (dead letters, in-flight
@@ -256,12 +255,29 @@ async def _sentinel_client(target: Target) -> AsyncIterator[Redis]:
 @contextlib.asynccontextmanager
 async def with_queue(client: AnyRedis, name: str, codec: str = "bytes") -> AsyncIterator[DelayedQueue[Any]]:
     """A queue object on ``client``, never opened (no subscription, no scheduler: the CLI only reads
-    and writes), closed on exit. ``codec`` only matters where items are decoded or encoded."""
-    queue: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec)
+    and writes), closed on exit; a sharded queue's with the shard count recorded under its name
+    (:func:`recorded_shards`), so every command covers all its shards. ``codec`` only matters where
+    items are decoded or encoded."""
+    shards = await recorded_shards(client, name)
+    queue: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec, shards=shards)
     try:
         yield queue
     finally:
         await queue.aclose()
+
+
+async def recorded_shards(client: AnyRedis, name: str) -> int:
+    """The shard count recorded under the queue name ``name`` (one ``HGET`` of its controls hash): 1
+    for an ordinary queue's name, a name with a ``{`` (never sharded) or a count that is not a number."""
+    if "{" in name:
+        return 1
+    controls = QueueKeys.for_name(name).controls
+    raw = await call_idempotent(client, "HGET", controls, "shards", what=f"the shard count of {name!r}",
+                                timeout_s=SOCKET_TIMEOUT_S, route=controls)
+    try:
+        return max(1, int(raw)) if raw is not None else 1
+    except ValueError:
+        return 1
 
 
 async def server_now_ms(client: AnyRedis, route: str | None = None) -> int:
@@ -336,6 +352,11 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
     found when there are more). Read-only; each call costs the server about as much as 1,000 keys."""
     found: set[str] = set()
     nodes: Sequence[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
+
+    def wanted(name: str) -> bool:  # the name, or the sharded queue it may be a shard of, matches
+        parts = shard_name_parts(name)
+        return fnmatch.fnmatchcase(name, match) or (parts is not None and fnmatch.fnmatchcase(parts[0], match))
+
     for prefix in QUEUE_KEY_PREFIXES:
         for node in nodes:
             cursor, calls = 0, 0
@@ -344,18 +365,34 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
                 calls += 1
                 for raw in keys:
                     name = _name_from_raw(raw, prefix)
-                    if name is not None and fnmatch.fnmatchcase(name, match):
+                    if name is not None and wanted(name):
                         found.add(name)
-                        if len(found) > limit:  # one more than asked: there is more to list, say so
-                            return ScanResult(sorted(found)[:limit], False, f"more than --limit {limit} queues")
+                        if len(found) > limit:  # one more than asked: there may be more to list
+                            found = await _whole_queues(client, found, match)
+                            if len(found) > limit:
+                                return ScanResult(sorted(found)[:limit], False, f"more than --limit {limit} queues")
                 if cursor == 0:
                     break
                 if calls >= max_calls:
                     where = "" if node is None else f" on {node.name}"
-                    return ScanResult(sorted(found), False,
+                    return ScanResult(sorted(await _whole_queues(client, found, match)), False,
                                       f"stopped after {max_calls} SCAN calls over {prefix}:*{where} (a large "
                                       f"keyspace); raise --max-scan-calls to look further")
-    return ScanResult(sorted(found), True, None)
+    return ScanResult(sorted(await _whole_queues(client, found, match)), True, None)
+
+
+async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> set[str]:
+    """``names`` with the shards of each sharded queue replaced by the queue's name (a shard index
+    below a count over 1 recorded under that name, :func:`recorded_shards`: one ``HGET`` per name),
+    then those matching ``match``."""
+    bases = sorted({parts[0] for name in names if (parts := shard_name_parts(name)) is not None})
+    counts = dict(zip(bases, await asyncio.gather(*(recorded_shards(client, base) for base in bases)), strict=True))
+    whole = set()
+    for name in names:
+        parts = shard_name_parts(name)
+        sharded = parts is not None and counts[parts[0]] > 1 and parts[1] < counts[parts[0]]
+        whole.add(parts[0] if sharded and parts is not None else name)
+    return {name for name in whole if fnmatch.fnmatchcase(name, match)}
 
 
 async def _scan_page(client: AnyRedis, node: Any, cursor: int, pattern: str) -> tuple[int, list[Any]]:

@@ -50,13 +50,13 @@ from ._pages import (
     Row,
     as_text,
     count_queues,
-    due_histogram,
     find_queues,
     format_rate,
     format_utc,
     is_empty,
     make_chart,
     preview,
+    queue_histogram,
     relative,
 )
 
@@ -242,7 +242,7 @@ class Dashboard:
         name = params.get("name", "")
         if not name:
             raise BadRequest("which queue? The page is queue?name=NAME")
-        keys = self._known(name)
+        self._known(name)
         refresh = _refresh(params)
         peek = _int_param(params, "peek", DEFAULT_PEEK)
         dead = _int_param(params, "dead", DEFAULT_DEAD)
@@ -252,7 +252,8 @@ class Dashboard:
         async with with_queue(self._client, name) as queue:
             # Every read is awaited to its end, whatever fails: none outlives the page (or the queue).
             results = await asyncio.gather(
-                queue.counts(), due_histogram(self._client, keys), queue.peek(peek), queue.dead_letters(dead),
+                queue.counts(), queue_histogram(self._client, queue.shard_keys), queue.peek(peek),
+                queue.dead_letters(dead),
                 queue.get(key) if key else _none(), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:

@@ -19,7 +19,7 @@ from ..cli._ops import COUNT_CONCURRENCY, format_duration, scan_queues, server_n
 from ..exceptions import BackendError
 
 __all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
-           "format_utc", "make_chart", "preview"]
+           "format_utc", "make_chart", "preview", "queue_histogram"]
 
 
 # Bounds of one listing of the queues by SCAN: the CLI's `ls` defaults.
@@ -159,6 +159,17 @@ async def due_histogram(client: AnyRedis, keys: QueueKeys) -> DueHistogram:
     elif tiered:
         replies[37] += int(tiered)
     return DueHistogram(now, replies[0], replies[1:13], replies[13:37], replies[37])
+
+
+async def queue_histogram(client: AnyRedis, shard_keys: Sequence[QueueKeys]) -> DueHistogram:
+    """The :func:`due_histogram` of a queue's keys, or of a sharded queue's shards at once, summed
+    step by step (each shard counted against its own node's clock; ``now_ms`` is the first's)."""
+    parts = await asyncio.gather(*(due_histogram(client, keys) for keys in shard_keys))
+    if len(parts) == 1:
+        return parts[0]
+    hour = [sum(step) for step in zip(*(p.hour for p in parts), strict=True)]
+    day = [sum(step) for step in zip(*(p.day for p in parts), strict=True)]
+    return DueHistogram(parts[0].now_ms, sum(p.overdue for p in parts), hour, day, sum(p.later for p in parts))
 
 
 @dataclass(frozen=True)
