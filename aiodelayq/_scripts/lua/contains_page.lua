@@ -12,13 +12,7 @@ local function look(v)
   found = match(v) ~= nil
   return found
 end
-local score, member
-if string.sub(ARGV[1], 1, 1) == TIER_CURSOR then
-  score, member = tier_page(KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), look)
-else
-  score, member = walk_page(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), look)
-  if not score and redis.call('zcard', KEYS[2]) > 0 then score, member = TIER_CURSOR, '' end
-end
+local score, member = pending_page(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), look, look)
 if found then return {1} end
 if score then return {0, score, member} end
 return {0}

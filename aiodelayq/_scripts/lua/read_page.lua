@@ -11,12 +11,6 @@ local function read(v)
   local payload = parse(v)
   if payload then out[#out + 1] = payload end
 end
-local score, member
-if string.sub(ARGV[1], 1, 1) == TIER_CURSOR then
-  score, member = tier_page(KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), read)
-else
-  score, member = walk_page(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), read)
-  if not score and redis.call('zcard', KEYS[2]) > 0 then score, member = TIER_CURSOR, '' end
-end
+local score, member = pending_page(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), read, read)
 if score then out[1], out[2] = score, member end
 return out

@@ -31,23 +31,17 @@ for i = 7, #ARGV do payloads[#payloads + 1] = ARGV[i] end
 local match = matcher(payloads)
 local first_only = ARGV[5] == '1'
 local hits, listed, tiered = {}, {}, {}
-local score, member
-if string.sub(ARGV[2], 1, 1) == TIER_CURSOR then
-  score, member = tier_page(KEYS[5], ARGV[2], ARGV[3], tonumber(ARGV[4]), function(v, _, key, e)
-    if match(v) == nil then return false end
-    tiered[#tiered + 1] = {key, e}
-    return first_only
-  end)
-else
-  score, member = walk_page(KEYS[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), function(v)
-    local payload, fast = match(v)
-    if payload == nil then return false end
-    hits[#hits + 1] = v
-    if not fast then listed[#listed + 1] = v end
-    return first_only
-  end)
-  if not score and redis.call('zcard', KEYS[5]) > 0 then score, member = TIER_CURSOR, '' end
-end
+local score, member = pending_page(KEYS[1], KEYS[5], ARGV[2], ARGV[3], tonumber(ARGV[4]), function(v)
+  local payload, fast = match(v)
+  if payload == nil then return false end
+  hits[#hits + 1] = v
+  if not fast then listed[#listed + 1] = v end
+  return first_only
+end, function(v, _, key, e)
+  if match(v) == nil then return false end
+  tiered[#tiered + 1] = {key, e}
+  return first_only
+end)
 for _, v in ipairs(hits) do redis.call('zrem', KEYS[1], v) end
 for _, v in ipairs(listed) do redis.call('lrem', KEYS[2], 1, v) end
 if #tiered > 0 then

@@ -1,4 +1,4 @@
--- defines: TIER_CURSOR tier_page tier_resume
+-- defines: TIER_CURSOR tier_page tier_resume pending_page
 -- The tier's part of a pending walk, after the zset's (lib/walk.lua): the buckets in index order
 -- (promotion time, then start), each from its head, in the order its entries were offered, read
 -- with LRANGE in batches sized as walk_page sizes its own. The cursor is TIER_CURSOR alone (the
@@ -57,4 +57,13 @@ local function tier_page(index, cursor, last, limit, fn)
     end
     rank, pos = rank + 1, 0
   end
+end
+-- One page of a pending walk: the zset's (walk_page, fn_zset(v) per element) until it ends, then the
+-- tier's (tier_page, fn_tier(v, due, key, entry) per entry); returns the cursor to go on from (score,
+-- member), or nil when the walk is over. The page that ends the zset's part ends there.
+local function pending_page(zset, index, score, member, limit, fn_zset, fn_tier)
+  if string.sub(score, 1, 1) == TIER_CURSOR then return tier_page(index, score, member, limit, fn_tier) end
+  local next_score, next_member = walk_page(zset, score, member, limit, fn_zset)
+  if not next_score and redis.call('zcard', index) > 0 then return TIER_CURSOR, '' end
+  return next_score, next_member
 end
