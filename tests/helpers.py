@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from aiodelayq import DelayedQueue
 
 if TYPE_CHECKING:
+    from aiodelayq.testing import ThrowawayCluster, ThrowawayServer
     from tests.faults import SubprocessConsumer
 
 
@@ -207,6 +208,35 @@ class FailoverLoad:
                 self.deliveries.append((loop.time(), m.value))
                 with contextlib.suppress(Exception):  # an ack lost in the failover: redelivered later
                     await m.ack()
+
+    async def kill_unreplicated_primary(self, cl: ThrowawayCluster, primary: ThrowawayServer, *, warm: int,
+                                        label: str) -> str:
+        """The failover that would lose writes without ``WAIT``, under this (running) load: once
+        ``warm`` offers are confirmed, ``primary``'s replicas stop for 1.5 s and their links are cut
+        (asleep, they cannot come back), and the primary dies once it has taken writes after the
+        cut, so offers it took then never reach a replica. Returns once a replica took over, an
+        offer made after the kill was received and ``warm`` more were confirmed, with production
+        stopped (:meth:`finish`); returns the :meth:`report` line, headed ``label``."""
+        from aiodelayq.testing.topologies import _cmd, _info
+        from tests.faults import stall_server
+
+        loop = asyncio.get_running_loop()
+        await until(lambda: len(self.confirmed) >= warm, 20)  # the load runs (counted, not timed)
+        stalls = [stall_server(r.url, 1.5) for r in cl.replicas_of(primary)]
+        _cmd(primary.port, "CLIENT", "KILL", "TYPE", "replica")
+        cut_at = _info(primary.port, "replication")["master_repl_offset"]
+        await until(lambda: _info(primary.port, "replication")["master_repl_offset"] > cut_at, timeout_s=5)
+        first_new, killed_at = self.next_value, loop.time()
+        cl.kill(primary)
+        await asyncio.to_thread(cl.wait_ok, 30)
+        promoted_after_s = loop.time() - killed_at
+        await until(lambda: any(v >= first_new for v in self.received), 20)
+        after = len(self.confirmed)
+        await until(lambda: len(self.confirmed) >= after + warm, 20)  # some load after the failover too
+        stopped_at = await self.finish()
+        for stall in stalls:
+            stall.result(5)
+        return self.report(label, promoted_after_s, killed_at, stopped_at)
 
     async def finish(self, timeout_s: float = 20.0) -> float:
         """Stop producing, wait until every confirmed offer was received (or ``timeout_s``), stop

@@ -19,9 +19,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ThrowawayCluster
-from aiodelayq.testing.topologies import _cmd, _info
-from tests.faults import debug_args, stall_server
-from tests.helpers import FailoverLoad, migrate_under_load, until
+from aiodelayq.testing.topologies import _cmd
+from tests.faults import debug_args
+from tests.helpers import FailoverLoad, migrate_under_load
 from tests.redisson_scripts import OFFER_CURRENT
 
 pytestmark = pytest.mark.topology
@@ -206,28 +206,11 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     q: DelayedQueue[int] = DelayedQueue(rc, _name("failover"), min_replicas=1, replication_timeout_s=1.0,
                                         call_timeout_s=10.0)
     primary = cl.primary_of(q.keys.destination)
-    loop = asyncio.get_running_loop()
     async with q, FailoverLoad(q) as load:
-        await until(lambda: len(load.confirmed) >= 25, 20)  # the load runs (counted, not timed)
-        # The replicas stop for 1.5 s, their links to the primary are cut (asleep, they cannot come
-        # back), and the primary dies once it has taken writes after the cut: offers it took then
-        # never reach a replica. Without WAIT they would be confirmed and lost; with it they wait,
-        # fail with the primary, are resent and land on the new one.
-        stalls = [stall_server(r.url, 1.5) for r in cl.replicas_of(primary)]
-        _cmd(primary.port, "CLIENT", "KILL", "TYPE", "replica")
-        cut_at = _info(primary.port, "replication")["master_repl_offset"]
-        await until(lambda: _info(primary.port, "replication")["master_repl_offset"] > cut_at, timeout_s=5)
-        first_new, killed_at = load.next_value, loop.time()
-        cl.kill(primary)
-        await asyncio.to_thread(cl.wait_ok, 30)
-        promoted_after_s = loop.time() - killed_at
-        await until(lambda: any(v >= first_new for v in load.received), 20)
-        after = len(load.confirmed)
-        await until(lambda: len(load.confirmed) >= after + 25, 20)  # some load after the failover too
-        stopped_at = await load.finish()
-    for stall in stalls:
-        stall.result(5)
-    print("\n" + load.report("cluster", promoted_after_s, killed_at, stopped_at))
+        # Offers the dying primary took after its replicas were cut off never reach a replica.
+        # Without WAIT they would be confirmed and lost; with it they wait, fail with the primary,
+        # are resent and land on the new one.
+        print("\n" + await load.kill_unreplicated_primary(cl, primary, warm=25, label="cluster"))
     assert load.lost == [], f"{len(load.lost)} confirmed offers lost: {load.lost[:20]}"
     assert len(load.confirmed) >= 50
     assert cl.primary_of(q.keys.destination).port != primary.port

@@ -33,8 +33,8 @@ from aiodelayq import (
 )
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.testing import ThrowawayCluster, server_version
-from aiodelayq.testing.topologies import _cmd, _info
-from tests.faults import debug_args, stall_server
+from aiodelayq.testing.topologies import _cmd
+from tests.faults import debug_args
 from tests.helpers import FailoverLoad, migrate_under_load, until
 
 Make = Callable[..., DelayedQueue[Any]]
@@ -600,24 +600,8 @@ async def test_a_killed_primary_loses_no_confirmed_offer_and_no_reliable_message
     q: DelayedQueue[int] = DelayedQueue(rc, _name("failover"), shards=3, min_replicas=1, replication_timeout_s=1.0,
                                         call_timeout_s=10.0)
     primary = cl.primary_of(q.shard_keys[0].destination)
-    loop = asyncio.get_running_loop()
     async with q, FailoverLoad(q) as load:
-        await until(lambda: len(load.confirmed) >= 30, 20)  # the load runs (counted, not timed)
-        stalls = [stall_server(r.url, 1.5) for r in cl.replicas_of(primary)]
-        _cmd(primary.port, "CLIENT", "KILL", "TYPE", "replica")
-        cut_at = _info(primary.port, "replication")["master_repl_offset"]
-        await until(lambda: _info(primary.port, "replication")["master_repl_offset"] > cut_at, timeout_s=5)
-        first_new, killed_at = load.next_value, loop.time()
-        cl.kill(primary)
-        await asyncio.to_thread(cl.wait_ok, 30)
-        promoted_after_s = loop.time() - killed_at
-        await until(lambda: any(v >= first_new for v in load.received), 20)
-        after = len(load.confirmed)
-        await until(lambda: len(load.confirmed) >= after + 30, 20)  # some load after the failover too
-        stopped_at = await load.finish()
-    for stall in stalls:
-        stall.result(5)
-    print("\n" + load.report("sharded cluster", promoted_after_s, killed_at, stopped_at))
+        print("\n" + await load.kill_unreplicated_primary(cl, primary, warm=30, label="sharded cluster"))
     assert load.lost == [], f"{len(load.lost)} confirmed offers lost: {load.lost[:20]}"
     assert len(load.confirmed) >= 60
     assert cl.primary_of(q.shard_keys[0].destination).port != primary.port
