@@ -24,8 +24,9 @@ from .._redis.connections import AnyRedis
 from .._redis.eviction import SAFE_POLICIES
 from .._scripts import QueueScripts
 from .._wire.elements import classify_element, long_format
-from .._wire.key_names import QueueKeys
+from .._wire.key_names import QueueKeys, shard_names
 from ..exceptions import BackendError
+from ._ops import recorded_shards
 
 __all__ = ["MIN_VERSION", "Finding", "diagnose"]
 
@@ -63,7 +64,8 @@ class Finding:
 
 async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float = 60.0, max_skew_s: float = 1.0,
                    wire_format: str = "redisson", acl_user: str | None = None) -> list[Finding]:
-    """Every check, on every primary (server checks) and every queue of ``names``.
+    """Every check, on every primary (server checks) and every queue of ``names`` (each shard of a
+    sharded queue's name, by the count recorded under it).
 
     ``max_lag_s``: a queue whose due items wait longer fails. ``max_skew_s``: a clock further off
     warns. ``wire_format``: what the queue's producers write. ``acl_user``: whose ACL to check (the
@@ -79,7 +81,9 @@ async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float =
         findings += await _server_checks(where, call, max_skew_s)
     user = acl_user or await _whoami(servers[0][1])
     for name in names:
-        findings += await _queue_checks(client, name, user, max_lag_s=max_lag_s, wire_format=wire_format)
+        shards = await recorded_shards(client, name)
+        for queue_name in shard_names(name, shards) if shards > 1 else [name]:
+            findings += await _queue_checks(client, queue_name, user, max_lag_s=max_lag_s, wire_format=wire_format)
     return findings
 
 
