@@ -11,7 +11,7 @@ by the commands that run, so ``aiodelayq --help`` starts fast. Help pages are wr
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -153,11 +153,13 @@ def _target(redis_url: str, cluster: bool, sentinel: list[str] | None, service: 
     return Target(redis_url, cluster, nodes, service)
 
 
-async def _snapshot(client: AnyRedis, names: Sequence[str]) -> tuple[list[QueueRow], int]:
-    """Each queue's counts and the server time they are shown against."""
+async def _snapshot(client: AnyRedis, names: Sequence[str],
+                    shards: Mapping[str, int] | None = None) -> tuple[list[QueueRow], int]:
+    """Each queue's counts and the server time they are shown against (``shards``: as
+    :func:`~._ops.queue_counts` takes them)."""
     from ._ops import queue_counts, server_now_ms
 
-    rows = await queue_counts(client, names)
+    rows = await queue_counts(client, names, shards)
     return rows, await server_now_ms(client)
 
 
@@ -423,7 +425,7 @@ async def _ls(target: Target, match: str, limit: int, max_scan_calls: int, as_js
 
     async with connect(target) as client:
         found = await scan_queues(client, match, limit, max_scan_calls)
-        rows, now_ms = await _snapshot(client, found.names)
+        rows, now_ms = await _snapshot(client, found.names, found.shards)
     if as_json:
         print_json({"server_time_ms": now_ms, "match": match, "complete": found.complete, "note": found.note,
                     "queues": [counts_json(row, now_ms) for row in rows]})

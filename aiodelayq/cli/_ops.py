@@ -12,8 +12,8 @@ import json
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
@@ -130,11 +130,15 @@ class ScanResult:
         names: sorted queue names.
         complete: ``False`` when the scan stopped before the end of the keyspace.
         note: why it stopped early (``None`` when complete).
+        shards: the shard count of each sharded queue among ``names``, as recorded under its name
+            (the other names are ordinary queues': found by keys of their own, which a sharded
+            queue's name does not have).
     """
 
     names: list[str]
     complete: bool
     note: str | None
+    shards: dict[str, int] = field(default_factory=dict)
 
 
 @contextlib.asynccontextmanager
@@ -253,12 +257,14 @@ async def _sentinel_client(target: Target) -> AsyncIterator[Redis]:
 
 
 @contextlib.asynccontextmanager
-async def with_queue(client: AnyRedis, name: str, codec: str = "bytes") -> AsyncIterator[DelayedQueue[Any]]:
+async def with_queue(client: AnyRedis, name: str, codec: str = "bytes",
+                     shards: int | None = None) -> AsyncIterator[DelayedQueue[Any]]:
     """A queue object on ``client``, never opened (no subscription, no scheduler: the CLI only reads
-    and writes), closed on exit; a sharded queue's with the shard count recorded under its name
-    (:func:`recorded_shards`), so every command covers all its shards. ``codec`` only matters where
-    items are decoded or encoded."""
-    shards = await recorded_shards(client, name)
+    and writes), closed on exit; a sharded queue's with the shard count recorded under its name, so
+    every command covers all its shards (``shards``: that count when the caller knows it, else
+    :func:`recorded_shards` reads it). ``codec`` only matters where items are decoded or encoded."""
+    if shards is None:
+        shards = await recorded_shards(client, name)
     queue: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec, shards=shards)
     try:
         yield queue
@@ -306,12 +312,15 @@ def format_duration(ms: float | None) -> str:
     return f"{s_int // 86400} d {s_int % 86400 // 3600} h"
 
 
-async def queue_counts(client: AnyRedis, names: Iterable[str]) -> list[QueueRow]:
-    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order."""
+async def queue_counts(client: AnyRedis, names: Iterable[str],
+                       shards: Mapping[str, int] | None = None) -> list[QueueRow]:
+    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order.
+    ``shards``: the shard counts of the sharded ones (:attr:`ScanResult.shards`; a name it lacks is
+    an ordinary queue's), else each queue's is read first."""
     gate = asyncio.Semaphore(COUNT_CONCURRENCY)
 
     async def one(name: str) -> QueueRow:
-        async with gate, with_queue(client, name) as queue:
+        async with gate, with_queue(client, name, shards=None if shards is None else shards.get(name, 1)) as queue:
             return QueueRow(name, await queue.counts())
 
     return list(await asyncio.gather(*(one(name) for name in names)))
@@ -368,23 +377,27 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
                     if name is not None and wanted(name):
                         found.add(name)
                         if len(found) > limit:  # one more than asked: there may be more to list
-                            found = await _whole_queues(client, found, match)
+                            found, shards = await _whole_queues(client, found, match)
                             if len(found) > limit:
-                                return ScanResult(sorted(found)[:limit], False, f"more than --limit {limit} queues")
+                                names = sorted(found)[:limit]
+                                return ScanResult(names, False, f"more than --limit {limit} queues",
+                                                  {name: shards[name] for name in names if name in shards})
                 if cursor == 0:
                     break
                 if calls >= max_calls:
                     where = "" if node is None else f" on {node.name}"
-                    return ScanResult(sorted(await _whole_queues(client, found, match)), False,
+                    found, shards = await _whole_queues(client, found, match)
+                    return ScanResult(sorted(found), False,
                                       f"stopped after {max_calls} SCAN calls over {prefix}:*{where} (a large "
-                                      f"keyspace); raise --max-scan-calls to look further")
-    return ScanResult(sorted(await _whole_queues(client, found, match)), True, None)
+                                      f"keyspace); raise --max-scan-calls to look further", shards)
+    found, shards = await _whole_queues(client, found, match)
+    return ScanResult(sorted(found), True, None, shards)
 
 
-async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> set[str]:
+async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> tuple[set[str], dict[str, int]]:
     """``names`` with the shards of each sharded queue replaced by the queue's name (a shard index
     below a count over 1 recorded under that name, :func:`recorded_shards`: one ``HGET`` per name),
-    then those matching ``match``."""
+    then those matching ``match``; and the shard count of each sharded queue among them."""
     bases = sorted({parts[0] for name in names if (parts := shard_name_parts(name)) is not None})
     counts = dict(zip(bases, await asyncio.gather(*(recorded_shards(client, base) for base in bases)), strict=True))
     whole = set()
@@ -392,7 +405,8 @@ async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> set[st
         parts = shard_name_parts(name)
         sharded = parts is not None and counts[parts[0]] > 1 and parts[1] < counts[parts[0]]
         whole.add(parts[0] if sharded and parts is not None else name)
-    return {name for name in whole if fnmatch.fnmatchcase(name, match)}
+    matching = {name for name in whole if fnmatch.fnmatchcase(name, match)}
+    return matching, {name: counts[name] for name in matching if counts.get(name, 1) > 1}
 
 
 async def _scan_page(client: AnyRedis, node: Any, cursor: int, pattern: str) -> tuple[int, list[Any]]:

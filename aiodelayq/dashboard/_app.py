@@ -227,7 +227,7 @@ class Dashboard:
             listing = await find_queues(self._client)
         else:
             listing = QueueList(list(self._queues), None)
-        rows = await count_queues(self._client, listing.names)
+        rows = await count_queues(self._client, listing.names, listing.shards)
         now_ms = await self._server_ms(rows)
         return self._render(request, "index.html", rows=rows, note=listing.note, scanned=self._queues is None,
                             now_ms=now_ms, refresh=refresh, refresh_choices=REFRESH_CHOICES, here="")

@@ -5,7 +5,7 @@ against the server's ``TIME``), and the chart geometry and text formatting the t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -41,17 +41,20 @@ class QueueList:
     Attributes:
         names: queue names, in the order given or sorted when found by ``SCAN``.
         note: why the list may be incomplete (``None`` when it is complete).
+        shards: when found by ``SCAN``, the shard count of each sharded queue among ``names`` (the
+            others are ordinary queues'); ``None`` for names given: each count is read.
     """
 
     names: list[str]
     note: str | None
+    shards: dict[str, int] | None = None
 
 
 async def find_queues(client: AnyRedis) -> QueueList:
     """The queues of the server (on a Cluster, of every primary), found by ``SCAN`` as ``aiodelayq ls``
     finds them: at most :data:`SCAN_LIMIT` names and :data:`SCAN_MAX_CALLS` calls per key prefix."""
     found = await scan_queues(client, "*", SCAN_LIMIT, SCAN_MAX_CALLS)
-    return QueueList(found.names, found.note)
+    return QueueList(found.names, found.note, found.shards)
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,10 @@ class Row:
     error: str | None = None
 
 
-async def count_queues(client: AnyRedis, names: Sequence[str]) -> list[Row]:
-    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order. A
-    queue whose read fails has its error instead (a user whose ACL covers other queues only, say);
-    when every read fails, the first failure is raised.
+async def count_queues(client: AnyRedis, names: Sequence[str], shards: Mapping[str, int] | None = None) -> list[Row]:
+    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order
+    (``shards``: as :attr:`QueueList.shards`). A queue whose read fails has its error instead (a
+    user whose ACL covers other queues only, say); when every read fails, the first failure is raised.
 
     Raises:
         BackendError: every read failed (Redis down, or refusing them all).
@@ -74,7 +77,7 @@ async def count_queues(client: AnyRedis, names: Sequence[str]) -> list[Row]:
     gate = asyncio.Semaphore(COUNT_CONCURRENCY)
 
     async def one(name: str) -> Row:
-        async with gate, with_queue(client, name) as queue:
+        async with gate, with_queue(client, name, shards=None if shards is None else shards.get(name, 1)) as queue:
             return Row(name, await queue.counts())
 
     results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
