@@ -122,7 +122,4 @@ class ShardedLifecycle:
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
-        results = await asyncio.gather(*(life.aclose() for life in self._lives), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        await on_every(self._lives, Lifecycle.aclose)

@@ -10,12 +10,12 @@ failure is raised once every shard's call has ended).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from .._core.observe import Events
+from .._core.tasks import gather_all
 from .._options import QueueOptions
 from .._producing.keyed import check_key
 from .._producing.producer import Producer
@@ -80,12 +80,9 @@ class ShardedProducer:
                                                         None if entries is None else [entries[i] for i in indexes],
                                                         issued)
 
-        results = await asyncio.gather(*(send(shard, indexes) for shard, indexes in parts.items()),
-                                       return_exceptions=True)
+        results = await gather_all(send(shard, indexes) for shard, indexes in parts.items())
         dues: list[int] = [0] * len(fragments)
         for indexes, result in zip(parts.values(), results, strict=True):
-            if isinstance(result, BaseException):
-                raise result
             for index, due in zip(indexes, result, strict=True):
                 dues[index] = due
         return dues
