@@ -169,3 +169,16 @@ class ShardCountError(ConfigurationError):
         super().__init__(message)
         self.recorded = recorded
         self.wanted = wanted
+
+    @classmethod
+    def refusing(cls, subject: str, *, recorded: int, wanted: int) -> ShardCountError:
+        """The error of ``subject`` (the queue, or the call refused) for a queue object made with
+        ``shards=wanted`` on a name whose recorded count is ``recorded``."""
+        if recorded == 1:
+            message = (f"{subject} holds an ordinary (unsharded) queue: shards={wanted} refused (a queue's shard "
+                       "count is fixed for its life: drain it and delete its keys first, or use another name)")
+        else:
+            message = (f"{subject}: the queue has {recorded} shards (recorded under its name); this queue object "
+                       f"has shards={wanted}: make it with shards={recorded} (a queue's shard count is fixed for "
+                       "its life)")
+        return cls(message, recorded=recorded, wanted=wanted)

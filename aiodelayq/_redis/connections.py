@@ -134,10 +134,7 @@ def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
 def _sharded_name(what: str, text: str) -> ShardCountError:
     """The refusal of an ordinary queue's OFFER or TRANSFER on a name that records a shard count."""
     count = text.split()[1]
-    recorded = int(count) if count.isdigit() else 0
-    return ShardCountError(f"{what}: the queue has {recorded} shards (recorded in its controls hash); this queue "
-                           f"object has shards=1: make it with shards={recorded} (a queue's shard count is fixed "
-                           "for its life)", recorded=recorded, wanted=1)
+    return ShardCountError.refusing(what, recorded=int(count) if count.isdigit() else 0, wanted=1)
 
 
 def channel_denied(what: str, channels: Sequence[str], text: str) -> AccessDeniedError:

@@ -72,15 +72,8 @@ class ShardCount:
             raise self._error(recorded)
 
     def _error(self, recorded: int) -> ShardCountError:
-        name, wanted = self._scripts.keys.destination, self.shards
-        if recorded == 1:
-            message = (f"queue {name!r} holds an ordinary (unsharded) queue: shards={wanted} refused (a queue's shard "
-                       "count is fixed for its life: drain it and delete its keys first, or use another name)")
-        else:
-            message = (f"queue {name!r} has {recorded} shards (recorded in {self._scripts.keys.controls!r}); this "
-                       f"queue object has shards={wanted}: make it with shards={recorded} (a queue's shard count "
-                       "is fixed for its life)")
-        return ShardCountError(message, recorded=recorded, wanted=wanted)
+        return ShardCountError.refusing(f"queue {self._scripts.keys.destination!r}", recorded=recorded,
+                                        wanted=self.shards)
 
 
 def _count(raw: object) -> int:
