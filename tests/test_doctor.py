@@ -36,7 +36,8 @@ async def test_a_plain_server_warns_of_no_persistence_and_no_replica(own_server:
     found = _by_check(await diagnose(client, ["orders"]))
     assert {c: f.status for c, f in found.items()} == {
         "server": "ok", "eviction": "ok", "persistence": "warn", "replication": "warn", "commands": "ok",
-        "clock": "ok", "acl": "ok" if _has_acl_dryrun(redis_server) else "warn", "lag": "ok", "format": "ok"}
+        "clock": "ok", "acl": "ok" if _has_acl_dryrun(redis_server) else "warn", "keys": "ok", "lag": "ok",
+        "format": "ok"}
     assert found["server"].where == f"127.0.0.1:{server.port}"
     assert found["lag"].where == "orders"
     assert "1 fast" in found["format"].saw

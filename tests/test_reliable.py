@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-import aiodelayq._redis.retry as retry_module
+import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import DelayedQueue, InvalidDelayError, Message
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._scripts import RECEIVE, SETTLE
@@ -516,7 +516,7 @@ async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any, m
 
 async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_proxy: Any, make_client: Any,
                                                         make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.6))
+    monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(0.6))
     server = own_server()
     proxy = make_proxy(server)
     client, admin, direct = make_client(proxy), make_client(server), make_client(server)
@@ -538,7 +538,7 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         again = await other.receive(visibility_timeout=30, timeout=5)  # after the true deadline
         assert again is not None
         assert again.delivery_count == 2
-        monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
+        monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
         proxy.kill_after_send(SETTLE.sha.encode())
         assert await msg.ack() is False  # superseded (and too late to write behind): never claims a settle
         assert await admin.zcard(q.keys.in_flight) == 1

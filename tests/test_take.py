@@ -18,7 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
-import aiodelayq._redis.retry as retry_module
+import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._consuming.take import _DRAINED_FOR_S
@@ -401,7 +401,7 @@ async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
         own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # First POP applied and its reply lost; the resend then fails before reaching the server. The
     # items must come from the resend that finally gets through, not wait out the 20 s lease.
-    monkeypatch.setattr(retry_module, "RETRY_BACKOFF", ConstantBackoff(0.3))
+    monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(0.3))
     server = own_server()
     proxy = make_proxy(server)
     client, admin = make_client(proxy), make_client(server)

@@ -14,8 +14,9 @@ import logging
 from typing import Any
 
 from .._core.tasks import TaskOwner
+from .._redis.backoff import Backoff
 from .._redis.client_facts import server_ms_at
-from .._redis.retry import Backoff, call_idempotent
+from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.elements import ITEM_MARK, Unwrapped, pack_times, parse_schedule, unwrap
@@ -72,17 +73,14 @@ class CronRefill:
         self._tasks.spawn(self._refill(key, payload), name=f"aiodelayq-refill:{self._keys.destination}:{key}")
 
     async def _refill(self, key: str, payload: bytes) -> None:
-        backoff = Backoff()
+        backoff = Backoff(f"listing cron times of {key!r} on {self._keys.destination!r}")
         try:
             for _ in range(_TRIES):
                 try:
                     await self._once(key, payload)
                     return
                 except BackendError as exc:
-                    pause = backoff.failed()
-                    log.log(backoff.level(exc), "aiodelayq: listing cron times of %r on %r failed (%s); retrying "
-                            "in %.2f s", key, self._keys.destination, exc, pause)
-                    await asyncio.sleep(pause)
+                    await asyncio.sleep(backoff.failed(exc))
                 except ConfigurationError as exc:  # croniter is missing in this process
                     log.warning("aiodelayq: cannot list cron times of %r on %r: %s", key, self._keys.destination, exc)
                     return

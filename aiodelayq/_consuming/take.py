@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, wait_event
 from .._core.tracing import now_ns, receive_span, tracer
+from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
-from .._redis.retry import Backoff, resend_within
+from .._redis.retry import resend_within
 from .._scripts import QueueScripts
+from .._scripts.foreign_keys import refusal_advice
 from ..exceptions import BackendError, DecodeError
 from .controls import hold_s
 from .handoff import HANDOFF_LEASE_MS, Handoff, Pop
@@ -404,7 +406,7 @@ class TakePump:
                 waiter.future.set_result([])
 
     async def _run(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff(f"pop from {self._keys.destination!r}")
         loop = asyncio.get_running_loop()
         try:
             while self._closed is None:
@@ -454,12 +456,13 @@ class TakePump:
                         self._handoff.maybe_finish(pop, unknown=True)  # return whatever it got
                     else:
                         self._handoff.pops.discard(pop)
-                    delay = backoff.failed()
                     if is_permanent(exc):
+                        backoff.count()  # the callers get it
                         self._fail_current(exc)
                         continue
-                    log.warning("aiodelayq: pop from %r failed (%s); retrying in %.2f s",
-                                self._keys.destination, exc, delay)
+                    delay = backoff.count()
+                    advice = await refusal_advice(self._scripts, exc) if backoff.level(exc) >= logging.ERROR else ""
+                    backoff.report(exc, delay, advice=advice)
                     self._end_once_waiters()
                     self._answer_ask()  # the scheduler does not wait out our backoff
                     self._backing_off = True

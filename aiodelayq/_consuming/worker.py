@@ -38,6 +38,7 @@ from redis.backoff import EqualJitterBackoff
 from .._core.tasks import run_through_cancellation, wait_event
 from .._core.tracing import process_span, tracer
 from .._options import WorkerOptions
+from .._redis.backoff import Backoff
 from ..exceptions import (
     AccessDeniedError,
     BackendError,
@@ -67,9 +68,6 @@ _HAND_BACK_BOUND_S = 1.0
 _RECANCEL_EVERY_S, _RECANCEL_FOR_S = 0.05, 0.5
 # The longest a cut takes: the re-cancelling, then a hand-back begun at its end.
 _CUT_BOUND_S = _RECANCEL_FOR_S + _HAND_BACK_BOUND_S + 0.2
-# Pause of the fetch loop after a failed fetch (the queue's own calls already resent within
-# call_timeout_s); doubles up to the cap while failures go on.
-_FETCH_RETRY_S, _FETCH_RETRY_CAP_S = 0.2, 5.0
 # Longest a message fetched ahead waits for a free slot before it is released for other consumers.
 _AHEAD_HOLD_S = 0.5
 # While a fetch is in flight, a slot gives the loop a turn every this many messages.
@@ -450,7 +448,7 @@ class Worker(Generic[T]):
                 count -= 1
 
     async def _fetch_loop(self) -> None:
-        pause = _FETCH_RETRY_S
+        backoff = Backoff(f"fetch of the worker on {self.queue.name!r}")
         while True:
             if self.reliable and self._ahead and self._waited_s(self._ahead[0]) >= self._hold_s:
                 # A message fetched ahead waited its limit for a slot: handlers are slower than
@@ -481,12 +479,9 @@ class Worker(Generic[T]):
             except BackendError as exc:
                 if isinstance(exc, (AccessDeniedError, WrongNodeError)):
                     raise  # permanent: no retry can fix a missing permission or a wrong node
-                log.warning("aiodelayq: worker on %r could not fetch (%s); retrying in %.1f s",
-                            self.queue.name, exc, pause)
-                await asyncio.sleep(pause)
-                pause = min(_FETCH_RETRY_CAP_S, pause * 2)
+                await asyncio.sleep(backoff.failed(exc))
                 continue
-            pause = _FETCH_RETRY_S
+            backoff.succeeded()
             if fetched and not self._waking:
                 self._wake(1)
 

@@ -19,7 +19,7 @@ MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
     "zcount", "zrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex", "lpos", "hget", "hset",
     "hdel", "hlen", "hmget", "hrandfield", "ltrim", "get", "incrby", "publish", "subscribe", "unsubscribe", "ping",
-    "unlink", "wait",
+    "unlink", "wait", "type",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -63,6 +63,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "ping": ("PING",),
     "unlink": ("UNLINK", "{timeout_set}"),
     "wait": ("WAIT", "0", "0"),
+    "type": ("TYPE", "{destination}"),
     "waitaof": ("WAITAOF", "0", "0", "0"),
 }
 

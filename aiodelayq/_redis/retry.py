@@ -9,78 +9,36 @@
   cancelled receive): tried again after any non-permanent failure, refusals included (memory may be
   freed), until it succeeds, a deadline passes or the owner stops.
 
-Background loops that are driven by events rather than by one call (the scheduler's transfers, the
-pump's pops, the subscriber's reconnects) pace themselves with a :class:`Backoff`.
+Both, and the background loops driven by events rather than by one call (the scheduler's transfers,
+the pump's pops, the subscriber's reconnects), pace themselves with a :class:`~.backoff.Backoff`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ResponseError
-
-from ..exceptions import BackendError, NotReplicatedError
+from ..exceptions import BackendError
+from .backoff import Backoff, may_resend
 from .connections import AnyRedis, Script, call, is_permanent
 from .durability import Durability, run_durable
 
-__all__ = ["RETRY_BACKOFF", "Backoff", "call_idempotent", "may_resend", "resend_script", "resend_within",
-           "retry_until_done"]
+__all__ = ["call_idempotent", "resend_script", "resend_within", "retry_until_done"]
 
 T = TypeVar("T")
-
-# Delay before the n-th retry after a Redis error: full jitter, 50 ms doubling up to 2 s (a
-# restarted server is found within ~2 s; a down one sees at most a few commands per second).
-RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
-
-
-class Backoff:
-    """Consecutive failures of one background loop, and the pause before its next try."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-
-    def __repr__(self) -> str:
-        return f"<Backoff failures={self.failures}>"
-
-    def failed(self) -> float:
-        """Count a failure; returns the pause (seconds) before the next try."""
-        self.failures += 1
-        return RETRY_BACKOFF.compute(self.failures)
-
-    def succeeded(self) -> None:
-        """The next failure starts a fresh backoff."""
-        self.failures = 0
-
-    def level(self, exc: Exception) -> int:
-        """The log level of the failure just counted: ``DEBUG`` for the first of a streak when trying
-        again may fix it (a connection the server closed, a lost reply: a reconnect that works is no
-        incident), ``WARNING`` for the next ones and for refusals and permanent errors."""
-        return logging.DEBUG if self.failures <= 1 and may_resend(exc) else logging.WARNING
-
-
-def may_resend(exc: Exception) -> bool:
-    """Whether a failed call may be tried again: not refused by the server, not permanent, and not
-    a durable write that ran but was not confirmed in time (it waited ``replication_timeout_s``
-    already: the caller decides)."""
-    return (not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
-            and not isinstance(exc, NotReplicatedError))
-
 
 async def _retry(attempt: Callable[[float, bool], Awaitable[T]], *, deadline: float, per_try_s: float,
                  retry_refused: bool, stopped: Callable[[], bool]) -> T:
     loop = asyncio.get_running_loop()
-    backoff = Backoff()
+    backoff = Backoff("a call")  # counts only: the caller reports the failure it raises
     resend = False
     while True:
         try:
             return await attempt(max(0.001, min(per_try_s, deadline - loop.time())), resend)
         except BackendError as exc:
-            pause = backoff.failed()
+            pause = backoff.count()
             retryable = not is_permanent(exc) if retry_refused else may_resend(exc)
             if not retryable or stopped() or loop.time() + pause >= deadline:
                 exc.maybe_applied = exc.maybe_applied or resend  # any attempt may have been applied

@@ -19,7 +19,6 @@ queues live on many nodes, so there each scheduler polls by itself with a transf
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from typing import Any
 
@@ -27,14 +26,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from .._core.tasks import TaskOwner, wait_event
+from .._redis.backoff import Backoff
 from .._redis.connections import call_pipelined, classify, is_permanent
-from .._redis.retry import Backoff
 from ..exceptions import BackendError
 from .scheduler import TransferScheduler
 
 __all__ = ["SafetyPoll"]
-
-log = logging.getLogger("aiodelayq")
 
 # Queues read in one pipelined write: 4 commands each, about 2 ms of server time per write.
 _CHUNK = 200
@@ -77,7 +74,7 @@ class SafetyPoll:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        backoff = Backoff()
+        backoff = Backoff("safety poll")
         while True:
             self._changed.clear()
             now = loop.time()
@@ -93,13 +90,8 @@ class SafetyPoll:
                 for start in range(0, len(due), _CHUNK):
                     await self._poll(due[start:start + _CHUNK])
             except BackendError as exc:
-                pause = backoff.failed()
-                log.log(backoff.level(exc), "aiodelayq: safety poll of %d queue(s) failed (%s); retrying in "
-                        "%.2f s", len(due), exc, pause)
-                await asyncio.sleep(pause)
+                await asyncio.sleep(backoff.failed(exc))
                 continue
-            if backoff.failures > 1:
-                log.info("aiodelayq: the safety poll works again after %d failed attempt(s)", backoff.failures)
             backoff.succeeded()
 
     async def _poll(self, schedulers: list[TransferScheduler]) -> None:
@@ -131,7 +123,7 @@ class SafetyPoll:
             if s not in self._schedulers:
                 continue  # closed meanwhile
             if any(isinstance(r, ResponseError) for r in (head, tier, lease, ready)):
-                s.wake()  # e.g. a key of another type (WRONGTYPE): the transfer reports it
+                s.poll_refused()  # e.g. a key of another type (WRONGTYPE): the transfer reports it
                 continue
             wake_ms = min((ms for ms in (_score(head), _score(tier)) if ms is not None), default=None)
             s.polled(anchor, wake_ms, _score(lease), int(ready))

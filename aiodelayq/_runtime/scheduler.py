@@ -12,9 +12,10 @@ from typing import Any
 
 from .._core.observe import Events, transfer_limit
 from .._core.tasks import TaskOwner, wait_event
+from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
-from .._redis.retry import Backoff
 from .._scripts import QueueScripts
+from .._scripts.foreign_keys import refusal_advice
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError, ShardCountError
 
@@ -66,8 +67,10 @@ class TransferScheduler:
     Wake-ups come from: a subscribe confirmation (compensation after downtime), a published due
     time, the transfer's own "next due" reply, the earliest hand-off lease (so a dead consumer's
     items come back on time) and a safety poll every ``safety_poll_s``. A wake-up never replaces an
-    earlier one; while a whole batch was due, transfers run back to back; Redis errors are logged
-    and retried with jittered exponential backoff.
+    earlier one; while a whole batch was due, transfers run back to back. A failed transfer is
+    tried again after the backoff's pause (``_redis/backoff.py``, which also says what is logged),
+    and every wake-up but a resubscribe waits for it: a refusal the server repeats (a key of another
+    type, out of memory) is retried at the backoff's pace whoever asks for a transfer.
 
     After every successful transfer that leaves items in the destination list, whether or not it
     moved them itself, the listeners run: items may have been moved by another process's (or
@@ -113,10 +116,11 @@ class TransferScheduler:
         # reports the failures (raises a permanent one, names the last one when it times out): the
         # worker logs them at DEBUG only.
         self._opened = False
-        # The current streak of failed transfers: its length and when it began (loop time), for the
-        # INFO line when transfers work again.
-        self._failures = 0
-        self._failing_since = 0.0
+        # The current streak of failed transfers, and the loop time before which a wake-up (but a
+        # resubscribe's) waits for the backoff's pause.
+        self._backoff = Backoff(f"transfer for {keys.destination!r}")
+        self._retry_at = 0.0
+        self._resubscribed = False
         # Its events (shared by the queue objects of this client and name); QueueStats reads them.
         self.events = Events(keys.destination)
         self._last_error: str | None = None
@@ -195,7 +199,9 @@ class TransferScheduler:
     # -- wake-up sources -------------------------------------------------------------------------
 
     def on_subscribed(self) -> None:
-        """Channel (re)subscribed: transfer now, as the queue may have fallen due while unheard."""
+        """Channel (re)subscribed: transfer now, as the queue may have fallen due while unheard (the
+        server answers again: this wake-up does not wait for a backoff's pause)."""
+        self._resubscribed = True
         self._wake.set()
 
     def wake(self) -> None:
@@ -227,6 +233,13 @@ class TransferScheduler:
             for waker in list(self.wakers):
                 waker()
 
+    def poll_refused(self) -> None:
+        """The client's safety poll could not read the queue (the server refused a read: a key of
+        another type): look again in a period, and transfer (at the backoff's pace), whose failure
+        names the key."""
+        self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
+        self._wake.set()
+
     def _watch_lag(self, lag_ms: float) -> None:
         """The watchdog: one WARNING when a look finds the earliest due item ``lag_ms`` late, at
         least ``lag_warning_s``; one INFO when the lag is back under half of it."""
@@ -238,7 +251,7 @@ class TransferScheduler:
                 self._lagging = True
                 log.warning("aiodelayq: items of %r fell due %.1f s ago and are not moved yet (lag_warning_s=%g); %s",
                             self._keys.destination, lag_ms / 1000, limit_s,
-                            f"last transfer error: {self._last_error}" if self._failures else
+                            f"last transfer error: {self._last_error}" if self._backoff.failures else
                             "transfers run but fall behind, or none runs")
         elif self._lagging and lag_ms < limit_s * 500:
             self._lagging = False
@@ -287,39 +300,35 @@ class TransferScheduler:
     # -- the worker ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        backoff = Backoff()
+        backoff = self._backoff
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._loop.time() < self._retry_at and not self._resubscribed:
+                self.arm_at(self._retry_at)  # after a failure, a wake-up waits for the backoff's pause
+                continue
+            self._resubscribed = False
             try:
                 reply = await self._transfer()
             except (BackendError, ShardCountError) as exc:
                 self._last_error = str(exc)
-                if self._failures == 0:
-                    self._failing_since = self._loop.time()
-                self._failures += 1
                 self.events.transfer_error()
                 if is_permanent(exc):
                     self._permanent = exc
                     self._transferred.set()  # wakes open(), which raises it
                     self._transferred.clear()
-                delay = backoff.failed()
-                log.log(backoff.level(exc) if self._opened else logging.DEBUG,
-                        "aiodelayq: transfer for %r failed (%s); retrying in %.2f s",
-                        self._keys.destination, exc, delay)
+                delay = backoff.count()
+                self._retry_at = self._loop.time() + delay
+                # Until the first success, open() reports the failures: DEBUG here.
+                due = self._opened and backoff.level(exc) >= logging.ERROR
+                advice = await refusal_advice(self._scripts, exc) if due else ""
+                backoff.report(exc, delay, advice=advice, quiet=not self._opened)
                 if self._anchor is not None and self._head_ms is not None:  # how late it is by now
                     self._watch_lag(self._anchor[1] + (self._loop.time() - self._anchor[0]) * 1000 - self._head_ms)
-                self.arm_at(self._loop.time() + delay)
+                self.arm_at(self._retry_at)
                 continue
+            self._retry_at = 0.0
             backoff.succeeded()
-            if self._failures:
-                # The end of an outage (or of a stall): one line, the failures were each logged. After
-                # a single failure (a connection the server had closed), or failures before the first
-                # success (logged at DEBUG: an open that fails reports them), it is DEBUG.
-                log.log(logging.INFO if self._failures > 1 and self._opened else logging.DEBUG,
-                        "aiodelayq: transfers for %r work again after %d failed attempt(s) over %.1f s",
-                        self._keys.destination, self._failures, self._loop.time() - self._failing_since)
-                self._failures = 0
             self._opened = True
             moved, dead, next_due, lease_due = reply
             self._head_ms = next_due

@@ -11,9 +11,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from .._core.tasks import TaskOwner, detached, stop_task, timeout
+from .._redis.backoff import Backoff
 from .._redis.cluster import mark_stale
 from .._redis.connections import AnyRedis, classify, is_permanent
-from .._redis.retry import Backoff
 from ..exceptions import BackendError
 
 __all__ = ["ChannelListener", "Subscriber"]
@@ -164,9 +164,7 @@ class Subscriber:
         await self._task.stop(max(0.0, deadline - loop.time()))
 
     async def _run(self) -> None:
-        backoff = Backoff()
-        failures = 0  # connection losses since the last successful (re)subscribe
-        warned = False  # whether one of them was logged at WARNING
+        backoff = Backoff("pub/sub connection")
         while True:
             pubsub = await self._new_pubsub()
             try:
@@ -174,20 +172,12 @@ class Subscriber:
                     self._pubsub = pubsub
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
-                backoff.succeeded()  # connected and subscribed: the next loss starts a fresh backoff
-                if failures:
-                    # Says the drop is over (each channel's confirmation then runs its scheduler's
-                    # compensating transfer): INFO after an outage that was warned about, DEBUG after
-                    # one loss that one reconnect mended (a proxy's idle cut, CLIENT KILL) or losses
-                    # while every channel was opening.
-                    log.log(logging.INFO if warned else logging.DEBUG,
-                            "aiodelayq: pub/sub resubscribed to %d channel(s) after %d lost connection(s)",
-                            len(self._listeners), failures)
-                    failures, warned = 0, False
+                # Connected and subscribed: each channel's confirmation then runs its scheduler's
+                # compensating transfer, and the next loss starts a fresh streak.
+                backoff.succeeded()
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
                 self.reconnects += 1
-                failures += 1
                 if isinstance(self._client, RedisCluster):
                     mark_stale(self._client)  # its node may be gone: the next data call reads the map
                 # The channels never confirmed (their queues are opening) are the ones a refusal
@@ -197,16 +187,10 @@ class Subscriber:
                                  channels=[key.decode() for key in opening or self._listeners])
                 self.last_error = str(error)
                 handed = is_permanent(error) and self._hand_to_openers(opening, error)
-                delay = backoff.failed()
                 # The open() calls report what they were handed, and while every channel is opening
                 # any failure (raised if permanent, named when they time out): DEBUG here. The
-                # channels of open queues are resubscribed once a refused one has left. Else the
-                # first loss of a streak once at INFO: a reconnect usually mends it.
-                level = (logging.DEBUG if handed or len(opening) == len(self._listeners) else
-                         logging.INFO if backoff.level(error) == logging.DEBUG else logging.WARNING)
-                warned = warned or level == logging.WARNING
-                log.log(level, "aiodelayq: pub/sub connection lost (%s); resubscribing in %.2f s", error, delay)
-                await asyncio.sleep(delay)
+                # channels of open queues are resubscribed once a refused one has left.
+                await asyncio.sleep(backoff.failed(error, quiet=handed or len(opening) == len(self._listeners)))
             finally:
                 self._pubsub = None
                 # reset() closes the connection; shielded so a cancelled reader still releases it.

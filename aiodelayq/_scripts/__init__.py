@@ -38,7 +38,8 @@ from .._redis.retry import resend_script
 from .._wire.key_names import QueueKeys
 
 __all__ = [
-    "CANCEL", "CLAIM_SHARDS", "CLEAR", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "LIBRARY", "NATIVE_LONG",
+    "CANCEL", "CLAIM_SHARDS", "CLEAR", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "KEY_TYPES", "LIBRARY",
+    "NATIVE_LONG",
     "OFFER", "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE",
     "REQUEUE", "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "SIZE", "TRANSFER", "BoundScript",
     "QueueScript", "QueueScripts", "assemble",
@@ -172,10 +173,12 @@ REFILL = QueueScript("refill")
 CLAIM_SHARDS = QueueScript("claim_shards")
 SIZE = QueueScript("size")
 CLEAR = QueueScript("clear")
+KEY_TYPES = QueueScript("key_types")
 
 SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
                                     COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS, SIZE, CLEAR)
+                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS, SIZE, CLEAR,
+                                    KEY_TYPES)
 """Every script, for tests and tools (the Lua lint assembles each)."""
 
 
@@ -256,6 +259,7 @@ class QueueScripts:
         self.claim_shards = BoundScript(self, CLAIM_SHARDS)
         self.size = BoundScript(self, SIZE)
         self.clear = BoundScript(self, CLEAR)
+        self.key_types = BoundScript(self, KEY_TYPES)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 
 from ..exceptions import InvalidNameError
 
-__all__ = ["QueueKeys", "prefix_name", "shard_name_parts", "shard_names"]
+__all__ = ["KEY_TYPES", "QueueKeys", "prefix_name", "shard_name_parts", "shard_names"]
+
+# The type (as ``TYPE`` names it) each key of a queue holds, by QueueKeys attribute (the channel is
+# no key). A key of another type was written by another program: every call on it is refused.
+KEY_TYPES: dict[str, str] = {
+    "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
+    "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
+    "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string",
+}
 
 
 def prefix_name(prefix: str, name: str) -> str:

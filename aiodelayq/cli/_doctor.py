@@ -23,6 +23,7 @@ from .._redis.acl import acl_probes
 from .._redis.connections import AnyRedis
 from .._redis.eviction import SAFE_POLICIES
 from .._scripts import QueueScripts
+from .._scripts.foreign_keys import foreign_keys, is_wrong_type
 from .._wire.elements import classify_element, long_format
 from .._wire.key_names import QueueKeys, shard_names
 from ..exceptions import BackendError
@@ -48,7 +49,7 @@ class Finding:
 
     Attributes:
         check: its name (``eviction``, ``persistence``, ``replication``, ``server``, ``acl``,
-            ``format``, ``lag``, ``clock``).
+            ``keys``, ``format``, ``lag``, ``clock``).
         status: ``ok``, ``warn`` (does not fail the run) or ``fail``.
         where: the server (``host:port``) or the queue it is about.
         saw: what it saw, one sentence.
@@ -245,11 +246,13 @@ async def _queue_checks(client: AnyRedis, name: str, user: str | None, *, max_la
     keys = QueueKeys.for_name(name)
     queue: DelayedQueue[Any] = DelayedQueue(client, name, codec="bytes", call_timeout_s=_CALL_TIMEOUT_S)
     try:
-        out = [await _acl(client, keys, user)]
+        out = [await _acl(client, keys, user), await _key_types(client, keys)]
         try:
             counts = await queue.counts()
-        except BackendError as exc:  # an ACL refusal or a wrong key type: the finding
-            return [*out, Finding("lag", "fail", name, f"counts() failed: {exc}", "grant the minimal ACL")]
+        except BackendError as exc:  # an ACL refusal or a key of another type: the finding
+            todo = ("another program writes a key of the queue: see the keys check" if is_wrong_type(exc) else
+                    "grant the minimal ACL")
+            return [*out, Finding("lag", "fail", name, f"counts() failed: {exc}", todo)]
         out.append(_lag(name, counts.lag_ms, counts.pending, counts.ready, max_lag_s))
         out.append(await _format(client, keys, wire_format))
         return out
@@ -275,6 +278,19 @@ async def _acl(client: AnyRedis, keys: QueueKeys, user: str | None) -> Finding:
         return Finding("acl", "fail", name, f"user {user!r} may not run: {', '.join(denied)}",
                        "add the minimal ACL of docs/deployments.md for this queue")
     return Finding("acl", "ok", name, f"user {user!r} has every permission of the minimal ACL")
+
+
+async def _key_types(client: AnyRedis, keys: QueueKeys) -> Finding:
+    """The queue's keys that hold another type than the queue keeps there (another program's)."""
+    name = keys.destination
+    try:
+        foreign = await foreign_keys(QueueScripts(client, keys, call_timeout_s=_CALL_TIMEOUT_S))
+    except BackendError as exc:
+        return Finding("keys", "warn", name, f"the types of the queue's keys could not be read ({exc})",
+                       "grant +type (the minimal ACL has it)")
+    if foreign:
+        return Finding("keys", "fail", name, "; ".join(k.saw for k in foreign), "; ".join(k.todo for k in foreign))
+    return Finding("keys", "ok", name, "every key of the queue holds the type the queue keeps there")
 
 
 def _lag(name: str, lag_ms: int, pending: int, ready: int, max_lag_s: float) -> Finding:
