@@ -87,8 +87,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
         max_pending: the most items the queue may hold, pending + ready (``None``: no limit): an
             offer beyond it raises :class:`QueueFullError` and writes nothing, checked atomically
             by the offer script; an ``offer_many`` then goes in one call, all or nothing.
-        max_item_bytes: the largest encoded item (bytes) an offer takes (``None``: no limit): a
-            larger one raises :class:`ItemTooLargeError` before anything is sent.
+        max_item_bytes: the largest item (bytes) an offer or a schedule takes, as the queue stores it:
+            the codec's bytes with the item's headers, expiry and envelope (``None``: no limit); a
+            larger one raises :class:`ItemTooLargeError` before anything is written.
         lag_warning_s: the transfer watchdog of an open queue: a look (a transfer, the safety poll)
             that finds the earliest due item this many seconds late logs one WARNING, and one INFO
             once the lag is back under half of it (``None``: off). Like ``safety_poll_s``, the first
@@ -276,7 +277,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             InvalidHeadersError: headers that are not ``str`` to ``str``, or over 16 KiB; nothing is
                 written. (InvalidDelayError also for an ``expires`` that is not > 0.)
             EncodeError: the codec cannot encode ``item``; nothing is written.
-            ItemTooLargeError: the encoded item is over ``max_item_bytes``; nothing is written.
+            ItemTooLargeError: the item, with its headers and envelope, is over ``max_item_bytes``;
+                nothing is written.
             QueueFullError: the queue holds ``max_pending`` items (pending + ready); nothing is written.
             CallTimeoutError: no answer within ``call_timeout_s`` (see ``maybe_applied``).
             AccessDeniedError: the user may not write the queue's keys.

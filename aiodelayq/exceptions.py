@@ -22,6 +22,7 @@ __all__ = [
     "QueueClosedError",
     "QueueFullError",
     "QueueNotOpenError",
+    "ScheduledKeyError",
     "ShardCountError",
     "WrongEventLoopError",
     "WrongNodeError",
@@ -43,6 +44,21 @@ class InvalidNameError(DelayedQueueError, ValueError):
 class InvalidKeyError(DelayedQueueError, ValueError):
     """An item key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes, or ``keys`` that do
     not match the items (``offer_many``). Nothing was written."""
+
+
+class ScheduledKeyError(InvalidKeyError):
+    """An offer of an item with the key of a recurring schedule (``schedule()``): the key is the
+    schedule's, whose one occurrence it names, so no other item takes it. ``cancel(key)`` ends the
+    schedule; ``schedule(key, ...)`` replaces it. Nothing of the call was written (of coalesced
+    ``offer()`` calls, only this one was refused).
+
+    Attributes:
+        key: the schedule's key.
+    """
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class CodecError(DelayedQueueError):
@@ -70,7 +86,8 @@ class InvalidHeadersError(DelayedQueueError, ValueError):
 
 
 class ItemTooLargeError(DelayedQueueError, ValueError):
-    """An encoded item larger than the queue's ``max_item_bytes``; nothing of its call was written."""
+    """An item larger than the queue's ``max_item_bytes`` as stored (encoded, with its headers and envelope);
+    nothing of its call was written."""
 
 
 class QueueFullError(DelayedQueueError):

@@ -25,6 +25,7 @@ from aiodelayq import (
     EncodeError,
     InvalidDelayError,
     ItemTooLargeError,
+    QueueCounts,
     QueueFullError,
     delay_to_ms,
 )
@@ -391,12 +392,30 @@ async def test_an_item_over_max_item_bytes_is_refused_before_anything_is_written
                                                                                   make_queue: Any) -> None:
     q: DelayedQueue[str] = make_queue(codec="str", max_item_bytes=10)
     assert await q.offer("x" * 10, 60)  # exactly the bound: taken
-    with pytest.raises(ItemTooLargeError, match="11 bytes encoded, over max_item_bytes=10"):
+    with pytest.raises(ItemTooLargeError, match=r"11 bytes as stored .*, over max_item_bytes=10"):
         await q.offer("x" * 11, 60)
     with pytest.raises(ItemTooLargeError, match="item 2 is"):
         await q.offer_many([("a", 60), ("b", 60), ("c" * 50, 60), ("d", 60)])
     with pytest.raises(ValueError, match="max_item_bytes"):  # an input error, as the builtin kind too
         await q.offer("y" * 11, 60, key="k")
+    assert await client.zcard(q.keys.timeout_set) == 1
+
+
+async def test_max_item_bytes_bounds_the_headers_and_envelope_too(client: Redis, make_queue: Any,
+                                                                    qname: str) -> None:
+    q: DelayedQueue[str] = make_queue(codec="str", max_item_bytes=64)
+    headers = {"h": "x" * 16000}  # within MAX_HEADERS_BYTES
+    with pytest.raises(ItemTooLargeError, match="over max_item_bytes=64"):
+        await q.offer("small", 60, headers=headers)
+    with pytest.raises(ItemTooLargeError, match="item 1 is"):
+        await q.offer_many([("a", 60), ("b", 60)], headers=[None, headers])
+    with pytest.raises(ItemTooLargeError, match="over max_item_bytes=64"):
+        await q.offer("small", 60, headers={"h": "x" * 40}, expires=600)  # 40 + its envelope's 29 + ...
+    with pytest.raises(ItemTooLargeError, match="over max_item_bytes=64"):
+        await q.schedule("every", "small", every=60, headers=headers)
+    assert await q.counts() == QueueCounts(0, 0, 0, 0, None)  # nothing pending, nothing recurring
+    stored = await q.offer("small", 60, headers={"h": "x" * 8})  # within the bound with its envelope
+    assert stored
     assert await client.zcard(q.keys.timeout_set) == 1
 
 

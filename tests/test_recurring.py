@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
+from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, ScheduledKeyError
 from aiodelayq._consuming.refill import CronRefill
 from aiodelayq._wire import recurrence
 from aiodelayq._wire.elements import parse_schedule, wrap
@@ -187,6 +187,43 @@ async def test_cancel_stops_the_schedule_and_replacing_keeps_one_occurrence(clie
         assert await asyncio.wait_for(q.take(), 5) == "v3"
         assert await _pending_of(client, q) == 0
         assert not await q.cancel("job")
+    assert (await q.counts()).recurring == 0
+
+
+async def test_an_offer_never_takes_a_schedules_key(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(codec="str")
+    await q.schedule("k", "tick", every=0.5)
+    with pytest.raises(ScheduledKeyError, match="key 'k' .* is a recurring schedule's") as refused:
+        await q.offer("other", 0.2, key="k", replace=True)
+    assert refused.value.key == "k"
+    with pytest.raises(ScheduledKeyError):  # keeping the occurrence would be an offer that took nothing
+        await q.offer("other", 0.2, key="k")
+    with pytest.raises(ScheduledKeyError):  # all or nothing: the other items are not written either
+        await q.offer_many([("a", 60), ("b", 60)], keys=["free", "k"], replace=True)
+    assert await q.get("free") is None
+    # Concurrent offers sent in one call: only the one with the schedule's key is refused.
+    results = await asyncio.gather(q.offer("x", 60, key="x"), q.offer("y", 60, key="k", replace=True),
+                                   q.offer("z", 60), return_exceptions=True)
+    assert isinstance(results[1], ScheduledKeyError)
+    assert not isinstance(results[0], BaseException)
+    assert not isinstance(results[2], BaseException)
+    assert (await q.counts()).pending == 3  # the occurrence, x and z
+    async with q:
+        # The schedule goes on, one occurrence at a time, none of them "other".
+        assert [await asyncio.wait_for(q.take(), 5) for _ in range(2)] == ["tick", "tick"]
+        pending = await q.get("k")
+        assert pending is not None
+        assert pending.recurring
+        # While its occurrence is in flight, the key is still the schedule's.
+        msg = await q.receive(30, timeout=5)
+        assert msg is not None
+        assert msg.value == "tick"
+        with pytest.raises(ScheduledKeyError):
+            await q.offer("other", 60, key="k", replace=True)
+        await msg.ack()
+        assert await q.cancel("k")
+        offered = await q.offer("after", 60, key="k")  # the key is free again
+        assert offered.added
     assert (await q.counts()).recurring == 0
 
 

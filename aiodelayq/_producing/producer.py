@@ -36,12 +36,19 @@ from .._wire.elements import (
     pack_headers,
     wrap,
 )
-from ..exceptions import InvalidDelayError, InvalidHeadersError, InvalidKeyError, ItemTooLargeError, QueueFullError
+from ..exceptions import (
+    InvalidDelayError,
+    InvalidHeadersError,
+    InvalidKeyError,
+    ItemTooLargeError,
+    QueueFullError,
+    ScheduledKeyError,
+)
 from .batcher import OfferBatcher
 from .call_cost import CallCost
 from .keyed import Offered, check_key, key_tag, parse_outcome
 
-__all__ = ["Producer", "SendMany"]
+__all__ = ["Producer", "SendMany", "check_item_bytes"]
 
 SendMany = Callable[[list[Fragment], "list[bytes] | None", float], Awaitable[list[int]]]
 """What sends an ``offer_many``'s packed items: ``(fragments, OFFER entries or None, issued loop time)``
@@ -183,16 +190,12 @@ class Producer:
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
-        if self._max_item_bytes is not None:
-            for index, (_, payload) in enumerate(items):
-                if len(payload) > self._max_item_bytes:
-                    which = "the item" if len(items) == 1 else f"item {index}"
-                    raise ItemTooLargeError(f"{which} is {len(payload)} bytes encoded, over max_item_bytes="
-                                            f"{self._max_item_bytes}; nothing was written")
+        check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # before any I/O
         if envelope is not None:
             items = await self._wrap(items, *envelope, issued=issued)
         elif not self._bare_safe and any(payload.startswith(ITEM_MAGIC) for _, payload in items):
             items = [(delay_ms, wrap(payload, b"", None)) for delay_ms, payload in items]
+        check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # headers and envelope too
         tags: list[bytes | None] | None = None
         entries: list[bytes] | None = None
         if keys is not None:
@@ -227,7 +230,7 @@ class Producer:
         """
         k = self._keys
         clock = self._facts.clock
-        limit = "" if self._max_pending is None else f"{self._max_pending}{'e' if each else 'a'}"
+        limit = f"{'' if self._max_pending is None else self._max_pending}{'e' if each else 'a'}"
         args = [os.urandom(16), clock.issue_arg(issued),
                 *offer_args(self._kind, fragments, entries, limit, self._tier_after_ms)]
         loop = asyncio.get_running_loop()
@@ -240,10 +243,12 @@ class Producer:
             return reply
 
         reply = await resend_within(attempt, timeout_s=self._call_timeout_s)
+        if reply[0] is None:  # refused whole: nothing written
+            if reply[2] == b"scheduled":
+                raise self._scheduled(reply[3].decode(), len(fragments))
+            raise self._full(int(reply[2]), len(fragments))
         if len(reply) > 3:  # a fresh run measured itself
             self._cost.observe(len(fragments), int(reply[3]))
-        if reply[0] is None:  # refused whole: nothing written
-            raise self._full(int(reply[2]), len(fragments))
         base = int(reply[0])
         if entries is None and not reply[2]:
             self._events.offered(len(fragments))
@@ -254,7 +259,7 @@ class Producer:
         if entries is None:
             return [self._full(0, 1) if letter == "f" else base + fragment[0]
                     for fragment, (letter, _) in zip(fragments, outcome, strict=True)]
-        return [self._full(0, 1) if letter == "f" else
+        return [self._full(0, 1) if letter == "f" else self._scheduled(entry[1:].decode(), 1) if letter == "s" else
                 Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
                         added=letter != "p", replaced=letter == "r")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
@@ -287,6 +292,11 @@ class Producer:
         return QueueFullError(f"queue {self._keys.destination!r} is full (max_pending={self._max_pending}, room for "
                               f"{max(0, room)} more): {what} not written", room=max(0, room))
 
+    def _scheduled(self, key: str, count: int) -> ScheduledKeyError:
+        what = "the item" if count == 1 else f"{count} items"
+        return ScheduledKeyError(f"key {key!r} of queue {self._keys.destination!r} is a recurring schedule's: no other "
+                                 f"item takes it (cancel({key!r}) ends the schedule): {what} not written", key)
+
     async def _native_long_format(self) -> str:
         """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
         client; concurrent first callers share one request (shielded: one caller's cancellation does
@@ -303,6 +313,22 @@ class Producer:
         one: bytes = await self._scripts.native_long(what="read the server's long size")
         fmt = self._facts.long_format = long_format(one)
         return fmt
+
+
+def check_item_bytes(max_item_bytes: int | None, payloads: Sequence[bytes]) -> None:
+    """Refuse the first of ``payloads`` longer than ``max_item_bytes`` (``None``: no limit): each as the
+    queue stores it, the codec's bytes in their item envelope with the headers, expiry and schedule key.
+
+    Raises:
+        ItemTooLargeError: one is longer (nothing was written).
+    """
+    if max_item_bytes is None:
+        return
+    for index, payload in enumerate(payloads):
+        if len(payload) > max_item_bytes:
+            which = "the item" if len(payloads) == 1 else f"item {index}"
+            raise ItemTooLargeError(f"{which} is {len(payload)} bytes as stored (encoded, with its headers and "
+                                    f"envelope), over max_item_bytes={max_item_bytes}; nothing was written")
 
 
 def _per_item(given: Any, count: int, option: str, check: Callable[[Any, str], Any], error: type[Exception], *,

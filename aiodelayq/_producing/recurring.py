@@ -26,8 +26,9 @@ from .._wire.codec import encode_item
 from .._wire.delays import positive_ms
 from .._wire.elements import pack_headers, pack_times, wrap
 from .._wire.recurrence import cron_spec, cron_times
-from ..exceptions import ConfigurationError, ItemTooLargeError
+from ..exceptions import ConfigurationError
 from .keyed import check_key, key_tag
+from .producer import check_item_bytes
 
 __all__ = ["Schedules"]
 
@@ -52,11 +53,8 @@ class Schedules:
             raise ConfigurationError("tz applies to cron= schedules only")
         every_ms = 0 if every is None else positive_ms(every, "every")
         spec = "" if cron is None else cron_spec(cron, tz)
-        payload = encode_item(self._codec, item)
-        if self._max_item_bytes is not None and len(payload) > self._max_item_bytes:
-            raise ItemTooLargeError(f"the item is {len(payload)} bytes encoded, over max_item_bytes="
-                                    f"{self._max_item_bytes}; nothing was written")
-        envelope = wrap(payload, pack_headers(headers), None, raw)
+        envelope = wrap(encode_item(self._codec, item), pack_headers(headers), None, raw)
+        check_item_bytes(self._max_item_bytes, [envelope])
         issued = asyncio.get_running_loop().time()
         times = b""
         if spec:

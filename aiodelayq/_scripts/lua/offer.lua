@@ -1,19 +1,22 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash,
 -- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused), KEYS[9]
--- tier index zset, KEYS[10] tier count (lib/tiers.lua)
+-- tier index zset, KEYS[10] tier count (lib/tiers.lua), KEYS[11] schedules hash (a key a recurring
+-- schedule holds is never offered: lib/recur.lua)
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
 -- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
 -- element of a keyed item carries its key's tag.
--- ARGV[5] max_pending: '' for none, else the most items the queue may hold, pending (tiered
--- included) + ready, then
--- 'a' (all or nothing: a call whose new items do not all fit writes nothing and returns {false,
--- now, room}) or 'e' (each item in order while it fits, the rest refused: 'f' in the outcome).
--- Replacing a key's pending item takes no room; keeping it ('p') none either.
+-- ARGV[5] max_pending, the most items the queue may hold, pending (tiered included) + ready ('' for
+-- no limit), then how the call's items are refused: 'a' (all or nothing: a call whose new items do
+-- not all fit writes nothing and returns {false, now, room}; one with the key of a recurring
+-- schedule writes nothing and returns {false, now, 'scheduled', that key}) or 'e' (coalesced
+-- offers, each item on its own: 'f' in the outcome when it does not fit, 's' when its key is a
+-- schedule's). No letter: 'a'. Replacing a key's pending item takes no room; keeping it ('p') none
+-- either.
 -- ARGV[6..] by kind:
 --   'fast':   elements packed by the client (with this server's 'L' size), all in one argument so
 --             the client does not send thousands of arguments: ARGV[6] = concatenated
@@ -30,7 +33,8 @@
 -- it is sane (not after now, at most MAX_ISSUE_AGE_MS before it), else now, the server time (ms)
 -- of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
 -- item, 'a' added, 'r' replaced a pending item of its key, 'p' kept the pending item of its key
--- (nothing written), 'f' refused (the queue was full), then for every 'p' ',' and that item's due
+-- (nothing written), 'f' refused (the queue was full), 's' refused (its key is a recurring
+-- schedule's), then for every 'p' ',' and that item's due
 -- ms. us: the µs this run took (the producer sizes its next calls by it). A resend of the same call
 -- id within the window writes nothing and returns {base, false, outcome} of the first run (a call
 -- refused whole wrote nothing and is not remembered).
@@ -48,11 +52,10 @@ local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
 -- The items this call may add under max_pending (nil: no limit), and whether they are admitted one by one.
-local room, each = nil, false
-if ARGV[5] ~= '' then
-  room = tonumber(string.sub(ARGV[5], 1, -2)) - redis.call('zcard', KEYS[2]) - redis.call('llen', KEYS[1])
+local room, each, cap = nil, string.sub(ARGV[5], -1) == 'e', string.match(ARGV[5], '^%d+')
+if cap then
+  room = tonumber(cap) - redis.call('zcard', KEYS[2]) - redis.call('llen', KEYS[1])
     - (tonumber(redis.call('get', KEYS[10])) or 0)
-  each = string.sub(ARGV[5], -1) == 'e'
 end
 local added = 0
 local function fits() return room == nil or added < room end
@@ -94,7 +97,7 @@ if not keys and kind == 'fast' then
         if earliest == nil or due < earliest then earliest = due end
       end
       added = added + 1
-      if each then letters[#letters + 1] = 'a' end
+      if each and room then letters[#letters + 1] = 'a' end
     else
       letters[#letters + 1] = 'f'
     end
@@ -125,7 +128,7 @@ elseif not keys then
         if earliest == nil or due < earliest then earliest = due end
       end
       added = added + 1
-      if each then letters[#letters + 1] = 'a' end
+      if each and room then letters[#letters + 1] = 'a' end
     else
       letters[#letters + 1] = 'f'
     end
@@ -166,6 +169,22 @@ else
       if cache[asked[c + j - 1]] == nil then cache[asked[c + j - 1]] = index_pairs(blob) end
     end
   end
+  -- The keys recurring schedules hold (the schedule's own item is their only item).
+  local scheduled = {}
+  if #asked > 0 and redis.call('hlen', KEYS[11]) > 0 then
+    local keyed = {}
+    for i = 1, count do
+      if names[i] then keyed[#keyed + 1] = i end
+    end
+    for c = 1, #keyed, 1000 do
+      local last = math.min(c + 999, #keyed)
+      local asked_names = {}
+      for j = c, last do asked_names[#asked_names + 1] = names[keyed[j]] end
+      for j, rec in ipairs(redis.call('hmget', KEYS[11], unpack(asked_names))) do
+        if rec then scheduled[keyed[c + j - 1]] = true end
+      end
+    end
+  end
   -- Replaced elements are removed after every decision: a call refused whole writes nothing.
   local adds, written, gone, removed = {}, {}, {}, {}
   local overflow, spilled = redis.call('hget', KEYS[7], INDEX_OVERFLOW) ~= false, false
@@ -192,6 +211,9 @@ else
       else
         letters[#letters + 1] = 'f'
       end
+    elseif scheduled[i] then
+      if not each then return {false, now, 'scheduled', key} end
+      letters[#letters + 1] = 's'
     else
       local field, spill = tags[i], nil
       local kv = cache[field]
