@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import logging
 import os
 import re
 import shutil
@@ -791,6 +792,76 @@ async def test_serve_runs_the_dashboard_until_cancelled(own_server: Any, make_cl
         await asyncio.wait_for(task, 15)
 
 
+async def _serving(task: asyncio.Future[None], caplog: pytest.LogCaptureFixture) -> str:
+    """The base URL (on 127.0.0.1) of :func:`serve` running as ``task``, from its INFO line."""
+
+    def said() -> list[str]:
+        assert not task.done(), task.exception()
+        return re.findall(r"on http://[^/]+:(\d+)/", " ".join(r.getMessage() for r in caplog.records))
+
+    await until(said, timeout_s=30, interval_s=0.05)
+    return f"http://127.0.0.1:{said()[0]}/"
+
+
+async def _stop(task: asyncio.Future[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 15)
+
+
+async def test_serve_beyond_loopback_makes_a_token_and_prints_it(own_server: Any, make_client: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="aiodelayq")
+    server = own_server()
+    orders: DelayedQueue[Any] = DelayedQueue(make_client(server), "orders", max_deliveries=3)
+    await dead_letters(orders, 2)
+    await orders.offer("x", 60)
+    # Every address of this machine; the test's requests go to loopback, and need the token there too.
+    task = asyncio.ensure_future(serve(server.url, host="0.0.0.0", port=0))
+    try:
+        base = await _serving(task, caplog)
+        # Another host's curl with a self-made cookie and the matching form field: refused.
+        async with httpx.AsyncClient(timeout=10) as forger:
+            forged = await forger.post(base + "purge", data={"queue": "orders", "confirm": "yes",
+                                                             CSRF_FIELD: FORGED_CSRF},
+                                       headers={"Cookie": f"{CSRF_COOKIE}={FORGED_CSRF}"})
+        assert forged.status_code == 401
+        assert (await orders.counts()).dead_letters == 2
+        [made] = [r for r in caplog.records if "its token is" in r.getMessage()]
+        assert made.levelno == logging.WARNING
+        assert "0.0.0.0" in made.getMessage()
+        token = made.getMessage().rsplit(" ", 1)[1]
+        assert re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(base)).status_code == 401
+            assert (await http.post(base + "pause", data={"queue": "orders"})).status_code == 401
+            index = await http.get(base, headers={"Authorization": f"Bearer {token}"})
+            assert index.status_code == 200
+            assert Page(index.text, base).rows["orders"]["dead_letters"] == "2"
+            assert (await log_in(http, base, token)).status_code == 303
+            assert "orders" in (await get_page(http, base)).rows
+    finally:
+        await _stop(task)
+        await orders.aclose()
+
+
+async def test_serve_on_loopback_needs_a_token_given_to_it(own_server: Any, make_client: Any,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    server = own_server()
+    await DelayedQueue(make_client(server), "orders", codec="str").offer("x", 60)
+    task = asyncio.ensure_future(serve(server.url, port=0, token=TOKEN))
+    try:
+        base = await _serving(task, caplog)
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(base)).status_code == 401
+            assert (await http.get(base, headers=BEARER)).status_code == 200
+    finally:
+        await _stop(task)
+    assert TOKEN not in caplog.text  # a token given is never printed
+    assert "(token required)" in caplog.text
+
+
 async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) -> None:
     server = own_server()
     with free_socket() as probe:
@@ -815,6 +886,7 @@ async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) ->
 
 
 async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> None:
+    from aiodelayq import ConfigurationError
     from aiodelayq.cli._ops import CannotConnect
 
     server = own_server()
@@ -827,6 +899,9 @@ async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> No
         await asyncio.wait_for(serve(server.url, host="192.0.2.1", port=0), 15)
     with free_socket() as closed:
         nobody = closed.getsockname()[1]
+    # A token it cannot take: said before connecting (nothing listens at this URL).
+    with pytest.raises(ConfigurationError, match="token must be at least 16 characters"):
+        await asyncio.wait_for(serve(f"redis://127.0.0.1:{nobody}/0", port=0, token="short"), 15)
     with pytest.raises(CannotConnect) as caught:
         await asyncio.wait_for(serve(f"redis://:pw@127.0.0.1:{nobody}/0", port=0), 30)
     assert "\n" not in str(caught.value)
