@@ -114,9 +114,10 @@ class Dashboard:
         token: ``None``: no authentication of its own (the app it is mounted in protects it). A token
             (16 to 1,024 visible ASCII characters; ``secrets.token_urlsafe()`` makes one): every
             request but the stylesheet's, the login's and the mount point's redirect to its slash
-            needs it, else it gets 401 and the login form. A client sends ``Authorization: Bearer TOKEN``; a browser logs in with the form
-            (``login``), which sets an ``HttpOnly``, ``SameSite=Strict`` session cookie that lasts
-            12 hours and never holds the token; ``logout`` deletes it. See ``docs/dashboard.md``.
+            needs it, else it gets 401 and the login form. A client sends ``Authorization: Bearer
+            TOKEN``; a browser logs in with the form (``login``), which sets an ``HttpOnly``,
+            ``SameSite=Strict`` session cookie that lasts 12 hours and never holds the token;
+            ``logout`` ends it. See ``docs/dashboard.md``.
 
     Raises:
         ConfigurationError: a client that is not one of those, or decodes responses; an empty or
