@@ -48,8 +48,10 @@ Cli = Callable[..., Awaitable[Run]]
 
 
 def _env(redis_url: str | None = None) -> dict[str, str]:
-    """The child's environment: UTF-8, wide and colourless output, REDIS_URL only when given."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    """The child's environment: UTF-8, wide and colourless output, REDIS_URL only when given, no
+    dashboard token."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "FORCE_COLOR", "TTY_COMPATIBLE", "AIODELAYQ_DASHBOARD_TOKEN")}
     env.update(PYTHONIOENCODING="utf-8", COLUMNS="200", NO_COLOR="1")
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
@@ -563,6 +565,78 @@ async def test_the_dashboard_command_serves_until_sigterm(redis_server: Any, mak
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def _dashboard_lines(argv: list[str], env: dict[str, str], n: int) -> tuple[asyncio.subprocess.Process,
+                                                                                   list[str]]:
+    """``aiodelayq dashboard ARGV`` started, and the first ``n`` lines of its stderr."""
+    proc = await _spawn([sys.executable, "-m", "aiodelayq", "dashboard", *argv], env)
+    assert proc.stderr is not None
+    lines = [(await asyncio.wait_for(proc.stderr.readline(), RUN_TIMEOUT_S)).decode() for _ in range(n)]
+    return proc, lines
+
+
+async def _stop_dashboard(proc: asyncio.subprocess.Process) -> str:
+    """SIGTERM, exit 0; the rest of its stderr."""
+    assert proc.stderr is not None
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), RUN_TIMEOUT_S) == 0
+    return (await proc.stderr.read()).decode()
+
+
+async def test_the_dashboard_beyond_loopback_prints_the_token_it_made(redis_server: Any, make_queue: Any,
+                                                                      qname: str) -> None:
+    if redis_server.cluster:
+        pytest.skip("one server here; the dashboard on a Cluster is in tests/test_dashboard.py")
+    await make_queue().offer("x", 60)
+    # Every address of this machine: the requests below go to loopback, and need the token there too.
+    proc, (where, made) = await _dashboard_lines(["--host", "0.0.0.0", "--port", "0", "--queue", qname,
+                                                  "--redis-url", redis_server.url], _env(), 2)
+    try:
+        port = re.search(r"http://0\.0\.0\.0:(\d+)/ \(token required\)", where)
+        assert port is not None, where
+        token = re.fullmatch(r"aiodelayq: the dashboard listens beyond loopback \(0\.0\.0\.0\) and was given no "
+                             r"token; its token is ([A-Za-z0-9_-]{43})\n", made)
+        assert token is not None, made
+        url = f"http://127.0.0.1:{port.group(1)}/"
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(url)).status_code == 401
+            page = await http.get(url, headers={"Authorization": f"Bearer {token.group(1)}"})
+        assert page.status_code == 200
+        assert qname in page.text
+        await _stop_dashboard(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_the_dashboard_takes_its_token_from_the_environment_on_loopback_too(redis_server: Any) -> None:
+    token = "a-token-from-the-environment"
+    proc, [where] = await _dashboard_lines(["--port", "0", "--redis-url", redis_server.url],
+                                           {**_env(), "AIODELAYQ_DASHBOARD_TOKEN": token}, 1)
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+/", where)
+        assert url is not None, where
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(url.group(0))).status_code == 401
+            assert (await http.get(url.group(0), headers={"Authorization": f"Bearer {token}"})).status_code == 200
+        rest = await _stop_dashboard(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert token not in where + rest  # a token given is never printed
+
+
+async def test_a_dashboard_token_it_cannot_take_is_a_usage_error(redis_server: Any) -> None:
+    for given in (["--token", "short"], ["--token", "sixteen chars ok"]):
+        run = await run_command([sys.executable, "-m", "aiodelayq", "dashboard", "--port", "0", *given,
+                                 "--redis-url", redis_server.url])
+        assert run.code == 2, run.err
+        assert run.err.startswith("aiodelayq: --token (or AIODELAYQ_DASHBOARD_TOKEN) must be "), run.err
+        assert len(run.err.splitlines()) == 1
+        assert given[1] not in run.err
 
 
 async def test_the_dashboard_on_a_port_in_use_is_one_line(redis_server: Any) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
+import logging
 import os
 import re
 import shutil
@@ -18,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -32,7 +35,9 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq.dashboard import CannotListen, Dashboard, serve
+from aiodelayq.dashboard._auth import SESSION_COOKIE, SESSION_TTL_S, TokenGate
 from aiodelayq.dashboard._http import CSRF_COOKIE, CSRF_FIELD
+from aiodelayq.dashboard._http import Request as HttpRequest
 from tests.helpers import free_socket, until
 
 BROWSER_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -523,6 +528,242 @@ async def test_on_a_cluster_the_index_finds_queues_on_every_primary(cluster: Any
             await q.aclose()
 
 
+# -- a token: a bearer token, or a login and its session --------------------------------------------------
+
+TOKEN = "the-dashboard-token-of-the-tests"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+FORGED_CSRF = "a" * 43  # a well-formed double-submit token: anyone can make one, and a cookie to match
+
+
+def session_cookies(response: httpx.Response) -> list[str]:
+    """The ``Set-Cookie`` values of a response that set (or delete) the session cookie."""
+    return [value for value in response.headers.get_list("set-cookie") if value.startswith(SESSION_COOKIE + "=")]
+
+
+async def log_in(http: httpx.AsyncClient, url: str, token: str = TOKEN) -> httpx.Response:
+    """Log in as a browser does: ``url`` answers 401 with the login form, posted with ``token``."""
+    page = await get_page(http, url, 401)
+    form = page.form("login")
+    return await http.post(form["action"], data={**form["fields"], "token": token})
+
+
+async def test_with_a_token_every_request_without_it_gets_401_and_the_login_form(client: Redis, make_queue: Any,
+                                                                                 served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(max_deliveries=3)
+    await dead_letters(q, 1)
+    base = await served(Dashboard(client, token=TOKEN))
+    action = {"queue": q.name, "confirm": "yes"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        asked = [("GET", base), ("GET", queue_url(base, q.name)), ("HEAD", base), ("GET", urljoin(base, "nowhere")),
+                 ("GET", urljoin(base, "login")), ("POST", urljoin(base, "purge")), ("POST", urljoin(base, "pause")),
+                 ("POST", urljoin(base, "logout"))]
+        for method, url in asked:
+            response = await http.request(method, url, data=action if method == "POST" else None)
+            assert response.status_code == 401, (method, url)
+            assert response.headers["www-authenticate"] == 'Bearer realm="aiodelayq dashboard"'
+        page = await get_page(http, queue_url(base, q.name), 401)
+        assert page.form("login")["fields"]["next"] == queue_url(base, q.name)[len(base):]  # back here after
+        assert q.name not in page.text  # nothing of Redis
+        assert (page.rows, page.counts) == ({}, {})
+        # The stylesheet is the package's own file: the login page uses it.
+        [css] = page.stylesheets
+        assert (await http.get(css)).status_code == 200
+        # A wrong token, in any scheme, is no token.
+        wrong = [{"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": f"Bearer {TOKEN[:-1]}"},
+                 {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}, {"Authorization": "Bearer"}]
+        for headers in wrong:
+            assert (await http.get(base, headers=headers)).status_code == 401, headers
+            assert (await http.post(urljoin(base, "purge"), data=action, headers=headers)).status_code == 401
+        assert (await q.counts()).dead_letters == 1
+        # The token as a bearer token: the pages, and the actions without a CSRF token (no browser
+        # sends an Authorization header by itself).
+        index = await http.get(base, headers=BEARER)
+        assert index.status_code == 200
+        assert Page(index.text, base).rows[q.name]["dead_letters"] == "1"
+        assert (await http.get(base, headers={"authorization": f"bearer  {TOKEN}"})).status_code == 200
+        purged = await http.post(urljoin(base, "purge"), data=action, headers=BEARER)
+        assert purged.status_code == 303, purged.text
+    assert (await q.counts()).dead_letters == 0
+
+
+async def test_a_browser_logs_in_with_the_form_and_holds_a_session_that_is_not_the_token(client: Redis,
+                                                                                         make_queue: Any,
+                                                                                         served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    await q.offer("x", 3600)
+    base = await served(Dashboard(client, token=TOKEN))
+    async with httpx.AsyncClient(timeout=10) as http:
+        wrong = await log_in(http, queue_url(base, q.name), "not-the-token-of-this-dashboard")
+        assert wrong.status_code == 401
+        assert "That is not the token." in Page(wrong.text, str(wrong.url)).text
+        assert session_cookies(wrong) == []
+        logged_in = await log_in(http, queue_url(base, q.name))
+        assert logged_in.status_code == 303, logged_in.text
+        assert urljoin(base, logged_in.headers["location"]) == queue_url(base, q.name)  # the page asked for
+        [cookie] = session_cookies(logged_in)
+        assert [part.strip() for part in cookie.split(";")[1:]] == ["Path=/", "HttpOnly", "SameSite=Strict",
+                                                                    "Max-Age=43200"]
+        session = http.cookies[SESSION_COOKIE]
+        assert TOKEN not in session
+        again = await http.get(urljoin(base, "login"))  # logged in: the login page leads to the index
+        assert (again.status_code, again.headers["location"]) == (303, "./")
+        # Logged in: the pages, and an action through its form.
+        page = await get_page(http, queue_url(base, q.name))
+        assert page.counts["pending"] == "1"
+        paused = await submit(http, page, "pause")
+        assert paused.status_code == 303, paused.text
+        assert (await q.counts()).paused
+        # Each login is a new session.
+        async with httpx.AsyncClient(timeout=10) as other:
+            assert (await log_in(other, base)).status_code == 303
+            assert other.cookies[SESSION_COOKIE] != session
+        # Logging out deletes the cookie and ends the session: the pages are the login form again,
+        # even to a copy of the cookie.
+        after = await get_page(http, urljoin(base, paused.headers["location"]))
+        out = await submit(http, after, "logout")
+        assert out.status_code == 303
+        assert [c.split(";")[0] for c in session_cookies(out)] == [f"{SESSION_COOKIE}="]
+        assert SESSION_COOKIE not in http.cookies
+        await get_page(http, base, 401)
+        assert (await http.get(base, headers={"Cookie": f"{SESSION_COOKIE}={session}"})).status_code == 401
+
+
+async def test_a_forged_post_changes_nothing(client: Redis, make_queue: Any, served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(max_deliveries=3)
+    await dead_letters(q, 2)
+    base = await served(Dashboard(client, token=TOKEN))
+    purge = urljoin(base, "purge")
+    forged = {"queue": q.name, "confirm": "yes", CSRF_FIELD: FORGED_CSRF}
+    statuses = []
+    # What purged every dead letter of a dashboard off loopback: a self-made double-submit cookie and
+    # its form field, as curl sends them from any host.
+    async with httpx.AsyncClient(timeout=10) as forger:
+        statuses.append((await forger.post(purge, data=forged, headers={"Cookie": f"{CSRF_COOKIE}={FORGED_CSRF}"}))
+                        .status_code)
+        # A session cookie of the right shape, not signed with this token; one of a dashboard with
+        # another token; one of this token, expired.
+        made_up = f"{int(time.time())}.{'b' * 22}.{'c' * 43}"
+        other = await served(Dashboard(client, token=TOKEN + "-other"))
+        assert (await log_in(forger, other, TOKEN + "-other")).status_code == 303
+        another = forger.cookies[SESSION_COOKIE]
+        forger.cookies.clear()
+        stale = TokenGate(TOKEN, clock=lambda: time.time() - SESSION_TTL_S - 120).new_session(
+            HttpRequest("POST", "/login", "", {})).split(";")[0].partition("=")[2]
+        for session in (made_up, another, stale):
+            cookie = f"{SESSION_COOKIE}={session}; {CSRF_COOKIE}={FORGED_CSRF}"
+            statuses.append((await forger.post(purge, data=forged, headers={"Cookie": cookie})).status_code)
+    # Logged in, a browser is still safe from other pages: a form with a made-up CSRF token and its
+    # cookie (a page of another port of this host can set one), or the right form from another origin.
+    async with httpx.AsyncClient(timeout=10) as victim:
+        assert (await log_in(victim, base)).status_code == 303
+        page = await get_page(victim, queue_url(base, q.name))
+        victim.cookies.set(CSRF_COOKIE, FORGED_CSRF)
+        statuses.append((await victim.post(purge, data=forged)).status_code)
+        statuses.append((await victim.post(purge, data={**forged, CSRF_FIELD: ""})).status_code)
+        form = page.form("purge")
+        for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "same-site"}):
+            statuses.append((await victim.post(form["action"], data={**form["fields"], "confirm": "yes"},
+                                               headers=headers)).status_code)
+        assert (await q.counts()).dead_letters == 2
+        # Its own form, from its own page: done.
+        done = await victim.post(form["action"], data={**form["fields"], "confirm": "yes"})
+        assert done.status_code == 303
+    assert statuses == [401, 401, 401, 401, 403, 403, 403, 403]
+    assert (await q.counts()).dead_letters == 0
+
+
+async def test_the_login_form_refuses_a_post_from_another_site(client: Redis, served: Any) -> None:
+    base = await served(Dashboard(client, token=TOKEN))
+    async with httpx.AsyncClient(timeout=10) as http:
+        form = (await get_page(http, base, 401)).form("login")
+        data = {**form["fields"], "token": TOKEN}
+        refused = [await http.post(form["action"], data={k: v for k, v in data.items() if k != CSRF_FIELD}),
+                   await http.post(form["action"], data={**data, CSRF_FIELD: FORGED_CSRF}),
+                   await http.post(form["action"], data=data, headers={"Origin": "http://evil.example"}),
+                   await http.post(form["action"], data=data, headers={"Sec-Fetch-Site": "cross-site"})]
+        async with httpx.AsyncClient(timeout=10) as stranger:  # the form's token without its cookie
+            refused.append(await stranger.post(form["action"], data=data))
+        assert [r.status_code for r in refused] == [403] * 5
+        assert not [r for r in refused if session_cookies(r)]
+        # A login leads to a page of this dashboard, never elsewhere.
+        for next_page, location in [("queue?name=a%20b", "queue?name=a%20b"), ("?refresh=5", "./?refresh=5"),
+                                    ("//evil.example/", "./"), ("http://evil.example/", "./"), ("../x", "./"),
+                                    ("queue\r\nSet-Cookie: x=y", "./"), ("static/dashboard.css", "./")]:
+            response = await http.post(form["action"], data={**data, "next": next_page})
+            assert (response.status_code, response.headers["location"]) == (303, location), next_page
+
+
+async def test_without_a_token_there_is_no_login(client: Redis, make_queue: Any, served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    await q.offer("x", 3600)
+    base = await served(Dashboard(client))
+    async with httpx.AsyncClient(timeout=10) as http:
+        index = await get_page(http, base)
+        assert q.name in index.rows
+        assert not [f for f in index.forms if f["method"] == "post"]  # no logout
+        for path in ("login", "logout"):
+            assert (await http.get(urljoin(base, path))).status_code == 404
+            assert (await http.post(urljoin(base, path), data={"token": TOKEN})).status_code == 404
+        assert SESSION_COOKIE not in http.cookies
+
+
+async def test_read_only_with_a_token_logs_in_and_serves_no_write(client: Redis, make_queue: Any,
+                                                                   served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue(max_deliveries=3)
+    await dead_letters(q, 1)
+    base = await served(Dashboard(client, read_only=True, token=TOKEN))
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert (await log_in(http, queue_url(base, q.name))).status_code == 303
+        page = await get_page(http, queue_url(base, q.name))
+        assert "read-only" in page.text
+        # The logout button and the search: no other form.
+        assert [(f["method"], f["buttons"]) for f in page.forms] == [("post", ["logout"]), ("get", [""])]
+        csrf = page.form("logout")["fields"][CSRF_FIELD]
+        for action in ("pause", "resume", "requeue", "purge"):
+            data = {"queue": q.name, "confirm": "yes", CSRF_FIELD: csrf}
+            assert (await http.post(urljoin(base, action), data=data)).status_code == 403, action
+            assert (await http.post(urljoin(base, action), data=data, headers=BEARER)).status_code == 403, action
+    counts = await q.counts()
+    assert (counts.paused, counts.dead_letters) == (False, 1)
+
+
+async def test_mounted_under_a_prefix_the_session_is_the_mount_s(client: Redis, make_queue: Any,
+                                                                  serve_aiohttp: Any) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    await q.offer("x", 3600)
+    admin = web.Application()
+    admin.add_subapp("/queues", Dashboard(client, token=TOKEN).aiohttp_app())
+    app = web.Application()
+    app.add_subapp("/admin", admin)
+    base = await serve_aiohttp(app) + "/admin/queues/"
+    async with httpx.AsyncClient(timeout=10) as http:
+        bare = await http.get(base.rstrip("/"))
+        assert (bare.status_code, urljoin(str(bare.url), bare.headers["location"])) == (308, base)
+        logged_in = await log_in(http, queue_url(base, q.name))
+        assert urljoin(base, logged_in.headers["location"]) == queue_url(base, q.name)
+        [cookie] = [c for c in http.cookies.jar if c.name == SESSION_COOKIE]
+        assert cookie.path == "/admin/queues/"
+        page = await get_page(http, queue_url(base, q.name))
+        assert (await submit(http, page, "pause")).status_code == 303
+    assert (await q.counts()).paused
+
+
+def test_a_token_is_checked_where_the_dashboard_is_made() -> None:
+    from aiodelayq import ConfigurationError
+
+    secret = "s3cret-but-short"[:15]
+    for bad, match in [(secret, "at least 16 characters"), ("x" * 1025, "at most 1024"),
+                       ("sixteen chars ok", "visible ASCII"), ("é" * 16, "visible ASCII"), (b"x" * 20, "a str")]:
+        with pytest.raises(ConfigurationError, match=match) as caught:
+            Dashboard(Redis(), token=bad)  # type: ignore[arg-type]
+        assert "token" in str(caught.value)
+        assert secret not in str(caught.value)
+    dashboard = Dashboard(Redis(), token=TOKEN)
+    assert dashboard.needs_token
+    assert not Dashboard(Redis()).needs_token
+    assert TOKEN not in repr(dashboard)
+
+
 # -- serve(): the standalone server the command line runs ---------------------------------------------------
 
 
@@ -551,6 +792,76 @@ async def test_serve_runs_the_dashboard_until_cancelled(own_server: Any, make_cl
         await asyncio.wait_for(task, 15)
 
 
+async def _serving(task: asyncio.Future[None], caplog: pytest.LogCaptureFixture) -> str:
+    """The base URL (on 127.0.0.1) of :func:`serve` running as ``task``, from its INFO line."""
+
+    def said() -> list[str]:
+        assert not task.done(), task.exception()
+        return re.findall(r"on http://[^/]+:(\d+)/", " ".join(r.getMessage() for r in caplog.records))
+
+    await until(said, timeout_s=30, interval_s=0.05)
+    return f"http://127.0.0.1:{said()[0]}/"
+
+
+async def _stop(task: asyncio.Future[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 15)
+
+
+async def test_serve_beyond_loopback_makes_a_token_and_prints_it(own_server: Any, make_client: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="aiodelayq")
+    server = own_server()
+    orders: DelayedQueue[Any] = DelayedQueue(make_client(server), "orders", max_deliveries=3)
+    await dead_letters(orders, 2)
+    await orders.offer("x", 60)
+    # Every address of this machine; the test's requests go to loopback, and need the token there too.
+    task = asyncio.ensure_future(serve(server.url, host="0.0.0.0", port=0))
+    try:
+        base = await _serving(task, caplog)
+        # Another host's curl with a self-made cookie and the matching form field: refused.
+        async with httpx.AsyncClient(timeout=10) as forger:
+            forged = await forger.post(base + "purge", data={"queue": "orders", "confirm": "yes",
+                                                             CSRF_FIELD: FORGED_CSRF},
+                                       headers={"Cookie": f"{CSRF_COOKIE}={FORGED_CSRF}"})
+        assert forged.status_code == 401
+        assert (await orders.counts()).dead_letters == 2
+        [made] = [r for r in caplog.records if "its token is" in r.getMessage()]
+        assert made.levelno == logging.WARNING
+        assert "0.0.0.0" in made.getMessage()
+        token = made.getMessage().rsplit(" ", 1)[1]
+        assert re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(base)).status_code == 401
+            assert (await http.post(base + "pause", data={"queue": "orders"})).status_code == 401
+            index = await http.get(base, headers={"Authorization": f"Bearer {token}"})
+            assert index.status_code == 200
+            assert Page(index.text, base).rows["orders"]["dead_letters"] == "2"
+            assert (await log_in(http, base, token)).status_code == 303
+            assert "orders" in (await get_page(http, base)).rows
+    finally:
+        await _stop(task)
+        await orders.aclose()
+
+
+async def test_serve_on_loopback_needs_a_token_given_to_it(own_server: Any, make_client: Any,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    server = own_server()
+    await DelayedQueue(make_client(server), "orders", codec="str").offer("x", 60)
+    task = asyncio.ensure_future(serve(server.url, port=0, token=TOKEN))
+    try:
+        base = await _serving(task, caplog)
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(base)).status_code == 401
+            assert (await http.get(base, headers=BEARER)).status_code == 200
+    finally:
+        await _stop(task)
+    assert TOKEN not in caplog.text  # a token given is never printed
+    assert "(token required)" in caplog.text
+
+
 async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) -> None:
     server = own_server()
     with free_socket() as probe:
@@ -575,6 +886,7 @@ async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) ->
 
 
 async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> None:
+    from aiodelayq import ConfigurationError
     from aiodelayq.cli._ops import CannotConnect
 
     server = own_server()
@@ -587,6 +899,9 @@ async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> No
         await asyncio.wait_for(serve(server.url, host="192.0.2.1", port=0), 15)
     with free_socket() as closed:
         nobody = closed.getsockname()[1]
+    # A token it cannot take: said before connecting (nothing listens at this URL).
+    with pytest.raises(ConfigurationError, match="token must be at least 16 characters"):
+        await asyncio.wait_for(serve(f"redis://127.0.0.1:{nobody}/0", port=0, token="short"), 15)
     with pytest.raises(CannotConnect) as caught:
         await asyncio.wait_for(serve(f"redis://:pw@127.0.0.1:{nobody}/0", port=0), 30)
     assert "\n" not in str(caught.value)
@@ -672,6 +987,70 @@ async def test_in_a_browser_the_page_lists_the_queue_and_pause_pauses_it(client:
     assert message.startswith("Paused")
     assert parse_qs(urlsplit(url).query)["name"] == [q.name]
     assert (await q.counts()).paused
+
+
+@pytest.mark.once
+async def test_in_a_browser_a_login_lets_a_write_through_and_a_forged_post_changes_nothing(
+        client: Redis, make_queue: Any, serve_asgi: Any, serve_aiohttp: Any) -> None:
+    chromium, driver_path = _browser_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import presence_of_element_located
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    q: DelayedQueue[Any] = make_queue(max_deliveries=3)
+    await dead_letters(q, 2)
+    await q.offer("x", 600)
+    base = await serve_asgi(Dashboard(client, token=TOKEN).asgi_app()) + "/"
+    read_only = await serve_asgi(Dashboard(client, read_only=True, token=TOKEN + "-ro").asgi_app()) + "/"
+
+    # Another site's page, on another port of this host: it sets the CSRF cookie a dashboard without
+    # a token trusts (cookies are not kept apart by port), and its button posts a purge with it.
+    async def forger(request: web.Request) -> web.Response:
+        fields = {"queue": q.name, "confirm": "yes", CSRF_FIELD: FORGED_CSRF}
+        inputs = "".join(f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items())
+        page = f'<!doctype html><form method="post" action="{base}purge">{inputs}<button id="go">Go</button></form>'
+        response = web.Response(text=page, content_type="text/html")
+        response.set_cookie(CSRF_COOKIE, FORGED_CSRF, path="/")
+        return response
+
+    forging = web.Application()
+    forging.router.add_get("/", forger)
+    forging_url = await serve_aiohttp(forging) + "/"
+
+    def log_in_with(browser: Any, wait: Any, token: str) -> None:
+        wait.until(presence_of_element_located((By.NAME, "token"))).send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, 'button[name="login"]').click()
+
+    def browse() -> tuple[str, dict[str, Any], str, str, str, list[str]]:
+        with _browser(chromium, driver_path) as browser:
+            wait = WebDriverWait(browser, 30)
+            browser.get(queue_url(base, q.name))  # the login form (401), then back to this page
+            log_in_with(browser, wait, TOKEN)
+            wait.until(presence_of_element_located((By.CSS_SELECTOR, 'button[name="pause"]'))).click()
+            message = wait.until(presence_of_element_located((By.CSS_SELECTOR, "p.message"))).text
+            session = browser.get_cookie(SESSION_COOKIE)
+            seen_by_scripts = str(browser.execute_script("return document.cookie"))
+            browser.get(forging_url)
+            browser.find_element(By.ID, "go").click()
+            status = wait.until(presence_of_element_located((By.CSS_SELECTOR, "p.error[data-status]")))
+            refusal = f"{status.get_attribute('data-status')} {status.text}"
+            browser.get(queue_url(read_only, q.name))
+            log_in_with(browser, wait, TOKEN + "-ro")
+            wait.until(presence_of_element_located((By.CSS_SELECTOR, 'section.counts')))
+            buttons = [b.get_attribute("name") or "" for b in browser.find_elements(By.CSS_SELECTOR, "button")]
+            return message, session, seen_by_scripts, refusal, browser.current_url, buttons
+
+    message, session, seen_by_scripts, refusal, url, buttons = await asyncio.wait_for(asyncio.to_thread(browse), 180)
+    assert message.startswith("Paused")
+    assert (session["httpOnly"], session["sameSite"]) == (True, "Strict")
+    assert TOKEN not in session["value"]
+    assert SESSION_COOKIE not in seen_by_scripts
+    assert refusal.startswith("403 Refused")
+    counts = await q.counts()
+    assert (counts.paused, counts.dead_letters) == (True, 2)
+    # Read-only: the queue page has the search and the logout button, no write button.
+    assert url == queue_url(read_only, q.name)
+    assert sorted(buttons) == ["", "logout"]
 
 
 # -- the docs' screenshot ------------------------------------------------------------------------------

@@ -559,15 +559,21 @@ async def _doctor(target: Target, names: list[str] | None, max_lag_s: float, max
 
 @_command()
 def dashboard(host: Annotated[str, typer.Option("--host", metavar="ADDRESS",
-                                                help="The address to listen on (keep loopback unless a proxy "
-                                                "authenticates).")] = "127.0.0.1",
+                                                help="The address to listen on (beyond loopback, a token is "
+                                                "required).")] = "127.0.0.1",
               port: Annotated[int, typer.Option("--port", min=0, max=65535, metavar="PORT",
                                                 help="The port to listen on (0: any free one).")] = 8000,
-              read_only: Annotated[bool, typer.Option("--read-only", help="No buttons: nothing can be "
+              read_only: Annotated[bool, typer.Option("--read-only", help="No write buttons: nothing can be "
                                                       "changed.")] = False,
               names: Annotated[list[str] | None, typer.Option("--queue", metavar="NAME",
                                                               help="Show this queue (repeatable; default: the "
                                                               "queues SCAN finds).")] = None,
+              token: Annotated[str | None, typer.Option("--token", envvar="AIODELAYQ_DASHBOARD_TOKEN",
+                                                        metavar="TOKEN",
+                                                        help="Every request needs this token (16+ characters; "
+                                                        "a bearer token or the login form's). Beyond loopback "
+                                                        "one is required: without it, one is made and printed. "
+                                                        "Prefer the env var: arguments show in ps.")] = None,
               redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
               service: ServiceOpt = None) -> None:
     """Serve the web dashboard of the queues until Ctrl-C or SIGTERM (docs: Dashboard)."""
@@ -575,14 +581,23 @@ def dashboard(host: Annotated[str, typer.Option("--host", metavar="ADDRESS",
 
     try:
         from ..dashboard import CannotListen, serve
+        from ..dashboard._auth import check_token
     except ImportError as exc:  # the extra is missing: its message says what to install
         _fail(str(exc), 2)
+    from ..exceptions import ConfigurationError
+
+    if token is not None:
+        try:
+            check_token(token, "--token (or AIODELAYQ_DASHBOARD_TOKEN)")
+        except ConfigurationError as exc:
+            _fail(str(exc), 2)
 
     # The dashboard's one INFO line says where it listens (the port it got, with --port 0).
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("aiodelayq").setLevel(logging.INFO)
     try:
-        _run(serve(_target(redis_url, cluster, sentinel, service), host, port, read_only, queues=names))
+        _run(serve(_target(redis_url, cluster, sentinel, service), host, port, read_only, queues=names,
+                   token=token))
     except CannotListen as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:  # Ctrl-C is how it ends: exit 0

@@ -1,5 +1,6 @@
-"""The :class:`Dashboard`: its routes, its pages (Jinja2 templates) and its actions (POSTs behind the
-CSRF checks of ``_http``), served by the ASGI or the aiohttp adapter."""
+"""The :class:`Dashboard`: its routes, its pages (Jinja2 templates), its actions (POSTs behind the
+CSRF checks of ``_http``) and, with a token, its login (``_auth``), served by the ASGI or the aiohttp
+adapter."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from ..exceptions import (
     InvalidKeyError,
     InvalidNameError,
 )
+from ._auth import TokenGate, after_login, check_token
 from ._http import (
     CSRF_FIELD,
     ASGIApp,
@@ -41,6 +43,7 @@ from ._http import (
     aiohttp_application,
     asgi_application,
     csrf_cookie,
+    origin_refusal,
     post_refusal,
 )
 from ._pages import (
@@ -73,6 +76,11 @@ REFRESH_CHOICES = (5, 10, 30, 60)
 DEFAULT_PEEK = 20
 DEFAULT_DEAD = 50
 MAX_ROWS = 1000
+# What a dashboard with a token serves to anyone: the stylesheet (the package's own file, which the
+# login page uses) and the login.
+_OPEN = frozenset({"/static/dashboard.css", "/login"})
+# The pages a login may lead back to.
+_PAGES = frozenset({"/", "/queue"})
 
 _DONE = {"paused": "Paused: its consumers hand nothing out until it is resumed.",
          "resumed": "Resumed.",
@@ -86,7 +94,7 @@ class _NotFound(Exception):
 
 class Dashboard:
     """A web dashboard of aiodelayq queues, the Bull Board pattern: mount it in your web app, which
-    protects it with its own authentication.
+    protects it with its own authentication, or give it a ``token``.
 
     Pages: an index of every queue (pending, ready, in flight, dead letters, lag, paused, rate limit),
     and a page per queue with its counts, charts of the due times of the next hour and the next day,
@@ -100,19 +108,28 @@ class Dashboard:
     Args:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` client with ``decode_responses=False``;
             the dashboard never closes it.
-        read_only: show no buttons, and answer every POST with 403.
+        read_only: show no write buttons, and answer every POST of an action with 403.
         queues: the names of the queues to show; ``None``: every queue found by ``SCAN`` (as
             ``aiodelayq ls`` finds them) at each load of the index. With a list, other names get 404.
+        token: ``None``: no authentication of its own (the app it is mounted in protects it). A token
+            (16 to 1,024 visible ASCII characters; ``secrets.token_urlsafe()`` makes one): every
+            request but the stylesheet's, the login's and the mount point's redirect to its slash
+            needs it, else it gets 401 and the login form. A client sends ``Authorization: Bearer
+            TOKEN``; a browser logs in with the form (``login``), which sets an ``HttpOnly``,
+            ``SameSite=Strict`` session cookie that lasts 12 hours and never holds the token;
+            ``logout`` ends it. See ``docs/dashboard.md``.
 
     Raises:
         ConfigurationError: a client that is not one of those, or decodes responses; an empty or
-            non-``str`` queue name.
+            non-``str`` queue name; a ``token`` that is not a ``str`` of 16 to 1,024 visible ASCII
+            characters (the message never shows it).
     """
 
     def __init__(self, redis: Redis | RedisCluster, *, read_only: bool = False,
-                 queues: Iterable[str] | None = None) -> None:
+                 queues: Iterable[str] | None = None, token: str | None = None) -> None:
         self._client = check_client(redis)
         self._read_only = bool(read_only)
+        self._gate = None if token is None else TokenGate(check_token(token))
         self._queues: list[str] | None = None
         if queues is not None:
             if isinstance(queues, str):
@@ -140,11 +157,19 @@ class Dashboard:
             "/requeue": {"POST": self._action("requeued", self._requeue)},
             "/purge": {"POST": self._action("purged", self._purge)},
         }
+        if self._gate is not None:
+            self._routes["/login"] = {"GET": self._login_page, "POST": self._login}
+            self._routes["/logout"] = {"POST": self._logout}
 
     @property
     def read_only(self) -> bool:
-        """Whether the dashboard shows no buttons and refuses every POST."""
+        """Whether the dashboard shows no write buttons and refuses every action."""
         return self._read_only
+
+    @property
+    def needs_token(self) -> bool:
+        """Whether every request needs the dashboard's token (it was given one)."""
+        return self._gate is not None
 
     @property
     def queues(self) -> list[str] | None:
@@ -153,7 +178,8 @@ class Dashboard:
 
     def __repr__(self) -> str:
         which = "scanned" if self._queues is None else f"{len(self._queues)} queues"
-        return f"<Dashboard {which}{' read-only' if self._read_only else ''}>"
+        return (f"<Dashboard {which}{' read-only' if self._read_only else ''}"
+                f"{' token' if self._gate is not None else ''}>")
 
     def asgi_app(self) -> ASGIApp:
         """An ASGI app: mount it in FastAPI or Starlette (``app.mount("/queues", dashboard.asgi_app())``),
@@ -168,12 +194,14 @@ class Dashboard:
 
     async def _handle(self, request: Request) -> Response:
         """Answer one request (what both adapters call): a page, the stylesheet, an action's redirect,
-        or an error page (400 bad input, 403 refused POST, 404 unknown page or queue, 405, 503 when
-        Redis does not answer)."""
+        or an error page (400 bad input, 401 the login form, 403 refused POST, 404 unknown page or
+        queue, 405, 503 when Redis does not answer)."""
         if request.path == "":  # the mount point without its slash: relative links need it
             segment = request.mount.rstrip("/").rpartition("/")[2]
             location = quote(segment) + "/" + (f"?{request.query}" if request.query else "")
             return Response(308, b"", "text/plain; charset=utf-8", [("Location", location)])
+        if self._gate is not None and request.path not in _OPEN and not self._gate.lets_in(request):
+            return self._login_form(request, 401)  # before the routes: an unknown page says nothing either
         methods = self._routes.get(request.path)
         if methods is None:
             return self._error(request, 404, "Not found", f"There is no page {request.path!r} here.")
@@ -204,18 +232,36 @@ class Dashboard:
     def _render(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
         headers: list[tuple[str, str]] = [("Cache-Control", "no-store")]
         token = ""
-        if not self._read_only:
-            token, cookie = csrf_cookie(request)
+        sid = None if self._gate is None else self._gate.session_of(request)
+        if self._gate is not None and sid is not None:
+            token = self._gate.csrf_token(sid)  # the session's forms: its own CSRF token
+        elif self._gate is not None or not self._read_only:
+            token, cookie = csrf_cookie(request)  # the login form's, or the forms of a dashboard without a token
             if cookie is not None:
                 headers.append(("Set-Cookie", cookie))
         depth = max(request.path.count("/") - 1, 0)
         html = self._env.get_template(template).render(
-            root="../" * depth or "./", read_only=self._read_only, csrf_token=token, **context)
+            root="../" * depth or "./", read_only=self._read_only, csrf_token=token, logged_in=sid is not None,
+            **context)
         return Response(code, html.encode("utf-8"), headers=headers)
 
     def _error(self, request: Request, status: int, title: str, message: str) -> Response:
         return self._render(request, "error.html", status, status=status, title=title, message=message,
                             refresh=None, refresh_choices=(), here="")
+
+    def _login_form(self, request: Request, status: int, next_page: str | None = None, failed: bool = False
+                    ) -> Response:
+        """The login page: with 401, what every request without the token gets (``WWW-Authenticate``
+        names the bearer scheme); ``next_page`` is where the login leads (by default, the page asked
+        for)."""
+        if next_page is None:
+            asked = request.method in ("GET", "HEAD") and request.path in _PAGES
+            next_page = request.path[1:] + (f"?{request.query}" if request.query else "") if asked else ""
+        response = self._render(request, "login.html", status, next_page=next_page, failed=failed, refresh=None,
+                                refresh_choices=(), here="")
+        if status == 401:
+            response.headers.append(("WWW-Authenticate", 'Bearer realm="aiodelayq dashboard"'))
+        return response
 
     async def _stylesheet(self, request: Request) -> Response:
         return Response(200, self._css, "text/css; charset=utf-8", [("Cache-Control", "max-age=300")])
@@ -294,7 +340,7 @@ class Dashboard:
             if self._read_only:
                 return self._error(request, 403, "Read-only", "This dashboard is read-only: it changes nothing.")
             form = request.form()
-            refusal = post_refusal(request, form)
+            refusal = self._post_refusal(request, form)
             if refusal is not None:
                 return self._error(request, 403, "Forbidden", f"Refused: {refusal}.")
             name = form.get("queue", "")
@@ -309,6 +355,46 @@ class Dashboard:
             return Response(303, b"", "text/plain; charset=utf-8", [("Location", location)])
 
         return post
+
+    def _post_refusal(self, request: Request, form: Mapping[str, str]) -> str | None:
+        """Why an action or a logout is refused (403), or ``None``: another site or origin; without a
+        token, a double-submit token that is not the cookie's; with one, a session's form without
+        the session's CSRF token (a bearer token needs none)."""
+        if self._gate is None:
+            return post_refusal(request, form)
+        return origin_refusal(request) or self._gate.csrf_refusal(request, form)
+
+    # -- login (a dashboard with a token) ------------------------------------------------------------
+
+    async def _login_page(self, request: Request) -> Response:
+        assert self._gate is not None
+        if self._gate.lets_in(request):
+            return Response(303, b"", "text/plain; charset=utf-8", [("Location", "./")])
+        return self._login_form(request, 401)
+
+    async def _login(self, request: Request) -> Response:
+        """A login: the form's own CSRF check (origin and double-submit token), then the token; a new
+        session when it is the token, the login form again (401) when not."""
+        assert self._gate is not None
+        form = request.form()
+        refusal = post_refusal(request, form)
+        if refusal is not None:
+            return self._error(request, 403, "Forbidden", f"Refused: {refusal}.")
+        next_page = form.get("next", "")
+        if not self._gate.is_token(form.get("token", "")):
+            return self._login_form(request, 401, next_page, failed=True)
+        return Response(303, b"", "text/plain; charset=utf-8",
+                        [("Location", after_login(next_page)), ("Set-Cookie", self._gate.new_session(request)),
+                         ("Cache-Control", "no-store")])
+
+    async def _logout(self, request: Request) -> Response:
+        assert self._gate is not None
+        form = request.form()
+        refusal = self._post_refusal(request, form)
+        if refusal is not None:
+            return self._error(request, 403, "Forbidden", f"Refused: {refusal}.")
+        return Response(303, b"", "text/plain; charset=utf-8",
+                        [("Location", "./"), ("Set-Cookie", self._gate.end_session(request))])
 
     @staticmethod
     async def _pause(queue: DelayedQueue[bytes], form: Mapping[str, str]) -> None:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 __all__ = ["ASGIApp", "CSRF_COOKIE", "CSRF_FIELD", "MAX_BODY_BYTES", "BadRequest", "Request", "Response",
-           "aiohttp_application", "asgi_application", "csrf_cookie", "csrf_token_of", "post_refusal"]
+           "aiohttp_application", "asgi_application", "cookie_header", "csrf_cookie", "csrf_token_of",
+           "origin_refusal", "post_refusal"]
 
 Handler = Callable[["Request"], Awaitable["Response"]]
 
@@ -130,6 +131,16 @@ def _fields(text: str) -> dict[str, str]:
 # -- CSRF: a double-submit token, and the origin of a POST ----------------------------------------------
 
 
+def cookie_header(request: Request, name: str, value: str, max_age_s: int | None = None) -> str:
+    """A ``Set-Cookie`` value for the dashboard's cookies: ``HttpOnly``, ``SameSite=Strict``, for the
+    mount's path, ``Secure`` over TLS; with ``max_age_s``, kept that many seconds (0: deleted)."""
+    path = quote(request.mount.rstrip("/") + "/", safe="/")
+    cookie = f"{name}={value}; Path={path}; HttpOnly; SameSite=Strict"
+    if max_age_s is not None:
+        cookie += f"; Max-Age={max_age_s}"
+    return cookie + ("; Secure" if request.secure else "")
+
+
 def csrf_token_of(request: Request) -> str | None:
     """The request's CSRF cookie, when it holds a well-formed token."""
     for value in request.cookies(CSRF_COOKIE):
@@ -140,25 +151,20 @@ def csrf_token_of(request: Request) -> str | None:
 
 def csrf_cookie(request: Request) -> tuple[str, str | None]:
     """``(token, Set-Cookie value or None)``: the request's token, or a new one and the cookie that
-    carries it (HttpOnly, SameSite=Strict, for the mount's path; Secure over TLS)."""
+    carries it (see :func:`cookie_header`)."""
     token = csrf_token_of(request)
     if token is not None:
         return token, None
     token = secrets.token_urlsafe(32)
-    path = quote(request.mount.rstrip("/") + "/", safe="/")
-    cookie = f"{CSRF_COOKIE}={token}; Path={path}; HttpOnly; SameSite=Strict"
-    return token, cookie + ("; Secure" if request.secure else "")
+    return token, cookie_header(request, CSRF_COOKIE, token)
 
 
 def post_refusal(request: Request, form: Mapping[str, str]) -> str | None:
-    """Why a POST is refused (a 403), or ``None``: it comes from another site (``Sec-Fetch-Site``,
-    ``Origin`` or ``Referer`` naming another host than ``Host``/``X-Forwarded-Host``), or its form's
-    token is not its cookie's (compared in constant time)."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        return "a request from another site"
-    origin = request.headers.get("origin") or request.headers.get("referer")
-    if origin is not None and not _same_host(origin, request):
-        return "a request from another origin"
+    """Why a POST is refused (a 403), or ``None``: :func:`origin_refusal`, or its form's token is not
+    its cookie's (compared in constant time)."""
+    refusal = origin_refusal(request)
+    if refusal is not None:
+        return refusal
     sent = form.get(CSRF_FIELD, "")
     cookies = [value for value in request.cookies(CSRF_COOKIE) if _TOKEN.fullmatch(value)]
     if not sent or not cookies:
@@ -166,6 +172,17 @@ def post_refusal(request: Request, form: Mapping[str, str]) -> str | None:
     # Every cookie is compared: none is skipped early on a mismatch.
     matches = [hmac.compare_digest(sent.encode(), value.encode()) for value in cookies]
     return None if any(matches) else "a CSRF token that is not this browser's (load the page again)"
+
+
+def origin_refusal(request: Request) -> str | None:
+    """Why a POST is refused for where it comes from, or ``None``: ``Sec-Fetch-Site``, ``Origin`` or
+    ``Referer`` name another site or host than ``Host``/``X-Forwarded-Host``."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return "a request from another site"
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if origin is not None and not _same_host(origin, request):
+        return "a request from another origin"
+    return None
 
 
 def _same_host(origin: str, request: Request) -> bool:

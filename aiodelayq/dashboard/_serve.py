@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import logging
 import signal
 import socket
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..cli._ops import Target, connect
 from ._app import Dashboard
+from ._auth import check_token, new_token
 
 __all__ = ["CannotListen", "serve"]
 
@@ -25,27 +27,34 @@ class CannotListen(Exception):
 
 
 async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, *,
-                queues: Sequence[str] | None = None) -> None:
+                queues: Sequence[str] | None = None, token: str | None = None) -> None:
     """Serve a :class:`Dashboard` of the server at ``url`` on ``http://host:port/`` with uvicorn, until
     SIGTERM (then it returns) or until cancelled (Ctrl-C under ``asyncio.run``: the server shuts down,
     then :class:`asyncio.CancelledError` propagates). Needs the ``dashboard`` extra (Jinja2, uvicorn).
 
-    The command line's ``aiodelayq dashboard --redis-url URL --host H --port P [--read-only]`` calls
-    it: every failure it can expect is one of the exceptions below, whose message is one line.
+    The command line's ``aiodelayq dashboard --redis-url URL --host H --port P [--read-only]
+    [--token T]`` calls it: every failure it can expect is one of the exceptions below, whose message
+    is one line.
 
-    It has no authentication of its own: keep the default loopback ``host`` (reach it through an SSH
-    tunnel or a proxy that authenticates), use ``read_only``, or mount :meth:`Dashboard.asgi_app` in
-    an app that has authentication.
+    On a loopback address (the default) and without ``token``, it has no authentication: anyone who
+    can reach the port (this machine's users) may use it. Given a ``token``, every request needs it
+    (see :class:`Dashboard`). Listening on any other address, it always needs one: without
+    ``token``, it makes one (:func:`secrets.token_urlsafe`) and logs it at WARNING on the
+    ``aiodelayq`` logger, once, at start.
 
     Args:
         url: a Redis URL (``redis://``, ``rediss://``, ``unix://``): a server, or a node of a Cluster
             (detected); or the command line's ``Target`` (``aiodelayq.cli._ops``), for Sentinel.
         host: the address to listen on.
         port: the port to listen on (0: any free port).
-        read_only: no buttons; every POST answers 403.
+        read_only: no write buttons; every action answers 403.
         queues: the queues to show (``None``: those ``SCAN`` finds).
+        token: the token every request needs (16 to 1,024 visible ASCII characters); ``None``: none
+            on loopback, a new one on any other address.
 
     Raises:
+        ConfigurationError: ``token`` is not a ``str`` of 16 to 1,024 visible ASCII characters
+            (raised before connecting; the message never shows it).
         aiodelayq.cli._ops.BadInput: ``url`` is not a Redis URL.
         aiodelayq.cli._ops.CannotConnect: the server does not answer a ``PING`` (refused, unknown host,
             timeout, bad password).
@@ -57,25 +66,45 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
     except ImportError as exc:
         raise ImportError("aiodelayq.dashboard.serve needs uvicorn: pip install 'aiodelayq[dashboard]'") from exc
 
+    if token is not None:
+        check_token(token)
     target = url if isinstance(url, Target) else Target(url)
     async with connect(target) as client:
-        dashboard = Dashboard(client, read_only=read_only, queues=queues)
         sock = _listen(host, port)
-        bound = sock.getsockname()
-        server = _server(uvicorn.Config(dashboard.asgi_app(), lifespan="on", log_level="warning", access_log=False,
-                                        server_header=False, proxy_headers=False))
-        log.info("aiodelayq: dashboard of %s on http://%s/%s", target, _address(bound),
-                 " (read-only)" if read_only else "")
-        running = asyncio.ensure_future(server.serve(sockets=[sock]))
         try:
-            await asyncio.shield(running)
-        except asyncio.CancelledError:
-            server.should_exit = True  # a graceful stop: requests in flight finish, then the socket closes
-            with contextlib.suppress(Exception):
-                await running
-            raise
+            bound = sock.getsockname()
+            made = token is None and not _is_loopback(bound[0])
+            if made:
+                token = new_token()
+            dashboard = Dashboard(client, read_only=read_only, queues=queues, token=token)
+            server = _server(uvicorn.Config(dashboard.asgi_app(), lifespan="on", log_level="warning",
+                                            access_log=False, server_header=False, proxy_headers=False))
+            log.info("aiodelayq: dashboard of %s on http://%s/%s%s", target, _address(bound),
+                     " (read-only)" if read_only else "", " (token required)" if token is not None else "")
+            if made:
+                log.warning("aiodelayq: the dashboard listens beyond loopback (%s) and was given no token; "
+                            "its token is %s", bound[0], token)
+            running = asyncio.ensure_future(server.serve(sockets=[sock]))
+            try:
+                await asyncio.shield(running)
+            except asyncio.CancelledError:
+                server.should_exit = True  # a graceful stop: requests in flight finish, then the socket closes
+                with contextlib.suppress(Exception):
+                    await running
+                raise
         finally:
             sock.close()
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a bound address is a loopback one (``127.0.0.0/8``, ``::1``, ``::ffff:127.x.y.z``)."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
 
 
 def _listen(host: str, port: int) -> socket.socket:
