@@ -472,7 +472,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         a :class:`Message` received with ``visibility_timeout_s`` seconds, kept alive while its
         handler runs longer (extended every third of it). Returned: acked. Raised :class:`Retry`:
         nacked for its delay. Raised :class:`Reject`: dead-lettered now. Raised anything else: logged and nacked after
-        ``retry_backoff.compute(delivery_count)`` seconds (a redis-py backoff; default
+        ``retry_backoff.compute(delivery_count)`` seconds (the count at most 64; a redis-py backoff; default
         ``EqualJitterBackoff(cap=300, base=1)``: 1-2 s, 2-4 s, 4-8 s...); past the queue's
         ``max_deliveries`` it is dead-lettered (set it: without a limit a failing item is retried
         forever). ``reliable=False``: plain ``take_many``, at most once; a failing handler's item is

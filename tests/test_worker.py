@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.backoff import ConstantBackoff
+from redis.backoff import ConstantBackoff, ExponentialBackoff
 
 from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions, current_message
 from aiodelayq.worker import run_worker
@@ -78,6 +78,55 @@ async def test_a_failure_is_retried_with_the_backoff_then_dead_lettered(make_que
     [dead] = await q.dead_letters()
     assert (dead.value, dead.reason, dead.delivery_count) == ("broken", "max_deliveries", 3)
     assert (worker.stats.failed, worker.stats.retried, worker.stats.succeeded) == (4, 4, 2)
+
+
+async def test_without_a_limit_max_deliveries_is_none_and_the_worker_logs_retries_not_dead_letters(
+        make_queue: Any, qname: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aiodelayq")
+    unlimited, limited = make_queue(codec="json"), make_queue(f"{qname}:limited", codec="json", max_deliveries=2)
+    assert unlimited.max_deliveries is None
+    assert limited.max_deliveries == 2
+
+    async def handler(item: str) -> None:
+        message = current_message()
+        assert message is not None
+        if item == "always" or message.delivery_count < 3:
+            raise ValueError("fails")
+
+    await unlimited.offer("twice", 0)
+    await _run(unlimited, handler, lambda w: w.stats.succeeded == 1, 10, retry_backoff=ConstantBackoff(0.05))
+    await limited.offer("always", 0)
+    await _run(limited, handler, lambda _: _counts_settle(limited, dead_letters=1, in_flight=0), 10,
+               retry_backoff=ConstantBackoff(0.05))
+    failures = [r.getMessage() for r in caplog.records if "handler failed on message" in r.getMessage()]
+    assert len(failures) == 4
+    assert "(delivery 1 with no limit); retry in 0.1 s" in failures[0]
+    assert "(delivery 2 with no limit); retry in 0.1 s" in failures[1]
+    assert "(delivery 1 of 2); retry in 0.1 s" in failures[2]
+    assert "(delivery 2 of 2); its last: dead-lettered" in failures[3]
+    assert await unlimited.dead_letters() == []
+
+
+async def test_a_message_failing_past_1024_deliveries_keeps_the_backoffs_delay(
+        make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # redis-py's exponential backoffs compute base * 2**failures: a float overflow from 2**1024.
+    caplog.set_level(logging.ERROR, logger="aiodelayq")
+    q = make_queue(codec="json")
+    backoff = ExponentialBackoff(cap=0.001, base=0.001)
+    with pytest.raises(OverflowError):
+        backoff.compute(1024)
+    deliveries = 1030
+
+    async def handler(item: str) -> None:
+        message = current_message()
+        assert message is not None
+        if message.delivery_count < deliveries:
+            raise ValueError("fails")
+
+    await q.offer("stubborn", 0)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 1, 120, concurrency=1, retry_backoff=backoff)
+    assert (worker.stats.failed, worker.stats.retried) == (deliveries - 1, deliveries - 1)
+    assert [r.getMessage() for r in caplog.records] == []  # no "retry_backoff failed", no traceback
 
 
 async def test_retry_and_reject_steer_a_message(client: Redis, make_queue: Any) -> None:

@@ -75,6 +75,11 @@ _AHEAD_HOLD_S = 0.5
 # While a fetch is in flight, a slot gives the loop a turn every this many messages.
 _YIELD_EVERY = 8
 
+BACKOFF_COUNT_CAP = 64
+"""The largest delivery count a worker passes to its ``retry_backoff.compute``: an exponential
+backoff is at its cap long before (2**64 times its base), and redis-py's own overflow (an
+``OverflowError`` from about 2**1024) is never reached, however often a message comes back."""
+
 
 class Retry(Exception):
     """Raised by a handler: deliver the message again after ``delay_s`` seconds (``None``: the
@@ -297,7 +302,7 @@ class Worker(Generic[T]):
         """Log what became of the messages of the handlers running when the cut began (``cut``):
         handed back (INFO; with those not handed back, as many as ``stats.interrupted`` counted),
         not handed back (WARNING, by id), ended on their own (INFO) and left running (ERROR)."""
-        name, limit = self.queue.name, self.queue.max_deliveries
+        name = self.queue.name
         handed_back = dead = 0
         not_back: list[str] = []
         ended: list[str] = []
@@ -309,7 +314,7 @@ class Worker(Generic[T]):
                     continue  # plain mode: its item was logged at ERROR
                 if why is not None:
                     not_back.append(f"{message.id} ({why})")
-                elif limit is not None and message.delivery_count >= limit:
+                elif _is_last(message):
                     dead += 1  # its last delivery: the nack dead-lettered it (reason max_deliveries)
                 else:
                     handed_back += 1
@@ -546,20 +551,21 @@ class Worker(Generic[T]):
         delay_s = self._retry_delay_s(exc, message.delivery_count)
         self.stats.retried += 1
         if not isinstance(exc, Retry):
-            limit = self.queue.max_deliveries
-            then = ("its last: dead-lettered" if limit is not None and message.delivery_count >= limit
-                    else f"retry in {delay_s:.1f} s")
-            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d of %s); %s",
-                        self.queue.name, message.id, message.delivery_count, limit or "unlimited", then,
-                        exc_info=exc)
+            limit = _limit(message)
+            then = "its last: dead-lettered" if _is_last(message) else f"retry in {delay_s:.1f} s"
+            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d %s); %s",
+                        self.queue.name, message.id, message.delivery_count,
+                        "with no limit" if limit is None else f"of {limit}", then, exc_info=exc)
         await self._settle(message, "nack", delay_s)
 
     def _retry_delay_s(self, exc: BaseException, delivery_count: int) -> float:
-        """``Retry``'s delay, else the backoff's; a bad value (negative, NaN, infinite, or a
-        backoff that fails) becomes the backoff's, then 1 s: a retry delay never kills a slot."""
+        """``Retry``'s delay, else the backoff's of the delivery count (at most
+        ``BACKOFF_COUNT_CAP``); a bad value (negative, NaN, infinite, or a backoff that fails)
+        becomes the backoff's, then 1 s: a retry delay never kills a slot."""
+        failures = min(delivery_count, BACKOFF_COUNT_CAP)
         for delay in (getattr(exc, "delay_s", None) if isinstance(exc, Retry) else None, None):
             try:
-                value = float(delay if delay is not None else self.retry_backoff.compute(delivery_count))
+                value = float(delay if delay is not None else self.retry_backoff.compute(failures))
             except Exception:  # the backoff is the user's: any failure falls back
                 log.exception("aiodelayq: worker on %r: retry_backoff failed; retrying in 1 s", self.queue.name)
                 return 1.0
@@ -630,3 +636,14 @@ class Worker(Generic[T]):
                                 self.queue.name, message.id, error)
                 elif error is not None:
                     raise error
+
+
+def _limit(message: Message[Any]) -> int | None:
+    """The ``max_deliveries`` of the queue ``message`` came from (``None``: no limit)."""
+    return message._settler.max_deliveries
+
+
+def _is_last(message: Message[Any]) -> bool:
+    """Whether ``message`` is on the last delivery its queue allows (a nack dead-letters it)."""
+    limit = _limit(message)
+    return limit is not None and message.delivery_count >= limit
