@@ -309,8 +309,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
                        tz: str | None = None, headers: Mapping[str, str] | None = None) -> int:
         """Deliver ``item`` again and again: every ``every`` (seconds or a ``timedelta``, the first
         one period from now), or at the times of the cron expression ``cron`` (5 fields, or 6 with
-        seconds; in UTC, or in the IANA time zone ``tz``; needs ``pip install 'aiodelayq[cron]'``, in
-        consumers too). Returns the first due time (epoch ms, server clock).
+        seconds last, or a name such as ``@daily``; in UTC, or in the IANA time zone ``tz``; needs
+        ``pip install 'aiodelayq[cron]'``, in consumers too). Returns the first due time (epoch ms,
+        server clock).
 
         The schedule is ``key``'s: exactly one occurrence is pending at a time, a keyed pending item
         (:meth:`get` shows it, :meth:`cancel` stops the schedule). Handing an occurrence out
@@ -322,7 +323,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
         Raises:
             ConfigurationError: neither or both of ``every`` and ``cron``, ``tz`` without ``cron``, a
-                bad cron expression or time zone, croniter not installed; nothing is written.
+                bad cron expression (another number of fields, or one that matches no date, such as
+                ``0 0 30 2 *``) or time zone, croniter not installed; nothing is written.
             InvalidDelayError: an ``every`` that is not > 0. InvalidKeyError, InvalidHeadersError,
                 EncodeError, ItemTooLargeError: as :meth:`offer`.
             BackendError: the call failed (``maybe_applied``).
