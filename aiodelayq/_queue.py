@@ -480,8 +480,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
         forever). ``reliable=False``: plain ``take_many``, at most once; a failing handler's item is
         logged at ERROR and dropped. For a graceful stop (signals), use :meth:`worker`.
 
+        ``handler`` is an async callable, whichever way a worker starts (this call, :meth:`worker`,
+        ``Queues.add_worker``, ``Prioritized.worker``, ``run_worker``, ``aiodelayq worker``): an
+        ``async def`` function or method, a ``functools.partial`` of one, an object with an
+        ``async def __call__``, or a ``functools.wraps`` wrapper of one. Anything else (a plain
+        function, a lambda) is refused before anything runs: run blocking code from an ``async
+        def`` handler with ``await asyncio.to_thread(...)``.
+
         Raises:
-            ConfigurationError: a bad option, named.
+            ConfigurationError: a bad option, named, or a handler that is not an async callable.
             BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
         """
         worker = self.worker(handler, concurrency=concurrency, visibility_timeout_s=visibility_timeout_s,

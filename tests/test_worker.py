@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
+import os
 import re
 import signal
+import sys
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff, ExponentialBackoff
 
-from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions, current_message
+from aiodelayq import (
+    ConfigurationError,
+    DelayedQueue,
+    Prioritized,
+    Queues,
+    Reject,
+    Retry,
+    Worker,
+    WorkerOptions,
+    current_message,
+)
 from aiodelayq.worker import run_worker
 from tests.faults import REPO_ROOT
 from tests.helpers import until
@@ -412,6 +425,90 @@ async def test_bad_worker_options_are_refused_naming_the_option_wherever_a_worke
             start()
     if name != "retry_backoff":  # not a process runner's option
         assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1", **options) == 2  # before connecting
+
+
+class _SyncCall:
+    def __call__(self, item: Any) -> None:
+        pass
+
+
+class _AsyncCall:
+    def __init__(self, seen: list[Any]) -> None:
+        self.seen = seen
+
+    async def __call__(self, item: Any) -> None:
+        self.seen.append(item)
+
+
+def _sync(item: Any) -> None:
+    pass
+
+
+_SYNC_HANDLERS = {"lambda": lambda item: None, "def": _sync, "partial": functools.partial(_sync),
+                  "sync __call__": _SyncCall(), "a class": _SyncCall, "not callable": 42}
+
+
+@pytest.mark.parametrize("kind", list(_SYNC_HANDLERS))
+async def test_a_handler_that_is_not_async_is_refused_wherever_a_worker_starts(
+        make_queue: Any, tmp_path: Any, kind: str) -> None:
+    handler: Any = _SYNC_HANDLERS[kind]
+    q = make_queue()
+    queues = Queues("redis://127.0.0.1:1")
+    for start in (lambda: q.worker(handler), lambda: queues.add_worker("q", handler),
+                  lambda: Prioritized([q]).worker(handler), lambda: Worker(q, handler, WorkerOptions())):
+        with pytest.raises(ConfigurationError, match="must be an async callable"):
+            start()
+    with pytest.raises(ConfigurationError, match="must be an async callable"):
+        await q.consume(handler)
+    assert not q.is_open  # consume refused it before opening the queue
+    assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1") == 2  # before connecting
+    if kind in ("def", "sync __call__"):  # the command line, on a module's attribute
+        (tmp_path / "sync_handlers.py").write_text("def handle(item):\n    pass\n\n"
+                                                  "class Handle:\n    def __call__(self, item):\n        pass\n\n"
+                                                  "handle_object = Handle()\n")
+        target = "sync_handlers:handle" if kind == "def" else "sync_handlers:handle_object"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiodelayq", "worker", target, "--queue", "q", "--redis-url", "redis://127.0.0.1:1",
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 2, err
+        assert b"must be an async callable" in err
+
+
+async def test_async_callables_of_every_kind_handle_items(make_queue: Any) -> None:
+    seen: list[Any] = []
+
+    async def handle(item: Any, tag: str = "def") -> None:
+        seen.append((tag, item))
+
+    class Methods:
+        async def handle(self, item: Any) -> None:
+            seen.append(("method", item))
+
+    def wrapped(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(item: Any) -> Any:  # a plain function that returns the coroutine
+            return function(item, "wrapped")
+        return wrapper
+
+    recorded: list[Any] = []
+    handlers: dict[str, Any] = {"def": handle, "partial": functools.partial(handle, tag="partial"),
+                                "method": Methods().handle, "async __call__": _AsyncCall(recorded),
+                                "partial of __call__": functools.partial(_AsyncCall(recorded)),
+                                "wrapped": wrapped(handle)}
+    q = make_queue(codec="json")
+    async with q:
+        for index, (kind, handler) in enumerate(handlers.items()):
+            await q.offer(index, 0)
+            worker = q.worker(handler)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: worker.stats.succeeded == 1, timeout_s=10)  # noqa: B023
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+            assert worker.stats.failed == 0, kind
+    assert recorded == [3, 4]
+    assert seen == [("def", 0), ("partial", 1), ("method", 2), ("wrapped", 5)]
 
 
 # -- the worker process: real signals ---------------------------------------------------------------

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -52,7 +54,7 @@ from .messages import Message
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["Reject", "Retry", "Worker", "WorkerStats"]
+__all__ = ["Reject", "Retry", "Worker", "WorkerStats", "check_handler"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -79,6 +81,40 @@ BACKOFF_COUNT_CAP = 64
 """The largest delivery count a worker passes to its ``retry_backoff.compute``: an exponential
 backoff is at its cap long before (2**64 times its base), and redis-py's own overflow (an
 ``OverflowError`` from about 2**1024) is never reached, however often a message comes back."""
+
+
+def check_handler(handler: Callable[[T], Awaitable[object]], what: str = "handler"
+                  ) -> Callable[[T], Awaitable[object]]:
+    """``handler``, if it is an async callable: an ``async def`` function or method, a
+    ``functools.partial`` of one, an object whose class has an ``async def __call__``, a function
+    marked with ``inspect.markcoroutinefunction`` (Python 3.12+), or a ``functools.wraps`` wrapper
+    of one of these. The one rule of every way a worker starts, checked where it is made: a
+    worker awaits what its handler returns, and a plain function's ``None`` would fail every item.
+
+    Raises:
+        ConfigurationError: anything else (a plain function or lambda, a class, a non-callable),
+            naming ``what``.
+    """
+    if not _is_async_callable(handler):
+        raise ConfigurationError(
+            f"{what} must be an async callable taking one item ('async def', a functools.partial of one, or an "
+            f"object with 'async def __call__'), not {handler!r}: a worker awaits what it returns. For a lambda "
+            "that returns a coroutine, use functools.partial; run blocking code from an 'async def' with "
+            "'await asyncio.to_thread(work, item)'")
+    return handler
+
+
+def _is_async_callable(obj: object, depth: int = 0) -> bool:
+    if not callable(obj) or depth > 10:
+        return False
+    if inspect.iscoroutinefunction(obj):  # functions, methods, partials of them, marked functions
+        return True
+    if isinstance(obj, functools.partial):
+        return _is_async_callable(obj.func, depth + 1)
+    if not isinstance(obj, type) and inspect.iscoroutinefunction(type(obj).__call__):
+        return True  # an instance whose class has 'async def __call__'
+    wrapped = getattr(obj, "__wrapped__", None)
+    return wrapped is not None and _is_async_callable(wrapped, depth + 1)
 
 
 class Retry(Exception):
@@ -134,10 +170,14 @@ class Source(Protocol[T]):
 
 class Worker(Generic[T]):
     """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
-    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped."""
+    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
+
+    Raises:
+        ConfigurationError: ``handler`` is not an async callable (:func:`check_handler`).
+    """
 
     def __init__(self, queue: Source[T], handler: Callable[[T], Awaitable[object]], options: WorkerOptions) -> None:
-        self.queue, self.handler, self.options = queue, handler, options
+        self.queue, self.handler, self.options = queue, check_handler(handler), options
         self.concurrency, self.reliable = concurrency, reliable = options.concurrency, options.reliable
         self.visibility_timeout_s = options.visibility_timeout_s
         self.drain_timeout_s = options.drain_timeout_s
