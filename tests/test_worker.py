@@ -23,6 +23,7 @@ from aiodelayq import (
     ConfigurationError,
     DelayedQueue,
     Prioritized,
+    QueueClosedError,
     Queues,
     Reject,
     Retry,
@@ -425,6 +426,26 @@ async def test_bad_worker_options_are_refused_naming_the_option_wherever_a_worke
             start()
     if name != "retry_backoff":  # not a process runner's option
         assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1", **options) == 2  # before connecting
+
+
+async def test_run_on_a_closed_queue_raises_and_a_queue_closed_while_it_runs_ends_it(
+        make_queue: Any, qname: str) -> None:
+    async def handler(item: Any) -> None:
+        pass
+
+    closed, other = make_queue(), make_queue(f"{qname}:other")
+    async with closed:
+        pass
+    async with other:
+        for worker in (closed.worker(handler), Prioritized([other, closed]).worker(handler)):
+            with pytest.raises(QueueClosedError):
+                await asyncio.wait_for(worker.run(), 10)
+            assert worker.state == "stopped"
+        running = other.worker(handler)
+        task = asyncio.create_task(running.run())
+        await until(lambda: running.state == "running")
+    await asyncio.wait_for(task, 10)  # closed while it ran: a clean end
+    assert running.state == "stopped"
 
 
 class _SyncCall:

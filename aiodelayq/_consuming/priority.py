@@ -72,6 +72,11 @@ class Prioritized(Generic[T]):
         return "|".join(q.name for q in self.queues)
 
     @property
+    def is_open(self) -> bool:
+        """Whether every queue is open."""
+        return all(q.is_open for q in self.queues)
+
+    @property
     def max_deliveries(self) -> int | None:
         """The queues' ``max_deliveries`` when they share one, else ``None`` (each queue applies its
         own, and the worker reads each message's)."""

@@ -162,6 +162,8 @@ class Source(Protocol[T]):
     def name(self) -> str: ...
     @property
     def max_deliveries(self) -> int | None: ...
+    @property
+    def is_open(self) -> bool: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
                            timeout: float | None = None) -> list[Message[T]]: ...
     async def take_many_with_headers(self, max_items: int, timeout: float | None = None
@@ -214,6 +216,7 @@ class Worker(Generic[T]):
         self._waking = 0  # slots woken that have not run yet  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
+        self._closed_is_error = False  # set by run(): the queue was not open when it began
 
     def __repr__(self) -> str:
         return (f"<Worker {self.queue.name!r} {self.state} running={len(self._busy)}/{self.concurrency} "
@@ -241,10 +244,15 @@ class Worker(Generic[T]):
 
         Raises:
             ConfigurationError: the worker already ran. QueueNotOpenError: the queue is not open.
+            QueueClosedError: the queue was closed before the call (a queue closed while the
+                worker runs ends it, drained, without an error).
             AccessDeniedError, WrongNodeError: permanent errors of the queue's calls.
         """
         if self.state != "new":
             raise ConfigurationError("a Worker runs once: create a new one")
+        # A queue closed before the run is an error, as for take(): a supervisor that restarts the
+        # worker must not read it as a clean exit. One that closes while the worker runs ends it.
+        self._closed_is_error = not self.queue.is_open
         self.state = "running"
         loop = asyncio.get_running_loop()
         name = self.queue.name
@@ -522,6 +530,8 @@ class Worker(Generic[T]):
                     self._fetching = False
                 self._ahead.extend(fetched)
             except QueueClosedError:
+                if self._closed_is_error:
+                    raise
                 return
             except BackendError as exc:
                 if isinstance(exc, (AccessDeniedError, WrongNodeError)):
