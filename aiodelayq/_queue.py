@@ -72,7 +72,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             goes to the dead-letter list instead of a further delivery (``None``: no limit).
         transfer_batch: most elements one transfer script call moves (Redisson uses 100).
         safety_poll_s: seconds between transfers when nothing else wakes the scheduler.
-        open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds.
+        open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds; a server that
+            refuses the connection fails it at once.
         close_timeout_s: bound of ``aclose()``, seconds.
         call_timeout_s: bound of every Redis call a method makes, resends included, seconds:
             :class:`CallTimeoutError`, whose ``maybe_applied`` says whether a write may have landed.
@@ -217,7 +218,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
         openers share one opening.
 
         Raises:
-            BackendError: Redis could not be reached within ``open_timeout_s``.
+            BackendError: at once when the server refuses the connection (nothing listens at its
+                address) or its setup (a database index it does not have), with its reason; else
+                when Redis could not be reached within ``open_timeout_s``.
             AccessDeniedError: the user lacks a permission the queue needs (see the docs' ACL).
             QueueClosedError: the queue was closed (a queue is opened at most once).
             WrongEventLoopError: called from another event loop than the queue's.
