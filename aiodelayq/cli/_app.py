@@ -49,6 +49,8 @@ def _seconds(minimum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         import math
 
+        from .._core.checks import seconds_text
+
         try:
             value = float(text)
         except ValueError:
@@ -56,7 +58,7 @@ def _seconds(minimum: float) -> Callable[[str], float]:
         if not math.isfinite(value):
             raise typer.BadParameter(f"must be a finite number of seconds, not {text!r}")
         if value < minimum:
-            raise typer.BadParameter(f"must be at least {minimum:g} seconds, not {text!r}")
+            raise typer.BadParameter(f"must be at least {seconds_text(minimum)}, not {text!r}")
         return value
 
     return parse
