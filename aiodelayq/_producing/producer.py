@@ -300,7 +300,9 @@ class Producer:
         return await asyncio.shield(ask)
 
     async def _ask_native_long(self) -> str:
-        one: bytes = await self._scripts.native_long(what="read the server's long size")
+        # Shared by the client's queues: named by what the caller did, not by this queue.
+        one: bytes = await self._scripts.native_long(
+            what="an offer's first call on this client, reading the server's native long size,")
         fmt = self._facts.long_format = long_format(one)
         return fmt
 
