@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import pytest
 
 import aiodelayq.exceptions
 from aiodelayq import DelayedQueue
+from aiodelayq._wire.elements import DeadReason
 from aiodelayq.testing import find_server_kinds
 from tests.faults import REPO_ROOT
 
@@ -260,6 +262,18 @@ def test_the_errors_page_tree_is_the_exception_tree() -> None:
         assert cls.__bases__ == expected, f"docs/errors.md: {name}'s bases are {cls.__bases__}, not {expected}"
         names.append(name)
     assert sorted(names) == sorted(aiodelayq.exceptions.__all__)
+
+
+# -- the dead-letter reasons -------------------------------------------------------------------------
+
+
+def test_the_dead_letter_reasons_the_docs_name_are_the_codes() -> None:
+    reasons = set(typing.get_args(DeadReason))
+    table = re.findall(r"^\| `(\w+)` \|", (DOCS / "reliable.md").read_text(encoding="utf-8").split(
+        "| reason | how it got there |")[1].split("\n\n")[0], flags=re.M)
+    assert sorted(table) == sorted(reasons), "docs/reliable.md's table of dead-letter reasons"
+    cli = (DOCS / "cli.md").read_text(encoding="utf-8").split("## `dead-letters list NAME")[1].split("```")[0]
+    assert set(re.findall(r"`(\w+)`", cli)) & {"unknown", *reasons} == reasons, "docs/cli.md, dead-letters list"
 
 
 # -- the site builds -----------------------------------------------------------------------------------
