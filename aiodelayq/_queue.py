@@ -1,7 +1,9 @@
-"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options``, the life of the
-queue is ``_lifecycle``'s, and every call is delegated: offers to ``_producer``, ``take``/``poll`` to
-the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending``. Those are one
-ordinary queue's components, or for ``shards > 1`` composites over the shards' (``_sharding``)."""
+"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``, the life of
+the queue is its lifecycle's (``_runtime/lifecycle.py``), and every call is delegated: offers to its
+producer (``_producing/producer.py``), ``take``/``poll`` to the take pump (``_consuming/take.py``),
+``receive`` to the reliable consumer (``_consuming/reliable.py``), the pending side to
+``_producing/pending.py``. Those are one ordinary queue's components, or for ``shards > 1``
+composites over the shards' (``_sharding/``)."""
 
 from __future__ import annotations
 

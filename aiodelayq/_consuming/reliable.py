@@ -196,7 +196,7 @@ class ReliableConsumer(Generic[T]):
         k = self._keys
         call_id = os.urandom(16)
         try:
-            # A cancellation here drops the exchange's connection (see _connections.call).
+            # A cancellation here drops the exchange's connection (see _redis.connections.call).
             reply = await self._scripts.receive.resend(max_items, vt_ms, self.settler.limit_arg, call_id, durable=True)
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a

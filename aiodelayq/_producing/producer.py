@@ -1,4 +1,4 @@
-"""Producing: validate and encode items, pack them (``_elements``), then add them with OFFER.
+"""Producing: validate and encode items, pack them (``_wire/elements.py``), then add them with OFFER.
 
 Offers carry a call id (16 random bytes) that OFFER remembers for 60 s: after a lost reply the
 producer resends the same call within ``call_timeout_s`` and the server applies it once. Calls are
@@ -62,7 +62,7 @@ class Producer:
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
         self._tier_after_ms = options.tier_after_ms
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
-        # Only payloads of these codecs never start with an item envelope's marker (see _wire/envelope.py).
+        # Only payloads of these codecs never start with an item envelope's marker (see _wire/elements.py).
         self._bare_safe = isinstance(self._codec, (JsonCodec, StrCodec, MsgpackCodec))
         self._batcher: OfferBatcher | None = None
         self._cost = CallCost()
@@ -171,7 +171,7 @@ class Producer:
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
                       issued: float = 0.0) -> tuple[list[Fragment], list[bytes] | None]:
-        """Validate, encode and pack every pair (see ``_elements.pack_fragments``), with its key's
+        """Validate, encode and pack every pair (see ``_wire.elements.pack_fragments``), with its key's
         OFFER entry (``None`` without keys); raises before anything is sent. ``envelope``: ``(headers,
         expires, single)``, those of ``offer`` (``single``) or ``offer_many`` (headers one per item,
         expires one for all or one per item), the call issued at loop time ``issued``.
