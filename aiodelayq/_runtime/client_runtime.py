@@ -144,8 +144,9 @@ async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferSch
     if runtime.refusal is None:
         runtime.refusal = runtime.tasks.spawn(_refusal(runtime.client, min(timeout_s, call_timeout_s)),
                                               name="aiodelayq-open-ping", quiet=True)
-    await asyncio.wait({runtime.refusal})  # bounded by its call's timeout
-    refused = runtime.refusal.result()
+    probe = runtime.refusal
+    await asyncio.wait({probe})  # bounded by its call's timeout
+    refused = None if probe.cancelled() else probe.result()  # cancelled: the runtime is closing
     if refused is not None:
         raise BackendError(f"opening {keys.destination!r} failed at once: {refused}") from refused
     scheduler.start()
