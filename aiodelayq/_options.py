@@ -55,14 +55,13 @@ def check_client(client: object) -> AnyRedis:
 class QueueOptions:
     """Checked options (see :class:`~aiodelayq.DelayedQueue` for their meaning; seconds in ``*_s``).
 
-    ``max_deliveries`` is 0 for "no limit", as the scripts take it; ``tier_after_ms`` is
-    ``tier_after_s`` in whole ms (rounded up), as OFFER takes it.
+    ``tier_after_ms`` is ``tier_after_s`` in whole ms (rounded up), as OFFER takes it.
     """
 
     codec: Codec
     wire_format: WireFormat
     kind: ElementKind
-    max_deliveries: int
+    max_deliveries: int | None
     transfer_batch: int
     safety_poll_s: float
     open_timeout_s: float
@@ -116,7 +115,7 @@ class QueueOptions:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         return cls(codec=resolved, wire_format=wire_format,  # type: ignore[arg-type]
-                   kind=kind, max_deliveries=max_deliveries or 0,
+                   kind=kind, max_deliveries=max_deliveries,
                    transfer_batch=transfer_batch, max_call_bytes=max_call_bytes, **durations,
                    durability=Durability.build(min_replicas, replication_timeout_s, wait_aof),
                    max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
@@ -139,7 +138,8 @@ class WorkerOptions:
         drain_timeout_s: on :meth:`Worker.stop`, seconds running handlers get to finish before they
             are cut off and their messages handed back (0: at once).
         retry_backoff: the delay before a failed message is delivered again, from its delivery count
-            (a redis-py backoff; ``None``: ``EqualJitterBackoff(cap=300, base=1)``).
+            (at most 64, so that no backoff overflows) (a redis-py backoff; ``None``:
+            ``EqualJitterBackoff(cap=300, base=1)``).
 
     Raises:
         ConfigurationError: a bad option, named.

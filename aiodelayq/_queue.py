@@ -1,7 +1,9 @@
-"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options``, the life of the
-queue is ``_lifecycle``'s, and every call is delegated: offers to ``_producer``, ``take``/``poll`` to
-the ``_take`` pump, ``receive`` to ``_reliable``, the pending side to ``_pending``. Those are one
-ordinary queue's components, or for ``shards > 1`` composites over the shards' (``_sharding``)."""
+"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``, the life of
+the queue is its lifecycle's (``_runtime/lifecycle.py``), and every call is delegated: offers to its
+producer (``_producing/producer.py``), ``take``/``poll`` to the take pump (``_consuming/take.py``),
+``receive`` to the reliable consumer (``_consuming/reliable.py``), the pending side to
+``_producing/pending.py``. Those are one ordinary queue's components, or for ``shards > 1``
+composites over the shards' (``_sharding/``)."""
 
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
             goes to the dead-letter list instead of a further delivery (``None``: no limit).
         transfer_batch: most elements one transfer script call moves (Redisson uses 100).
         safety_poll_s: seconds between transfers when nothing else wakes the scheduler.
-        open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds.
+        open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds; a server that
+            refuses the connection fails it at once.
         close_timeout_s: bound of ``aclose()``, seconds.
         call_timeout_s: bound of every Redis call a method makes, resends included, seconds:
             :class:`CallTimeoutError`, whose ``maybe_applied`` says whether a write may have landed.
@@ -218,7 +221,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
         openers share one opening.
 
         Raises:
-            BackendError: Redis could not be reached within ``open_timeout_s``.
+            BackendError: at once when the server refuses the connection (nothing listens at its
+                address) or its setup (a database index it does not have), with its reason; else
+                when Redis could not be reached within ``open_timeout_s``.
             AccessDeniedError: the user lacks a permission the queue needs (see the docs' ACL).
             QueueClosedError: the queue was closed (a queue is opened at most once).
             WrongEventLoopError: called from another event loop than the queue's.
@@ -311,8 +316,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
                        tz: str | None = None, headers: Mapping[str, str] | None = None) -> int:
         """Deliver ``item`` again and again: every ``every`` (seconds or a ``timedelta``, the first
         one period from now), or at the times of the cron expression ``cron`` (5 fields, or 6 with
-        seconds; in UTC, or in the IANA time zone ``tz``; needs ``pip install 'aiodelayq[cron]'``, in
-        consumers too). Returns the first due time (epoch ms, server clock).
+        seconds last, or a name such as ``@daily``; in UTC, or in the IANA time zone ``tz``; needs
+        ``pip install 'aiodelayq[cron]'``, in consumers too). Returns the first due time (epoch ms,
+        server clock).
 
         The schedule is ``key``'s: exactly one occurrence is pending at a time, a keyed pending item
         (:meth:`get` shows it, :meth:`cancel` stops the schedule). Handing an occurrence out
@@ -324,7 +330,8 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
         Raises:
             ConfigurationError: neither or both of ``every`` and ``cron``, ``tz`` without ``cron``, a
-                bad cron expression or time zone, croniter not installed; nothing is written.
+                bad cron expression (another number of fields, or one that matches no date, such as
+                ``0 0 30 2 *``) or time zone, croniter not installed; nothing is written.
             InvalidDelayError: an ``every`` that is not > 0. InvalidKeyError, InvalidHeadersError,
                 EncodeError, ItemTooLargeError: as :meth:`offer`.
             BackendError: the call failed (``maybe_applied``).
@@ -474,14 +481,21 @@ class DelayedQueue(AsyncResource, Generic[T]):
         a :class:`Message` received with ``visibility_timeout_s`` seconds, kept alive while its
         handler runs longer (extended every third of it). Returned: acked. Raised :class:`Retry`:
         nacked for its delay. Raised :class:`Reject`: dead-lettered now. Raised anything else: logged and nacked after
-        ``retry_backoff.compute(delivery_count)`` seconds (a redis-py backoff; default
+        ``retry_backoff.compute(delivery_count)`` seconds (the count at most 64; a redis-py backoff; default
         ``EqualJitterBackoff(cap=300, base=1)``: 1-2 s, 2-4 s, 4-8 s...); past the queue's
         ``max_deliveries`` it is dead-lettered (set it: without a limit a failing item is retried
         forever). ``reliable=False``: plain ``take_many``, at most once; a failing handler's item is
         logged at ERROR and dropped. For a graceful stop (signals), use :meth:`worker`.
 
+        ``handler`` is an async callable, whichever way a worker starts (this call, :meth:`worker`,
+        ``Queues.add_worker``, ``Prioritized.worker``, ``run_worker``, ``aiodelayq worker``): an
+        ``async def`` function or method, a ``functools.partial`` of one, an object with an
+        ``async def __call__``, or a ``functools.wraps`` wrapper of one. Anything else (a plain
+        function, a lambda) is refused before anything runs: run blocking code from an ``async
+        def`` handler with ``await asyncio.to_thread(...)``.
+
         Raises:
-            ConfigurationError: a bad option, named.
+            ConfigurationError: a bad option, named, or a handler that is not an async callable.
             BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
         """
         worker = self.worker(handler, concurrency=concurrency, visibility_timeout_s=visibility_timeout_s,

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.worker import Worker
+from ._consuming.worker import Worker, check_handler
 from ._core.tasks import TaskOwner, timeout
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
@@ -110,11 +110,12 @@ class Queues(AsyncResource):
         :meth:`DelayedQueue.consume` for what the worker does with each item.
 
         Raises:
-            ConfigurationError: the group is open, or a bad option (named).
+            ConfigurationError: the group is open, a bad option (named), or a handler that is not an
+                async callable (see :meth:`DelayedQueue.consume`).
         """
         self._check_new("add a worker")
         options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s, retry_backoff)
-        self._declared.setdefault(name, _Declared({})).workers.append((handler, options))
+        self._declared.setdefault(name, _Declared({})).workers.append((check_handler(handler), options))
 
     def _check_new(self, what: str) -> None:
         if self.state != "new":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import inspect
 import logging
 import os
 import signal
@@ -23,7 +22,7 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
-from ._consuming.worker import Reject, Retry, Worker, WorkerStats
+from ._consuming.worker import Reject, Retry, Worker, WorkerStats, check_handler
 from ._core.urls import redact
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
@@ -43,7 +42,8 @@ def load_handler(spec: str) -> Handler:
 
     Raises:
         ConfigurationError: a malformed spec, a module or attribute that cannot be imported, or an
-            object that is not an ``async def`` function (or a callable returning awaitables).
+            object that is not an async callable (the rule of every worker: see
+            :meth:`~aiodelayq.DelayedQueue.consume`).
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -59,12 +59,7 @@ def load_handler(spec: str) -> Handler:
             obj = getattr(obj, part)
         except AttributeError:
             raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise ConfigurationError(f"handler {spec!r} is not callable")
-    is_async_callable_object = not inspect.isroutine(obj) and inspect.iscoroutinefunction(type(obj).__call__)
-    if not (inspect.iscoroutinefunction(obj) or is_async_callable_object):
-        raise ConfigurationError(f"handler {spec!r} must be an 'async def' function taking one item")
-    return obj  # type: ignore[no-any-return]
+    return check_handler(obj, f"handler {spec!r}")
 
 
 def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://localhost:6379/0",
@@ -83,12 +78,13 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
     Returns:
         The process exit code: 0 once stopped by a signal or because the queue closed; 1 if the
         worker could not run (Redis unreachable, missing permissions), with one line on stderr; 2
-        for a bad handler or option.
+        for a bad handler (one that is not an async callable, as for every worker) or option,
+        before connecting.
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        function = load_handler(handler) if isinstance(handler, str) else handler
+        function = load_handler(handler) if isinstance(handler, str) else check_handler(handler)
         options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s)
         return asyncio.run(_serve(function, queue=queue, connect=connect or _from_url(redis_url),
                                   max_deliveries=max_deliveries, codec=codec, options=options))

@@ -354,6 +354,25 @@ async def test_offer_and_cancel_round_trip(make_queue: Any, cli: Cli, qname: str
     assert await q.read_all() == [[1, 2]]
 
 
+@pytest.mark.parametrize(("args", "option"), [
+    (["offer", "{q}", "1", "--delay", "inf"], "--delay"), (["offer", "{q}", "1", "--delay", "nan"], "--delay"),
+    (["offer", "{q}", "1", "--delay", "-inf"], "--delay"),
+    (["dead-letters", "requeue", "{q}", "--delay", "inf"], "--delay"),
+    (["watch", "{q}", "--interval", "inf"], "--interval"), (["doctor", "{q}", "--max-lag", "nan"], "--max-lag"),
+    (["worker", "m:f", "--queue", "{q}", "--visibility-timeout", "inf"], "--visibility-timeout"),
+    (["worker", "m:f", "--queue", "{q}", "--drain-timeout", "nan"], "--drain-timeout"),
+])
+async def test_seconds_that_are_not_finite_are_a_usage_error(make_queue: Any, cli: Cli, qname: str, args: list[str],
+                                                            option: str) -> None:
+    q = make_queue()
+    value = args[args.index(option) + 1]
+    run = await cli(*(arg.replace("{q}", qname) for arg in args))
+    assert run.code == 2, run.err
+    assert f"Invalid value for '{option}': must be " in run.err
+    assert f"not '{value}'" in run.err
+    assert await q.size() == 0  # nothing written
+
+
 async def test_offer_takes_json_text_str_or_bytes(make_queue: Any, cli: Cli, qname: str) -> None:
     q = make_queue(codec="json")
     not_json = await cli("offer", qname, "hello")

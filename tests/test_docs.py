@@ -22,6 +22,8 @@ import os
 import re
 import subprocess
 import sys
+import tokenize
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ import pytest
 
 import aiodelayq.exceptions
 from aiodelayq import DelayedQueue
+from aiodelayq._wire.elements import DeadReason
 from aiodelayq.testing import find_server_kinds
 from tests.faults import REPO_ROOT
 
@@ -260,6 +263,106 @@ def test_the_errors_page_tree_is_the_exception_tree() -> None:
         assert cls.__bases__ == expected, f"docs/errors.md: {name}'s bases are {cls.__bases__}, not {expected}"
         names.append(name)
     assert sorted(names) == sorted(aiodelayq.exceptions.__all__)
+
+
+# -- the dead-letter reasons -------------------------------------------------------------------------
+
+
+def test_the_dead_letter_reasons_the_docs_name_are_the_codes() -> None:
+    reasons = set(typing.get_args(DeadReason))
+    table = re.findall(r"^\| `(\w+)` \|", (DOCS / "reliable.md").read_text(encoding="utf-8").split(
+        "| reason | how it got there |")[1].split("\n\n")[0], flags=re.M)
+    assert sorted(table) == sorted(reasons), "docs/reliable.md's table of dead-letter reasons"
+    cli = (DOCS / "cli.md").read_text(encoding="utf-8").split("## `dead-letters list NAME")[1].split("```")[0]
+    assert set(re.findall(r"`(\w+)`", cli)) & {"unknown", *reasons} == reasons, "docs/cli.md, dead-letters list"
+
+
+# -- module paths named in prose exist ---------------------------------------------------------------
+
+PACKAGE = REPO_ROOT / "aiodelayq"
+# A private module path named in prose, slashed (`_wire/elements.py`, `_scripts/lua/`,
+# `aiodelayq/_core/tasks.TaskOwner`) or dotted (`_wire.elements`, `_core.observe.transfer_limit`,
+# `aiodelayq._queue`): it starts with `_` and a lowercase letter, like the package's private modules,
+# and with nothing before it that makes it an attribute or part of a longer path (`self._pending.peek`,
+# `tests/_x`). A bare name (`_pending`) may as well be an attribute: not checked.
+_SLASHED = re.compile(r"(?<![\w./-])(?:aiodelayq/)?(_[a-z][a-z0-9_]*/[\w./]*[\w/])")
+_DOTTED = re.compile(r"(?<![\w./-])(?:aiodelayq\.)?(_[a-z][a-z0-9_]*(?:\.[A-Za-z_]\w*)+)")
+
+
+def _prose() -> list[tuple[str, str]]:
+    """(where, text) of every page (docs/*.md, README.md), and of the comments and docstrings of
+    every module of the package (and the comments of its Lua)."""
+    found = [(page.name if page.parent == REPO_ROOT else f"docs/{page.name}", page.read_text(encoding="utf-8"))
+             for page in [*sorted(DOCS.glob("*.md")), REPO_ROOT / "README.md"]]
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        parts = [token.string for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if token.type == tokenize.COMMENT]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                parts.append(ast.get_docstring(node, clean=False) or "")
+        found.append((str(path.relative_to(REPO_ROOT)), "\n".join(parts)))
+    for path in sorted(PACKAGE.rglob("*.lua")):
+        comments = [line.split("--", 1)[1] for line in path.read_text(encoding="utf-8").splitlines() if "--" in line]
+        found.append((str(path.relative_to(REPO_ROOT)), "\n".join(comments)))
+    return found
+
+
+def _dotted_exists(dotted: str) -> bool:
+    """Whether ``dotted`` (after ``aiodelayq.``) names a module of the package, or an attribute of
+    one (``_core.tasks.TaskOwner``); ``_options.py``: a file."""
+    if dotted.endswith((".py", ".lua")):
+        stem, suffix = dotted.rsplit(".", 1)
+        return (PACKAGE / f"{stem.replace('.', '/')}.{suffix}").is_file()
+    parts = dotted.split(".")
+    obj: Any = None
+    where = PACKAGE
+    for index, part in enumerate(parts):
+        if obj is None or inspect.ismodule(obj):
+            if (where / f"{part}.py").is_file() or (where / part / "__init__.py").is_file():
+                obj = importlib.import_module("aiodelayq." + ".".join(parts[:index + 1]))
+                where = where / part
+                continue
+            if obj is None:
+                return False  # not one of the package's modules
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def _slashed_exists(path: str) -> bool:
+    """Whether ``path`` (after ``aiodelayq/``) is a file or folder of the package, a module named
+    without its ``.py``, or a module then an attribute of it (``_core/tasks.TaskOwner``)."""
+    target = PACKAGE / path.rstrip("/")
+    if target.exists() or target.with_name(f"{target.name}.py").is_file():
+        return True
+    folder, _, last = path.rpartition("/")
+    module, dot, attribute = last.partition(".")
+    return bool(dot) and (PACKAGE / folder / f"{module}.py").is_file() and _dotted_exists(
+        f"{folder.replace('/', '.')}.{module}.{attribute}")
+
+
+def test_every_module_path_named_in_the_docs_and_the_code_exists() -> None:
+    missing = []
+    for where, text in _prose():
+        missing += [f"{where}: {m[1]}" for m in _SLASHED.finditer(text) if not _slashed_exists(m[1])]
+        missing += [f"{where}: {m[1]}" for m in _DOTTED.finditer(text) if not _dotted_exists(m[1])]
+    assert not missing, ("module paths (or their attributes) that do not exist, named in docs or in comments and "
+                         "docstrings: " + "; ".join(missing))
+
+
+def test_the_module_path_matcher_tells_paths_from_attributes() -> None:
+    text = ("see `_wire/elements.py`, _scripts/lua/lib/, `_core/tasks.TaskOwner`, ``_wire.elements.wrap``, "
+            "aiodelayq._core.observe.install(sink), and `_observe.install`, _wire/envelope.py, _scripts/take; "
+            "not self._pending.peek(), q._life.state, tests/_x/y.py, 2_000.5, `_pending`")
+    slashed = [m[1] for m in _SLASHED.finditer(text)]
+    dotted = [m[1] for m in _DOTTED.finditer(text)]
+    assert slashed == ["_wire/elements.py", "_scripts/lua/lib/", "_core/tasks.TaskOwner", "_wire/envelope.py",
+                       "_scripts/take"]
+    assert dotted == ["_wire.elements.wrap", "_core.observe.install", "_observe.install"]
+    assert [_slashed_exists(path) for path in slashed] == [True, True, True, False, False]
+    assert [_dotted_exists(name) for name in dotted] == [True, True, False]
 
 
 # -- the site builds -----------------------------------------------------------------------------------

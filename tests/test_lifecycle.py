@@ -219,10 +219,41 @@ async def test_open_fails_clearly_when_redis_is_unreachable() -> None:
     await client.aclose()
 
 
-async def test_an_open_that_cannot_connect_names_what_it_waited_for_and_no_background_task_logs_it(
+async def test_open_fails_at_once_with_the_reason_when_the_connection_is_refused(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="aiodelayq")
     with free_socket() as bound:  # bound, not listening: every connection is refused
+        port = bound.getsockname()[1]
+        client = Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+        q = DelayedQueue(client, "nowhere", open_timeout_s=30)
+        with pytest.raises(BackendError) as opened:
+            await asyncio.wait_for(q.open(), 10)  # at once, not after open_timeout_s
+        await q.aclose()
+        await client.aclose()
+    assert str(opened.value).startswith("opening 'nowhere' failed at once: the server refused the connection")
+    assert f"127.0.0.1:{port}" in str(opened.value)
+    assert runtime_for(client) is None
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "aiodelayq" and r.levelno >= logging.WARNING and "eviction policy" not in r.getMessage()] == []
+
+
+async def test_open_fails_at_once_with_the_reason_when_the_database_index_is_out_of_range(own_server: Any) -> None:
+    server = own_server(databases="1")
+    client = Redis.from_url(f"redis://127.0.0.1:{server.port}/5")
+    q = DelayedQueue(client, "orders", open_timeout_s=30)
+    with pytest.raises(BackendError) as opened:
+        await asyncio.wait_for(q.open(), 10)  # at once, not after open_timeout_s
+    await q.aclose()
+    await client.aclose()
+    assert str(opened.value) == ("opening 'orders' failed at once: the server refused the connection's setup: "
+                                 "DB index is out of range")
+
+
+async def test_an_open_that_gets_no_answer_names_what_it_waited_for_and_no_background_task_logs_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiodelayq")
+    with free_socket() as bound:
+        bound.listen()  # connections are accepted (by the kernel) and never answered: every call times out
         port = bound.getsockname()[1]
         # No retry inside redis-py: the subscriber and the scheduler fail and try again many times.
         client = Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))

@@ -16,6 +16,7 @@ from aiodelayq import (
     DelayedQueueError,
     InvalidNameError,
     QueueKeys,
+    WorkerOptions,
     prefix_name,
 )
 
@@ -64,3 +65,18 @@ async def test_bad_options_raise_configuration_error(client: Redis, make_client:
     decoding = make_client(decode_responses=True)
     with pytest.raises(ConfigurationError):
         DelayedQueue(decoding, "q")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"tier_after_s": 0.5}, "tier_after_s must be at least 1 second, not 0.5"),
+    ({"safety_poll_s": 0}, "safety_poll_s must be more than 0 seconds, not 0"),
+    ({"lag_warning_s": -2}, "lag_warning_s must be more than 0 seconds, not -2"),
+])
+async def test_a_duration_below_its_minimum_is_refused_in_plain_words(
+        client: Redis, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        DelayedQueue(client, "q", **options)
+    assert str(refused.value) == message
+    with pytest.raises(ConfigurationError) as refused:
+        WorkerOptions(visibility_timeout_s=0.05)
+    assert str(refused.value) == "visibility_timeout_s must be at least 0.1 seconds, not 0.05"

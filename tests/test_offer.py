@@ -630,3 +630,16 @@ async def _refused_offer(client: Redis) -> None:
         assert "may have been applied" not in str(caught.value), caught.value
     finally:
         await client.aclose()
+
+
+async def test_an_offer_to_a_server_that_refuses_the_connection_says_what_it_did_and_what_failed(
+        make_client: Any, make_queue: Any) -> None:
+    with free_socket() as bound:  # bound, not listening: the connection is refused
+        port = bound.getsockname()[1]
+        q = make_queue(redis=make_client(f"redis://127.0.0.1:{port}/0"), call_timeout_s=1)
+        with pytest.raises(BackendError) as refused:
+            await q.offer("x", 60)
+    assert str(refused.value).startswith(
+        "an offer's first call on this client, reading the server's native long size, failed: ConnectionError: "
+        f"Error 111 connecting to 127.0.0.1:{port}.")
+    assert refused.value.maybe_applied is False

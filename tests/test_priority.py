@@ -4,6 +4,7 @@ fetch that waits on all of them loses and doubles nothing."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections import Counter
 from typing import Any
@@ -30,7 +31,7 @@ async def test_a_strict_worker_serves_a_queue_only_while_the_ones_before_it_are_
     for q in queues:
         await until(lambda q=q: _all_ready(q, 20))
     worker = Prioritized([urgent, normal, bulk]).worker(
-        lambda item: _record(handled, item), WorkerOptions(concurrency=1, reliable=reliable))
+        functools.partial(_record, handled), WorkerOptions(concurrency=1, reliable=reliable))
     running = asyncio.create_task(worker.run())
     await until(lambda: len(handled) == 60, timeout_s=20)
     worker.stop()

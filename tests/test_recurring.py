@@ -333,6 +333,11 @@ async def test_a_stalled_cron_schedule_is_restarted_by_whichever_consumer_gets_i
     ({"cron": "not cron"}, ConfigurationError, "cron"),
     ({"cron": ""}, ConfigurationError, "cron"),
     ({"cron": "* * * * *", "tz": "Mars/Olympus"}, ConfigurationError, "tz"),
+    ({"cron": "0 0 30 2 *"}, ConfigurationError, "cron '0 0 30 2 \\*' matches no date"),  # February 30th
+    ({"cron": "0 0 31 4 *", "tz": "Europe/Paris"}, ConfigurationError, "matches no date"),
+    ({"cron": "* * * * * * *"}, ConfigurationError, "has 7 fields"),  # croniter's year field
+    ({"cron": "0 0 1 1 * 0 2099"}, ConfigurationError, "has 7 fields"),
+    ({"cron": "* * * *"}, ConfigurationError, "has 4 fields"),
 ])
 async def test_bad_schedules_are_refused_naming_the_option_with_nothing_written(
         client: Redis, make_queue: Any, kwargs: dict[str, Any], error: type[Exception], names: str) -> None:
@@ -340,3 +345,9 @@ async def test_bad_schedules_are_refused_naming_the_option_with_nothing_written(
     with pytest.raises(error, match=names):
         await q.schedule("k", "x", **kwargs)
     assert await client.exists(*q.keys.all) == 0
+
+
+@pytest.mark.parametrize("cron", ["@daily", "0 0 29 2 *", "*/5 * * * * 30"])
+async def test_cron_names_leap_days_and_seconds_are_accepted(make_queue: Any, cron: str) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    assert await q.schedule("k", "x", cron=cron) > 0

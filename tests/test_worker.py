@@ -6,17 +6,31 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
+import os
 import re
 import signal
+import sys
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.backoff import ConstantBackoff
+from redis.backoff import ConstantBackoff, ExponentialBackoff
 
-from aiodelayq import ConfigurationError, DelayedQueue, Queues, Reject, Retry, Worker, WorkerOptions, current_message
+from aiodelayq import (
+    ConfigurationError,
+    DelayedQueue,
+    Prioritized,
+    QueueClosedError,
+    Queues,
+    Reject,
+    Retry,
+    Worker,
+    WorkerOptions,
+    current_message,
+)
 from aiodelayq.worker import run_worker
 from tests.faults import REPO_ROOT
 from tests.helpers import until
@@ -78,6 +92,55 @@ async def test_a_failure_is_retried_with_the_backoff_then_dead_lettered(make_que
     [dead] = await q.dead_letters()
     assert (dead.value, dead.reason, dead.delivery_count) == ("broken", "max_deliveries", 3)
     assert (worker.stats.failed, worker.stats.retried, worker.stats.succeeded) == (4, 4, 2)
+
+
+async def test_without_a_limit_max_deliveries_is_none_and_the_worker_logs_retries_not_dead_letters(
+        make_queue: Any, qname: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aiodelayq")
+    unlimited, limited = make_queue(codec="json"), make_queue(f"{qname}:limited", codec="json", max_deliveries=2)
+    assert unlimited.max_deliveries is None
+    assert limited.max_deliveries == 2
+
+    async def handler(item: str) -> None:
+        message = current_message()
+        assert message is not None
+        if item == "always" or message.delivery_count < 3:
+            raise ValueError("fails")
+
+    await unlimited.offer("twice", 0)
+    await _run(unlimited, handler, lambda w: w.stats.succeeded == 1, 10, retry_backoff=ConstantBackoff(0.05))
+    await limited.offer("always", 0)
+    await _run(limited, handler, lambda _: _counts_settle(limited, dead_letters=1, in_flight=0), 10,
+               retry_backoff=ConstantBackoff(0.05))
+    failures = [r.getMessage() for r in caplog.records if "handler failed on message" in r.getMessage()]
+    assert len(failures) == 4
+    assert "(delivery 1 with no limit); retry in 0.1 s" in failures[0]
+    assert "(delivery 2 with no limit); retry in 0.1 s" in failures[1]
+    assert "(delivery 1 of 2); retry in 0.1 s" in failures[2]
+    assert "(delivery 2 of 2); its last: dead-lettered" in failures[3]
+    assert await unlimited.dead_letters() == []
+
+
+async def test_a_message_failing_past_1024_deliveries_keeps_the_backoffs_delay(
+        make_queue: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # redis-py's exponential backoffs compute base * 2**failures: a float overflow from 2**1024.
+    caplog.set_level(logging.ERROR, logger="aiodelayq")
+    q = make_queue(codec="json")
+    backoff = ExponentialBackoff(cap=0.001, base=0.001)
+    with pytest.raises(OverflowError):
+        backoff.compute(1024)
+    deliveries = 1030
+
+    async def handler(item: str) -> None:
+        message = current_message()
+        assert message is not None
+        if message.delivery_count < deliveries:
+            raise ValueError("fails")
+
+    await q.offer("stubborn", 0)
+    worker = await _run(q, handler, lambda w: w.stats.succeeded == 1, 120, concurrency=1, retry_backoff=backoff)
+    assert (worker.stats.failed, worker.stats.retried) == (deliveries - 1, deliveries - 1)
+    assert [r.getMessage() for r in caplog.records] == []  # no "retry_backoff failed", no traceback
 
 
 async def test_retry_and_reject_steer_a_message(client: Redis, make_queue: Any) -> None:
@@ -363,6 +426,110 @@ async def test_bad_worker_options_are_refused_naming_the_option_wherever_a_worke
             start()
     if name != "retry_backoff":  # not a process runner's option
         assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1", **options) == 2  # before connecting
+
+
+async def test_run_on_a_closed_queue_raises_and_a_queue_closed_while_it_runs_ends_it(
+        make_queue: Any, qname: str) -> None:
+    async def handler(item: Any) -> None:
+        pass
+
+    closed, other = make_queue(), make_queue(f"{qname}:other")
+    async with closed:
+        pass
+    async with other:
+        for worker in (closed.worker(handler), Prioritized([other, closed]).worker(handler)):
+            with pytest.raises(QueueClosedError):
+                await asyncio.wait_for(worker.run(), 10)
+            assert worker.state == "stopped"
+        running = other.worker(handler)
+        task = asyncio.create_task(running.run())
+        await until(lambda: running.state == "running")
+    await asyncio.wait_for(task, 10)  # closed while it ran: a clean end
+    assert running.state == "stopped"
+
+
+class _SyncCall:
+    def __call__(self, item: Any) -> None:
+        pass
+
+
+class _AsyncCall:
+    def __init__(self, seen: list[Any]) -> None:
+        self.seen = seen
+
+    async def __call__(self, item: Any) -> None:
+        self.seen.append(item)
+
+
+def _sync(item: Any) -> None:
+    pass
+
+
+_SYNC_HANDLERS = {"lambda": lambda item: None, "def": _sync, "partial": functools.partial(_sync),
+                  "sync __call__": _SyncCall(), "a class": _SyncCall, "not callable": 42}
+
+
+@pytest.mark.parametrize("kind", list(_SYNC_HANDLERS))
+async def test_a_handler_that_is_not_async_is_refused_wherever_a_worker_starts(
+        make_queue: Any, tmp_path: Any, kind: str) -> None:
+    handler: Any = _SYNC_HANDLERS[kind]
+    q = make_queue()
+    queues = Queues("redis://127.0.0.1:1")
+    for start in (lambda: q.worker(handler), lambda: queues.add_worker("q", handler),
+                  lambda: Prioritized([q]).worker(handler), lambda: Worker(q, handler, WorkerOptions())):
+        with pytest.raises(ConfigurationError, match="must be an async callable"):
+            start()
+    with pytest.raises(ConfigurationError, match="must be an async callable"):
+        await q.consume(handler)
+    assert not q.is_open  # consume refused it before opening the queue
+    assert run_worker(handler, queue="q", redis_url="redis://127.0.0.1:1") == 2  # before connecting
+    if kind in ("def", "sync __call__"):  # the command line, on a module's attribute
+        (tmp_path / "sync_handlers.py").write_text("def handle(item):\n    pass\n\n"
+                                                  "class Handle:\n    def __call__(self, item):\n        pass\n\n"
+                                                  "handle_object = Handle()\n")
+        target = "sync_handlers:handle" if kind == "def" else "sync_handlers:handle_object"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiodelayq", "worker", target, "--queue", "q", "--redis-url", "redis://127.0.0.1:1",
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 2, err
+        assert b"must be an async callable" in err
+
+
+async def test_async_callables_of_every_kind_handle_items(make_queue: Any) -> None:
+    seen: list[Any] = []
+
+    async def handle(item: Any, tag: str = "def") -> None:
+        seen.append((tag, item))
+
+    class Methods:
+        async def handle(self, item: Any) -> None:
+            seen.append(("method", item))
+
+    def wrapped(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(item: Any) -> Any:  # a plain function that returns the coroutine
+            return function(item, "wrapped")
+        return wrapper
+
+    recorded: list[Any] = []
+    handlers: dict[str, Any] = {"def": handle, "partial": functools.partial(handle, tag="partial"),
+                                "method": Methods().handle, "async __call__": _AsyncCall(recorded),
+                                "partial of __call__": functools.partial(_AsyncCall(recorded)),
+                                "wrapped": wrapped(handle)}
+    q = make_queue(codec="json")
+    async with q:
+        for index, (kind, handler) in enumerate(handlers.items()):
+            await q.offer(index, 0)
+            worker = q.worker(handler)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: worker.stats.succeeded == 1, timeout_s=10)  # noqa: B023
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+            assert worker.stats.failed == 0, kind
+    assert recorded == [3, 4]
+    assert seen == [("def", 0), ("partial", 1), ("method", 2), ("wrapped", 5)]
 
 
 # -- the worker process: real signals ---------------------------------------------------------------

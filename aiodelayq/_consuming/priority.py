@@ -72,9 +72,14 @@ class Prioritized(Generic[T]):
         return "|".join(q.name for q in self.queues)
 
     @property
+    def is_open(self) -> bool:
+        """Whether every queue is open."""
+        return all(q.is_open for q in self.queues)
+
+    @property
     def max_deliveries(self) -> int | None:
-        """The queues' ``max_deliveries`` when they share one, else ``None`` (logs only: each queue
-        applies its own)."""
+        """The queues' ``max_deliveries`` when they share one, else ``None`` (each queue applies its
+        own, and the worker reads each message's)."""
         limits = {q.max_deliveries for q in self.queues}
         return limits.pop() if len(limits) == 1 else None
 

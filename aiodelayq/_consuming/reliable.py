@@ -60,7 +60,7 @@ class ReliableConsumer(Generic[T]):
                  refill: CronRefill) -> None:
         self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.codec, events
         self._tasks, self._refill = tasks, refill
-        self._max_deliveries, self._call_timeout_s = options.max_deliveries, options.call_timeout_s
+        self._call_timeout_s = options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
         # sooner): the queue's safety poll, which bounds every other missed wake-up too.
         self._recheck_s = options.safety_poll_s
@@ -196,8 +196,8 @@ class ReliableConsumer(Generic[T]):
         k = self._keys
         call_id = os.urandom(16)
         try:
-            # A cancellation here drops the exchange's connection (see _connections.call).
-            reply = await self._scripts.receive.resend(max_items, vt_ms, self._max_deliveries, call_id, durable=True)
+            # A cancellation here drops the exchange's connection (see _redis.connections.call).
+            reply = await self._scripts.receive.resend(max_items, vt_ms, self.settler.limit_arg, call_id, durable=True)
         except asyncio.CancelledError:
             # The call may have received messages nobody will see: undo it by its id (or make a
             # late arrival of it receive nothing), without counting a delivery. This caller waits
@@ -220,8 +220,8 @@ class ReliableConsumer(Generic[T]):
         if dead:
             self._events.count("exhausted", dead)
             self._events.dead_lettered(dead, "max_deliveries")
-            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%d; moved to dead-letter list %r",
-                      dead, k.destination, self._max_deliveries, k.dead_letter)
+            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%s; moved to dead-letter list %r",
+                      dead, k.destination, self.settler.max_deliveries, k.dead_letter)
         if malformed:
             self._events.dead_lettered(malformed, "malformed")
             log.warning("aiodelayq: moved %d in-flight entries of %r that are not messages to dead-letter list %r",

@@ -52,12 +52,15 @@ class Settle:
 class Settler:
     """Sends the settles of one queue, many per round trip (see the module docstring)."""
 
-    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, max_deliveries: int, events: Events) -> None:
+    def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, max_deliveries: int | None,
+                 events: Events) -> None:
         # Settles are durable writes (the queue's durability). A resend after a lost reply may find
         # its first try applied and write nothing, so its WAIT can come back before that first try
         # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
         self._scripts, self._keys, self._events, self._tasks = scripts, scripts.keys, events, tasks
-        self._max_deliveries, self._call_timeout_s = max_deliveries, scripts.call_timeout_s
+        # The queue's limit (None: none), and the same as RECEIVE and SETTLE take it (0: none).
+        self.max_deliveries, self.limit_arg = max_deliveries, max_deliveries or 0
+        self._call_timeout_s = scripts.call_timeout_s
         # With durable writes an ack is confirmed by default (its caller waits for the replicas, as
         # for any other durable write); written behind only when asked (``ack(confirm=False)``).
         self.acks_confirmed = scripts.durability.enabled
@@ -147,7 +150,7 @@ class Settler:
 
         async def attempt(remaining_s: float, resend: bool) -> Any:
             # A resend says so: the script then tells "my first try applied it" per message.
-            return await self._scripts.settle.durable(self._max_deliveries, "1" if resend else "", *body,
+            return await self._scripts.settle.durable(self.limit_arg, "1" if resend else "", *body,
                                                       timeout_s=remaining_s)
 
         try:
@@ -168,8 +171,8 @@ class Settler:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
                     self._events.count("exhausted")
                     log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery "
-                              "(max_deliveries=%d); moved to dead-letter list %r", k.destination,
-                              self._max_deliveries, k.dead_letter)
+                              "(max_deliveries=%s); moved to dead-letter list %r", k.destination,
+                              self.max_deliveries, k.dead_letter)
                 if not s.future.done():
                     s.future.set_result(int(result))
             elif int(result) == 0 and s.mode == "ack":

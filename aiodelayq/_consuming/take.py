@@ -537,7 +537,7 @@ class TakePump:
 
     async def _pop(self, pop: Pop, wanted: int, done: list[Pop], transfer: int) -> tuple[Any, int, int, list[bytes]]:
         """POP with ``pop.call_id``, forgetting the ``done`` pops, transferring up to ``|transfer|``
-        elements first (0: none; negative: with lateness, see ``_observe.transfer_limit``); returns
+        elements first (0: none; negative: with lateness, see ``_core.observe.transfer_limit``); returns
         the transfer's reply (``None`` when none ran), the controls' hold (see POP), how many popped
         items had expired (dead-lettered by POP) and the items.
         After a lost reply (or a failure before sending) it is resent with the same id, which

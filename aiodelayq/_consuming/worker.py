@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -53,7 +55,7 @@ from .messages import Message
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["Reject", "Retry", "Worker", "WorkerStats"]
+__all__ = ["Reject", "Retry", "Worker", "WorkerStats", "check_handler"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -72,6 +74,45 @@ _CUT_BOUND_S = _RECANCEL_FOR_S + _HAND_BACK_BOUND_S + 0.2
 _AHEAD_HOLD_S = 0.5
 # While a fetch is in flight, a slot gives the loop a turn every this many messages.
 _YIELD_EVERY = 8
+
+BACKOFF_COUNT_CAP = 64
+"""The largest delivery count a worker passes to its ``retry_backoff.compute``: an exponential
+backoff is at its cap long before (2**64 times its base), and redis-py's own overflow (an
+``OverflowError`` from about 2**1024) is never reached, however often a message comes back."""
+
+
+def check_handler(handler: Callable[[T], Awaitable[object]], what: str = "handler"
+                  ) -> Callable[[T], Awaitable[object]]:
+    """``handler``, if it is an async callable: an ``async def`` function or method, a
+    ``functools.partial`` of one, an object whose class has an ``async def __call__``, a function
+    marked with ``inspect.markcoroutinefunction`` (Python 3.12+), or a ``functools.wraps`` wrapper
+    of one of these. The one rule of every way a worker starts, checked where it is made: a
+    worker awaits what its handler returns, and a plain function's ``None`` would fail every item.
+
+    Raises:
+        ConfigurationError: anything else (a plain function or lambda, a class, a non-callable),
+            naming ``what``.
+    """
+    if not _is_async_callable(handler):
+        raise ConfigurationError(
+            f"{what} must be an async callable taking one item ('async def', a functools.partial of one, or an "
+            f"object with 'async def __call__'), not {handler!r}: a worker awaits what it returns. For a lambda "
+            "that returns a coroutine, use functools.partial; run blocking code from an 'async def' with "
+            "'await asyncio.to_thread(work, item)'")
+    return handler
+
+
+def _is_async_callable(obj: object, depth: int = 0) -> bool:
+    if not callable(obj) or depth > 10:
+        return False
+    if inspect.iscoroutinefunction(obj):  # functions, methods, partials of them, marked functions
+        return True
+    if isinstance(obj, functools.partial):
+        return _is_async_callable(obj.func, depth + 1)
+    if not isinstance(obj, type) and inspect.iscoroutinefunction(type(obj).__call__):
+        return True  # an instance whose class has 'async def __call__'
+    wrapped = getattr(obj, "__wrapped__", None)
+    return wrapped is not None and _is_async_callable(wrapped, depth + 1)
 
 
 class Retry(Exception):
@@ -119,6 +160,8 @@ class Source(Protocol[T]):
     def name(self) -> str: ...
     @property
     def max_deliveries(self) -> int | None: ...
+    @property
+    def is_open(self) -> bool: ...
     async def receive_many(self, max_items: int, visibility_timeout: float,
                            timeout: float | None = None) -> list[Message[T]]: ...
     async def take_many_with_headers(self, max_items: int, timeout: float | None = None
@@ -127,10 +170,14 @@ class Source(Protocol[T]):
 
 class Worker(Generic[T]):
     """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
-    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped."""
+    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
+
+    Raises:
+        ConfigurationError: ``handler`` is not an async callable (:func:`check_handler`).
+    """
 
     def __init__(self, queue: Source[T], handler: Callable[[T], Awaitable[object]], options: WorkerOptions) -> None:
-        self.queue, self.handler, self.options = queue, handler, options
+        self.queue, self.handler, self.options = queue, check_handler(handler), options
         self.concurrency, self.reliable = concurrency, reliable = options.concurrency, options.reliable
         self.visibility_timeout_s = options.visibility_timeout_s
         self.drain_timeout_s = options.drain_timeout_s
@@ -167,6 +214,7 @@ class Worker(Generic[T]):
         self._waking = 0  # slots woken that have not run yet  # the fetcher should look at `want` again
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
+        self._closed_is_error = False  # set by run(): the queue was not open when it began
 
     def __repr__(self) -> str:
         return (f"<Worker {self.queue.name!r} {self.state} running={len(self._busy)}/{self.concurrency} "
@@ -194,10 +242,15 @@ class Worker(Generic[T]):
 
         Raises:
             ConfigurationError: the worker already ran. QueueNotOpenError: the queue is not open.
+            QueueClosedError: the queue was closed before the call (a queue closed while the
+                worker runs ends it, drained, without an error).
             AccessDeniedError, WrongNodeError: permanent errors of the queue's calls.
         """
         if self.state != "new":
             raise ConfigurationError("a Worker runs once: create a new one")
+        # A queue closed before the run is an error, as for take(): a supervisor that restarts the
+        # worker must not read it as a clean exit. One that closes while the worker runs ends it.
+        self._closed_is_error = not self.queue.is_open
         self.state = "running"
         loop = asyncio.get_running_loop()
         name = self.queue.name
@@ -295,7 +348,7 @@ class Worker(Generic[T]):
         """Log what became of the messages of the handlers running when the cut began (``cut``):
         handed back (INFO; with those not handed back, as many as ``stats.interrupted`` counted),
         not handed back (WARNING, by id), ended on their own (INFO) and left running (ERROR)."""
-        name, limit = self.queue.name, self.queue.max_deliveries
+        name = self.queue.name
         handed_back = dead = 0
         not_back: list[str] = []
         ended: list[str] = []
@@ -307,7 +360,7 @@ class Worker(Generic[T]):
                     continue  # plain mode: its item was logged at ERROR
                 if why is not None:
                     not_back.append(f"{message.id} ({why})")
-                elif limit is not None and message.delivery_count >= limit:
+                elif _is_last(message):
                     dead += 1  # its last delivery: the nack dead-lettered it (reason max_deliveries)
                 else:
                     handed_back += 1
@@ -475,6 +528,8 @@ class Worker(Generic[T]):
                     self._fetching = False
                 self._ahead.extend(fetched)
             except QueueClosedError:
+                if self._closed_is_error:
+                    raise
                 return
             except BackendError as exc:
                 if isinstance(exc, (AccessDeniedError, WrongNodeError)):
@@ -541,20 +596,21 @@ class Worker(Generic[T]):
         delay_s = self._retry_delay_s(exc, message.delivery_count)
         self.stats.retried += 1
         if not isinstance(exc, Retry):
-            limit = self.queue.max_deliveries
-            then = ("its last: dead-lettered" if limit is not None and message.delivery_count >= limit
-                    else f"retry in {delay_s:.1f} s")
-            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d of %s); %s",
-                        self.queue.name, message.id, message.delivery_count, limit or "unlimited", then,
-                        exc_info=exc)
+            limit = _limit(message)
+            then = "its last: dead-lettered" if _is_last(message) else f"retry in {delay_s:.1f} s"
+            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d %s); %s",
+                        self.queue.name, message.id, message.delivery_count,
+                        "with no limit" if limit is None else f"of {limit}", then, exc_info=exc)
         await self._settle(message, "nack", delay_s)
 
     def _retry_delay_s(self, exc: BaseException, delivery_count: int) -> float:
-        """``Retry``'s delay, else the backoff's; a bad value (negative, NaN, infinite, or a
-        backoff that fails) becomes the backoff's, then 1 s: a retry delay never kills a slot."""
+        """``Retry``'s delay, else the backoff's of the delivery count (at most
+        ``BACKOFF_COUNT_CAP``); a bad value (negative, NaN, infinite, or a backoff that fails)
+        becomes the backoff's, then 1 s: a retry delay never kills a slot."""
+        failures = min(delivery_count, BACKOFF_COUNT_CAP)
         for delay in (getattr(exc, "delay_s", None) if isinstance(exc, Retry) else None, None):
             try:
-                value = float(delay if delay is not None else self.retry_backoff.compute(delivery_count))
+                value = float(delay if delay is not None else self.retry_backoff.compute(failures))
             except Exception:  # the backoff is the user's: any failure falls back
                 log.exception("aiodelayq: worker on %r: retry_backoff failed; retrying in 1 s", self.queue.name)
                 return 1.0
@@ -625,3 +681,14 @@ class Worker(Generic[T]):
                                 self.queue.name, message.id, error)
                 elif error is not None:
                     raise error
+
+
+def _limit(message: Message[Any]) -> int | None:
+    """The ``max_deliveries`` of the queue ``message`` came from (``None``: no limit)."""
+    return message._settler.max_deliveries
+
+
+def _is_last(message: Message[Any]) -> bool:
+    """Whether ``message`` is on the last delivery its queue allows (a nack dead-letters it)."""
+    limit = _limit(message)
+    return limit is not None and message.delivery_count >= limit

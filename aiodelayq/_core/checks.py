@@ -14,7 +14,12 @@ from datetime import timedelta
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["count", "positive", "seconds"]
+__all__ = ["count", "positive", "seconds", "seconds_text"]
+
+
+def seconds_text(value: float) -> str:
+    """``value`` seconds in words: ``1 second``, ``0.1 seconds``, ``30 seconds``."""
+    return f"{value:g} second" if value == 1 else f"{value:g} seconds"
 
 
 def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: bool = False) -> float:
@@ -33,8 +38,8 @@ def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: 
     if math.isnan(result) or math.isinf(result):
         raise ConfigurationError(f"{name} must be a finite number of seconds, not {value!r}")
     if result < minimum_s or (above_minimum and result == minimum_s):
-        bound = f"more than {minimum_s:g}" if above_minimum else f"at least {minimum_s:g}"
-        raise ConfigurationError(f"{name} must be {bound} seconds, not {value!r}")
+        bound = "more than" if above_minimum else "at least"
+        raise ConfigurationError(f"{name} must be {bound} {seconds_text(minimum_s)}, not {value!r}")
     return result
 
 

@@ -6,7 +6,7 @@ The metrics hook is one optional, process-wide sink.
 Zero dependencies, and free when unused: ``hook.sink`` is ``None`` by default and every place that
 reports reads it once per batch or call (``if hook.sink is not None: ...``), never per item. The only
 extra work a sink causes in Redis is the lateness of moved items: with a sink installed the transfer
-script also reads the due scores of what it moves (see ``_scripts/transfer.py``, and
+script also reads the due scores of what it moves (see ``_scripts/lua/transfer.lua``, and
 :func:`transfer_limit`). ``aiodelayq.prometheus`` is the ready-made sink; anything that implements
 :class:`MetricsSink` can be installed instead (e.g. a StatsD or OpenTelemetry bridge).
 
@@ -143,7 +143,7 @@ class _Guarded:
 
 class Hook:
     """The process's one sink slot. An object, not a module global, so that modules import it by
-    name (``from ._observe import hook``) and still see every :func:`install`.
+    name (``from .._core.observe import hook``) and still see every :func:`install`.
 
     Attributes:
         sink: the installed sink (guarded), or ``None``: nothing is reported and transfers do not

@@ -1,8 +1,9 @@
 """The dead-letter list of one queue: read it (:class:`DeadLetter`), requeue its entries, purge it.
 
-Entries are envelopes (``_wire/elements.py``: reason, delivery count, when, raw bytes) since the envelope
-was introduced; older entries are the raw bytes alone and read as reason ``"unknown"``. Requeue and
-purge carry a call id, so a resend after a lost reply is applied once and answers as the first run.
+Entries are envelopes (``_wire/elements.py``: reason, delivery count, when, raw bytes); anything else
+in the list (raw bytes pushed by other code, or by a release without envelopes) reads as reason
+``"malformed"``. Requeue and purge carry a call id, so a resend after a lost reply is applied once
+and answers as the first run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Producing: validate and encode items, pack them (``_elements``), then add them with OFFER.
+"""Producing: validate and encode items, pack them (``_wire/elements.py``), then add them with OFFER.
 
 Offers carry a call id (16 random bytes) that OFFER remembers for 60 s: after a lost reply the
 producer resends the same call within ``call_timeout_s`` and the server applies it once. Calls are
@@ -69,7 +69,7 @@ class Producer:
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
         self._tier_after_ms = options.tier_after_ms
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
-        # Only payloads of these codecs never start with an item envelope's marker (see _wire/envelope.py).
+        # Only payloads of these codecs never start with an item envelope's marker (see _wire/elements.py).
         self._bare_safe = isinstance(self._codec, (JsonCodec, StrCodec, MsgpackCodec))
         self._batcher: OfferBatcher | None = None
         self._cost = CallCost()
@@ -178,7 +178,7 @@ class Producer:
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
                       issued: float = 0.0) -> tuple[list[Fragment], list[bytes] | None]:
-        """Validate, encode and pack every pair (see ``_elements.pack_fragments``), with its key's
+        """Validate, encode and pack every pair (see ``_wire.elements.pack_fragments``), with its key's
         OFFER entry (``None`` without keys); raises before anything is sent. ``envelope``: ``(headers,
         expires, single)``, those of ``offer`` (``single``) or ``offer_many`` (headers one per item,
         expires one for all or one per item), the call issued at loop time ``issued``.
@@ -310,7 +310,9 @@ class Producer:
         return await asyncio.shield(ask)
 
     async def _ask_native_long(self) -> str:
-        one: bytes = await self._scripts.native_long(what="read the server's long size")
+        # Shared by the client's queues: named by what the caller did, not by this queue.
+        one: bytes = await self._scripts.native_long(
+            what="an offer's first call on this client, reading the server's native long size,")
         fmt = self._facts.long_format = long_format(one)
         return fmt
 

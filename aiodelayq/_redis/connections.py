@@ -113,7 +113,8 @@ def classify(what: str, exc: BaseException, *, sent: bool, channels: Sequence[st
         return AccessDeniedError(f"{what}: TLS handshake failed: {refused}")
     # A dropped connection, a timeout, or a non-Redis error raised while redis-py tears a
     # connection down under the call: the outcome is unknown if the command was sent.
-    return BackendError(f"{what} failed: {type(exc).__name__}: {text}", maybe_applied=sent)
+    detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return BackendError(f"{what} failed: {detail}", maybe_applied=sent)
 
 
 def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:

@@ -8,6 +8,14 @@
 No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
 and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
 own deadline, so a close never waits for another queue's open, even during a server stall.
+
+A runtime's first start sends one ``PING`` (shared by the queues that open with it) so that
+``open()`` fails at once, with the reason, when the server cannot take the client at all: nothing
+listens at its address (the connection is refused), or the server refuses the connection's setup
+(``SELECT`` of a database index it does not have). Waiting ``open_timeout_s`` would not change
+either; a supervisor that restarts the process is the place to wait for a server that is starting.
+Any other failure (a timeout, a dropped connection, a server still loading its data) is left to the
+subscriber's and the transfer's retries within ``open_timeout_s``.
 """
 
 from __future__ import annotations
@@ -18,10 +26,11 @@ import weakref
 from dataclasses import dataclass
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from .._core.tasks import TaskOwner, stop_task
 from .._redis.cluster import is_cluster
-from .._redis.connections import AnyRedis
+from .._redis.connections import AnyRedis, call
 from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
@@ -48,6 +57,10 @@ log = logging.getLogger("aiodelayq")
 TRANSFER_SLOTS = 8
 CLUSTER_TRANSFER_SLOTS = 3
 
+# Error replies of a server in a passing state (loading its data, a busy script, a primary without
+# its replicas, a cluster reconfiguring): an opening waits these out.
+_PASSING = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
 
 @dataclass(eq=False)
 class _Entry:
@@ -68,6 +81,8 @@ class ClientRuntime:
         # A single server's queues are polled together; a cluster's each by its own scheduler.
         self.safety_poll = (None if isinstance(client, RedisCluster) else
                             SafetyPoll(client, self.tasks, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
+        # The first start's PING (see the module docstring): the server's refusal, or None.
+        self.refusal: asyncio.Task[BackendError | None] | None = None
 
     def __repr__(self) -> str:
         return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r} tasks={self.tasks!r}>"
@@ -90,11 +105,50 @@ def runtime_for(client: AnyRedis) -> ClientRuntime | None:
     return per_loop.get(client) if per_loop is not None else None
 
 
-async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float) -> None:
-    """Subscribe and transfer once, then let the safety poll look at the queue. Until then the
+async def _refusal(client: AnyRedis, timeout_s: float) -> BackendError | None:
+    """One ``PING``: why the server cannot take this client at all (it refused the connection, or the
+    connection's setup), else ``None`` (answered, or a failure that retrying may fix)."""
+    try:
+        await call(client, "PING", what="PING", timeout_s=timeout_s)
+    except BackendError as exc:
+        reason = _cannot_connect(exc)
+        if reason is not None:
+            return BackendError(reason, maybe_applied=False)
+    return None
+
+
+def _cannot_connect(exc: BackendError) -> str | None:
+    """What ``exc`` (of a ``PING``) says if the client cannot connect, for now and for a while:
+    nothing listens at the address, or the server answered the connection's setup with an error (a
+    ``PING`` itself is refused only by a passing state, or by an ACL: an AccessDeniedError)."""
+    cause = exc.__cause__
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError):
+            return f"the server refused the connection ({cause or seen})"
+        seen = seen.__cause__ or seen.__context__
+    if type(exc) is BackendError and isinstance(cause, ResponseError) and not str(cause).startswith(_PASSING):
+        return f"the server refused the connection's setup: {cause}"
+    return None
+
+
+async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float,
+                 call_timeout_s: float) -> None:
+    """Check once per runtime that the server takes the client (raises its refusal at once), then
+    subscribe and transfer once, then let the safety poll look at the queue. Until then the
     subscriber and the scheduler log their failures at DEBUG only: the opener reports them."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    if runtime.refusal is None:
+        runtime.refusal = runtime.tasks.spawn(_refusal(runtime.client, min(timeout_s, call_timeout_s)),
+                                              name="aiodelayq-open-ping", quiet=True)
+    probe = runtime.refusal
+    await asyncio.wait({probe})  # bounded by its call's timeout
+    refused = None if probe.cancelled() else probe.result()  # cancelled: the runtime is closing
+    if refused is not None:
+        raise BackendError(f"opening {keys.destination!r} failed at once: {refused}") from refused
     scheduler.start()
     if not await runtime.subscriber.add(keys.channel, scheduler, timeout_s):
         raise BackendError(f"could not subscribe to {keys.channel!r} within {timeout_s} s: "
@@ -120,8 +174,9 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
     transferred once. A cancelled caller drops its reference.
 
     Raises:
-        BackendError: the subscription or the first transfer did not succeed in time (or failed
-            with a permanent error such as a missing permission).
+        BackendError: the server refused the connection or its setup (at once), or the
+            subscription or the first transfer did not succeed in time (or failed with a permanent
+            error such as a missing permission).
     """
     loop = asyncio.get_running_loop()
     per_loop = _runtimes.setdefault(loop, weakref.WeakKeyDictionary())
@@ -133,7 +188,7 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
         scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
                                       batch=batch, safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
                                       shared_poll=runtime.safety_poll is not None, lag_warning_s=lag_warning_s)
-        ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s),
+        ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s, call_timeout_s),
                                     name=f"aiodelayq-open:{keys.destination}", quiet=True)
         entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
     entry.refs += 1

@@ -132,7 +132,7 @@ class TransferScheduler:
         self.wakers: list[Callable[[], None]] = []
         # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
         # callers waiting, its POP moves the due items and pops them in one round trip. The argument
-        # is the transfer's limit as the scripts take it (_observe.transfer_limit: negative asks for
+        # is the transfer's limit as the scripts take it (_core.observe.transfer_limit: negative asks for
         # the lateness of what moves).
         self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
 

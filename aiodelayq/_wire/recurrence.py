@@ -26,41 +26,56 @@ def _croniter() -> Any:
 
 def cron_spec(cron: object, tz: object) -> str:
     """The spec a schedule record keeps: the expression and the time zone name (``UTC`` by
-    default), a newline between.
+    default), a newline between. An expression has 5 fields (minute, hour, day of month, month,
+    day of week), or 6 with seconds last, or is one of croniter's ``@`` names (``@hourly``,
+    ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``...), and must match some date.
 
     Raises:
-        ConfigurationError: croniter is missing, ``cron`` is not a valid cron expression, or ``tz``
-            is not a known IANA time zone name.
+        ConfigurationError: croniter is missing; ``cron`` is not a valid cron expression (another
+            number of fields, such as croniter's 7th, the year) or matches no date (``0 0 30 2 *``:
+            February 30th); or ``tz`` is not a known IANA time zone name.
     """
     if not isinstance(cron, str) or not cron.strip():
         raise ConfigurationError(f"cron must be a cron expression (str), not {cron!r}")
     croniter = _croniter()
+    fields = cron.split()
+    if not (len(fields) in (5, 6) or (len(fields) == 1 and fields[0].startswith("@"))):
+        raise ConfigurationError(f"cron {cron!r} has {len(fields)} fields: a cron expression has 5 (minute hour "
+                                 "day-of-month month day-of-week), or 6 with seconds last")
     if not croniter.croniter.is_valid(cron) or "\n" in cron:
         raise ConfigurationError(f"cron {cron!r} is not a valid cron expression")
     zone = "UTC" if tz is None else tz
     if not isinstance(zone, str):
         raise ConfigurationError(f"tz must be an IANA time zone name (str), not {tz!r}")
     try:
-        ZoneInfo(zone)
+        start = datetime.now(ZoneInfo(zone))
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ConfigurationError(f"tz {zone!r} is not a known time zone: {exc}") from exc
+    try:
+        croniter.croniter(cron, start).get_next(float)
+    except croniter.CroniterBadDateError as exc:
+        raise ConfigurationError(f"cron {cron!r} matches no date (such as February 30th): {exc}") from exc
     return f"{cron}\n{zone}"
 
 
 def cron_times(spec: str, after_ms: int, count: int | None = None) -> list[int]:
     """The first ``count`` (default ``CRON_LISTED``) due times (epoch ms) of ``spec`` strictly after
-    ``after_ms``.
+    ``after_ms``; fewer (none) once it matches no further date.
 
     Raises:
         ConfigurationError: croniter is missing.
     """
     expression, zone = spec.split("\n", 1)
     start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(zone))
-    it = _croniter().croniter(expression, start)
+    croniter = _croniter()
+    it = croniter.croniter(expression, start)
     wanted = CRON_LISTED if count is None else count
     times: list[int] = []
     for _ in range(4 * wanted):  # bounded: a parser that stops advancing (a time zone edge) cannot hang us
-        at = round(it.get_next(float) * 1000)
+        try:
+            at = round(it.get_next(float) * 1000)
+        except croniter.CroniterBadDateError:
+            break  # no further date (a record another program or version wrote: cron_spec refuses these)
         if at > after_ms and (not times or at > times[-1]):
             times.append(at)
             if len(times) == wanted:

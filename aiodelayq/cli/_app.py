@@ -42,6 +42,28 @@ class CodecName(str, Enum):
     MSGPACK = "msgpack"
 
 
+def _seconds(minimum: float) -> Callable[[str], float]:
+    """The parser of a ``SECONDS`` option: a finite number of seconds, at least ``minimum`` (the
+    library's rule for durations); anything else (``inf``, ``nan``, text) is a usage error (exit 2)."""
+
+    def parse(text: str) -> float:
+        import math
+
+        from .._core.checks import seconds_text
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"must be a number of seconds, not {text!r}") from None
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"must be a finite number of seconds, not {text!r}")
+        if value < minimum:
+            raise typer.BadParameter(f"must be at least {seconds_text(minimum)}, not {text!r}")
+        return value
+
+    return parse
+
+
 RedisUrl = Annotated[str, typer.Option("--redis-url", envvar="REDIS_URL", metavar="URL",
                                        help="The server: redis://, rediss:// (TLS) or unix://; for a Cluster, any "
                                        "node. With --sentinel, only its credentials, database and TLS count.")]
@@ -219,7 +241,7 @@ async def _stats(target: Target, names: Sequence[str], as_json: bool) -> None:
 @_command()
 def watch(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
           sentinel: SentinelOpt = None, service: ServiceOpt = None,
-          interval: Annotated[float, typer.Option("--interval", min=0.1, metavar="SECONDS",
+          interval: Annotated[float, typer.Option("--interval", parser=_seconds(0.1), metavar="SECONDS",
                                                   help="Seconds between refreshes (at least 0.1).")] = 2.0,
           count: Annotated[int | None, typer.Option("--count", min=1, metavar="N",
                                                     help="Stop after N refreshes.")] = None) -> None:
@@ -305,7 +327,7 @@ async def _peek(target: Target, name: str, number: int, codec: str, as_json: boo
 def offer(name: QueueName,
           value: Annotated[str, typer.Argument(metavar="VALUE", help="The item: JSON text for the json and msgpack "
                                                "codecs, text for str, the argument's bytes for bytes.")],
-          delay: Annotated[float, typer.Option("--delay", min=0.0, metavar="SECONDS",
+          delay: Annotated[float, typer.Option("--delay", parser=_seconds(0.0), metavar="SECONDS",
                                                help="Seconds until it is due.")] = 0.0,
           key: Annotated[str | None, typer.Option("--key", metavar="KEY",
                                                   help="Its key (unique among pending items).")] = None,
@@ -471,7 +493,7 @@ def requeue_dead_letters(name: QueueName,
                          limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
                                                                    help="How many, oldest first (default: "
                                                                    "all).")] = None,
-                         delay: Annotated[float, typer.Option("--delay", min=0.0, metavar="SECONDS",
+                         delay: Annotated[float, typer.Option("--delay", parser=_seconds(0.0), metavar="SECONDS",
                                                               help="Seconds until they are due.")] = 0.0,
                          redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False,
                          sentinel: SentinelOpt = None, service: ServiceOpt = None) -> None:
@@ -516,9 +538,9 @@ class WireFormatName(str, Enum):
 @_command()
 def doctor(names: Annotated[list[str] | None, typer.Argument(metavar="NAMES", help="Queues to check (default: "
                                                              "the queues SCAN finds, up to 100).")] = None,
-           max_lag: Annotated[float, typer.Option("--max-lag", min=0.0, metavar="SECONDS",
+           max_lag: Annotated[float, typer.Option("--max-lag", parser=_seconds(0.0), metavar="SECONDS",
                                                   help="A queue whose due items wait longer fails.")] = 60.0,
-           max_skew: Annotated[float, typer.Option("--max-skew", min=0.0, metavar="SECONDS",
+           max_skew: Annotated[float, typer.Option("--max-skew", parser=_seconds(0.0), metavar="SECONDS",
                                                    help="Warn when this machine's clock is further off the "
                                                    "server's.")] = 1.0,
            wire_format: Annotated[WireFormatName, typer.Option("--wire-format", metavar="redisson|redisson-legacy",
@@ -613,13 +635,14 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
            queue: Annotated[str, typer.Option("--queue", metavar="NAME", help="The queue to consume.")],
            concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N",
                                                     help="Items handled at once.")] = 16,
-           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", min=0.1, metavar="SECONDS",
+           visibility_timeout: Annotated[float, typer.Option("--visibility-timeout", parser=_seconds(0.1),
+                                                             metavar="SECONDS",
                                                              help="Seconds a received item stays invisible to "
                                                              "others (extended while the handler runs).")] = 30.0,
            max_deliveries: Annotated[int, typer.Option("--max-deliveries", min=0, metavar="N",
                                                        help="Dead-letter a failing item after N deliveries "
                                                        "(0: no limit).")] = 5,
-           drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, metavar="SECONDS",
+           drain_timeout: Annotated[float, typer.Option("--drain-timeout", parser=_seconds(0.0), metavar="SECONDS",
                                                         help="Seconds running handlers get to finish on "
                                                         "SIGTERM/Ctrl-C.")] = 30.0,
            plain: Annotated[bool, typer.Option("--plain", help="At most once: take items (no acks); a failed "
