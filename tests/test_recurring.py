@@ -193,7 +193,7 @@ async def test_cancel_stops_the_schedule_and_replacing_keeps_one_occurrence(clie
 async def test_an_offer_never_takes_a_schedules_key(client: Redis, make_queue: Any) -> None:
     q: DelayedQueue[Any] = make_queue(codec="str")
     await q.schedule("k", "tick", every=0.5)
-    with pytest.raises(ScheduledKeyError, match="key 'k' .* is a recurring schedule's") as refused:
+    with pytest.raises(ScheduledKeyError, match=r"key 'k' .* is a recurring schedule's") as refused:
         await q.offer("other", 0.2, key="k", replace=True)
     assert refused.value.key == "k"
     with pytest.raises(ScheduledKeyError):  # keeping the occurrence would be an offer that took nothing
