@@ -24,6 +24,7 @@ from ._producing.keyed import KeyedItems, Offered, Pending
 from ._producing.pending import PendingItem, PendingView, QueueCounts
 from ._producing.producer import Producer
 from ._producing.recurring import Schedules
+from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import Lifecycle, QueueStats
 from ._sharding.controls import ShardedControls
 from ._sharding.dead_letters import ShardedDeadLetters
@@ -115,7 +116,9 @@ class DelayedQueue(AsyncResource, Generic[T]):
             Allowed on a single server too (no gain there, K times the scheduling work).
 
     Raises:
-        InvalidNameError: empty or non-``str`` name; a sharded queue's name with a ``{``.
+        InvalidNameError: empty or non-``str`` name; on a ``RedisCluster``, a name whose keys do not all
+            hash to one slot (a ``{`` that opens no hash tag: ``a{``, ``{}``, ``x{}y``; see
+            :meth:`QueueKeys.check_one_slot`); a sharded queue's name with a brace.
         ConfigurationError: a bad option or a client that decodes responses.
     """
 
@@ -127,7 +130,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
                  max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0,
                  tier_after_s: float | None = None, shards: int = 1) -> None:
-        self._keys = keys = QueueKeys.for_name(name)
+        self._keys = keys = QueueKeys.for_name(name, cluster=is_cluster(client))
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
             codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,

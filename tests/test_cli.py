@@ -927,3 +927,28 @@ async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySenti
         (line,) = run.err.splitlines()
         assert line.startswith("aiodelayq: cannot connect to Sentinel service "), line
         assert expected in line, line
+
+
+@pytest.mark.topology
+async def test_on_a_cluster_the_cli_refuses_a_name_whose_keys_span_slots(cluster: ThrowawayCluster,
+                                                                         cluster_clients: Any, qname: str) -> None:
+    # 'a{' opens no hash tag, so each of its keys hashes whole: no queue of that name can work on a
+    # cluster. A command on it exits 2 with the rule; ls, which may find such a key, leaves it out.
+    rc = cluster_clients(cluster)
+    split = f"{qname}:a{{"
+    stray = aiodelayq.QueueKeys.for_name(split).timeout_set
+    await rc.zadd(stray, {"x": 1})  # one key alone: a cluster takes it
+    await aiodelayq.DelayedQueue(rc, qname).offer("x", 60)
+    url = f"redis://127.0.0.1:{cluster.primaries()[0].port}/0"
+    try:
+        for args in (("stats", split), ("offer", split, "1"), ("pause", split), ("doctor", split)):
+            run = await _topology_cli(*args, "--cluster", "--redis-url", url)
+            assert (run.code, run.out) == (2, ""), (args, run)
+            assert "hash to one slot" in run.err, args
+            assert "its first '{' opens a hash tag" in run.err, args
+        listed = await _topology_cli("ls", "--match", f"{qname}*", "--json", "--cluster", "--redis-url", url)
+        assert listed.code == 0, listed.err
+        assert [entry["name"] for entry in json.loads(listed.out)["queues"]] == [qname]
+    finally:
+        await rc.delete(stray)
+        await aiodelayq.DelayedQueue(rc, qname).clear()

@@ -503,8 +503,9 @@ def test_bad_shard_options_are_refused_by_name(client: Redis) -> None:
     for bad in (0, -1, True, 2.0, "3", 1025):
         with pytest.raises(ConfigurationError, match="shards"):
             DelayedQueue(client, "orders", shards=bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidNameError, match="sharded"):
-        DelayedQueue(client, "{orders}", shards=2)
+    for braced in ("{orders}", "orders}", "a}b"):  # a '}' alone gives every shard's keys one tag too
+        with pytest.raises(InvalidNameError, match="sharded"):
+            DelayedQueue(client, braced, shards=2)
     assert DelayedQueue(client, "{orders}").shards == 1  # an ordinary queue may have a hash tag
     assert "shards" not in repr(DelayedQueue(client, "orders"))
 

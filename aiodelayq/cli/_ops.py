@@ -30,6 +30,7 @@ from .._queue import DelayedQueue
 from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent
 from .._wire.key_names import QueueKeys, prefix_name, shard_name_parts
+from ..exceptions import InvalidNameError
 
 __all__ = ["COUNT_CONCURRENCY", "QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target",
            "connect", "format_duration", "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists",
@@ -358,11 +359,16 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
     """Queue names matching the glob ``match`` found by ``SCAN ... COUNT 1000`` of the keys in
     :data:`QUEUE_KEY_PREFIXES` (on a Cluster, on every primary): at most ``max_calls`` SCAN calls per
     prefix and server, and at most ``limit`` names (the first ``limit`` by name of the ``limit + 1``
-    found when there are more). Read-only; each call costs the server about as much as 1,000 keys."""
+    found when there are more). On a Cluster, a name whose keys would not all hash to one slot is
+    no queue's (:meth:`QueueKeys.check_one_slot`) and left out. Read-only; each call costs the
+    server about as much as 1,000 keys."""
     found: set[str] = set()
+    cluster = isinstance(client, RedisCluster)
     nodes: Sequence[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
 
     def wanted(name: str) -> bool:  # the name, or the sharded queue it may be a shard of, matches
+        if cluster and not _one_slot(name):
+            return False  # keys in several slots: no queue of this name can work on a cluster
         parts = shard_name_parts(name)
         return fnmatch.fnmatchcase(name, match) or (parts is not None and fnmatch.fnmatchcase(parts[0], match))
 
@@ -392,6 +398,15 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
                                       f"keyspace); raise --max-scan-calls to look further", shards)
     found, shards = await _whole_queues(client, found, match)
     return ScanResult(sorted(found), True, None, shards)
+
+
+def _one_slot(name: str) -> bool:
+    """Whether every key of the queue ``name`` hashes to one cluster slot."""
+    try:
+        QueueKeys.for_name(name, cluster=True)
+    except InvalidNameError:
+        return False
+    return True
 
 
 async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> tuple[set[str], dict[str, int]]:

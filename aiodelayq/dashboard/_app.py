@@ -106,7 +106,7 @@ class Dashboard:
 
     Raises:
         ConfigurationError: a client that is not one of those, or decodes responses; an empty or
-            non-``str`` queue name.
+            non-``str`` queue name, or on a ``RedisCluster`` one whose keys do not all hash to one slot.
     """
 
     def __init__(self, redis: Redis | RedisCluster, *, read_only: bool = False,
@@ -120,7 +120,7 @@ class Dashboard:
             self._queues = list(dict.fromkeys(queues))
             for name in self._queues:
                 try:
-                    QueueKeys.for_name(name)
+                    QueueKeys.for_name(name, cluster=isinstance(redis, RedisCluster))
                 except InvalidNameError as exc:
                     raise ConfigurationError(f"queues: {exc}") from None
         self._env = jinja2.Environment(
@@ -282,7 +282,7 @@ class Dashboard:
         if self._queues is not None and name not in self._queues:
             raise _NotFound(f"This dashboard shows no queue named {name!r}.")
         try:
-            return QueueKeys.for_name(name)
+            return QueueKeys.for_name(name, cluster=isinstance(self._client, RedisCluster))
         except InvalidNameError as exc:
             raise BadRequest(str(exc)) from None
 
