@@ -105,14 +105,16 @@ class DelayedQueue(AsyncResource, Generic[T]):
             them (``size``, ``counts``, ``peek``, ``read_all``, ``contains``, ``remove``, ``clear``).
             Needs fast elements (not ``strict``, not legacy). See the docs' design, "Tiered pending".
         shards: how many shards the queue has (an ``int`` from 1 to 1,024; 1: an ordinary queue). A
-            sharded queue is that many ordinary queues, ``{name:0}`` ... ``{name:K-1}``, in different
-            cluster slots, so one queue can use every primary of a cluster: a keyed item goes to shard
+            sharded queue is that many ordinary queues (:attr:`shard_names`) on evenly spaced cluster
+            slots (with the default slot map and K a multiple of the primaries, K / primaries shards on
+            each), so one queue can use every primary of a cluster: a keyed item goes to shard
             ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
             within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit
             are split over the shards (docs: "Deployments: When to shard"). The count is fixed for the
-            queue's life: the first user records it in Redis, and a sharded object with another count
-            is refused with :class:`ShardCountError` at its first call (an ordinary one on a sharded
-            name, by its offers and its opening).
+            queue's life: the first user records it in Redis (with where the shards are, which every
+            later object follows), and a sharded object with another count is refused with
+            :class:`ShardCountError` at its first call (an ordinary one on a sharded name, by its
+            offers and its opening).
             Allowed on a single server too (no gain there, K times the scheduling work).
 
     Raises:
@@ -144,10 +146,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
         parts: QueueParts | ShardedParts
         if self._shards == 1:
             parts = QueueParts.build(client, keys, o)
-            self._shard_keys: tuple[QueueKeys, ...] = (keys,)
+            self._shard_keys: Callable[[], tuple[QueueKeys, ...]] = lambda: (keys,)
         else:
             parts = ShardedParts.build(client, keys, o, self._shards)
-            self._shard_keys = parts.shard_keys
+            self._shard_keys = parts.placed.keys
         self._producer: Producer | ShardedProducer = parts.producer
         self._pending: PendingView | ShardedPending = parts.pending
         self._keyed: KeyedItems | ShardedKeyed = parts.keyed
@@ -175,8 +177,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
     @property
     def shard_keys(self) -> tuple[QueueKeys, ...]:
         """The keys of each shard, in shard order (an ordinary queue: its own keys alone). A sharded
-        queue's :attr:`keys` are those of its name, which hold only its recorded shard count."""
-        return self._shard_keys
+        queue's :attr:`keys` are those of its name, which hold only its recorded shards. A name's
+        shards take evenly spaced cluster slots (docs: "Deployments: When to shard"); a name that
+        records shards placed by the hash of their names (``{name:0}`` ...) keeps them, which an
+        object learns at its first call (or opening): until then it lists the spaced ones."""
+        return self._shard_keys()
+
+    @property
+    def shard_names(self) -> tuple[str, ...]:
+        """The queue name of each shard, in shard order (:attr:`shard_keys`' destinations; an ordinary
+        queue: its own name alone): each shard is an ordinary Redisson queue of that name, which
+        Java's ``RDelayedQueue`` can produce to and drain."""
+        return tuple(keys.destination for keys in self._shard_keys())
 
     @property
     def wire_format(self) -> WireFormat:

@@ -459,6 +459,22 @@ async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop
     assert await q.size() == 6
 
 
+async def test_a_queue_recorded_with_shards_placed_by_their_names_is_one_queue_too(
+        client: Redis, drop_keys: Any, cli: Cli, qname: str) -> None:
+    # A record of the count alone places shard i at {name:i}: ls, stats and doctor follow it.
+    name = f"{qname}-hashed"
+    hashed = [f"{{{name}:{i}}}" for i in range(3)]
+    drop_keys(*(key for n in (name, *hashed) for key in aiodelayq.QueueKeys.for_name(n).all))
+    await client.hset(aiodelayq.QueueKeys.for_name(name).controls, "shards", "3")
+    for i, shard in enumerate(hashed):
+        await aiodelayq.DelayedQueue(client, shard).offer(i, 600)
+    listed, stats, doctor = await asyncio.gather(cli("ls", "--match", f"{qname}*", "--json"),
+                                                 cli("stats", name, "--json"), cli("doctor", name, "--json"))
+    assert [(entry["name"], entry["pending"]) for entry in json.loads(listed.out)["queues"]] == [(name, 3)]
+    assert json.loads(stats.out)["queues"][0]["pending"] == 3
+    assert [f["where"] for f in json.loads(doctor.out)["findings"] if f["check"] == "lag"] == hashed
+
+
 @pytest.mark.parametrize(("key", "name"), [
     ("redisson_delay_queue_timeout:{orders}", "orders"),
     ("redisson_delay_queue_timeout:{a}b", "{a}b"),

@@ -8,7 +8,7 @@ from redis.crc import key_slot
 
 from ..exceptions import InvalidNameError
 
-__all__ = ["QueueKeys", "prefix_name", "shard_name_parts", "shard_names"]
+__all__ = ["QueueKeys", "prefix_name"]
 
 
 def prefix_name(prefix: str, name: str) -> str:
@@ -20,26 +20,6 @@ def prefix_name(prefix: str, name: str) -> str:
     if "{" in name:
         return f"{prefix}:{name}"
     return f"{prefix}:{{{name}}}"
-
-
-def shard_names(name: str, shards: int) -> list[str]:
-    """The queue names of the ``shards`` shards of the sharded queue ``name``: ``{name:0}`` ...
-    ``{name:K-1}``, each an ordinary Redisson queue. A name with a ``{`` keeps its keys as is
-    (:func:`prefix_name`), so every key of shard ``i`` has the hash tag ``name:i``: the shards fall
-    in slots spread by CRC16 as different queues' do."""
-    return [f"{{{name}:{index}}}" for index in range(shards)]
-
-
-def shard_name_parts(name: str) -> tuple[str, int] | None:
-    """The sharded queue's name and the shard index that the queue name ``name`` has if it is a shard
-    (the inverse of :func:`shard_names`: ``{orders:2}``, or ``orders:2`` as its keys read, gives
-    ``("orders", 2)``), or ``None``. Whether ``orders`` is sharded, and into how many, only Redis
-    knows (the count recorded under the name)."""
-    inner = name[1:-1] if name.startswith("{") and name.endswith("}") else name
-    base, sep, index = inner.rpartition(":")
-    if not sep or not base or "{" in base or "}" in base or not index.isdigit() or index != str(int(index)):
-        return None
-    return base, int(index)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .._options import check_client
 from .._producing.keyed import check_key
 from .._queue import DelayedQueue
 from .._wire.key_names import QueueKeys
-from ..cli._ops import format_duration, server_now_ms, with_queue
+from ..cli._ops import format_duration, recorded_shards, server_now_ms, with_queue
 from ..exceptions import (
     AccessDeniedError,
     BackendError,
@@ -249,10 +249,12 @@ class Dashboard:
         key = params.get("key", "")
         if key:
             check_key(key)  # a bad key is a 400 before any call starts
-        async with with_queue(self._client, name) as queue:
+        record = await recorded_shards(self._client, name)  # where its shards are, for the charts
+        async with with_queue(self._client, name, shards=record.count) as queue:
             # Every read is awaited to its end, whatever fails: none outlives the page (or the queue).
             results = await asyncio.gather(
-                queue.counts(), queue_histogram(self._client, queue.shard_keys), queue.peek(peek),
+                queue.counts(), queue_histogram(self._client, [QueueKeys.for_name(n) for n in record.names(name)]),
+                queue.peek(peek),
                 queue.dead_letters(dead),
                 queue.get(key) if key else _none(), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
