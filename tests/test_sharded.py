@@ -591,7 +591,7 @@ def test_bad_shard_options_are_refused_by_name(client: Redis) -> None:
             DelayedQueue(client, "orders", shards=bad)  # type: ignore[arg-type]
     for braced in ("{orders}", "orders}", "a}b"):  # a '}' alone gives every shard's keys one tag too
         # (on a cluster client, a name whose own keys span slots is refused for that first)
-        with pytest.raises(InvalidNameError, match="sharded|hash to one slot"):
+        with pytest.raises(InvalidNameError, match=r"sharded|hash to one slot"):
             DelayedQueue(client, braced, shards=2)
     assert DelayedQueue(client, "{orders}").shards == 1  # an ordinary queue may have a hash tag
     assert "shards" not in repr(DelayedQueue(client, "orders"))
