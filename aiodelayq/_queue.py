@@ -26,6 +26,7 @@ from ._producing.keyed import KeyedItems, Offered, Pending
 from ._producing.pending import PendingItem, PendingView, QueueCounts
 from ._producing.producer import Producer
 from ._producing.recurring import Schedules
+from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import Lifecycle, QueueStats
 from ._sharding.controls import ShardedControls
 from ._sharding.dead_letters import ShardedDeadLetters
@@ -108,18 +109,22 @@ class DelayedQueue(AsyncResource, Generic[T]):
             them (``size``, ``counts``, ``peek``, ``read_all``, ``contains``, ``remove``, ``clear``).
             Needs fast elements (not ``strict``, not legacy). See the docs' design, "Tiered pending".
         shards: how many shards the queue has (an ``int`` from 1 to 1,024; 1: an ordinary queue). A
-            sharded queue is that many ordinary queues, ``{name:0}`` ... ``{name:K-1}``, in different
-            cluster slots, so one queue can use every primary of a cluster: a keyed item goes to shard
+            sharded queue is that many ordinary queues (:attr:`shard_names`) on evenly spaced cluster
+            slots (with the default slot map and K a multiple of the primaries, K / primaries shards on
+            each), so one queue can use every primary of a cluster: a keyed item goes to shard
             ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
             within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit
             are split over the shards (docs: "Deployments: When to shard"). The count is fixed for the
-            queue's life: the first user records it in Redis, and a sharded object with another count
-            is refused with :class:`ShardCountError` at its first call (an ordinary one on a sharded
-            name, by its offers and its opening).
+            queue's life: the first user records it in Redis (with where the shards are, which every
+            later object follows), and a sharded object with another count is refused with
+            :class:`ShardCountError` at its first call (an ordinary one on a sharded name, by its
+            offers and its opening).
             Allowed on a single server too (no gain there, K times the scheduling work).
 
     Raises:
-        InvalidNameError: empty or non-``str`` name; a sharded queue's name with a ``{``.
+        InvalidNameError: empty or non-``str`` name; on a ``RedisCluster``, a name whose keys do not all
+            hash to one slot (a ``{`` that opens no hash tag: ``a{``, ``{}``, ``x{}y``; see
+            :meth:`QueueKeys.check_one_slot`); a sharded queue's name with a brace.
         ConfigurationError: a bad option or a client that decodes responses.
     """
 
@@ -131,7 +136,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
                  max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0,
                  tier_after_s: float | None = None, shards: int = 1) -> None:
-        self._keys = keys = QueueKeys.for_name(name)
+        self._keys = keys = QueueKeys.for_name(name, cluster=is_cluster(client))
         self._client = check_client(client)
         self._options = o = QueueOptions.build(
             codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
@@ -145,10 +150,10 @@ class DelayedQueue(AsyncResource, Generic[T]):
         parts: QueueParts | ShardedParts
         if self._shards == 1:
             parts = QueueParts.build(client, keys, o)
-            self._shard_keys: tuple[QueueKeys, ...] = (keys,)
+            self._shard_keys: Callable[[], tuple[QueueKeys, ...]] = lambda: (keys,)
         else:
             parts = ShardedParts.build(client, keys, o, self._shards)
-            self._shard_keys = parts.shard_keys
+            self._shard_keys = parts.placed.keys
         self._producer: Producer | ShardedProducer = parts.producer
         self._pending: PendingView | ShardedPending = parts.pending
         self._keyed: KeyedItems | ShardedKeyed = parts.keyed
@@ -176,8 +181,18 @@ class DelayedQueue(AsyncResource, Generic[T]):
     @property
     def shard_keys(self) -> tuple[QueueKeys, ...]:
         """The keys of each shard, in shard order (an ordinary queue: its own keys alone). A sharded
-        queue's :attr:`keys` are those of its name, which hold only its recorded shard count."""
-        return self._shard_keys
+        queue's :attr:`keys` are those of its name, which hold only its recorded shards. A name's
+        shards take evenly spaced cluster slots (docs: "Deployments: When to shard"); a name that
+        records shards placed by the hash of their names (``{name:0}`` ...) keeps them, which an
+        object learns at its first call (or opening): until then it lists the spaced ones."""
+        return self._shard_keys()
+
+    @property
+    def shard_names(self) -> tuple[str, ...]:
+        """The queue name of each shard, in shard order (:attr:`shard_keys`' destinations; an ordinary
+        queue: its own name alone): each shard is an ordinary Redisson queue of that name, which
+        Java's ``RDelayedQueue`` can produce to and drain."""
+        return tuple(keys.destination for keys in self._shard_keys())
 
     @property
     def wire_format(self) -> WireFormat:

@@ -26,6 +26,7 @@ from ._consuming.worker import Worker, check_handler
 from ._core.tasks import TaskOwner, timeout
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
+from ._wire.key_names import QueueKeys
 from .exceptions import ConfigurationError, QueueNotOpenError
 
 __all__ = ["Queues"]
@@ -94,8 +95,11 @@ class Queues(AsyncResource):
 
         Raises:
             ConfigurationError: the name is declared with other options, or the group is open.
+            InvalidNameError: an empty or non-``str`` name; with a ``RedisCluster`` client, a name
+                whose keys do not all hash to one slot (a client made at open is checked then).
         """
         self._check_new("add a queue")
+        self._check_name(name)
         known = self._declared.get(name)
         if known is not None and known.options != options:
             raise ConfigurationError(f"queue {name!r} is already declared with other options")
@@ -112,10 +116,16 @@ class Queues(AsyncResource):
         Raises:
             ConfigurationError: the group is open, a bad option (named), or a handler that is not an
                 async callable (see :meth:`DelayedQueue.consume`).
+            InvalidNameError: as :meth:`add`.
         """
         self._check_new("add a worker")
+        self._check_name(name)
         options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s, retry_backoff)
         self._declared.setdefault(name, _Declared({})).workers.append((check_handler(handler), options))
+
+    def _check_name(self, name: str) -> None:
+        """The queue name's checks that need no server (on a given cluster client, its one slot)."""
+        QueueKeys.for_name(name, cluster=isinstance(self._redis, RedisCluster))
 
     def _check_new(self, what: str) -> None:
         if self.state != "new":

@@ -38,7 +38,9 @@ class InvalidDelayError(DelayedQueueError, ValueError):
 
 
 class InvalidNameError(DelayedQueueError, ValueError):
-    """An empty or non-``str`` queue name."""
+    """An empty or non-``str`` queue name; on a Redis Cluster, a name whose keys do not all hash to one
+    slot (a ``{`` that opens no hash tag, as in ``a{``, ``{}`` or ``x{}y``); a sharded queue's name with
+    a brace. Raised where the queue object is made: nothing was written."""
 
 
 class InvalidKeyError(DelayedQueueError, ValueError):

@@ -480,6 +480,22 @@ async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop
     assert await q.size() == 6
 
 
+async def test_a_queue_recorded_with_shards_placed_by_their_names_is_one_queue_too(
+        client: Redis, drop_keys: Any, cli: Cli, qname: str) -> None:
+    # A record of the count alone places shard i at {name:i}: ls, stats and doctor follow it.
+    name = f"{qname}-hashed"
+    hashed = [f"{{{name}:{i}}}" for i in range(3)]
+    drop_keys(*(key for n in (name, *hashed) for key in aiodelayq.QueueKeys.for_name(n).all))
+    await client.hset(aiodelayq.QueueKeys.for_name(name).controls, "shards", "3")
+    for i, shard in enumerate(hashed):
+        await aiodelayq.DelayedQueue(client, shard).offer(i, 600)
+    listed, stats, doctor = await asyncio.gather(cli("ls", "--match", f"{qname}*", "--json"),
+                                                 cli("stats", name, "--json"), cli("doctor", name, "--json"))
+    assert [(entry["name"], entry["pending"]) for entry in json.loads(listed.out)["queues"]] == [(name, 3)]
+    assert json.loads(stats.out)["queues"][0]["pending"] == 3
+    assert [f["where"] for f in json.loads(doctor.out)["findings"] if f["check"] == "lag"] == hashed
+
+
 @pytest.mark.parametrize(("key", "name"), [
     ("redisson_delay_queue_timeout:{orders}", "orders"),
     ("redisson_delay_queue_timeout:{a}b", "{a}b"),
@@ -1020,3 +1036,28 @@ async def test_the_cli_with_sentinel(own_sentinels: Callable[..., ThrowawaySenti
         (line,) = run.err.splitlines()
         assert line.startswith("aiodelayq: cannot connect to Sentinel service "), line
         assert expected in line, line
+
+
+@pytest.mark.topology
+async def test_on_a_cluster_the_cli_refuses_a_name_whose_keys_span_slots(cluster: ThrowawayCluster,
+                                                                         cluster_clients: Any, qname: str) -> None:
+    # 'a{' opens no hash tag, so each of its keys hashes whole: no queue of that name can work on a
+    # cluster. A command on it exits 2 with the rule; ls, which may find such a key, leaves it out.
+    rc = cluster_clients(cluster)
+    split = f"{qname}:a{{"
+    stray = aiodelayq.QueueKeys.for_name(split).timeout_set
+    await rc.zadd(stray, {"x": 1})  # one key alone: a cluster takes it
+    await aiodelayq.DelayedQueue(rc, qname).offer("x", 60)
+    url = f"redis://127.0.0.1:{cluster.primaries()[0].port}/0"
+    try:
+        for args in (("stats", split), ("offer", split, "1"), ("pause", split), ("doctor", split)):
+            run = await _topology_cli(*args, "--cluster", "--redis-url", url)
+            assert (run.code, run.out) == (2, ""), (args, run)
+            assert "hash to one slot" in run.err, args
+            assert "its first '{' opens a hash tag" in run.err, args
+        listed = await _topology_cli("ls", "--match", f"{qname}*", "--json", "--cluster", "--redis-url", url)
+        assert listed.code == 0, listed.err
+        assert [entry["name"] for entry in json.loads(listed.out)["queues"]] == [qname]
+    finally:
+        await rc.delete(stray)
+        await aiodelayq.DelayedQueue(rc, qname).clear()

@@ -33,7 +33,7 @@ import uvicorn
 from aiohttp import web
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
 from aiodelayq.dashboard import CannotListen, Dashboard, serve
 from aiodelayq.dashboard._auth import SESSION_COOKIE, SESSION_TTL_S, TokenGate
 from aiodelayq.dashboard._http import CSRF_COOKIE, CSRF_FIELD
@@ -204,6 +204,24 @@ async def test_a_sharded_queue_is_one_row_and_one_page_over_all_its_shards(clien
     assert page.counts["pending"] == "9"
     assert page.charts["hour"][1] == 6  # due in 7 min: (5, 10], on every shard
     assert page.charts["hour"][9] == 3  # due in 50 min: (45, 50]
+
+
+async def test_a_queue_recorded_with_shards_placed_by_their_names_is_one_page_too(client: Redis, drop_keys: Any,
+                                                                                    qname: str, served: Any) -> None:
+    # A record of the count alone places shard i at {name:i}: the page's counts and charts read there.
+    name = f"{qname}-hashed"
+    hashed = [f"{{{name}:{i}}}" for i in range(3)]
+    drop_keys(*(key for n in (name, *hashed) for key in QueueKeys.for_name(n).all))
+    await client.hset(QueueKeys.for_name(name).controls, "shards", "3")
+    for shard in hashed:
+        await DelayedQueue(client, shard).offer("x", 7 * 60)
+    base = await served(Dashboard(client))
+    async with httpx.AsyncClient(timeout=10) as http:
+        index = await get_page(http, base)
+        page = await get_page(http, queue_url(base, name))
+    assert index.rows[name]["pending"] == "3"
+    assert page.counts["pending"] == "3"
+    assert page.charts["hour"][1] == 3
 
 
 async def test_a_post_needs_the_csrf_token_and_a_same_site_origin(client: Redis, make_queue: Any,

@@ -3,7 +3,9 @@ options ``DelayedQueue(client, name, ...)`` refuses when it is built."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import uuid
 from typing import Any
 
 import pytest
@@ -16,9 +18,12 @@ from aiodelayq import (
     DelayedQueueError,
     InvalidNameError,
     QueueKeys,
+    Queues,
     WorkerOptions,
     prefix_name,
 )
+from aiodelayq.dashboard import Dashboard
+from aiodelayq.testing import ThrowawayCluster
 
 
 def test_prefix_name_follows_redisson() -> None:
@@ -80,3 +85,64 @@ async def test_a_duration_below_its_minimum_is_refused_in_plain_words(
     with pytest.raises(ConfigurationError) as refused:
         WorkerOptions(visibility_timeout_s=0.05)
     assert str(refused.value) == "visibility_timeout_s must be at least 0.1 seconds, not 0.05"
+
+
+# Names whose keys do not all hash to one cluster slot: a '{' that opens no hash tag (no '}' after it,
+# or nothing between), or a '}' with no '{' (the prefixed keys take the tag before it, the list none).
+_SPLIT_NAMES = ["a{", "{}", "x{}y", "{}{tag}", "a}b"]
+
+
+def _split(name: str) -> str:
+    """``name`` made unique to a test run, its braces kept where they split it."""
+    return f"aiodelayq-test:{uuid.uuid4().hex[:10]}:{name}"
+
+
+@pytest.mark.parametrize("name", _SPLIT_NAMES)
+async def test_a_name_a_cluster_cannot_use_works_on_a_single_server(single_server: Any, client: Redis,
+                                                                    drop_keys: Any, name: str) -> None:
+    # Each of its keys hashes whole, or to another tag: one server holds them all anyway.
+    q: DelayedQueue[str] = DelayedQueue(client, _split(name), safety_poll_s=0.2)
+    drop_keys(*q.keys.all)
+    assert len({key_slot(k.encode()) for k in (*q.keys.all, q.keys.channel)}) > 1
+    await q.offer("due", 0.05)
+    await q.offer("keyed", 60, key="k")
+    async with q:
+        assert await asyncio.wait_for(q.take(), 5) == "due"
+    assert (await q.get("k")).value == "keyed"  # type: ignore[union-attr]
+    assert await q.cancel("k")
+    assert await q.size() == 0
+
+
+@pytest.mark.topology
+async def test_a_cluster_client_refuses_a_name_whose_keys_span_slots_where_the_queue_is_made(
+        cluster: ThrowawayCluster, cluster_clients: Any) -> None:
+    rc = cluster_clients(cluster)
+    for bare in _SPLIT_NAMES:
+        name = _split(bare)
+        with pytest.raises(InvalidNameError, match="hash to one slot") as info:
+            DelayedQueue(rc, name)
+        message = str(info.value)
+        assert repr(name) in message
+        assert "its first '{' opens a hash tag" in message
+        with pytest.raises(InvalidNameError, match="hash to one slot"):
+            Queues(rc).add(name)
+        with pytest.raises(InvalidNameError, match="hash to one slot"):
+            Queues(rc).add_worker(name, _handler)
+        with pytest.raises(ConfigurationError, match="hash to one slot"):
+            Dashboard(rc, queues=[name])
+        with pytest.raises(InvalidNameError, match="hash to one slot"):
+            DelayedQueue(rc, name, shards=3)
+        assert not await rc.exists(*QueueKeys.for_name(name).all[:1])  # nothing written
+    # Names whose keys share a slot work on the cluster, a hash tag of their own or not.
+    for name in (_split("orders"), "{" + _split("tenant") + "}:orders", _split("a{b}c")):
+        q: DelayedQueue[str] = DelayedQueue(rc, name)
+        try:
+            await q.offer("x", 60, key="k")
+            assert await q.size() == 1
+        finally:
+            await q.clear()
+            await q.aclose()
+
+
+async def _handler(item: Any) -> None:
+    pass

@@ -20,7 +20,7 @@ from aiodelayq import DelayedQueue
 from tests import redisson_scripts as rs
 from tests.conftest import ServerInfo
 from tests.helpers import server_ms, server_past, until
-from tests.redisson_java import BUILDS, Build, JavaRedisson, compile_driver, unavailable
+from tests.redisson_java import BUILDS, DRIVER_SOURCE, REPO_ROOT, Build, JavaRedisson, compile_driver, unavailable
 
 # -- Redisson's scripts ------------------------------------------------------------------------------
 
@@ -277,11 +277,17 @@ async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, 
 @pytest.mark.java
 async def test_each_shard_of_a_sharded_queue_is_a_redisson_queue_both_ways(
         java: JavaRedisson, client: Redis, drop_keys: Any, qname: str) -> None:
-    # Shard i is the ordinary queue {name:i}: Java's RDelayedQueue of that name delivers what the
-    # sharded queue offered to it, and the sharded queue's consumers take what Java offered to any shard.
+    # Shard i is an ordinary queue (q.shard_names[i]): Java's RDelayedQueue of that name delivers what
+    # the sharded queue offered to it, and the sharded queue's consumers take what Java offered to any
+    # shard. Java computes the same names (docs/java.md's shardNames, with Redisson's CRC16).
     [options, *_] = python_kinds(java)
     q: DelayedQueue[str] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str", **options)
     drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    assert tuple(await jcall(java, "shardNames", queue=q.name, shards=3)) == q.shard_names
+    for shards in (2, 6, 64, 1024):
+        name = f"{qname}-имя-{shards}"  # the tag as UTF-8 bytes on both sides
+        assert tuple(await jcall(java, "shardNames", queue=name, shards=shards)) == \
+            DelayedQueue(client, name, shards=shards).shard_names
     items = [f"py-{i}" for i in range(30)]
     await q.offer_many([(item, 0.3) for item in items])  # unkeyed: 10 to each shard, in rotation
     java_got: list[str] = []
@@ -444,3 +450,12 @@ async def test_a_recurring_item_goes_on_when_javas_transfer_moves_its_occurrence
         assert nxt is not None
         assert nxt.recurring
     assert await q.cancel("beat")
+
+
+def test_the_java_shard_names_in_the_docs_are_the_driver_s() -> None:
+    # docs/java.md shows the code the Java tests run (the driver's shardNames, indented as a method).
+    docs = (REPO_ROOT / "docs" / "java.md").read_text(encoding="utf-8")
+    shown = docs.split("```java\n")[-1].split("```")[0]
+    assert "static List<String> shardNames(" in shown
+    driver = DRIVER_SOURCE.read_text(encoding="utf-8")
+    assert "".join(f"    {line}\n" if line else "\n" for line in shown.splitlines()) in driver

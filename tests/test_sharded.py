@@ -15,11 +15,13 @@ import random
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable
+from fractions import Fraction
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from aiodelayq import (
     ConfigurationError,
@@ -29,6 +31,7 @@ from aiodelayq import (
     QueueClosedError,
     QueueCounts,
     QueueFullError,
+    QueueKeys,
     ShardCountError,
 )
 from aiodelayq._redis.acl import minimal_acl_rules
@@ -47,6 +50,20 @@ def _name(label: str) -> str:
 def _shard(key: str, shards: int) -> int:
     """The documented rule: zlib's CRC-32 of the key's UTF-8 bytes, modulo the shard count."""
     return zlib.crc32(key.encode()) % shards
+
+
+def _spaced_names(name: str, shards: int) -> list[str]:
+    """The documented placement: shard i is ``{name~n}:i``, n the least integer whose tag ``name~n``
+    hashes (CRC16, redis-py's ``key_slot``) into the middle half of the i-th of K equal slot ranges."""
+    found: dict[int, str] = {}
+    salt = 0
+    while len(found) < shards:
+        slot = key_slot(f"{name}~{salt}".encode())
+        index = slot * shards // 16384
+        if Fraction(4 * index + 1, 4 * shards) * 16384 <= slot < Fraction(4 * index + 3, 4 * shards) * 16384:
+            found.setdefault(index, f"{{{name}~{salt}}}:{index}")
+        salt += 1
+    return [found[index] for index in range(shards)]
 
 
 def _keys_for(shard: int, shards: int, n: int, prefix: str = "k") -> list[str]:
@@ -80,6 +97,11 @@ class Queues:
             self._drop(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
         return q
 
+    def drop(self, *names: str) -> None:
+        """Drop the keys of these queue names after the test (on the session server)."""
+        if self._drop is not None:
+            self._drop(*(key for name in names for key in QueueKeys.for_name(name).all))
+
     async def aclose(self) -> None:
         results = await asyncio.gather(*(q.aclose() for q in self.made), return_exceptions=True)
         for result in results:
@@ -109,7 +131,8 @@ async def sharded(request: pytest.FixtureRequest, client: Redis, drop_keys: Call
 async def test_items_spread_evenly_over_the_shards_and_each_is_taken_once(sharded: Queues) -> None:
     q = sharded(shards=6)
     assert q.shards == 6
-    assert [keys.destination for keys in q.shard_keys] == [f"{{{q.name}:{i}}}" for i in range(6)]
+    assert list(q.shard_names) == _spaced_names(q.name, 6)
+    assert q.shard_names == tuple(keys.destination for keys in q.shard_keys)
     assert "shards=6" in repr(q)
     # Unkeyed: in rotation, so exactly even; keyed: by the key's CRC-32, within 25% of even.
     await q.offer_many([(i, 0.05) for i in range(600)])
@@ -130,25 +153,37 @@ async def test_items_spread_evenly_over_the_shards_and_each_is_taken_once(sharde
 
 
 @pytest.mark.topology
-async def test_six_shards_use_every_primary_of_a_three_primary_cluster(cluster: ThrowawayCluster,
-                                                                      cluster_clients: Any) -> None:
+async def test_the_shards_spread_evenly_over_the_primaries_of_a_three_primary_cluster(
+        cluster: ThrowawayCluster, cluster_clients: Any) -> None:
+    # The shards take evenly spaced slots, so with the default slot map (each primary one contiguous
+    # third) and K a multiple of 3, each primary holds K/3 shards, hence a third of the items,
+    # whatever the name. Counted by each primary itself: the items in the timeout zsets it holds.
     rc = cluster_clients(cluster)
-    # Each shard's tag is "<name>:<i>": where 6 shards land depends on the name, as for 6 queues. A
-    # name whose 6 shards fall on all 3 primaries (about 3 names in 4 do) shows them used together.
-    name = next(n for n in (_name("primaries") for _ in range(100))
-                if len({cluster.primary_of(k.destination).port for k in DelayedQueue(rc, n, shards=6).shard_keys}) == 3
-                and len({cluster.slot_of(k.destination) for k in DelayedQueue(rc, n, shards=6).shard_keys}) == 6)
-    q: DelayedQueue[int] = DelayedQueue(rc, name, shards=6)
-    try:
-        await q.offer_many([(i, 60) for i in range(60)])
-        primaries = collections.Counter(cluster.primary_of(keys.destination).port for keys in q.shard_keys)
-        assert len(primaries) == 3, primaries
-        assert len({cluster.slot_of(keys.destination) for keys in q.shard_keys}) == 6
-        for primary in cluster.primaries():  # each primary holds the items of its shards, and only those
-            mine = [keys for keys in q.shard_keys if cluster.primary_of(keys.destination).port == primary.port]
-            assert sum(int(_cmd(primary.port, "ZCARD", keys.timeout_set)) for keys in mine) == 10 * len(mine)
-    finally:
-        await q.aclose()
+    measured: list[str] = []
+    for k in (3, 6, 6, 6, 12):
+        q: DelayedQueue[int] = DelayedQueue(rc, _name("spread"), shards=k)
+        try:
+            await q.offer_many([(i, 60) for i in range(20 * k)])  # unkeyed: 20 to each shard, in rotation
+            per_node = [_items_on(primary.port, q.name) for primary in cluster.primaries()]
+            measured.append(f"shards={k}: {per_node}")
+            assert per_node == [20 * k // 3] * 3, measured
+            assert len({cluster.slot_of(name) for name in q.shard_names}) == k
+        finally:
+            await q.clear()
+            await q.aclose()
+    print("\nitems per primary: " + "; ".join(measured))
+
+
+def _items_on(port: int, name: str) -> int:
+    """The pending items of the sharded queue ``name`` that the node on ``port`` holds (``SCAN`` of
+    its own keys: the timeout zsets of the shards in its slots)."""
+    cursor, total = b"0", 0
+    while True:
+        # The shards' zsets, however placed ({name~n}:i, or {name:i}).
+        cursor, keys = _cmd(port, "SCAN", cursor, "MATCH", f"redisson_delay_queue_timeout:{{{name}[~:]*", "COUNT", 1000)
+        total += sum(int(_cmd(port, "ZCARD", key)) for key in keys)
+        if cursor in (b"0", 0, "0"):
+            return total
 
 
 async def test_a_keyed_item_lives_on_its_key_shard_for_every_keyed_call(sharded: Queues) -> None:
@@ -436,7 +471,7 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
     name = _name("count")
     q = sharded(shards=3, name=name)
     await q.offer(1, 60)
-    assert await r.hget(q.keys.controls, "shards") == b"3"
+    assert await r.hget(q.keys.controls, "shards") == b"3 spaced"
     for other in (2, 4, 1):
         wrong: DelayedQueue[Any] = DelayedQueue(r, name, shards=other)
         with pytest.raises(ShardCountError) as caught:
@@ -467,6 +502,57 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
     results = await asyncio.gather(*(racer.offer(0, 60) for racer in racers), return_exceptions=True)
     assert sum(not isinstance(result, BaseException) for result in results) == 1, results
     assert all(isinstance(result, (int, ShardCountError)) for result in results)
+
+
+async def test_a_name_recorded_with_shards_placed_by_their_names_keeps_them(sharded: Queues) -> None:
+    # A record of the count alone ("3") places shard i at the ordinary queue {name:i}. An object
+    # makes its shards as a new name's (spaced), and at its first call places them as recorded,
+    # before any call reaches a shard: what is pending, ready or keyed there is all found, and new
+    # items go there too.
+    r = sharded.client
+    name = _name("hashed")
+    hashed = [f"{{{name}:{i}}}" for i in range(3)]
+    sharded.drop(name, *hashed)
+    await r.hset(QueueKeys.for_name(name).controls, "shards", "3")
+    keys = [_keys_for(i, 3, 1, prefix=f"key{i}-")[0] for i in range(3)]
+    for i, shard_name in enumerate(hashed):
+        shard: DelayedQueue[str] = DelayedQueue(r, shard_name)
+        await shard.offer(f"due-{i}", 0.05)
+        await shard.offer(f"keyed-{i}", 60, key=keys[i])
+    q = sharded(shards=3, name=name)
+    assert list(q.shard_names) == _spaced_names(name, 3)  # a new name's, until its first call
+    # Two first calls at once: both wait for the check, which places the shards before either goes on.
+    counted, _ = await asyncio.gather(q.size(), q.offer("new", 0.05))
+    assert counted in (6, 7)
+    assert list(q.shard_names) == hashed
+    assert [keys.destination for keys in q.shard_keys] == hashed
+    assert await q.size() == 7
+    assert [(await q.get(key)).value for key in keys] == ["keyed-0", "keyed-1", "keyed-2"]  # type: ignore[union-attr]
+    assert await q.cancel(keys[1])
+    async with q:
+        got = [await asyncio.wait_for(q.take(), 5) for _ in range(4)]
+    assert sorted(got) == ["due-0", "due-1", "due-2", "new"]
+    assert await q.size() == 2
+    assert await r.hget(q.keys.controls, "shards") == b"3"  # the record stays as it was
+    for spaced in _spaced_names(name, 3):  # and nothing went where a new name's shards would be
+        assert not await r.exists(QueueKeys.for_name(spaced).timeout_set)
+    # An opening checks first too: a second object (another process) consumes the same shards.
+    other = sharded(shards=3, name=name)
+    async with other:
+        await q.offer("to the other", 0.05)
+        assert await asyncio.wait_for(other.take(), 5) == "to the other"
+    assert list(other.shard_names) == hashed
+
+
+async def test_a_record_this_release_cannot_read_is_refused(sharded: Queues) -> None:
+    name = _name("unknown")
+    await sharded.client.hset(QueueKeys.for_name(name).controls, "shards", "3 elsewhere")
+    q = sharded(shards=3, name=name)
+    for call in (q.size, q.open):
+        with pytest.raises(ShardCountError, match="cannot read") as caught:
+            await call()
+        assert "'3 elsewhere'" in str(caught.value)
+    assert await sharded.client.hget(q.keys.controls, "shards") == b"3 elsewhere"
 
 
 @pytest.mark.waits
@@ -503,8 +589,10 @@ def test_bad_shard_options_are_refused_by_name(client: Redis) -> None:
     for bad in (0, -1, True, 2.0, "3", 1025):
         with pytest.raises(ConfigurationError, match="shards"):
             DelayedQueue(client, "orders", shards=bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidNameError, match="sharded"):
-        DelayedQueue(client, "{orders}", shards=2)
+    for braced in ("{orders}", "orders}", "a}b"):  # a '}' alone gives every shard's keys one tag too
+        # (on a cluster client, a name whose own keys span slots is refused for that first)
+        with pytest.raises(InvalidNameError, match=r"sharded|hash to one slot"):
+            DelayedQueue(client, braced, shards=2)
     assert DelayedQueue(client, "{orders}").shards == 1  # an ordinary queue may have a hash tag
     assert "shards" not in repr(DelayedQueue(client, "orders"))
 
@@ -565,6 +653,22 @@ async def test_a_sharded_queue_works_as_its_minimal_acl_user(acl_client: Any, re
         assert (counts.pending, counts.ready, counts.in_flight, counts.dead_letters) == (0, 0, 0, 0)
         with pytest.raises(ShardCountError):
             await DelayedQueue(client, "orders").offer(1, 60)  # OFFER's HGET of the count is allowed too
+    finally:
+        await q.aclose()
+
+
+async def test_a_queue_recorded_with_shards_placed_by_their_names_works_as_its_minimal_acl_user(
+        acl_client: Any, redis_server: Any) -> None:
+    version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
+    rules = ["on", ">secret", *minimal_acl_rules("orders", waitaof=version >= (7, 2), shards=3, placement="hashed")]
+    client = await acl_client("hashed-user", "secret", rules)
+    await client.hset(QueueKeys.for_name("orders").controls, "shards", "3")  # as the record is found
+    q: DelayedQueue[Any] = DelayedQueue(client, "orders", shards=3)
+    try:
+        await q.offer_many([(i, 0.05) for i in range(6)])
+        assert q.shard_names == ("{orders:0}", "{orders:1}", "{orders:2}")
+        async with q:
+            assert sorted([await asyncio.wait_for(q.take(), 5) for _ in range(6)]) == list(range(6))
     finally:
         await q.aclose()
 

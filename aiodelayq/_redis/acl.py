@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .._wire.key_names import QueueKeys, shard_names
+from .._wire.key_names import QueueKeys
+from .._wire.placement import Placement, shard_names
 
 __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", "minimal_acl_rules"]
 
@@ -68,19 +69,21 @@ _PROBES: dict[str, tuple[str, ...]] = {
 }
 
 
-def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1) -> list[str]:
+def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1,
+                      placement: Placement = "spaced") -> list[str]:
     """The ``ACL SETUSER`` rules (after the user name, ``on`` and the password) of a user that may
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
     (with :data:`WAITAOF_COMMANDS` when ``waitaof``). A sharded queue (``shards`` > 1): the keys of
     its name, which hold the shard count and which an ordinary queue object's refused OFFER or
     TRANSFER declares (no channel permission: nothing is published there), then each shard's keys
-    and channel."""
+    and channel, the shards placed as ``placement`` (what the name records: ``spaced`` for a name
+    a sharded queue records now)."""
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     if shards == 1:
         patterns = _queue_patterns(name, channel=True)
     else:
         patterns = _queue_patterns(name, channel=False)
-        for shard in shard_names(name, shards):
+        for shard in shard_names(name, shards, placement):
             patterns += _queue_patterns(shard, channel=True)
     keys = [rule for rule in patterns if rule.startswith("~")]
     channels = [rule for rule in patterns if rule.startswith("&")]

@@ -24,7 +24,7 @@ class ShardedControls:
     """``pause``/``resume``/``is_paused``/``set_rate_limit`` of a sharded queue object."""
 
     def __init__(self, shards: Sequence[Controls]) -> None:
-        self._shards = list(shards)
+        self._shards = shards
 
     def __repr__(self) -> str:
         return f"<ShardedControls shards={len(self._shards)}>"

@@ -21,7 +21,7 @@ class ShardedDeadLetters:
     """``dead_letters``/``requeue_dead_letters``/``purge_dead_letters`` of a sharded queue object."""
 
     def __init__(self, shards: Sequence[DeadLetters]) -> None:
-        self._shards = list(shards)
+        self._shards = shards
 
     def __repr__(self) -> str:
         return f"<ShardedDeadLetters shards={len(self._shards)}>"

@@ -20,7 +20,7 @@ class ShardedKeyed:
     """``cancel``/``reschedule``/``get`` of a sharded queue object, each on the key's shard."""
 
     def __init__(self, shards: Sequence[KeyedItems]) -> None:
-        self._shards = list(shards)
+        self._shards = shards
 
     def __repr__(self) -> str:
         return f"<ShardedKeyed shards={len(self._shards)}>"
@@ -45,7 +45,7 @@ class ShardedSchedules:
     """``schedule`` of a sharded queue object, on the key's shard."""
 
     def __init__(self, shards: Sequence[Schedules]) -> None:
-        self._shards = list(shards)
+        self._shards = shards
 
     def __repr__(self) -> str:
         return f"<ShardedSchedules shards={len(self._shards)}>"

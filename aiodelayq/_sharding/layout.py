@@ -24,13 +24,13 @@ def check_shards(shards: object, name: str) -> int:
 
     Raises:
         ConfigurationError: ``shards`` is not an ``int`` from 1 to :data:`MAX_SHARDS`.
-        InvalidNameError: a sharded queue's name with a ``{`` (its shards' keys would all take the
-            name's own hash tag, hence one slot).
+        InvalidNameError: a sharded queue's name with a brace (its shards' keys would all take the
+            tag the name's braces make, hence one slot).
     """
     result = count("shards", shards, minimum=1, maximum=MAX_SHARDS)
-    if result > 1 and isinstance(name, str) and "{" in name:
-        raise InvalidNameError("the name of a sharded queue must not contain '{' (each shard's keys take "
-                               f"the hash tag of its number, in different slots, only without one): {name!r}")
+    if result > 1 and isinstance(name, str) and ("{" in name or "}" in name):
+        raise InvalidNameError("the name of a sharded queue must not contain '{' or '}' (each shard's keys take a "
+                               f"hash tag of their own, in different slots, only without them): {name!r}")
     return result
 
 

@@ -1,9 +1,10 @@
 """The life of a sharded queue object: its shards' lifecycles, opened and closed together.
 
 Every call of the object first binds the shards to the running event loop and runs the object's
-shard count check (:mod:`.record`) until it passed once. ``open()`` checks, then opens the K shards
-at once (K transfer schedulers, their channels on the client's one pub/sub connection): a failed
-shard leaves the others open, and the next ``open()`` opens the rest. ``aclose()`` closes the K
+shard count check (:mod:`.record`, which places the shards as the name records) until it passed
+once. ``open()`` checks, then opens the K shards at once (K transfer schedulers, their channels on
+the client's one pub/sub connection): a failed shard leaves the others open, and the next
+``open()`` opens the rest. ``aclose()`` closes the K
 shards at once, each within ``close_timeout_s``, so the whole close is bounded by it too.
 """
 
@@ -29,7 +30,7 @@ class ShardedLifecycle:
 
     def __init__(self, name: str, lives: Sequence[Lifecycle], count: ShardCount, *, recheck_s: float) -> None:
         self._name = name
-        self._lives = list(lives)
+        self._lives = lives
         self._count = count
         self._recheck_s = recheck_s
         self._pump: ShardedPump | None = None
@@ -67,6 +68,7 @@ class ShardedLifecycle:
         self.bind_loop()
         if not self._count.passed:
             await self._count.ensure()
+            self.bind_loop()  # the shards the check placed, if it placed them again
 
     def pump(self) -> ShardedPump:
         """The take side of the open queue.

@@ -35,7 +35,7 @@ class ShardedProducer:
 
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, shards: Sequence[Producer],
                  rotation: Rotation) -> None:
-        self._shards = list(shards)
+        self._shards = shards
         self._rotation = rotation
         self._router = Producer(scripts, options, events, send_many=self._send_many)
 

@@ -24,7 +24,7 @@ class ShardedPending:
     """``size``/``counts``/``peek``/... of a sharded queue object over its shards' pending views."""
 
     def __init__(self, shards: Sequence[PendingView]) -> None:
-        self._shards = list(shards)
+        self._shards = shards
 
     def __repr__(self) -> str:
         return f"<ShardedPending shards={len(self._shards)}>"

@@ -1,22 +1,26 @@
-"""The shard count recorded under a sharded queue's name, checked once per sharded queue object.
+"""The shards recorded under a sharded queue's name, checked once per sharded queue object.
 
-A sharded queue's count is part of its configuration, like its name: changing it would move keys
-to other shards. The first sharded queue object to use a name records the count in the name's
-controls hash (``aiodelayq_controls:{name}``, field ``shards``) with CLAIM_SHARDS, atomically: of two
-processes racing with different counts, one records and the other reads it and is refused. A name
-that already holds an ordinary queue is refused too (the claim looks at that queue's keys). An
-ordinary queue object (``shards=1``) makes no check of its own: its OFFER and TRANSFER read the
-field and refuse a sharded name. The check runs before the object's first call or its opening goes
-to Redis; a check that could not be made (a ``BackendError``) runs again with the next call, a
-refusal is final.
+A sharded queue's count and placement are part of its configuration, like its name: changing either
+would move keys to other shards. The first sharded queue object to use a name records its count and
+the placement it uses (``_wire/placement.py``) in the name's controls hash
+(``aiodelayq_controls:{name}``, field ``shards``) with CLAIM_SHARDS, atomically: of two processes
+racing with different counts, one records and the other reads it and is refused. A name that already
+holds an ordinary queue is refused too (the claim looks at that queue's keys). A name recorded with
+another placement keeps it: the object places its shards as recorded before any of them is used. An
+ordinary queue object (``shards=1``) makes no check of its own: its OFFER and TRANSFER read the field
+and refuse a sharded name. The check runs before the object's first call or its opening goes to
+Redis; a check that could not be made (a ``BackendError``) runs again with the next call, a refusal
+is final.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from .._core.tasks import keep
 from .._scripts import QueueScripts
+from .._wire.placement import Placement, ShardRecord
 from ..exceptions import ShardCountError
 
 __all__ = ["ShardCount"]
@@ -25,15 +29,18 @@ __all__ = ["ShardCount"]
 class ShardCount:
     """The check of one queue object: ``await count.ensure()`` passes once the name's shard count in
     Redis is this object's (``scripts`` are those of the queue's own name, which for a sharded queue
-    holds no item). The check, resends included, is bounded by ``timeout_s`` (the queue's
-    ``call_timeout_s``, and its ``open_timeout_s`` when shorter: it may be an opening's first call)."""
+    holds no item), having called ``place`` with the recorded placement first. The check, resends
+    included, is bounded by ``timeout_s`` (the queue's ``call_timeout_s``, and its ``open_timeout_s``
+    when shorter: it may be an opening's first call)."""
 
-    def __init__(self, scripts: QueueScripts, shards: int, *, timeout_s: float) -> None:
+    def __init__(self, scripts: QueueScripts, shards: int, *, timeout_s: float,
+                 place: Callable[[Placement], None]) -> None:
         self._scripts = scripts
         self.shards = shards
         self._timeout_s = timeout_s
+        self._place = place
         self.passed = False
-        self._refused: int | None = None  # the count found, once refused
+        self._refused: ShardCountError | None = None
         self._task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -46,13 +53,14 @@ class ShardCount:
         waiting for it).
 
         Raises:
-            ShardCountError: the name has another shard count (every call raises it again).
+            ShardCountError: the name has another shard count, or a record this release cannot
+                read (every call raises it again).
             BackendError: the check could not be made (the next call tries again).
         """
         if self.passed:
             return
         if self._refused is not None:
-            raise self._error(self._refused)
+            raise self._refused
         loop = asyncio.get_running_loop()
         task = self._task
         failed = task is not None and task.done() and (task.cancelled() or task.exception() is not None)
@@ -66,17 +74,21 @@ class ShardCount:
         k = self._scripts.keys
         what = f"the shard count of {k.destination!r}"
         # Records it, or reads it: resending is harmless.
-        recorded = _count(await self._scripts.claim_shards.resend(self.shards, what=what, timeout_s=self._timeout_s))
-        if recorded != self.shards:
-            self._refused = recorded
-            raise self._error(recorded)
+        raw = await self._scripts.claim_shards.resend(ShardRecord(self.shards).value, what=what,
+                                                      timeout_s=self._timeout_s)
+        record = ShardRecord.parse(raw)
+        subject = f"queue {k.destination!r}"
+        if record is None:
+            self._refused = ShardCountError(
+                f"{subject} records its shards as {_text(raw)!r}, which this release cannot read (a newer "
+                "release recorded it): upgrade aiodelayq", recorded=0, wanted=self.shards)
+        elif record.count != self.shards:
+            self._refused = ShardCountError.refusing(subject, recorded=record.count, wanted=self.shards)
+        if self._refused is not None:
+            raise self._refused
+        assert record is not None
+        self._place(record.placement)  # before any caller goes on to a shard
 
-    def _error(self, recorded: int) -> ShardCountError:
-        return ShardCountError.refusing(f"queue {self._scripts.keys.destination!r}", recorded=recorded,
-                                        wanted=self.shards)
 
-
-def _count(raw: object) -> int:
-    """A recorded count as an int; 0 for something that is not one (refused with it)."""
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return int(text) if text.isdigit() else 0
+def _text(raw: object) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+
+from redis.crc import key_slot
 
 from ..exceptions import InvalidNameError
 
-__all__ = ["KEY_TYPES", "QueueKeys", "prefix_name", "shard_name_parts", "shard_names"]
+__all__ = ["KEY_TYPES", "QueueKeys", "prefix_name"]
 
 # The type (as ``TYPE`` names it) each key of a queue holds, by QueueKeys attribute (the channel is
 # no key). A key of another type was written by another program: every call on it is refused.
@@ -26,26 +28,6 @@ def prefix_name(prefix: str, name: str) -> str:
     if "{" in name:
         return f"{prefix}:{name}"
     return f"{prefix}:{{{name}}}"
-
-
-def shard_names(name: str, shards: int) -> list[str]:
-    """The queue names of the ``shards`` shards of the sharded queue ``name``: ``{name:0}`` ...
-    ``{name:K-1}``, each an ordinary Redisson queue. A name with a ``{`` keeps its keys as is
-    (:func:`prefix_name`), so every key of shard ``i`` has the hash tag ``name:i``: the shards fall
-    in slots spread by CRC16 as different queues' do."""
-    return [f"{{{name}:{index}}}" for index in range(shards)]
-
-
-def shard_name_parts(name: str) -> tuple[str, int] | None:
-    """The sharded queue's name and the shard index that the queue name ``name`` has if it is a shard
-    (the inverse of :func:`shard_names`: ``{orders:2}``, or ``orders:2`` as its keys read, gives
-    ``("orders", 2)``), or ``None``. Whether ``orders`` is sharded, and into how many, only Redis
-    knows (the count recorded under the name)."""
-    inner = name[1:-1] if name.startswith("{") and name.endswith("}") else name
-    base, sep, index = inner.rpartition(":")
-    if not sep or not base or "{" in base or "}" in base or not index.isdigit() or index != str(int(index)):
-        return None
-    return base, int(index)
 
 
 @dataclass(frozen=True)
@@ -102,17 +84,19 @@ class QueueKeys:
     tier_count: str
 
     @classmethod
-    def for_name(cls, name: str) -> QueueKeys:
-        """Build the keys for a queue name.
+    def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
+        """Build the keys for a queue name; with ``cluster``, the keys of a queue on a Redis Cluster,
+        which must all hash to one slot (:meth:`check_one_slot`).
 
         Raises:
-            InvalidNameError: ``name`` is not a non-empty ``str``.
+            InvalidNameError: ``name`` is not a non-empty ``str``; with ``cluster``, a name whose keys
+                do not all hash to one slot.
         """
         if not isinstance(name, str):
             raise InvalidNameError(f"queue name must be a str, not {type(name).__name__}")
         if not name:
             raise InvalidNameError("queue name must not be empty")
-        return cls(
+        keys = cls(
             destination=name,
             timeout_set=prefix_name("redisson_delay_queue_timeout", name),
             delay_list=prefix_name("redisson_delay_queue", name),
@@ -129,6 +113,34 @@ class QueueKeys:
             tier_index=prefix_name("aiodelayq_tier_index", name),
             tier_count=prefix_name("aiodelayq_tier_count", name),
         )
+        if cluster:
+            keys.check_one_slot()
+        return keys
+
+    def check_one_slot(self) -> None:
+        """Check that every key of the queue (its channel, which the scripts that publish declare, and
+        a bucket of its tier among them) hashes to one Redis Cluster slot, as redis-py computes it
+        (CRC16 of the key's hash tag, or of the whole key when it has none): a script declares
+        them together, and a cluster refuses keys of two slots in one call. A name without braces
+        passes (``prefix:{name}``), and so does one whose first ``{`` opens a hash tag
+        (``{tenant1}:orders``); one whose ``{`` opens none (``a{``, ``{}``, ``x{}y``), or with a
+        ``}`` but no ``{`` (``a}b``: its prefixed keys take the tag ``a``), does not: its keys hash
+        whole, or to another tag than its list's. On a single server every name works.
+
+        Raises:
+            InvalidNameError: the keys fall in more than one slot (the message states the rule and
+                two keys in different slots).
+        """
+        slots: dict[int, str] = {}
+        for key in (*astuple(self), self.tier_bucket(0)):
+            slots.setdefault(key_slot(key.encode()), key)
+        if len(slots) > 1:
+            (slot_a, key_a), (slot_b, key_b) = list(slots.items())[:2]
+            raise InvalidNameError(
+                f"queue name {self.destination!r} cannot be used on a Redis Cluster: all the keys of a queue must "
+                f"hash to one slot, and this name's fall in {len(slots)} ({key_a!r} in slot {slot_a}, {key_b!r} in "
+                f"slot {slot_b}). On a Cluster a queue name has no brace at all, or its first '{{' opens a hash "
+                "tag: one or more characters, then '}' (as in '{tenant1}:orders')")
 
     def tier_bucket(self, start_ms: int) -> str:
         """The list of the tier's bucket that starts at ``start_ms`` (epoch ms): its entries wait

@@ -25,7 +25,7 @@ from .._redis.eviction import SAFE_POLICIES
 from .._scripts import QueueScripts
 from .._scripts.foreign_keys import foreign_keys, is_wrong_type
 from .._wire.elements import classify_element, long_format
-from .._wire.key_names import QueueKeys, shard_names
+from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
 from ._ops import recorded_shards
 
@@ -66,7 +66,7 @@ class Finding:
 async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float = 60.0, max_skew_s: float = 1.0,
                    wire_format: str = "redisson", acl_user: str | None = None) -> list[Finding]:
     """Every check, on every primary (server checks) and every queue of ``names`` (each shard of a
-    sharded queue's name, by the count recorded under it).
+    sharded queue's name, as its record places them).
 
     ``max_lag_s``: a queue whose due items wait longer fails. ``max_skew_s``: a clock further off
     warns. ``wire_format``: what the queue's producers write. ``acl_user``: whose ACL to check (the
@@ -82,8 +82,7 @@ async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float =
         findings += await _server_checks(where, call, max_skew_s)
     user = acl_user or await _whoami(servers[0][1])
     for name in names:
-        shards = await recorded_shards(client, name)
-        for queue_name in shard_names(name, shards) if shards > 1 else [name]:
+        for queue_name in (await recorded_shards(client, name)).names(name):
             findings += await _queue_checks(client, queue_name, user, max_lag_s=max_lag_s, wire_format=wire_format)
     return findings
 

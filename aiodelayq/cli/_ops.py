@@ -29,7 +29,9 @@ from .._producing.pending import QueueCounts
 from .._queue import DelayedQueue
 from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent
-from .._wire.key_names import QueueKeys, prefix_name, shard_name_parts
+from .._wire.key_names import QueueKeys, prefix_name
+from .._wire.placement import ShardRecord, shard_name_parts
+from ..exceptions import InvalidNameError
 
 __all__ = ["COUNT_CONCURRENCY", "QUEUE_KEY_PREFIXES", "BadInput", "CannotConnect", "QueueRow", "ScanResult", "Target",
            "connect", "format_duration", "parse_rate", "parse_sentinel", "parse_value", "queue_counts", "queue_exists",
@@ -264,7 +266,7 @@ async def with_queue(client: AnyRedis, name: str, codec: str = "bytes",
     every command covers all its shards (``shards``: that count when the caller knows it, else
     :func:`recorded_shards` reads it). ``codec`` only matters where items are decoded or encoded."""
     if shards is None:
-        shards = await recorded_shards(client, name)
+        shards = (await recorded_shards(client, name)).count
     queue: DelayedQueue[Any] = DelayedQueue(client, name, codec=codec, shards=shards)
     try:
         yield queue
@@ -272,18 +274,16 @@ async def with_queue(client: AnyRedis, name: str, codec: str = "bytes",
         await queue.aclose()
 
 
-async def recorded_shards(client: AnyRedis, name: str) -> int:
-    """The shard count recorded under the queue name ``name`` (one ``HGET`` of its controls hash): 1
-    for an ordinary queue's name, a name with a ``{`` (never sharded) or a count that is not a number."""
-    if "{" in name:
-        return 1
+async def recorded_shards(client: AnyRedis, name: str) -> ShardRecord:
+    """What the queue name ``name`` records about its shards (one ``HGET`` of its controls hash):
+    their count and placement (``_wire/placement.py``); a count of 1 for an ordinary queue's name, a
+    name with a brace (never sharded) or a record this release cannot read."""
+    if "{" in name or "}" in name:
+        return ShardRecord(1)
     controls = QueueKeys.for_name(name).controls
     raw = await call_idempotent(client, "HGET", controls, "shards", what=f"the shard count of {name!r}",
                                 timeout_s=SOCKET_TIMEOUT_S, route=controls)
-    try:
-        return max(1, int(raw)) if raw is not None else 1
-    except ValueError:
-        return 1
+    return ShardRecord.parse(raw) or ShardRecord(1)
 
 
 async def server_now_ms(client: AnyRedis, route: str | None = None) -> int:
@@ -358,11 +358,16 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
     """Queue names matching the glob ``match`` found by ``SCAN ... COUNT 1000`` of the keys in
     :data:`QUEUE_KEY_PREFIXES` (on a Cluster, on every primary): at most ``max_calls`` SCAN calls per
     prefix and server, and at most ``limit`` names (the first ``limit`` by name of the ``limit + 1``
-    found when there are more). Read-only; each call costs the server about as much as 1,000 keys."""
+    found when there are more). On a Cluster, a name whose keys would not all hash to one slot is
+    no queue's (:meth:`QueueKeys.check_one_slot`) and left out. Read-only; each call costs the
+    server about as much as 1,000 keys."""
     found: set[str] = set()
+    cluster = isinstance(client, RedisCluster)
     nodes: Sequence[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
 
     def wanted(name: str) -> bool:  # the name, or the sharded queue it may be a shard of, matches
+        if cluster and not _one_slot(name):
+            return False  # keys in several slots: no queue of this name can work on a cluster
         parts = shard_name_parts(name)
         return fnmatch.fnmatchcase(name, match) or (parts is not None and fnmatch.fnmatchcase(parts[0], match))
 
@@ -394,19 +399,28 @@ async def scan_queues(client: AnyRedis, match: str, limit: int, max_calls: int) 
     return ScanResult(sorted(found), True, None, shards)
 
 
+def _one_slot(name: str) -> bool:
+    """Whether every key of the queue ``name`` hashes to one cluster slot."""
+    try:
+        QueueKeys.for_name(name, cluster=True)
+    except InvalidNameError:
+        return False
+    return True
+
+
 async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> tuple[set[str], dict[str, int]]:
-    """``names`` with the shards of each sharded queue replaced by the queue's name (a shard index
-    below a count over 1 recorded under that name, :func:`recorded_shards`: one ``HGET`` per name),
-    then those matching ``match``; and the shard count of each sharded queue among them."""
+    """``names`` with the shards of each sharded queue replaced by the queue's name (a name of one of
+    the shards its record places, :func:`recorded_shards`: one ``HGET`` per name that may be a
+    shard's), then those matching ``match``; and the shard count of each sharded queue among them."""
     bases = sorted({parts[0] for name in names if (parts := shard_name_parts(name)) is not None})
-    counts = dict(zip(bases, await asyncio.gather(*(recorded_shards(client, base) for base in bases)), strict=True))
+    records = dict(zip(bases, await asyncio.gather(*(recorded_shards(client, base) for base in bases)), strict=True))
     whole = set()
     for name in names:
         parts = shard_name_parts(name)
-        sharded = parts is not None and counts[parts[0]] > 1 and parts[1] < counts[parts[0]]
+        sharded = parts is not None and records[parts[0]].index_of(parts[0], name) is not None
         whole.add(parts[0] if sharded and parts is not None else name)
     matching = {name for name in whole if fnmatch.fnmatchcase(name, match)}
-    return matching, {name: counts[name] for name in matching if counts.get(name, 1) > 1}
+    return matching, {name: records[name].count for name in matching if name in records and records[name].count > 1}
 
 
 async def _scan_page(client: AnyRedis, node: Any, cursor: int, pattern: str) -> tuple[int, list[Any]]:

@@ -24,7 +24,7 @@ from .._options import check_client
 from .._producing.keyed import check_key
 from .._queue import DelayedQueue
 from .._wire.key_names import QueueKeys
-from ..cli._ops import format_duration, server_now_ms, with_queue
+from ..cli._ops import format_duration, recorded_shards, server_now_ms, with_queue
 from ..exceptions import (
     AccessDeniedError,
     BackendError,
@@ -121,8 +121,9 @@ class Dashboard:
 
     Raises:
         ConfigurationError: a client that is not one of those, or decodes responses; an empty or
-            non-``str`` queue name; a ``token`` that is not a ``str`` of 16 to 1,024 visible ASCII
-            characters (the message never shows it).
+            non-``str`` queue name, or on a ``RedisCluster`` one whose keys do not all hash to one slot;
+            a ``token`` that is not a ``str`` of 16 to 1,024 visible ASCII characters (the message never
+            shows it).
     """
 
     def __init__(self, redis: Redis | RedisCluster, *, read_only: bool = False,
@@ -137,7 +138,7 @@ class Dashboard:
             self._queues = list(dict.fromkeys(queues))
             for name in self._queues:
                 try:
-                    QueueKeys.for_name(name)
+                    QueueKeys.for_name(name, cluster=isinstance(redis, RedisCluster))
                 except InvalidNameError as exc:
                     raise ConfigurationError(f"queues: {exc}") from None
         self._env = jinja2.Environment(
@@ -295,10 +296,12 @@ class Dashboard:
         key = params.get("key", "")
         if key:
             check_key(key)  # a bad key is a 400 before any call starts
-        async with with_queue(self._client, name) as queue:
+        record = await recorded_shards(self._client, name)  # where its shards are, for the charts
+        async with with_queue(self._client, name, shards=record.count) as queue:
             # Every read is awaited to its end, whatever fails: none outlives the page (or the queue).
             results = await asyncio.gather(
-                queue.counts(), queue_histogram(self._client, queue.shard_keys), queue.peek(peek),
+                queue.counts(), queue_histogram(self._client, [QueueKeys.for_name(n) for n in record.names(name)]),
+                queue.peek(peek),
                 queue.dead_letters(dead),
                 queue.get(key) if key else _none(), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
@@ -328,7 +331,7 @@ class Dashboard:
         if self._queues is not None and name not in self._queues:
             raise _NotFound(f"This dashboard shows no queue named {name!r}.")
         try:
-            return QueueKeys.for_name(name)
+            return QueueKeys.for_name(name, cluster=isinstance(self._client, RedisCluster))
         except InvalidNameError as exc:
             raise BadRequest(str(exc)) from None
 

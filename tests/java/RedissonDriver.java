@@ -10,6 +10,8 @@
 //   {"op": "size"|"readAll", "name": N}            the delayed queue's size() / readAll()
 //   {"op": "contains"|"remove", "name": N, "item": X}
 //   {"op": "destroy", "name": N}                   stop this client's transfer task for N
+//   {"op": "shardNames", "queue": N, "shards": K}  the shards' queue names of the sharded queue N
+//                                                 (shardNames below: docs/java.md shows the same code)
 //   {"op": "shutdown"}
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -19,6 +21,7 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -29,6 +32,7 @@ import org.redisson.api.RDelayedQueue;
 import org.redisson.api.RedissonClient;
 import org.redisson.client.codec.StringCodec;
 import org.redisson.config.Config;
+import org.redisson.connection.CRC16;
 
 public final class RedissonDriver {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -114,6 +118,9 @@ public final class RedissonDriver {
                     case "remove":
                         result = d.remove(cmd.path("item").asText());
                         break;
+                    case "shardNames":
+                        result = shardNames(cmd.path("queue").asText(), cmd.path("shards").asInt());
+                        break;
                     case "destroy":
                         if (d != null) {
                             d.destroy();
@@ -134,5 +141,24 @@ public final class RedissonDriver {
             out.println(JSON.writeValueAsString(answer));
         }
         client.shutdown();
+    }
+
+    // The queue names of the shards of aiodelayq's sharded queue `name` (shards=K): shard i is
+    // "{name~n}:i", n the least integer whose tag's slot lies in the middle half of the i-th of K
+    // equal ranges of the 16384 slots.
+    static List<String> shardNames(String name, int shards) {
+        String[] names = new String[shards];
+        int missing = shards;
+        for (long salt = 0; missing > 0; salt++) {
+            String tag = name + "~" + salt;
+            long scaled = (long) (CRC16.crc16(tag.getBytes(StandardCharsets.UTF_8)) % 16384) * shards;
+            int index = (int) (scaled / 16384);
+            long offset = scaled % 16384;
+            if (offset >= 4096 && offset < 12288 && names[index] == null) {
+                names[index] = "{" + tag + "}:" + index;
+                missing--;
+            }
+        }
+        return Arrays.asList(names);
     }
 }
