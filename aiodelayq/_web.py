@@ -224,7 +224,7 @@ class Queues(AsyncResource):
         finally:
             self._opened.set()
         self.state = "open"
-        log.info("aiodelayq: queues opened: %s (%d worker(s))", ", ".join(self._queues), len(self._workers))
+        log.info("queues opened: %s (%d worker(s))", ", ".join(self._queues), len(self._workers))
         return self
 
     async def __aenter__(self) -> Queues:
@@ -273,10 +273,10 @@ class Queues(AsyncResource):
         finally:
             self._workers, self._queues, self._client = [], {}, None
             self.state, self._closing = "new", None
-            log.info("aiodelayq: queues closed")
+            log.info("queues closed")
 
 
 def _report(task: asyncio.Task[None]) -> None:
     """A worker that ended on its own with an error (missing permissions, a bug) is logged."""
     if not task.cancelled() and task.exception() is not None:
-        log.error("aiodelayq: worker %s stopped with an error", task.get_name(), exc_info=task.exception())
+        log.error("worker %s stopped with an error", task.get_name(), exc_info=task.exception())

@@ -263,7 +263,7 @@ class QueueMetrics(InstalledOnce):
                 snapshot[name] = read.result()
                 if name in self._failing:
                     self._failing.discard(name)
-                    log.info("aiodelayq: metrics read the counts of %r again", name)
+                    log.info("metrics read the counts of %r again", name)
             elif isinstance(error, Exception):
                 self._failed(name, error)
             else:
@@ -275,7 +275,7 @@ class QueueMetrics(InstalledOnce):
         self.scrape_errors_total.labels(name).inc()
         if name not in self._failing:
             self._failing.add(name)
-            log.warning("aiodelayq: metrics could not read the counts of %r (%s); its gauges are left out until "
+            log.warning("metrics could not read the counts of %r (%s); its gauges are left out until "
                         "a read succeeds (counters are unaffected)", name, error)
 
     def snapshot(self) -> dict[str, QueueCounts]:

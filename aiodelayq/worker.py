@@ -129,7 +129,7 @@ async def _serve(handler: Handler, *, queue: str, connect: Connect, max_deliveri
             with _signals(worker) as stopped_early:
                 try:
                     async with q:
-                        log.info("aiodelayq: worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
+                        log.info("worker on %r started (concurrency %d, %s, visibility timeout %.1f s, "
                                  "max deliveries %s)", queue, options.concurrency,
                                  "reliable" if options.reliable else "plain", options.visibility_timeout_s,
                                  max_deliveries)
@@ -140,7 +140,7 @@ async def _serve(handler: Handler, *, queue: str, connect: Connect, max_deliveri
                     uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
                     if uncancel is not None:
                         uncancel()  # our own request, handled: later timeouts in this task work as usual
-            log.info("aiodelayq: worker on %r stopped: %s", queue, worker.stats)
+            log.info("worker on %r stopped: %s", queue, worker.stats)
             return 0
     except _Unreachable as exc:
         print(f"aiodelayq worker: {exc}", file=sys.stderr)
@@ -161,15 +161,15 @@ def _signals(worker: Worker[Any]) -> Iterator[list[int]]:
         received += 1
         name = signal.Signals(signum).name
         if worker.state == "new" and main is not None:  # still opening: nothing to drain
-            log.info("aiodelayq: %s while starting; stopping", name)
+            log.info("%s while starting; stopping", name)
             stopped_early.append(signum)
             main.cancel()
         elif received == 1:
-            log.info("aiodelayq: %s: draining (up to %.1f s; send it again to stop at once)", name,
+            log.info("%s: draining (up to %.1f s; send it again to stop at once)", name,
                      worker.drain_timeout_s)
             worker.stop()
         else:
-            log.info("aiodelayq: %s again: stopping now, handing running messages back", name)
+            log.info("%s again: stopping now, handing running messages back", name)
             worker.abort()
 
     signums = (signal.SIGTERM, signal.SIGINT)

@@ -200,3 +200,24 @@ def test_every_module_imports_on_this_python() -> None:
                 raise
             missing.append(f"{name} ({exc.name})")
     assert len(missing) < len(_modules()) / 4, missing
+
+
+_LOG_METHODS = ("debug", "info", "warning", "error", "exception", "critical", "log")
+
+
+def test_log_messages_leave_the_logger_name_to_the_format() -> None:
+    # The library logs to the "aiodelayq" logger: a format with %(name)s says so once, and a message
+    # that said it again read "aiodelayq: aiodelayq: ...".
+    prefixed = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _LOG_METHODS and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "log"):
+                continue
+            args = node.args[1:] if node.func.attr == "log" else node.args
+            message = args[0] if args else None
+            first = message.values[0] if isinstance(message, ast.JoinedStr) and message.values else message
+            if isinstance(first, ast.Constant) and str(first.value).lower().startswith("aiodelayq"):
+                prefixed.append(f"{name}:{node.lineno}")
+    assert prefixed == []

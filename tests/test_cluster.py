@@ -169,7 +169,7 @@ async def test_a_slot_migration_under_load_loses_and_doubles_nothing(own_cluster
 def _redirections(caplog: pytest.LogCaptureFixture) -> collections.Counter[str]:
     """The cluster answers the library's calls met and went again for, by answer (its DEBUG log)."""
     return collections.Counter(r.args[0] for r in caplog.records
-                               if r.msg == "aiodelayq: cluster answered %s for slot %s; sending again")
+                               if r.msg == "cluster answered %s for slot %s; sending again")
 
 
 async def test_a_call_asked_to_a_node_without_its_script_loads_it_there(cluster: ThrowawayCluster,

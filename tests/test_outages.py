@@ -116,7 +116,7 @@ def test_a_two_hour_outage_leaves_every_loop_retrying_and_delivery_resumes(own_s
                     await asyncio.sleep(0.05)
                     assert loop.time() - back < 10, "the worker did not resume"
                 assert sorted([got, *handled]) == [1, 2, 3]
-                while not all(records.messages(logging.INFO, f"aiodelayq: {n} works again after") for n in _LOOPS):
+                while not all(records.messages(logging.INFO, f"{n} works again after") for n in _LOOPS):
                     await asyncio.sleep(0.05)  # the loops that were not needed for it meet the server too
                     assert loop.time() - back < 10, "a loop did not resume"
                 worker.stop()
@@ -129,7 +129,7 @@ def test_a_two_hour_outage_leaves_every_loop_retrying_and_delivery_resumes(own_s
         assert [r.getMessage() for r in during if r.levelno >= logging.ERROR] == []
         for name in _LOOPS:
             warnings = [r.getMessage() for r in during
-                        if r.levelno == logging.WARNING and r.getMessage().startswith(f"aiodelayq: {name} ")]
+                        if r.levelno == logging.WARNING and r.getMessage().startswith(f"{name} ")]
             # One line when the failures start, then one summary every 5 minutes.
             assert 2 <= len(warnings) <= 2 + OUTAGE_S / backoff_module.SUMMARY_EVERY_S, (name, len(warnings))
             assert "still failing after" in warnings[-1]

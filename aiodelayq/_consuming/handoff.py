@@ -154,14 +154,14 @@ class Handoff:
         except BackendError as exc:
             # Given up for good (a permanent error, or the close deadline): not tried again.
             self.pops.discard(pop)
-            log.warning("aiodelayq: could not finish a pop from %r (%s); the lease returns its items",
+            log.warning("could not finish a pop from %r (%s); the lease returns its items",
                         k.destination, exc)
             return
         self.pops.discard(pop)
         if not done and pop.finish_attempts == 1 and "d" in plan:
             # Found nothing, and no earlier FINISH of this pop may have been applied: the lease ran
             # out and the items went back.
-            log.warning("aiodelayq: a pop from %r outlived its %d ms lease; its items went back to the queue "
+            log.warning("a pop from %r outlived its %d ms lease; its items went back to the queue "
                         "and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
 
     async def flush(self, deadline: float) -> bool:

@@ -68,12 +68,12 @@ class Lease:
             try:
                 held = await self._extend(self._visibility_timeout_s)
             except BackendError as exc:
-                log.warning("aiodelayq: could not extend %s (%s); trying again in %.1f s", self._label, exc,
+                log.warning("could not extend %s (%s); trying again in %.1f s", self._label, exc,
                             self._every_s)
                 continue
             if not held:
                 self.lost = True
-                log.warning("aiodelayq: %s is no longer held (its visibility timeout ended or it was settled); "
+                log.warning("%s is no longer held (its visibility timeout ended or it was settled); "
                             "the lease stops", self._label)
                 return
             self.extensions += 1

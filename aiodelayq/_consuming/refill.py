@@ -82,7 +82,7 @@ class CronRefill:
                 except BackendError as exc:
                     await asyncio.sleep(backoff.failed(exc))
                 except ConfigurationError as exc:  # croniter is missing in this process
-                    log.warning("aiodelayq: cannot list cron times of %r on %r: %s", key, self._keys.destination, exc)
+                    log.warning("cannot list cron times of %r on %r: %s", key, self._keys.destination, exc)
                     return
         finally:
             self._running.discard(key)

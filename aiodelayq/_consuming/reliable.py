@@ -215,16 +215,16 @@ class ReliableConsumer(Generic[T]):
         expired, malformed = int(reply[4]), int(reply[5])
         if expired:
             self._events.dead_lettered(expired, "expired")
-            log.debug("aiodelayq: %d message(s) of %r expired before delivery; moved to dead-letter list %r",
+            log.debug("%d message(s) of %r expired before delivery; moved to dead-letter list %r",
                       expired, k.destination, k.dead_letter)
         if dead:
             self._events.count("exhausted", dead)
             self._events.dead_lettered(dead, "max_deliveries")
-            log.error("aiodelayq: %d message(s) of %r exceeded max_deliveries=%s; moved to dead-letter list %r",
+            log.error("%d message(s) of %r exceeded max_deliveries=%s; moved to dead-letter list %r",
                       dead, k.destination, self.settler.max_deliveries, k.dead_letter)
         if malformed:
             self._events.dead_lettered(malformed, "malformed")
-            log.warning("aiodelayq: moved %d in-flight entries of %r that are not messages to dead-letter list %r",
+            log.warning("moved %d in-flight entries of %r that are not messages to dead-letter list %r",
                         malformed, k.destination, k.dead_letter)
         recheck_s = self._recheck_s
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
@@ -245,7 +245,7 @@ class ReliableConsumer(Generic[T]):
                 value = decode_item(codec, payload)
             except DecodeError as exc:
                 self._events.count("undecodable")
-                log.error("aiodelayq: %s; moving it to dead-letter list %r", exc, k.dead_letter)
+                log.error("%s; moving it to dead-letter list %r", exc, k.dead_letter)
                 # Atomic: out of flight and into the list. Written behind, so nothing here awaits
                 # after the call (a cancelled caller cannot strand the other messages); if it fails,
                 # the message comes back after its timeout and is tried again.
@@ -282,7 +282,7 @@ class ReliableConsumer(Generic[T]):
             await retry_until_done(lambda timeout_s: self._release(call_id, timeout_s),
                                    per_try_s=self._call_timeout_s, stopped=lambda: self._closed)
         except BackendError as exc:
-            log.warning("aiodelayq: could not undo a cancelled receive on %r (%s); its messages come back "
+            log.warning("could not undo a cancelled receive on %r (%s); its messages come back "
                         "after their visibility timeout", self._keys.destination, exc)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:

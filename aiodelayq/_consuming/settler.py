@@ -170,7 +170,7 @@ class Settler:
                 if int(result) == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
                     self._events.count("exhausted")
-                    log.debug("aiodelayq: a message of %r was nacked on its last allowed delivery "
+                    log.debug("a message of %r was nacked on its last allowed delivery "
                               "(max_deliveries=%s); moved to dead-letter list %r", k.destination,
                               self.max_deliveries, k.dead_letter)
                 if not s.future.done():
@@ -181,7 +181,7 @@ class Settler:
             self.on_released()
         if superseded:
             self._events.count("unconfirmed_settles", superseded)
-            log.warning("aiodelayq: %d ack(s) on %r arrived after the visibility timeout and the message(s) had "
+            log.warning("%d ack(s) on %r arrived after the visibility timeout and the message(s) had "
                         "been delivered again", superseded, k.destination)
 
     def _give_up(self, settles: list[Settle], exc: BaseException) -> None:
@@ -196,7 +196,7 @@ class Settler:
                 s.future.exception()  # retrieved: its caller may have left
         if behind:
             self._events.count("unconfirmed_settles", behind)
-            log.warning("aiodelayq: %d settle(s) on %r not confirmed (%s); unless they landed, their messages are "
+            log.warning("%d settle(s) on %r not confirmed (%s); unless they landed, their messages are "
                         "delivered again after their visibility timeout", behind, self._keys.destination,
                         exc if isinstance(exc, BackendError) else "cancelled")
 

@@ -476,7 +476,7 @@ class TakePump:
                 backoff.succeeded()
                 if expired:
                     self._events.dead_lettered(expired, "expired")
-                    log.debug("aiodelayq: %d item(s) of %r expired before delivery; moved to dead-letter list %r",
+                    log.debug("%d item(s) of %r expired before delivery; moved to dead-letter list %r",
                               expired, self._keys.destination, self._keys.dead_letter)
                 self._limited = hold > 0
                 if hold:  # the controls refused some or all: ask again later, not at the next wake-up
@@ -519,7 +519,7 @@ class TakePump:
                 entries.append((pop, index, taken))
             except DecodeError as exc:
                 self._events.count("undecodable")
-                log.error("aiodelayq: %s; moved to dead-letter list %r", exc, self._keys.dead_letter)
+                log.error("%s; moved to dead-letter list %r", exc, self._keys.dead_letter)
                 pop.settle(index, "x")
         if len(entries) < len(raws):
             # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.

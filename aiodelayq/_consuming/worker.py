@@ -281,7 +281,7 @@ class Worker(Generic[T]):
 
             await run_through_cancellation(hand_back, _CUT_BOUND_S + 0.3)
             if fetcher.done() and not fetcher.cancelled() and fetcher.exception() is not None:
-                log.error("aiodelayq: worker on %r: fetching failed", name, exc_info=fetcher.exception())
+                log.error("worker on %r: fetching failed", name, exc_info=fetcher.exception())
             raise
         finally:
             try:
@@ -298,7 +298,7 @@ class Worker(Generic[T]):
         :meth:`abort`; cancel the rest (their messages are handed back)."""
         loop = asyncio.get_running_loop()
         if self._busy and not self._abort.is_set():
-            log.info("aiodelayq: worker on %r draining %d running handler(s), up to %.1f s",
+            log.info("worker on %r draining %d running handler(s), up to %.1f s",
                      self.queue.name, len(self._busy), self.drain_timeout_s)
         deadline = loop.time() + self.drain_timeout_s
         abort = loop.create_task(self._abort.wait())
@@ -341,7 +341,7 @@ class Worker(Generic[T]):
             await asyncio.wait(late, timeout=0.1)
         for task in self._slots:
             if task.done() and not task.cancelled() and task.exception() is not None:  # a bug here, not in a handler
-                log.error("aiodelayq: worker slot failed", exc_info=task.exception())
+                log.error("worker slot failed", exc_info=task.exception())
         self._report_cut(cut)
 
     def _report_cut(self, cut: dict[asyncio.Task[None], Message[T] | None]) -> None:
@@ -373,16 +373,16 @@ class Worker(Generic[T]):
         if cut_off:
             more = "".join((f", {dead} dead-lettered (it was their last delivery)" if dead else "",
                             f", {len(not_back)} could not be" if not_back else ""))
-            log.info("aiodelayq: worker on %r cut off %d handler(s): %d message(s) handed back (due again now)%s",
+            log.info("worker on %r cut off %d handler(s): %d message(s) handed back (due again now)%s",
                      name, cut_off, handed_back, more)
         if not_back:
-            log.warning("aiodelayq: worker on %r could not hand back %d message(s) of cut-off handlers; they come "
+            log.warning("worker on %r could not hand back %d message(s) of cut-off handlers; they come "
                         "back after their visibility timeout: %s", name, len(not_back), ", ".join(not_back))
         if ended:
-            log.info("aiodelayq: worker on %r: %d handler(s) ended on their own as they were cut off (their messages "
+            log.info("worker on %r: %d handler(s) ended on their own as they were cut off (their messages "
                      "are settled as usual: acked, or nacked as failures): %s", name, len(ended), ", ".join(ended))
         if stuck:
-            log.error("aiodelayq: worker on %r: %d handler(s) did not stop when cancelled; left running (a message "
+            log.error("worker on %r: %d handler(s) did not stop when cancelled; left running (a message "
                       "comes back after its visibility timeout unless its handler finishes): %s",
                       name, len(stuck), ", ".join(stuck))
 
@@ -565,7 +565,7 @@ class Worker(Generic[T]):
         self.stats.interrupted += 1
         if message is None:
             self._handed_back[me] = None
-            log.error("aiodelayq: worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
+            log.error("worker on %r: a handler was cut off by a stop; plain mode (reliable=False) "
                       "cannot hand its item back: %r", self.queue.name, entry)
             return
         why: str | None = f"not confirmed within {_HAND_BACK_BOUND_S:.1f} s"
@@ -584,12 +584,12 @@ class Worker(Generic[T]):
 
     async def _failed(self, item: T, message: Message[T] | None, exc: BaseException) -> None:
         if message is None:
-            log.error("aiodelayq: worker on %r: handler failed; plain mode (reliable=False) drops the item %r",
+            log.error("worker on %r: handler failed; plain mode (reliable=False) drops the item %r",
                       self.queue.name, item, exc_info=exc)
             return
         if isinstance(exc, Reject):
             self.stats.rejected += 1
-            log.warning("aiodelayq: worker on %r: handler rejected message %s; dead-lettered (%s)",
+            log.warning("worker on %r: handler rejected message %s; dead-lettered (%s)",
                         self.queue.name, message.id, exc)
             await self._settle(message, "dead", 0.0)
             return
@@ -598,7 +598,7 @@ class Worker(Generic[T]):
         if not isinstance(exc, Retry):
             limit = _limit(message)
             then = "its last: dead-lettered" if _is_last(message) else f"retry in {delay_s:.1f} s"
-            log.warning("aiodelayq: worker on %r: handler failed on message %s (delivery %d %s); %s",
+            log.warning("worker on %r: handler failed on message %s (delivery %d %s); %s",
                         self.queue.name, message.id, message.delivery_count,
                         "with no limit" if limit is None else f"of {limit}", then, exc_info=exc)
         await self._settle(message, "nack", delay_s)
@@ -612,7 +612,7 @@ class Worker(Generic[T]):
             try:
                 value = float(delay if delay is not None else self.retry_backoff.compute(failures))
             except Exception:  # the backoff is the user's: any failure falls back
-                log.exception("aiodelayq: worker on %r: retry_backoff failed; retrying in 1 s", self.queue.name)
+                log.exception("worker on %r: retry_backoff failed; retrying in 1 s", self.queue.name)
                 return 1.0
             if math.isfinite(value) and value >= 0:
                 return value
@@ -643,10 +643,10 @@ class Worker(Generic[T]):
 
     def _unsettled(self, message: Message[T], how: str, exc: BackendError) -> None:
         if isinstance(exc, NotReplicatedError):  # applied on the primary: it does not come back unless lost
-            log.warning("aiodelayq: worker on %r: the %s of message %s is not confirmed by the replicas (%s)",
+            log.warning("worker on %r: the %s of message %s is not confirmed by the replicas (%s)",
                         self.queue.name, how, message.id, exc)
             return
-        log.warning("aiodelayq: worker on %r could not %s message %s (%s); it comes back after its "
+        log.warning("worker on %r could not %s message %s (%s); it comes back after its "
                     "visibility timeout", self.queue.name, how, message.id, exc)
 
     async def _keep_leases(self) -> None:
@@ -674,10 +674,10 @@ class Worker(Generic[T]):
                 error = task.exception()
                 if error is None and task.result() is False and not message.settled:
                     self.stats.lost_leases += 1
-                    log.warning("aiodelayq: worker on %r: message %s is no longer held (its visibility "
+                    log.warning("worker on %r: message %s is no longer held (its visibility "
                                 "timeout ended); it may be delivered twice", self.queue.name, message.id)
                 elif isinstance(error, BackendError):  # tried again at the next tick
-                    log.warning("aiodelayq: worker on %r could not extend message %s (%s)",
+                    log.warning("worker on %r could not extend message %s (%s)",
                                 self.queue.name, message.id, error)
                 elif error is not None:
                     raise error

@@ -89,7 +89,7 @@ class _Guarded:
     def _failed(self, event: str) -> None:
         if not self._reported:
             self._reported = True
-            log.exception("aiodelayq: metrics sink %r failed on %s (reported once; its later errors are ignored)",
+            log.exception("metrics sink %r failed on %s (reported once; its later errors are ignored)",
                           self.inner, event)
 
     def offered(self, queue: str, n: int) -> None:

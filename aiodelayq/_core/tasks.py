@@ -103,9 +103,9 @@ async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report:
     ended, cancelled = await _stop_all(lambda: {task}, deadline)
     if not ended:
         if report:
-            log.error("aiodelayq: background task %s did not stop within %.1f s", task.get_name(), timeout_s)
+            log.error("background task %s did not stop within %.1f s", task.get_name(), timeout_s)
     elif not task.cancelled() and task.exception() is not None:
-        log.error("aiodelayq: background task %s failed", task.get_name(), exc_info=task.exception())
+        log.error("background task %s failed", task.get_name(), exc_info=task.exception())
     if cancelled:
         raise asyncio.CancelledError
     return ended
@@ -154,7 +154,7 @@ class TaskOwner:
             return
         exc = task.exception()
         if exc is not None and not isinstance(exc, BackendError):
-            log.error("aiodelayq: background task %s of %s failed", task.get_name(), self.name, exc_info=exc)
+            log.error("background task %s of %s failed", task.get_name(), self.name, exc_info=exc)
 
     async def aclose(self, deadline: float) -> bool:
         """Stop every task still running by ``deadline`` (loop time; at least one loop turn) and
@@ -163,7 +163,7 @@ class TaskOwner:
         self.closed = True
         ended, cancelled = await _stop_all(lambda: self._tasks, deadline)
         if not ended:
-            log.error("aiodelayq: %d background task(s) of %s did not stop by the close deadline: %s",
+            log.error("%d background task(s) of %s did not stop by the close deadline: %s",
                       len(self._tasks), self.name, ", ".join(sorted(t.get_name() for t in self._tasks)))
         if cancelled:
             raise asyncio.CancelledError
@@ -185,7 +185,7 @@ def _forget(task: asyncio.Future[Any], *, quiet: bool) -> None:
         return
     exc = task.exception()
     if exc is not None and not quiet and not isinstance(exc, BackendError):
-        log.error("aiodelayq: background task failed", exc_info=exc)
+        log.error("background task failed", exc_info=exc)
 
 
 def keep(task: asyncio.Future[T], *, quiet: bool = False) -> asyncio.Future[T]:
@@ -252,7 +252,7 @@ class Supervised:
         if exc is None:
             return
         self.crashes += 1
-        log.error("aiodelayq: background task %s died; restarting in %.1f s", self.name,
+        log.error("background task %s died; restarting in %.1f s", self.name,
                   self._restart_after_s, exc_info=exc)
         if self._on_crash is not None:
             self._on_crash(exc)

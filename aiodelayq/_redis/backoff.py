@@ -134,10 +134,10 @@ class Backoff:
         level = logging.DEBUG if quiet else self.level(exc)
         tail = f"; {advice}" if advice else ""
         if level > logging.DEBUG and self._logged_level > logging.DEBUG:
-            log.log(level, "aiodelayq: %s still failing after %d attempts over %s: %s%s", self.what, self.failures,
+            log.log(level, "%s still failing after %d attempts over %s: %s%s", self.what, self.failures,
                     self._elapsed(), exc, tail)
         else:
-            log.log(level, "aiodelayq: %s failed (%s)%s; retrying in %.2f s", self.what, exc, tail, pause)
+            log.log(level, "%s failed (%s)%s; retrying in %.2f s", self.what, exc, tail, pause)
         if level > logging.DEBUG:
             self._logged_at = asyncio.get_running_loop().time()
             self._logged_level = max(self._logged_level, level)
@@ -151,7 +151,7 @@ class Backoff:
         """A success: ends the streak (one INFO line if it was logged above DEBUG)."""
         if self.failures:
             log.log(logging.INFO if self.reported else logging.DEBUG,
-                    "aiodelayq: %s works again after %d failed attempt(s) over %s", self.what, self.failures,
+                    "%s works again after %d failed attempt(s) over %s", self.what, self.failures,
                     self._elapsed())
         self.failures = 0
 

@@ -61,7 +61,7 @@ _PAUSED = {TryAgainError: "TRYAGAIN", ClusterDownError: "CLUSTERDOWN", SlotNotCo
 
 def _redirected(answer: str, slot: int | None) -> None:
     """A call met ``answer`` (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``uncovered``) and goes again."""
-    log.debug("aiodelayq: cluster answered %s for slot %s; sending again", answer, slot)
+    log.debug("cluster answered %s for slot %s; sending again", answer, slot)
 
 
 # Clients whose slot map must be read again before their next call (a node failed under a call).

@@ -38,11 +38,11 @@ async def _check(client: AnyRedis) -> None:
     try:
         info: bytes = await call_idempotent(client, "INFO", "memory", what="INFO memory", timeout_s=5.0)
     except BackendError as exc:
-        log.debug("aiodelayq: could not read the eviction policy (%s)", exc)
+        log.debug("could not read the eviction policy (%s)", exc)
         return
     policy = parse_policy(info)
     if policy is not None and policy not in SAFE_POLICIES:
-        log.warning("aiodelayq: the Redis server's maxmemory-policy is %r: when maxmemory is reached it may "
+        log.warning("the Redis server's maxmemory-policy is %r: when maxmemory is reached it may "
                     "evict a queue's keys and silently lose pending items; use noeviction (or a volatile-* "
                     "policy: queue keys have no TTL)", policy)
 

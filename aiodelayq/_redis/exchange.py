@@ -56,7 +56,7 @@ async def reconnect_if_closed(conn: Any) -> None:
     except (RedisConnectionError, OSError):
         stale = True
     if stale:
-        log.debug("aiodelayq: a pooled connection was closed by the server (idle timeout, CLIENT KILL, a "
+        log.debug("a pooled connection was closed by the server (idle timeout, CLIENT KILL, a "
                   "proxy); reconnecting before the next command")
         await conn.disconnect()
 

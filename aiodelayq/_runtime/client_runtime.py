@@ -231,7 +231,7 @@ async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float)
     deadline = loop.time() + timeout_s
     if entry.ready.done():  # its outcome went to its openers (acquire_scheduler raised a failure)
         if not entry.ready.cancelled() and entry.ready.exception() is not None:
-            log.debug("aiodelayq: opening of %r failed: %s", keys.destination, entry.ready.exception())
+            log.debug("opening of %r failed: %s", keys.destination, entry.ready.exception())
     else:
         await stop_task(entry.ready, max(0.0, deadline - loop.time()))
     await entry.scheduler.aclose(max(0.0, deadline - loop.time()))

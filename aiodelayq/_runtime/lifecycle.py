@@ -253,7 +253,7 @@ class Lifecycle:
         scheduler.wakers.append(self._reliable.notify)
         scheduler.takers.append(self._pump.ask_transfer)
         self.state = "open"
-        log.info("aiodelayq: queue %r opened (subscribed, first transfer done)", keys.destination)
+        log.info("queue %r opened (subscribed, first transfer done)", keys.destination)
 
     async def aclose(self) -> None:
         """Close once, in a task of its own; a cancelled caller stops waiting, the close completes
@@ -286,7 +286,7 @@ class Lifecycle:
         finally:
             self.state = "closed"
             if was_open:
-                log.info("aiodelayq: queue %r closed in %.3f s", self._keys.destination, loop.time() - started)
+                log.info("queue %r closed in %.3f s", self._keys.destination, loop.time() - started)
 
     async def _settle(self, settle_by: float) -> bool:
         """The pump and the reliable consumer settle what they hold, side by side, until ``settle_by``

@@ -249,13 +249,13 @@ class TransferScheduler:
         if lag_ms >= limit_s * 1000:
             if not self._lagging:
                 self._lagging = True
-                log.warning("aiodelayq: items of %r fell due %.1f s ago and are not moved yet (lag_warning_s=%g); %s",
+                log.warning("items of %r fell due %.1f s ago and are not moved yet (lag_warning_s=%g); %s",
                             self._keys.destination, lag_ms / 1000, limit_s,
                             f"last transfer error: {self._last_error}" if self._backoff.failures else
                             "transfers run but fall behind, or none runs")
         elif self._lagging and lag_ms < limit_s * 500:
             self._lagging = False
-            log.info("aiodelayq: the lag of %r is back to %.1f s", self._keys.destination, lag_ms / 1000)
+            log.info("the lag of %r is back to %.1f s", self._keys.destination, lag_ms / 1000)
 
     def on_due(self, due_ms: int | None) -> None:
         """A producer published a new earliest due time (epoch ms, server clock)."""
@@ -380,11 +380,11 @@ class TransferScheduler:
         if moved or dead:
             _report(self.events, int(moved), int(dead), int(micros), reply[8] if len(reply) > 8 else None)
         if dead:
-            log.error("aiodelayq: moved %d malformed element(s) of %r to dead-letter list %r",
+            log.error("moved %d malformed element(s) of %r to dead-letter list %r",
                       dead, keys.destination, keys.dead_letter)
         if recovered:
             self.events.count("recovered", int(recovered))
-            log.warning("aiodelayq: %d item(s) of %r popped by a consumer that did not finish within its lease "
+            log.warning("%d item(s) of %r popped by a consumer that did not finish within its lease "
                         "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
         for waker in list(self.wakers):

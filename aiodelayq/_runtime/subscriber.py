@@ -119,7 +119,7 @@ class Subscriber:
                     # As in _unsubscribe: redis-py may raise non-Redis errors mid-reconnect.
                     except Exception as exc:
                         # The reader sees the same broken connection, reconnects and resubscribes all.
-                        log.debug("aiodelayq: subscribe %r failed, the reader will retry: %r", key, exc)
+                        log.debug("subscribe %r failed, the reader will retry: %r", key, exc)
         await confirmed.wait()
 
     def remove(self, channel: str, timeout_s: float = 1.0) -> None:
@@ -152,7 +152,7 @@ class Subscriber:
                 # redis-py can also fail here with non-Redis errors while its connection is being
                 # re-established (AttributeError on a closed writer); nothing else runs in this try.
                 except Exception as exc:
-                    log.debug("aiodelayq: unsubscribe of %d channel(s) failed: %r", len(keys), exc)
+                    log.debug("unsubscribe of %d channel(s) failed: %r", len(keys), exc)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop the reader and release its connection; idempotent."""
@@ -244,7 +244,7 @@ class Subscriber:
             try:
                 self._dispatch(message)
             except Exception:  # synchronous listener code: a bug there must not end the reader
-                log.exception("aiodelayq: could not dispatch pub/sub message %r", message)
+                log.exception("could not dispatch pub/sub message %r", message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")

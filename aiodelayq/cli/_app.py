@@ -615,7 +615,7 @@ def dashboard(host: Annotated[str, typer.Option("--host", metavar="ADDRESS",
             _fail(str(exc), 2)
 
     # The dashboard's one INFO line says where it listens (the port it got, with --port 0).
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("aiodelayq").setLevel(logging.INFO)
     try:
         _run(serve(_target(redis_url, cluster, sentinel, service), host, port, read_only, queues=names,

@@ -224,7 +224,7 @@ class Dashboard:
         except (BackendError, RedisError, OSError, asyncio.TimeoutError) as exc:
             what = "Redis refused the call" if isinstance(exc, (AccessDeniedError, ResponseError)) else \
                 "Redis did not answer"
-            log.warning("aiodelayq: dashboard: %s %s%s: %s: %s", request.method, request.mount, request.path, what,
+            log.warning("dashboard: %s %s%s: %s: %s", request.method, request.mount, request.path, what,
                         exc or type(exc).__name__)
             return self._error(request, 503, what, f"{type(exc).__name__}: {exc}")
 

@@ -79,10 +79,10 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
             dashboard = Dashboard(client, read_only=read_only, queues=queues, token=token)
             server = _server(uvicorn.Config(dashboard.asgi_app(), lifespan="on", log_level="warning",
                                             access_log=False, server_header=False, proxy_headers=False))
-            log.info("aiodelayq: dashboard of %s on http://%s/%s%s", target, _address(bound),
+            log.info("dashboard of %s on http://%s/%s%s", target, _address(bound),
                      " (read-only)" if read_only else "", " (token required)" if token is not None else "")
             if made:
-                log.warning("aiodelayq: the dashboard listens beyond loopback (%s) and was given no token; "
+                log.warning("the dashboard listens beyond loopback (%s) and was given no token; "
                             "its token is %s", bound[0], token)
             running = asyncio.ensure_future(server.serve(sockets=[sock]))
             try:
