@@ -148,7 +148,7 @@ async def test_a_key_of_another_type_is_retried_at_the_backoffs_pace_and_named(
     monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(pause_s))
     server = own_server()
     admin = make_client(server)
-    q = make_queue("orders", redis=make_client(server))
+    q = make_queue("orders", redis=make_client(server), safety_poll_s=0.5)  # its looks come within the window
     async with q:
         await admin.set("orders", "not a list")  # Redisson names the ready list after the queue
         await q.offer_many([(i, 0.1) for i in range(3)])
