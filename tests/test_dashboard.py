@@ -40,6 +40,10 @@ from aiodelayq.dashboard._http import CSRF_COOKIE, CSRF_FIELD
 from aiodelayq.dashboard._http import Request as HttpRequest
 from tests.helpers import free_socket, until
 
+# Run with the first server kind only: pages and HTTP over the queue's calls, which the other
+# modules run on every server kind.
+pytestmark = pytest.mark.once
+
 BROWSER_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
 
@@ -972,7 +976,6 @@ def _browser(chromium: str, driver_path: str, width: int = 1280, height: int = 1
             browser.quit()
 
 
-@pytest.mark.once
 async def test_in_a_browser_the_page_lists_the_queue_and_pause_pauses_it(client: Redis, make_queue: Any,
                                                                        serve_asgi: Any) -> None:
     chromium, driver_path = _browser_or_skip()
@@ -1007,7 +1010,6 @@ async def test_in_a_browser_the_page_lists_the_queue_and_pause_pauses_it(client:
     assert (await q.counts()).paused
 
 
-@pytest.mark.once
 async def test_in_a_browser_a_login_lets_a_write_through_and_a_forged_post_changes_nothing(
         client: Redis, make_queue: Any, serve_asgi: Any, serve_aiohttp: Any) -> None:
     chromium, driver_path = _browser_or_skip()

@@ -12,6 +12,9 @@ import pytest
 from aiodelayq import demo
 from tests.faults import REPO_ROOT
 
+# Run with the first server kind only: the demo's end-to-end run.
+pytestmark = pytest.mark.once
+
 
 async def test_demo_cancels_every_unpaid_order(redis_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
     status = await demo.run(redis_server.url, orders=8, max_delay_s=1.0, paid_share=0.4, seed=3)

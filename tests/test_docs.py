@@ -36,6 +36,10 @@ from aiodelayq._wire.elements import DeadReason
 from aiodelayq.testing import find_server_kinds
 from tests.faults import REPO_ROOT
 
+# Run with the first server kind only: the docs' examples and links; the calls they make are the other
+# modules' on every server kind.
+pytestmark = pytest.mark.once
+
 DOCS = REPO_ROOT / "docs"
 FRAGMENT = "# fragment"
 PYTHON = {"python", "py", "python3"}

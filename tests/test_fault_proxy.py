@@ -21,6 +21,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from aiodelayq.testing import ThrowawayServer
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, pause_server, stall_server
 
+# Run with the first server kind only: the test suite's own fault injection.
+pytestmark = pytest.mark.once
+
 if TYPE_CHECKING:  # only for annotations: pytest owns the conftest module
     from tests.conftest import ServerInfo
 
