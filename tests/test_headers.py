@@ -246,3 +246,24 @@ async def test_items_without_the_new_options_are_stored_as_before(client: Redis,
     await q.offer("wrapped", 10, headers={"a": "b"})
     elements = await client.zrange(q.keys.timeout_set, 0, -1)
     assert sum(ITEM_MAGIC in e for e in elements) == 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_an_offer_that_runs_late_still_lives_its_expiry_after_its_due_time(
+        own_server: Any, make_client: Any, make_proxy: Any, make_queue: Any, strict: bool) -> None:
+    # Found by the model-based test (tests/test_model.py): an offer with an expiry sent during a
+    # network stall that outlasts the call's 1 s issue-time window. Its due time then counts from
+    # when the script ran; its expiry must move as much.
+    server = own_server()
+    proxy = make_proxy(server)
+    q: DelayedQueue[Any] = make_queue("late", redis=make_client(proxy), codec="str", call_timeout_s=5, strict=strict)
+    await q.offer("warm", 60)  # the producer has an estimate of the server's clock
+    proxy.stall(1.5)  # the next offers' scripts run 1.5 s after their issue
+    await asyncio.gather(q.offer("x", 0.2, key="k", expires=0.5),
+                         q.offer_many([("y", 0.2), ("z", 0.3)], expires=0.5))
+    reader: DelayedQueue[Any] = make_queue("late", redis=make_client(server), codec="str")
+    late = [p for p in await reader.peek(10) if p.value != "warm"]
+    assert sorted(p.value for p in late) == ["x", "y", "z"]
+    for pending in late:
+        assert pending.expires_at_ms is not None
+        assert pending.expires_at_ms - pending.due_ms >= 500, pending  # it lives `expires` after its due time

@@ -47,6 +47,10 @@ local first = first_run(KEYS[5], ARGV[1])
 if first then return {first, false, redis.call('hget', KEYS[6], ARGV[1]) or ''} end
 local now, started = now_ms()
 local base = issue_base(ARGV[2], now)
+-- An item's expiry is its issue time (the client's estimate, ARGV[2]) + its delay + its lifetime; when
+-- the call ran too long after its issue, its due times count from now instead, and so must its expiries
+-- (an item lives its whole lifetime after its due time): they move by as much.
+local moved_ms = tonumber(ARGV[2]) and base - math.floor(tonumber(ARGV[2])) or 0
 local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
@@ -66,6 +70,7 @@ local letters, kept = {}, {}
 -- The element of a strict or legacy item (fast ones come packed).
 local function element(i, keyed)
   local id, payload = ARGV[i + 1], ARGV[i + 2]
+  if moved_ms ~= 0 then payload = item_expiry_moved(payload, moved_ms) end
   if kind == 'legacy' and keyed then return id .. struct.pack('Lc0', string.len(payload), payload) end
   if kind == 'legacy' then return struct.pack('dLc0', tonumber(id), string.len(payload), payload) end
   return struct.pack('Bc0Lc0', string.len(id), id, string.len(payload), payload)
@@ -79,6 +84,7 @@ if not keys and kind == 'fast' then
   for _ = 1, n do
     local d, v
     d, v, pos = struct.unpack('>dI4c0', blob, pos)
+    if moved_ms ~= 0 then v = element_expiry_moved(v, moved_ms) end
     if fits() then
       local due = base + d
       local start = after and due - due % width
@@ -143,7 +149,7 @@ else
     for i = 1, tonumber(ARGV[7]) do
       local d, v
       d, v, pos = struct.unpack('>dI4c0', blob, pos)
-      dues[i], values[i] = base + d, v
+      dues[i], values[i] = base + d, moved_ms ~= 0 and element_expiry_moved(v, moved_ms) or v
     end
   else
     for i = 6, #ARGV, 3 do

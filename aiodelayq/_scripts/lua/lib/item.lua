@@ -1,4 +1,4 @@
--- defines: ITEM_MAGIC item_expired item_without_expiry item_schedule item_with_occurrence item_flagged
+-- defines: ITEM_MAGIC item_expired item_without_expiry item_expiry_moved element_expiry_moved item_schedule item_with_occurrence item_flagged
 -- Item envelopes (layout in aiodelayq/_wire/elements.py): 0xC1 'adq' 0x04 | '>d' expiry (server ms,
 -- 0 = none) | '>H' headers length | '>H' schedule key length | '>I4' occurrence number | '>B' flags
 -- (1: its consumer should list more cron times; 2: a resync, not an item: its consumer lists
@@ -18,6 +18,20 @@ end
 local function item_without_expiry(payload)
   if string.byte(payload, 1) ~= 193 or not is_item(payload) then return payload end
   return ITEM_MAGIC .. struct.pack('>d', 0) .. string.sub(payload, 14)
+end
+-- payload with its expiry moved by `ms` (a bare payload, or an envelope without expiry: as it is).
+local function item_expiry_moved(payload, ms)
+  if string.byte(payload, 1) ~= 193 or not is_item(payload) then return payload end
+  local at = struct.unpack('>d', payload, 6)
+  if at == 0 then return payload end
+  return ITEM_MAGIC .. struct.pack('>d', at + ms) .. string.sub(payload, 14)
+end
+-- A fast element `v` (lib/parse.lua) with its payload's expiry moved by `ms`: the payload's length
+-- does not change, so neither does the element's header.
+local function element_expiry_moved(v, ms)
+  local at = 22 + LSZ
+  if string.byte(v, at) ~= 193 then return v end
+  return string.sub(v, 1, at - 1) .. item_expiry_moved(string.sub(v, at), ms)
 end
 -- The schedule key and occurrence number of an occurrence of a recurring item (nil: not one).
 local function item_schedule(payload)
