@@ -972,7 +972,7 @@ async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cl
         assert {f["where"] for f in findings if f["check"] == "eviction"} == {
             f"127.0.0.1:{node.port}" for node in cluster.primaries()}  # every primary's server checks
         assert {f["check"]: f["status"] for f in findings if f["where"] == qname} == {
-            "acl": "ok", "lag": "ok", "format": "ok"}
+            "acl": "ok", "keys": "ok", "lag": "ok", "format": "ok"}
     finally:
         for name in [qname, *_one_queue_per_primary(cluster, qname)]:
             await aiodelayq.DelayedQueue(rc, name).clear()
