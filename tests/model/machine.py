@@ -1,0 +1,330 @@
+"""The state machine: random sequences of the public calls on two queue objects of one queue, faults
+between them, and the model checked after every step.
+
+Each rule makes one public call on one of the two clients (through :meth:`QueueMachine.step`, which
+brackets it with the server's clock and ends any fault the step ran under), then hands the call's
+:class:`~tests.model.model.Outcome` to the model method of the same name, which checks the answer and
+updates what the queue must hold. After every step, :meth:`QueueMachine.check` reads the queue's keys
+in one transaction and reconciles them with the model (``Model.reconcile``), and ``counts()``,
+``size()`` and ``ready_size()`` with the keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from aiodelayq import DelayedQueueError, Message
+from aiodelayq._wire.elements import unwrap
+from tests.faults import FaultProxy
+
+from .known import strict
+from .model import INF, Delivery, Model, Outcome, Violation
+from .tally import tally
+from .world import CALL_TIMEOUT_S, LOST_REPLY_SCRIPTS, OUTAGE_MS, Config, Fault, World
+
+__all__ = ["QueueMachine"]
+
+TRACE = bool(os.environ.get("AIODELAYQ_MODEL_TRACE"))  # print every call, its outcome and how long it took
+
+CLIENT = st.integers(0, 1)
+DELAY_MS = st.sampled_from([0, 20, 60, 150, 300])
+KEY = st.sampled_from(["k0", "k1", "k2"])
+SCHEDULE_KEY = st.sampled_from(["r0", "r1"])
+HEADERS = st.sampled_from([{}, {}, {"tenant": "acme"}, {"trace": "t-1", "tenant": "ü"}])
+EXPIRES_MS = st.sampled_from([None, None, 40, 250, 1000])
+EVERY_MS = st.sampled_from([120, 250, 500])
+VISIBILITY_MS = st.sampled_from([200, 600, 1500])  # 1.5 s: prefetch, and acks written behind
+TIMEOUT_S = st.sampled_from([0.01, 0.1, 0.3])
+PICK = st.integers(0, 15)
+SETTLE = st.sampled_from(["ack", "ack", "ack-confirmed", "nack", "nack-dead", "extend"])
+FAULT = st.one_of(  # outages are the slow ones (over a second each): one fault in eight
+    st.builds(Fault, st.just("kill"), CLIENT),
+    st.builds(Fault, st.just("kill"), CLIENT),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("stall"), CLIENT, ms=st.sampled_from([30, 100, 300])),
+    st.builds(Fault, st.just("stall"), CLIENT, ms=st.sampled_from([30, 100, 300])),
+    st.builds(Fault, st.just("outage"), CLIENT, ms=st.sampled_from(OUTAGE_MS)),
+)
+# Each call runs after a fault one time in four: the fault's client, kind and length drawn with it.
+FAULTS = st.one_of(st.none(), st.none(), st.none(), FAULT)
+HELD_MESSAGES = 12  # the most Message objects kept to settle later (the oldest go: abandoned)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """Two queue objects of one queue on a real server, each client behind a fault proxy."""
+
+    def __init__(self, server_url: str, proxies: list[FaultProxy]) -> None:
+        super().__init__()
+        self.server_url, self.proxies = server_url, proxies
+        self.world: World | None = None
+        self.model = Model(None)
+        self.held: list[tuple[int, Message[str]]] = []
+
+    @initialize(max_deliveries=st.sampled_from([None, 2, 3]),
+                items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS), max_size=6))
+    def start(self, max_deliveries: int | None, items: list[tuple[int, str | None, dict[str, str], int | None]]
+              ) -> None:
+        """A queue (with this ``max_deliveries`` for both queue objects), and a few items offered."""
+        if TRACE:
+            print(f"--- example: max_deliveries={max_deliveries}", flush=True)
+        self.world = World(self.server_url, self.proxies, Config(max_deliveries))
+        self.model = Model(max_deliveries)
+        if items:
+            self.offer_many(0, items, False, None)
+
+    def teardown(self) -> None:
+        if self.world is not None:
+            self.world.close()
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    @property
+    def w(self) -> World:
+        assert self.world is not None
+        return self.world
+
+    def step(self, make: Callable[[], Awaitable[Any]], fault: Fault | None = None) -> Outcome:
+        """Run one public call, after injecting ``fault`` (which ends with the step)."""
+        if fault is not None:
+            tally(f"fault: {fault.kind}", quiet=True)
+            if TRACE:
+                print(f"  inject {fault!r}", flush=True)
+            self.w.inject(fault)
+        started = time.monotonic()
+        tally(f"call: {sys._getframe(1).f_code.co_name}", quiet=True)
+        try:
+            out = self.w.run(self.w.call(make))
+        finally:
+            self.w.clear_faults()
+        if out.error is not None:
+            tally(f"{sys._getframe(1).f_code.co_name}: {type(out.error).__name__}, maybe_applied={out.maybe}")
+        if TRACE:
+            what = out.result if out.error is None else repr(out.error)
+            print(f"  {sys._getframe(1).f_code.co_name}: {what!r:.150} [{out.t0}-{out.t1}] "
+                  f"{time.monotonic() - started:.3f} s", flush=True)
+        return out
+
+    def message(self, pick: int) -> tuple[int, Message[str]] | None:
+        """A held message (``None`` when none is held: the rule does nothing). Rules are always
+        enabled, whatever the server did: Hypothesis replays a sequence of draws, and a precondition
+        that depends on an outcome (a receive that got nothing) would change what is drawn."""
+        return self.held[pick % len(self.held)] if self.held else None
+
+    # -- producing ---------------------------------------------------------------------------------
+
+    @rule(c=CLIENT, delay=DELAY_MS, key=st.none() | KEY, replace=st.booleans(), headers=HEADERS, expires=EXPIRES_MS,
+          fault=FAULTS)
+    def offer(self, c: int, delay: int, key: str | None, replace: bool, headers: dict[str, str],
+              expires: int | None, fault: Fault | None) -> None:
+        value, q = self.model.new_value(), self.w.queues[c]
+        kwargs: dict[str, Any] = {"headers": headers or None, "expires": None if expires is None else expires / 1000}
+        if key is not None:
+            kwargs.update(key=key, replace=replace)
+        out = self.step(lambda: q.offer(value, delay / 1000, **kwargs), fault)
+        self.model.offer(value, delay, key, replace and key is not None, headers, expires, out)
+
+    @rule(c=CLIENT, entries=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS), min_size=1, max_size=5),
+          replace=st.booleans(), fault=FAULTS)
+    def offer_many(self, c: int, entries: list[tuple[int, str | None, dict[str, str], int | None]],
+                   replace: bool, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        items = [(self.model.new_value(), delay, key, headers, expires) for delay, key, headers, expires in entries]
+        keys = [key for _v, _d, key, _h, _e in items]
+        out = self.step(lambda: q.offer_many(
+            [(value, delay / 1000) for value, delay, *_rest in items],
+            keys=keys if any(k is not None for k in keys) else None, replace=replace,
+            headers=[h or None for *_rest, h, _e in items],
+            expires=[None if e is None else e / 1000 for *_rest, e in items]), fault)
+        self.model.offer_many(items, replace and any(k is not None for k in keys), out)
+
+    @rule(c=CLIENT, key=KEY, fault=FAULTS)
+    def cancel(self, c: int, key: str, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        self.model.cancel(key, self.step(lambda: q.cancel(key), fault))
+
+    @rule(c=CLIENT, key=KEY, delay=DELAY_MS, fault=FAULTS)
+    def reschedule(self, c: int, key: str, delay: int, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        self.model.reschedule(key, delay, self.step(lambda: q.reschedule(key, delay / 1000), fault))
+
+    @rule(c=CLIENT, key=KEY, fault=FAULTS)
+    def get(self, c: int, key: str, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        self.model.get(key, self.step(lambda: q.get(key), fault))
+
+    # -- recurring items ---------------------------------------------------------------------------
+
+    @rule(c=CLIENT, key=SCHEDULE_KEY, every=EVERY_MS, headers=HEADERS, fault=FAULTS)
+    def schedule(self, c: int, key: str, every: int, headers: dict[str, str], fault: Fault | None) -> None:
+        value, q = self.model.new_schedule_value(), self.w.queues[c]
+        out = self.step(lambda: q.schedule(key, value, every=every / 1000, headers=headers or None), fault)
+        self.model.schedule(key, value, every, headers, out)
+
+    @rule(c=CLIENT, key=SCHEDULE_KEY, fault=FAULTS)
+    def unschedule(self, c: int, key: str, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        self.model.unschedule(key, self.step(lambda: q.cancel(key), fault))
+
+    @precondition(lambda self: strict("offer-on-schedule-key"))
+    @rule(c=CLIENT, key=SCHEDULE_KEY, delay=DELAY_MS, fault=FAULTS)
+    def offer_on_schedule_key(self, c: int, key: str, delay: int, fault: Fault | None) -> None:
+        value, q = self.model.new_value(), self.w.queues[c]
+
+        async def offer() -> Any:
+            try:
+                return await q.offer(value, delay / 1000, key=key, replace=True)
+            except DelayedQueueError as exc:  # refused: one of the two behaviours allowed
+                if getattr(exc, "maybe_applied", None) is not None:
+                    raise
+                return exc
+
+        self.model.offer_on_schedule_key(value, delay, key, self.step(offer, fault))
+
+    # -- controls, clear, dead letters -------------------------------------------------------------
+
+    @rule(c=CLIENT, paused=st.sampled_from([True, False, False]), fault=FAULTS)
+    def pause(self, c: int, paused: bool, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        self.model.pause(paused, self.step(q.pause if paused else q.resume, fault))
+
+    @rule(c=CLIENT, fault=FAULTS)
+    def clear(self, c: int, fault: Fault | None) -> None:
+        self.model.clear(self.step(self.w.queues[c].clear, fault))
+
+    @rule(c=CLIENT, purge=st.booleans(), limit=st.none() | st.integers(1, 3), delay=DELAY_MS, fault=FAULTS)
+    def dead_letters(self, c: int, purge: bool, limit: int | None, delay: int, fault: Fault | None) -> None:
+        """``requeue_dead_letters(limit, delay)`` or ``purge_dead_letters()``."""
+        q = self.w.queues[c]
+        if purge:
+            self.model.purge(self.step(q.purge_dead_letters, fault))
+        else:
+            out = self.step(lambda: q.requeue_dead_letters(limit, delay=delay / 1000), fault)
+            self.model.requeue(limit, delay, out)
+
+    # -- consuming ---------------------------------------------------------------------------------
+
+    @rule(c=CLIENT, n=st.integers(1, 4), timeout=TIMEOUT_S, fault=FAULTS)
+    def take(self, c: int, n: int, timeout: float, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        out = self.step(lambda: q.take_many_with_headers(n, timeout), fault)
+        if out.error is not None:
+            raise out.error
+        self.model.take([Delivery(c, value, headers) for value, headers in out.result], out)
+
+    @rule(c=CLIENT, n=st.integers(1, 3), vt=VISIBILITY_MS, timeout=TIMEOUT_S, fault=FAULTS)
+    def receive(self, c: int, n: int, vt: int, timeout: float, fault: Fault | None) -> None:
+        q = self.w.queues[c]
+        out = self.step(lambda: q.receive_many(n, vt / 1000, timeout), fault)
+        messages: list[Message[str]] = out.result or []
+        deliveries = []
+        for msg in messages:
+            item = unwrap(msg._element[32:])
+            deliveries.append(Delivery(c, msg.value, msg.headers, msg.id, msg.delivery_count, msg.due_ms,
+                                       msg.deadline_ms, msg.expires_at_ms, item.schedule_key,
+                                       item.occurrence if item.schedule_key is not None else None))
+        for d in deliveries:
+            tally("receive: a redelivery" if d.count > 1 else "receive: a first delivery")
+        self.model.receive(deliveries, vt, out)
+        self.held = [*self.held, *((c, m) for m in messages)][-HELD_MESSAGES:]
+
+    @rule(pick=PICK, how=SETTLE, delay=DELAY_MS, vt=VISIBILITY_MS, fault=FAULTS)
+    def settle(self, pick: int, how: str, delay: int, vt: int, fault: Fault | None) -> None:
+        """``ack()`` (``ack``: written behind when it may be; ``ack-confirmed``), ``nack(delay)``,
+        ``nack(dead_letter=True)`` or ``extend(vt)`` of a message received earlier (any of them: it
+        may have been redelivered since, to either client, or settled)."""
+        if (held := self.message(pick)) is None:
+            return
+        c, msg = held
+        if how == "extend":
+            out = self.step(lambda: msg.extend(vt / 1000), fault)
+            self.model.extend(msg.id, msg.delivery_count, vt, out, msg.deadline_ms)
+            return
+        before = self.w.unconfirmed(c)
+        behind = [False]
+
+        async def call() -> bool:
+            if how in ("nack", "nack-dead"):
+                return await msg.nack(delay / 1000, dead_letter=how == "nack-dead")
+            # Written behind: the queue's default, with more than call_timeout_s of the deadline left.
+            behind[0] = how == "ack" and not msg.settled and msg.remaining_s > CALL_TIMEOUT_S
+            return await msg.ack(confirm=True if how == "ack-confirmed" else None)
+
+        out = self.step(call, fault)
+        mode = {"ack": "ack", "ack-confirmed": "ack", "nack": "nack", "nack-dead": "dead"}[how]
+        self.model.settle(msg.id, msg.delivery_count, mode, delay, c, before, out, written_behind=behind[0])
+        self._settled(msg, out)
+
+    def _settled(self, msg: Message[str], out: Outcome) -> None:
+        if out.ok and out.result:
+            self.held = [(c, m) for c, m in self.held if m is not msg]
+
+    # -- time and faults ---------------------------------------------------------------------------
+
+    @rule(ms=st.sampled_from([30, 150, 400]), fault=FAULTS)
+    def wait(self, ms: int, fault: Fault | None) -> None:
+        """Time passes: items fall due, deadlines pass, the library's background work runs."""
+        self.step(lambda: asyncio.sleep(ms / 1000), fault)
+
+    @rule(c=CLIENT)
+    def drain(self, c: int) -> None:
+        """Everything due is delivered within a bound: take until the model holds nothing due (not
+        while paused: then nothing may come, which every take checks)."""
+        if self.model.paused != [False]:
+            return
+        self.w.clear_faults()
+        q = self.w.queues[c]
+        loop_until = None
+        while True:
+            self.check()
+            due = self.model.undelivered()
+            if not due:
+                return
+            now = self.w.run(self.w.server_ms())
+            latest = max(d for d, _t in due)
+            if latest >= INF:
+                latest = now
+            # 5 s past the last due time (a safety poll of 1 s five times over), 25 s with popped
+            # items in the hand-off (its 20 s lease brings them back).
+            bound = latest + (25_000 if self.model.in_handoff else 5_000)
+            loop_until = bound if loop_until is None else max(loop_until, bound)
+            if now > loop_until:
+                raise Violation(f"not delivered in time (server time {now}): {[t for _d, t in due]}")
+            out = self.step(lambda: q.take_many_with_headers(10, 0.2))
+            if out.error is not None:
+                raise out.error
+            self.model.take([Delivery(c, value, headers) for value, headers in out.result], out)
+
+    # -- the check ---------------------------------------------------------------------------------
+
+    @invariant()
+    def check(self) -> None:
+        if self.world is None:
+            return
+        started = time.monotonic()
+        snap, counts, quiet = self.w.run(self.w.observe())
+        if TRACE:
+            print(f"  check: {len(snap.seen)} elements, quiet={quiet} {time.monotonic() - started:.3f} s", flush=True)
+        if not quiet and not self.w.faulted:
+            raise Violation("a queue object held prefetched items, messages or settles (or the hand-off kept "
+                            f"entries) for over 3 s without a fault:\n{snap.describe()}")
+        self.model.reconcile(snap, self.w.unconfirmed, self.w.faulted)
+        for where in ("pending", "ready", "in_flight", "dead"):
+            if snap.at(where):
+                tally(f"check: something {where}")
+        expected = self.model.expected_counts(snap)
+        got = {"pending+ready": counts.pending + counts.ready, "in_flight": counts.in_flight,
+               "dead_letters": counts.dead_letters, "recurring": counts.recurring}
+        if got != expected:
+            raise Violation(f"counts() {got} != the model's {expected}\n{snap.describe()}\n{self.model.describe()}")
+        if not self.w.armed:
+            self.w.faulted = False

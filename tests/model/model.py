@@ -1,0 +1,964 @@
+"""The model: what one queue must hold, and what each public call may answer.
+
+Every item the test offers is a :class:`Token` (its payload is unique: ``i<n>``), and so is every
+occurrence of a recurring item once it is seen outside the pending zset (its identity is its
+schedule's key and occurrence number, which its envelope carries everywhere). A token's
+:class:`State` says where the item must be: ``scheduled`` (pending, or ready once its due time has
+passed: the transfer moves it on its own), ``ready`` (known moved: no longer pending), ``in_flight``
+(a message: its id, delivery count, visibility deadline), ``dead`` (reason, count) or ``gone``.
+
+Where a call's outcome is legitimately uncertain (it raised with ``maybe_applied=True``; a cancel of
+an item whose due time passed may have found it moved; a written-behind ack may not have landed), a
+token carries several *alternatives*, and the next :meth:`Model.reconcile` keeps the one the server
+shows, failing when none fits. Every uncertainty is named where it is made, so a shrunk failure
+says which alternatives the model allowed.
+
+Times are the server's (epoch ms): every call is bracketed by ``TIME`` reads (``t0``, ``t1``) on a
+direct connection, and a due time known only within bounds is kept as ``(lo, hi)``.
+
+Adding a call: one method here that takes the call's :class:`Outcome` and updates the tokens (and
+raises :class:`Violation` for an answer the docs do not allow), and one rule in ``machine.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from .known import tolerated
+from .observe import Seen, Snapshot
+
+__all__ = ["Delivery", "Incarnation", "Model", "Outcome", "State", "Token", "Violation"]
+
+INF = 2**62
+
+Kind = Literal["scheduled", "ready", "in_flight", "dead", "gone"]
+Span = tuple[int, int]
+
+
+class Violation(AssertionError):
+    """The queue did something the docs do not allow."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call did: its result or error, and the server's clock just before and after it."""
+
+    result: Any
+    error: BaseException | None
+    t0: int
+    t1: int
+    faulty: bool = False  # a fault was armed or running during the call
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def maybe(self) -> bool:
+        """The call failed and may have been applied (``BackendError.maybe_applied``)."""
+        return self.error is not None and bool(getattr(self.error, "maybe_applied", False))
+
+    @property
+    def surely_not(self) -> bool:
+        """The call failed and was certainly not applied."""
+        return self.error is not None and not self.maybe
+
+
+@dataclass(frozen=True)
+class State:
+    """One place an item may be (a token holds one, or several while uncertain)."""
+
+    kind: Kind
+    due: Span = (0, 0)  # scheduled, ready: the due time's bounds
+    key: str | None = None  # scheduled: pending under this key
+    expires: Span | None = None  # scheduled, ready, in_flight: the expiry's bounds (None: none)
+    message_id: str | None = None  # in_flight
+    count: int = 0  # in_flight, dead: the delivery count
+    deadline: Span = (0, 0)  # in_flight: the visibility deadline's bounds
+    reason: str | None = None  # dead
+    life: int | None = None  # scheduled: the offer's expires (ms): its expiry is at least this long after its due time
+    behind: tuple[int, int] | None = None  # in_flight kept for an ack written behind: (client, unconfirmed before)
+    taken: bool = False  # gone: handed to a take() caller
+    why: str = ""  # for an alternative: the uncertainty it stands for
+
+    def describe(self) -> str:
+        out: list[str] = [self.kind]
+        if self.kind in ("scheduled", "ready"):
+            out.append(f"due {_span(self.due)}")
+            if self.key is not None:
+                out.append(f"key {self.key!r}")
+        if self.kind == "in_flight":
+            out.append(f"msg {self.message_id} count {self.count} deadline {_span(self.deadline)}")
+        if self.kind == "dead":
+            out.append(f"{self.reason} count {self.count}")
+        if self.expires is not None:
+            out.append(f"expires {_span(self.expires)}")
+        if self.why:
+            out.append(f"({self.why})")
+        return " ".join(out)
+
+
+def _span(span: Span) -> str:
+    lo, hi = span
+    return str(lo) if lo == hi else f"[{lo}, {'inf' if hi >= INF else hi}]"
+
+
+GONE = State("gone")
+
+
+@dataclass
+class Token:
+    """An item (or a seen occurrence of a recurring item) and where it may be."""
+
+    value: str
+    headers: dict[str, str]
+    alts: list[State]
+    schedule_key: str | None = None
+    occurrence: int | None = None
+    group: int | None = None  # tokens of one call that was all or nothing
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        if self.schedule_key is None:
+            return repr(self.value)
+        return f"occurrence {self.occurrence} of {self.schedule_key!r} ({self.value!r})"
+
+    @property
+    def certain(self) -> bool:
+        return len(self.alts) == 1
+
+    def live(self) -> list[State]:
+        return [a for a in self.alts if a.kind != "gone"]
+
+    def set(self, *alts: State, note: str) -> None:
+        unique: list[State] = []
+        for alt in alts:
+            if alt not in unique:
+                unique.append(alt)
+        self.alts = unique
+        self.history.append(f"{note}: {' | '.join(a.describe() for a in unique)}")
+
+    def describe(self) -> str:
+        return f"{self.name}: {' | '.join(a.describe() for a in self.alts)}; history: {self.history[-6:]}"
+
+
+@dataclass
+class Incarnation:
+    """One ``schedule()`` call's schedule: its item, period and grid (due at anchor + k * every)."""
+
+    key: str
+    value: str
+    every_ms: int
+    anchor: Span
+    headers: dict[str, str]
+    first_deliveries: int = 0  # occurrences handed to callers for the first time
+    requeued: int = 0  # occurrences requeued from the dead-letter list (each may come once more)
+
+    def due_by(self, t: int) -> int:
+        """How many occurrences can have fallen due by ``t`` (server ms) at most."""
+        first = self.anchor[0] + self.every_ms
+        return 0 if t < first else (t - self.anchor[0]) // self.every_ms
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One item or message a consumer call returned."""
+
+    client: int
+    value: str
+    headers: dict[str, str]
+    message_id: str | None = None
+    count: int = 1
+    due_ms: int | None = None
+    deadline_ms: int | None = None
+    expires_at_ms: int | None = None
+    schedule_key: str | None = None
+    occurrence: int | None = None
+
+
+class Model:
+    """The expected contents of one queue (shared by the test's two queue objects)."""
+
+    def __init__(self, max_deliveries: int | None) -> None:
+        self.max_deliveries = max_deliveries
+        self.items: dict[str, Token] = {}  # plain items by value
+        self.occurrences: dict[tuple[str, int], Token] = {}  # seen occurrences by (schedule key, number)
+        self.incarnations: dict[str, Incarnation] = {}  # every schedule() call's, by its item
+        self.schedules: dict[str, list[Incarnation | None]] = {}  # live schedule of each key (alternatives)
+        self.paused: list[bool] = [False]
+        self.dead_order: list[Token] = []  # the dead-letter list as last seen, oldest first
+        self.messages: dict[str, Token] = {}  # every message id received, and its token
+        self.unseen_possible = False  # a receive met a fault: deliveries nobody saw may have been counted
+        self.taken_occurrences: Counter[str] = Counter()  # occurrences taken since the last reconcile
+        self._current_pending = 0  # live schedules whose current occurrence was pending at the last reconcile
+        self._in_handoff = 0  # tokens found in the hand-off at the last reconcile
+        self._ids = itertools.count()
+        self._groups = itertools.count(1)
+
+    # -- names ------------------------------------------------------------------------------------
+
+    def new_value(self) -> str:
+        return f"i{next(self._ids)}"
+
+    def new_schedule_value(self) -> str:
+        return f"s{next(self._ids)}"
+
+    def _token(self, value: str, headers: dict[str, str], *alts: State, note: str, group: int | None = None) -> Token:
+        token = Token(value, headers, [], group=group)
+        token.set(*alts, note=note)
+        self.items[value] = token
+        return token
+
+    def keyed(self, key: str) -> list[Token]:
+        """The tokens that may be the pending item of ``key``."""
+        return [t for t in self.items.values() if any(a.kind == "scheduled" and a.key == key for a in t.alts)]
+
+    def live_schedule(self, key: str) -> Incarnation | None:
+        alts = self.schedules.get(key, [None])
+        if len(alts) != 1:
+            raise Violation(f"schedule {key!r} is uncertain outside a reconcile: {alts}")
+        return alts[0]
+
+    def describe(self) -> str:
+        lines = [f"paused {self.paused}; unseen deliveries possible: {self.unseen_possible}"]
+        for key, alts in sorted(self.schedules.items()):
+            shown = [None if i is None else (i.value, i.every_ms, i.anchor) for i in alts]
+            lines.append(f"  schedule {key!r}: {shown}")
+        for token in [*self.items.values(), *self.occurrences.values()]:
+            if token.alts != [GONE]:
+                lines.append(f"  {token.describe()}")
+        return "\n".join(lines)
+
+    # -- producing ----------------------------------------------------------------------------------
+
+    def offer(self, value: str, delay_ms: int, key: str | None, replace_: bool, headers: dict[str, str],
+              expires_ms: int | None, out: Outcome) -> None:
+        """``offer(value, delay, key=, replace=, headers=, expires=)``."""
+        self._offers([(value, delay_ms, key, headers, expires_ms)], replace_, out,
+                     [out.result] if out.ok else None)
+
+    def offer_many(self, entries: list[tuple[str, int, str | None, dict[str, str], int | None]], replace_: bool,
+                   out: Outcome) -> None:
+        """``offer_many([(value, delay), ...], keys=, replace=, headers=, expires=)``: as many offers in
+        order, one call (the lists are small): all or nothing."""
+        if out.ok and len(out.result) != len(entries):
+            raise Violation(f"offer_many of {len(entries)} items returned {len(out.result)} due times")
+        self._offers(entries, replace_, out, list(out.result) if out.ok else None)
+
+    def _offers(self, entries: list[tuple[str, int, str | None, dict[str, str], int | None]], replace_: bool,
+                out: Outcome, results: list[Any] | None) -> None:
+        if out.surely_not:
+            return
+        # One call, all or nothing: its unkeyed items land together (a keyed one may find its key
+        # pending, an earlier item of the list's included, and not land).
+        group = next(self._groups) if len(entries) > 1 and out.maybe else None
+        for index, (value, delay_ms, key, headers, expires_ms) in enumerate(entries):
+            if results is None:  # maybe applied, maybe not, as a whole
+                due: Span = (out.t0 + delay_ms, INF)  # landed late (held by a stall): later, never earlier
+                expires = None if expires_ms is None else (due[0] + expires_ms, INF)
+                if key is not None and replace_:
+                    for old in self.keyed(key):
+                        old.set(*old.alts, *[replace(a, kind="gone", why="maybe replaced") for a in old.alts
+                                             if a.kind == "scheduled" and a.key == key], note="offer maybe replaced")
+                self._token(value, headers, replace(GONE, why="offer maybe not applied"),
+                            State("scheduled", due, key, expires, life=expires_ms, why="offer maybe applied"),
+                            note=f"offer raised {out.error!r}", group=group if key is None else None)
+                continue
+            result = results[index]
+            due_ms = int(result)
+            fresh = key is None or result.added or result.replaced
+            if fresh and not out.t0 + delay_ms <= due_ms <= out.t1 + delay_ms:
+                raise Violation(f"offer of {value!r} (delay {delay_ms} ms) returned due {due_ms}, not within "
+                                f"[{out.t0 + delay_ms}, {out.t1 + delay_ms}]: due times count from the call")
+            # The expiry is the issue time + delay + expires, the issue time from the producer's
+            # estimate of the server clock, never behind it and ahead by less than a round trip (the
+            # due time reads the same estimate, once more: they can differ by a ms).
+            lag = out.t1 - out.t0 + 1
+            expires = None if expires_ms is None else (out.t0 + delay_ms + expires_ms,
+                                                       out.t1 + lag + delay_ms + expires_ms)
+            if key is None:
+                self._token(value, headers, State("scheduled", (due_ms, due_ms), None, expires, life=expires_ms),
+                            note="offered")
+                continue
+            olds = self.keyed(key)
+            if result.replaced:
+                if not result.added:
+                    raise Violation(f"offer of key {key!r}: replaced={result.replaced} but added={result.added}")
+                self._pending_now(olds, key, out, f"offer(key={key!r}, replace=True) replaced a pending item",
+                                  then=GONE)
+            elif result.added:
+                self._moved(olds, key, out, f"offer(key={key!r}) added, so the key's item was no longer pending")
+            else:
+                self._pending_now(olds, key, out, f"offer(key={key!r}) found the key pending", then=None,
+                                  due=due_ms)
+                self.items[value] = Token(value, headers, [GONE], history=["offer found the key pending"])
+                continue
+            self._token(value, headers, State("scheduled", (due_ms, due_ms), key, expires, life=expires_ms),
+                        note="offered")
+
+    def _pending_now(self, olds: list[Token], key: str, out: Outcome, what: str, then: State | None,
+                     due: int | None = None) -> None:
+        """``olds`` (the tokens that may hold ``key``): one of them was pending under ``key`` when the
+        call ran; it becomes ``then`` (``None``: unchanged). When several may have been, each keeps
+        both outcomes (that one, or moved before the call)."""
+        fits = [(t, a) for t in olds for a in t.alts
+                if a.kind == "scheduled" and a.key == key and (due is None or a.due[0] <= due <= a.due[1])]
+        if not fits:
+            raise Violation(f"{what}, but the model has no pending item of {key!r}"
+                            f"{'' if due is None else f' due {due}'}: {[t.describe() for t in olds]}")
+        chosen: dict[int, tuple[Token, State]] = {}
+        for token, alt in fits:
+            chosen.setdefault(id(token), (token, alt))
+        holders = set(chosen)
+        for token in olds:
+            if id(token) not in holders:
+                self._moved([token], key, out, f"{what}: another item held {key!r}")
+        for token, alt in chosen.values():
+            if due is not None:
+                alt = replace(alt, due=(due, due))
+            after = alt if then is None else then
+            if len(holders) == 1:
+                token.set(after, note=what)
+            else:
+                moved = [replace(a, kind="ready", key=None, why="moved before the call")
+                         for a in token.alts if a.kind == "scheduled" and a.key == key and a.due[0] <= out.t1]
+                token.set(replace(after, why="one of several"), *moved, note=what)
+
+    def _moved(self, olds: list[Token], key: str, out: Outcome, what: str) -> None:
+        """The tokens that may hold ``key`` were not pending under it when the call ran: transferred
+        (their due time had come) or never there."""
+        for token in olds:
+            alts = []
+            for a in token.alts:
+                if a.kind == "scheduled" and a.key == key:
+                    if a.due[0] <= out.t1:
+                        alts.append(replace(a, kind="ready", key=None, why=""))
+                else:
+                    alts.append(a)
+            if not alts:
+                raise Violation(f"{what}, but {token.name} was pending under it and not yet due "
+                                f"(t1={out.t1}): {token.describe()}")
+            token.set(*alts, note=what)
+
+    def cancel(self, key: str, out: Outcome) -> None:
+        """``cancel(key)`` of a plain item's key."""
+        olds = self.keyed(key)
+        if out.surely_not:
+            return
+        if out.maybe:
+            for token in olds:
+                token.set(*token.alts, *[replace(GONE, why="cancel maybe applied") for a in token.alts
+                                         if a.kind == "scheduled" and a.key == key], note="cancel raised")
+            return
+        if out.result:
+            self._pending_now(olds, key, out, f"cancel({key!r}) returned True", then=GONE)
+        else:
+            self._moved(olds, key, out, f"cancel({key!r}) returned False")
+
+    def reschedule(self, key: str, delay_ms: int, out: Outcome) -> None:
+        """``reschedule(key, delay)``."""
+        olds = self.keyed(key)
+        if out.surely_not:
+            return
+        if out.maybe:
+            for token in olds:
+                token.set(*token.alts, *[replace(a, due=(out.t0 + delay_ms, INF), life=None,
+                                                 why="reschedule maybe applied")
+                                         for a in token.alts if a.kind == "scheduled" and a.key == key],
+                          note="reschedule raised")
+            return
+        if out.result is None:
+            self._moved(olds, key, out, f"reschedule({key!r}) returned None")
+            return
+        due = int(out.result)
+        if not out.t0 + delay_ms <= due <= out.t1 + delay_ms:
+            raise Violation(f"reschedule({key!r}, {delay_ms} ms) returned {due}, not within "
+                            f"[{out.t0 + delay_ms}, {out.t1 + delay_ms}]")
+        fits = [(t, a) for t in olds for a in t.alts if a.kind == "scheduled" and a.key == key]
+        if not fits:
+            raise Violation(f"reschedule({key!r}) returned {due}, but the model has no pending item of the key")
+        token, alt = fits[0]
+        token.set(replace(alt, due=(due, due), life=None, why=""), note=f"rescheduled to {due}")
+
+    def get(self, key: str, out: Outcome) -> None:
+        """``get(key)``: the pending item of ``key`` (its value, due time, headers, expiry), or ``None``."""
+        if not out.ok:
+            return
+        olds = self.keyed(key)
+        pending = out.result
+        if pending is None:
+            self._moved(olds, key, out, f"get({key!r}) returned None")
+            return
+        fits = [(t, a) for t in olds for a in t.alts if a.kind == "scheduled" and a.key == key
+                and t.value == pending.value and a.due[0] <= pending.due_ms <= a.due[1]
+                and t.headers == pending.headers and self._expiry_fits(a.expires, pending.expires_at_ms)]
+        if pending.key != key or pending.recurring or not fits:
+            raise Violation(f"get({key!r}) returned {pending}; the model has {[t.describe() for t in olds]}")
+        token, alt = fits[0]
+        for other in olds:
+            if other is not token:
+                self._moved([other], key, out, f"get({key!r}) returned another item")
+        token.set(replace(alt, due=(pending.due_ms, pending.due_ms), why=""), note=f"get({key!r})")
+
+    # -- recurring items ----------------------------------------------------------------------------
+
+    def schedule(self, key: str, value: str, every_ms: int, headers: dict[str, str], out: Outcome) -> None:
+        """``schedule(key, value, every=)``: replaces the key's schedule (its pending occurrence too)."""
+        if out.surely_not:
+            return
+        old = self.schedules.get(key, [None])
+        if out.maybe:
+            inc = Incarnation(key, value, every_ms, (out.t0, INF), headers)
+            self.incarnations[value] = inc
+            self.schedules[key] = [*old, inc]
+            return
+        due = int(out.result)
+        if not out.t0 + every_ms <= due <= out.t1 + every_ms:
+            raise Violation(f"schedule({key!r}, every={every_ms} ms) returned {due}, not within "
+                            f"[{out.t0 + every_ms}, {out.t1 + every_ms}]: the first one is a period from now")
+        inc = Incarnation(key, value, every_ms, (due - every_ms, due - every_ms), headers)
+        self.incarnations[value] = inc
+        self.schedules[key] = [inc]
+        self._drop_keyed(key, out, "a schedule replaced the key's item")
+
+    def offer_on_schedule_key(self, value: str, delay_ms: int, key: str, out: Outcome) -> None:
+        """``offer(value, delay, key=k, replace=True)`` where ``k`` is a schedule's key: refused (the
+        result is the error), or the schedule ends and the item is ``k``'s pending item. Either way
+        a schedule is never left without an occurrence."""
+        if out.surely_not or (out.ok and isinstance(out.result, Exception)):
+            return
+        old = self.schedules.get(key, [None])
+        if out.maybe:
+            self.schedules[key] = [*old, None] if None not in old else old
+            self._token(value, {}, replace(GONE, why="offer maybe not applied"),
+                        State("scheduled", (out.t0 + delay_ms, INF), key, why="offer maybe applied"),
+                        note=f"offer raised {out.error!r}")
+            return
+        due = int(out.result)
+        self._drop_keyed(key, out, "an offer replaced the key's item")
+        self.schedules[key] = [None, *[i for i in old if i is not None and not out.result.replaced]]
+        self._token(value, {}, State("scheduled", (due, due), key), note="offered on a schedule's key")
+
+    def _drop_keyed(self, key: str, out: Outcome, what: str) -> None:
+        """A call removed the pending item of ``key``, if any: the plain items that may hold it are
+        gone, or were moved before (their due time had come)."""
+        for token in self.keyed(key):
+            alts: list[State] = []
+            for a in token.alts:
+                if a.kind == "scheduled" and a.key == key:
+                    alts.append(replace(GONE, why=what))
+                    if a.due[0] <= out.t1:
+                        alts.append(replace(a, kind="ready", key=None, why="moved before"))
+                else:
+                    alts.append(a)
+            token.set(*alts, note=what)
+
+    def unschedule(self, key: str, out: Outcome) -> None:
+        """``cancel(key)`` of a schedule's key: the schedule and its pending occurrence go."""
+        if out.surely_not:
+            return
+        old = self.schedules.get(key, [None])
+        if out.maybe:
+            self.schedules[key] = [*old, None] if None not in old else old
+            return
+        live = [i for i in old if i is not None]
+        if self.keyed(key):  # a plain item under a schedule's key (offer_on_schedule_key)
+            if out.result:
+                self._drop_keyed(key, out, f"cancel({key!r}) returned True")
+            else:
+                self._moved(self.keyed(key), key, out, f"cancel({key!r}) returned False")
+            self.schedules[key] = [None]
+            return
+        if out.result and not live:
+            raise Violation(f"cancel({key!r}) returned True, but the key has no schedule (nor pending item)")
+        if not out.result and None not in old:
+            raise Violation(f"cancel({key!r}) returned False, but the key's schedule was live: {live}")
+        self.schedules[key] = [None]
+
+    # -- controls, clear, dead letters --------------------------------------------------------------
+
+    def pause(self, paused: bool, out: Outcome) -> None:
+        """``pause()`` (``paused=True``) or ``resume()``."""
+        if out.ok:
+            self.paused = [paused]
+        elif out.maybe:
+            self.paused = sorted({*self.paused, paused})
+
+    def clear(self, out: Outcome) -> None:
+        """``clear()``: every pending item and every schedule goes; ready, in-flight and dead stay."""
+        if out.surely_not:
+            return
+        for token in self._all_tokens():
+            alts: list[State] = []
+            for a in token.alts:
+                if a.kind != "scheduled":
+                    alts.append(a)
+                    continue
+                if out.maybe:
+                    alts += [a, replace(GONE, why="clear maybe applied")]
+                    continue
+                alts.append(replace(GONE, why="cleared"))
+                if a.due[0] <= out.t1:  # its due time may have come: moved to the ready list before
+                    alts.append(replace(a, kind="ready", key=None, why="moved before the clear"))
+            if alts != token.alts:
+                token.set(*alts, note="clear")
+        for key, alts_ in self.schedules.items():
+            self.schedules[key] = [*alts_, None] if out.maybe and None not in alts_ else [None] if out.ok else alts_
+
+    def requeue(self, limit: int | None, delay_ms: int, out: Outcome) -> None:
+        """``requeue_dead_letters(limit, delay)``: the oldest dead letters become pending, unkeyed,
+        without their expiry."""
+        if out.surely_not:
+            return
+        dead = [t for t in self.dead_order if t.certain and t.alts[0].kind == "dead"]
+        n = len(dead) if limit is None else min(limit, len(dead))
+        due: Span = (out.t0 + delay_ms, out.t1 + delay_ms if out.ok else INF)
+        if out.ok and out.result != n:
+            raise Violation(f"requeue_dead_letters({limit}) returned {out.result}, the list held {len(dead)}")
+        for token in dead[:n]:
+            back = State("scheduled", due, why="" if out.ok else "requeue maybe applied")
+            token.set(back, *token.alts, note="requeue raised") if out.maybe else token.set(back, note="requeued")
+            if token.schedule_key is not None:
+                self.incarnations[token.value].requeued += 1
+
+    def purge(self, out: Outcome) -> None:
+        """``purge_dead_letters()``."""
+        if out.surely_not:
+            return
+        dead = [t for t in self.dead_order if t.certain and t.alts[0].kind == "dead"]
+        if out.ok and out.result != len(dead):
+            raise Violation(f"purge_dead_letters() returned {out.result}, the list held {len(dead)}")
+        for token in dead:
+            token.set(*([*token.alts, GONE] if out.maybe else [GONE]), note="purged")
+
+    # -- consuming ----------------------------------------------------------------------------------
+
+    def take(self, deliveries: list[Delivery], out: Outcome) -> None:
+        """``take_many_with_headers(n, timeout)``: each item handed out once, when due, unexpired."""
+        if deliveries and self.paused == [True]:
+            raise Violation(f"take() handed out {[d.value for d in deliveries]} while the queue was paused")
+        for d in deliveries:
+            inc = self.incarnations.get(d.value)
+            if inc is not None:
+                self._first_occurrence_delivery(inc, d, out)
+                self.taken_occurrences[d.value] += 1
+                continue
+            token = self._handed_out(d, out, "take()")
+            token.set(State("gone", taken=True), note=f"taken by client {d.client}")
+
+    def receive(self, deliveries: list[Delivery], vt_ms: int, out: Outcome) -> None:
+        """``receive_many(n, visibility_timeout, timeout)``: first deliveries as for take; a
+        redelivery only after the previous deadline, with the count one higher."""
+        if out.faulty or out.error is not None:
+            self.unseen_possible = True
+        if deliveries and self.paused == [True]:
+            raise Violation(f"receive() handed out {[d.value for d in deliveries]} while the queue was paused")
+        for d in deliveries:
+            assert d.deadline_ms is not None
+            if not out.t0 + vt_ms <= d.deadline_ms <= out.t1 + vt_ms:
+                raise Violation(f"message {d.value!r} has deadline {d.deadline_ms}, not within "
+                                f"[{out.t0 + vt_ms}, {out.t1 + vt_ms}] (visibility timeout {vt_ms} ms)")
+            if d.count == 1:
+                if d.due_ms is not None:
+                    raise Violation(f"first delivery of {d.value!r} has due_ms {d.due_ms} (None expected)")
+                if d.schedule_key is not None:
+                    inc = self.incarnations.get(d.value)
+                    if inc is None or inc.key != d.schedule_key:
+                        raise Violation(f"an occurrence of unknown schedule {d.schedule_key!r}: {d.value!r}")
+                    self._first_occurrence_delivery(inc, d, out)
+                    assert d.occurrence is not None
+                    token = self.occurrences.get((d.schedule_key, d.occurrence))
+                    if token is None:
+                        token = Token(d.value, d.headers, [], d.schedule_key, d.occurrence)
+                        self.occurrences[(d.schedule_key, d.occurrence)] = token
+                    elif not any(a.kind in ("ready", "scheduled") for a in token.alts):
+                        raise Violation(f"{token.name} received as a first delivery, but it was {token.describe()}")
+                else:
+                    token = self._handed_out(d, out, "receive()")
+                    offered = {a.expires for a in token.alts if a.kind in ("scheduled", "ready")}
+                    if not any(self._expiry_fits(e, d.expires_at_ms) for e in offered):
+                        raise Violation(f"{token.name} received with expires_at_ms {d.expires_at_ms}, the model "
+                                        f"has {offered}")
+                expires = None if d.expires_at_ms is None else (d.expires_at_ms, d.expires_at_ms)
+                assert d.message_id is not None
+                self.messages[d.message_id] = token
+                token.set(State("in_flight", message_id=d.message_id, count=1, deadline=(d.deadline_ms,) * 2,
+                                expires=expires), note=f"received by client {d.client}")
+                continue
+            token = self._message_token(d)
+            prev = [a for a in token.alts if a.kind == "in_flight" and a.message_id == d.message_id]
+            if not prev:
+                raise Violation(f"redelivery {d.count} of {token.name}, which was not in flight: {token.describe()}")
+            alt = prev[0]
+            if alt.deadline[0] > out.t1:
+                raise Violation(f"{token.name} redelivered (count {d.count}) at {out.t1} at the latest, before its "
+                                f"deadline {_span(alt.deadline)}")
+            if d.count != alt.count + 1 and not (self.unseen_possible and d.count > alt.count + 1):
+                raise Violation(f"{token.name} redelivered with count {d.count} after count {alt.count}")
+            if d.count == alt.count + 1 and d.due_ms is not None and not alt.deadline[0] <= d.due_ms <= alt.deadline[1]:
+                raise Violation(f"{token.name} redelivered with due_ms {d.due_ms}, its deadline was "
+                                f"{_span(alt.deadline)}")
+            if alt.expires is not None and alt.expires[1] <= out.t0:
+                raise Violation(f"{token.name} redelivered though it had expired at {_span(alt.expires)}")
+            token.set(replace(alt, count=d.count, deadline=(d.deadline_ms,) * 2, behind=None, why=""),
+                      note=f"redelivered to client {d.client}")
+
+    def _first_occurrence_delivery(self, inc: Incarnation, d: Delivery, out: Outcome) -> None:
+        if d.headers != inc.headers:
+            raise Violation(f"occurrence of {inc.key!r} delivered with headers {d.headers}, scheduled with "
+                            f"{inc.headers}")
+        inc.first_deliveries += 1
+        allowed = inc.due_by(out.t1) + inc.requeued
+        if inc.first_deliveries > allowed:
+            raise Violation(f"schedule {inc.key!r} (every {inc.every_ms} ms from {_span(inc.anchor)}): "
+                            f"{inc.first_deliveries} occurrences handed out by {out.t1}, at most {allowed} "
+                            "can have fallen due (early, or one handed out twice)")
+
+    def _handed_out(self, d: Delivery, out: Outcome, call: str) -> Token:
+        """The token of a plain item a consumer was handed for the first time (checked)."""
+        token = self.items.get(d.value)
+        if token is None:
+            raise Violation(f"{call} handed out {d.value!r}, which was never offered")
+        fits = [a for a in token.alts if a.kind in ("scheduled", "ready")]
+        if not fits:
+            raise Violation(f"{call} handed out {token.name} again (or after it was cancelled): {token.describe()}")
+        if all(a.due[0] > out.t1 for a in fits):
+            raise Violation(f"{call} handed out {token.name} at {out.t1} at the latest, before it was due: "
+                            f"{token.describe()}")
+        if all(a.expires is not None and a.expires[1] <= out.t0 for a in fits):
+            raise Violation(f"{call} handed out {token.name} at {out.t0} at the earliest, after it expired: "
+                            f"{token.describe()}")
+        if d.headers != token.headers:
+            raise Violation(f"{call} handed out {token.name} with headers {d.headers}, offered with {token.headers}")
+        return token
+
+    def _message_token(self, d: Delivery) -> Token:
+        if d.schedule_key is not None:
+            assert d.occurrence is not None
+            token = self.occurrences.get((d.schedule_key, d.occurrence))
+        else:
+            token = self.items.get(d.value)
+        if token is None:
+            raise Violation(f"a redelivery (count {d.count}) of {d.value!r}, never delivered before")
+        return token
+
+    def settle(self, message_id: str, count: int, mode: str, delay_ms: int, client: int, unconfirmed: int,
+               out: Outcome, written_behind: bool = False) -> None:
+        """``msg.ack()``, ``msg.nack(delay)``, ``msg.nack(dead_letter=True)`` (``mode``: ack, nack,
+        dead): ``True`` exactly when this delivery was still in flight."""
+        token = self._by_message(message_id)
+        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count]
+        if out.surely_not:
+            return
+        if out.ok and bool(out.result) != bool(current):
+            raise Violation(f"{mode} of delivery {count} of {token.name} returned {out.result}, but it was "
+                            f"{'' if current else 'not '}in flight as that delivery: {token.describe()}")
+        if not current:
+            return
+        alt = current[0]
+        if mode == "ack":
+            after = [State("gone")]
+            if written_behind:
+                after.append(replace(alt, behind=(client, unconfirmed), why="ack written behind, maybe not landed"))
+        elif mode == "dead":
+            after = [State("dead", count=count, reason="nacked")]
+        elif self.max_deliveries is not None and count >= self.max_deliveries:
+            after = [State("dead", count=count, reason="max_deliveries")]
+        else:
+            late = out.t1 + delay_ms if out.ok else INF
+            after = [replace(alt, deadline=(out.t0 + delay_ms, late), behind=None, why="")]
+        if out.maybe:
+            after = [alt, *[replace(a, why=f"{mode} maybe applied") for a in after]]
+        token.set(*after, note=f"{mode} by client {client}")
+
+    def extend(self, message_id: str, count: int, vt_ms: int, out: Outcome, deadline_ms: int) -> None:
+        """``msg.extend(visibility_timeout)``: ``True`` exactly when this delivery is in flight."""
+        token = self._by_message(message_id)
+        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count]
+        if out.surely_not:
+            return
+        if out.ok and bool(out.result) != bool(current):
+            raise Violation(f"extend of delivery {count} of {token.name} returned {out.result}: {token.describe()}")
+        if not current:
+            return
+        alt = current[0]
+        if out.ok:
+            if not out.t0 + vt_ms <= deadline_ms <= out.t1 + vt_ms:
+                raise Violation(f"extend({vt_ms} ms) of {token.name} set deadline {deadline_ms}, not within "
+                                f"[{out.t0 + vt_ms}, {out.t1 + vt_ms}]")
+            token.set(replace(alt, deadline=(deadline_ms, deadline_ms)), note="extended")
+        else:
+            token.set(alt, replace(alt, deadline=(out.t0 + vt_ms, INF), why="extend maybe applied"),
+                      note="extend raised")
+
+    def _by_message(self, message_id: str) -> Token:
+        try:
+            return self.messages[message_id]
+        except KeyError:
+            raise Violation(f"no token for message {message_id}") from None
+
+    def _all_tokens(self) -> Iterable[Token]:
+        return itertools.chain(self.items.values(), self.occurrences.values())
+
+    # -- the check ------------------------------------------------------------------------------------
+
+    def reconcile(self, snap: Snapshot, unconfirmed: Callable[[int], int], faulted: bool) -> None:
+        """Match every element of ``snap`` with the model: each token found exactly once, where one of
+        its alternatives allows (which then becomes its state), every element explained. Raises
+        :class:`Violation` listing every mismatch, with the snapshot and the model."""
+        problems: list[str] = []
+        now = snap.now_ms
+        self._current_pending = self._in_handoff = 0
+        plain: dict[str, list[Seen]] = defaultdict(list)
+        occs: dict[tuple[str, int], list[Seen]] = defaultdict(list)
+        for s in snap.seen:
+            if s.schedule_key is None:
+                plain[s.value].append(s)
+            else:
+                occs[(s.schedule_key, s.occurrence)].append(s)
+        for value, token in self.items.items():
+            self._settle(token, plain.pop(value, []), now, unconfirmed, faulted, problems)
+        for value, seen in plain.items():
+            problems.append(f"{value!r} is in the queue but the model has no such item: {[s.describe() for s in seen]}")
+        self._reconcile_schedules(snap, occs, problems)
+        for ident, token in self.occurrences.items():
+            seen = occs.pop(ident, [])
+            if not seen and any(a.kind == "ready" for a in token.alts) and self.taken_occurrences[token.value] > 0:
+                self.taken_occurrences[token.value] -= 1
+                token.set(State("gone", taken=True), note="taken (seen ready before)")
+                continue
+            self._settle(token, seen, now, unconfirmed, faulted, problems)
+        self.taken_occurrences.clear()
+        for (key, number), seen in occs.items():
+            if seen:
+                self._new_occurrence(key, number, seen, snap, problems)
+        self._check_groups(problems)
+        if snap.stale_index:
+            problems.append(f"the key index names keys whose element is not pending: {snap.stale_index}")
+        if snap.delay_list:
+            problems.append(f"Redisson's delay list holds {snap.delay_list} elements (only fast elements written)")
+        if snap.paused not in self.paused:
+            problems.append(f"paused is {snap.paused}, the model allows {self.paused}")
+        self.paused = [snap.paused]
+        self.dead_order = self._dead_order(snap)
+        if problems:
+            raise Violation("\n".join(["the queue differs from the model:", *problems, "--- the queue:",
+                                       snap.describe(), "--- the model:", self.describe()]))
+        self.unseen_possible = False
+
+    def _settle(self, token: Token, seen: list[Seen], now: int, unconfirmed: Callable[[int], int], faulted: bool,
+                problems: list[str]) -> None:
+        """Keep the alternatives of ``token`` that ``seen`` (its elements in the snapshot) fit."""
+        if any(a.kind == "gone" and a.taken for a in token.alts):
+            lingering = [s for s in seen if s.where == "handoff"]  # a delivered pop not forgotten yet
+            if lingering and faulted:
+                seen = [s for s in seen if s.where != "handoff"]
+        fitting: list[State] = []
+        for alt in token.alts:
+            fit = self._fit(token, alt, seen, now, unconfirmed, faulted)
+            if fit is not None:
+                fitting.append(fit)
+        if not fitting:
+            where = ", ".join(s.describe() for s in seen) or "nowhere"
+            problems.append(f"{token.name} is {where}; the model allows: {token.describe()}")
+            return
+        if fitting[0].kind == "ready" and seen and seen[0].where == "handoff":
+            self._in_handoff += 1
+        if fitting[0].message_id is not None:
+            self.messages[fitting[0].message_id] = token
+        if fitting != token.alts:
+            token.set(fitting[0], note=f"seen {', '.join(s.where for s in seen) or 'nowhere'}")
+
+    def _fit(self, token: Token, alt: State, seen: list[Seen], now: int, unconfirmed: Callable[[int], int],
+             faulted: bool) -> State | None:
+        """``alt`` as ``seen`` shows it (its new state), or ``None`` if ``seen`` does not fit it."""
+        if alt.kind == "gone":
+            return alt if not seen else None
+        if len(seen) != 1:
+            return None
+        s = seen[0]
+        if s.headers != token.headers:
+            return None
+        if alt.kind in ("scheduled", "ready"):
+            if s.where == "pending":
+                if alt.kind == "ready" or not alt.due[0] <= (s.score or 0) <= alt.due[1] or s.key != alt.key:
+                    return None
+                if not self._expiry_fits(alt.expires, s.expires_at_ms):
+                    return None
+                assert s.score is not None
+                if alt.life is not None and s.expires_at_ms is not None and s.expires_at_ms < s.score + alt.life \
+                        and not tolerated("expiry-before-due"):
+                    return None  # it would expire less than `expires` after its due time
+                return replace(alt, due=(s.score, s.score), expires=self._seen_expiry(s), why="")
+            if s.where in ("ready", "handoff"):
+                if alt.due[0] > now:  # moved before its due time
+                    return None
+                if s.where == "handoff" and not faulted:
+                    return None  # a pop's items are handed out or given back within a round trip
+                if not self._expiry_fits(alt.expires, s.expires_at_ms):
+                    return None
+                return replace(alt, kind="ready", key=None, expires=self._seen_expiry(s), why="")
+            if s.where == "dead" and s.reason == "expired":
+                if alt.expires is None or alt.expires[0] > now or alt.due[0] > now:
+                    return None
+                if alt.life is not None and alt.due[0] + alt.life > now and not tolerated("expiry-before-due"):
+                    return None  # expired less than `expires` after its due time
+                return State("dead", count=s.delivery_count or 0, reason="expired")
+            if s.where == "in_flight" and self.unseen_possible and alt.due[0] <= now:
+                # Received by a call whose reply never reached its caller, not released since.
+                return State("in_flight", message_id=s.message_id, count=s.delivery_count or 0,
+                             deadline=(s.score or 0, s.score or 0), expires=alt.expires, why="unseen delivery")
+            return None
+        if alt.kind == "in_flight":
+            if alt.behind is not None and unconfirmed(alt.behind[0]) <= alt.behind[1]:
+                return None  # an ack written behind lands, or the library reports it as not confirmed
+            if s.where == "in_flight" and s.message_id == alt.message_id:
+                if s.delivery_count == alt.count and alt.deadline[0] <= (s.score or 0) <= alt.deadline[1]:
+                    return replace(alt, deadline=(s.score or 0,) * 2, why="")
+                passed = alt.deadline[0] <= now
+                if passed and s.delivery_count == alt.count and (s.score or 0) <= now:
+                    # redelivered into a prefetch nobody came for, then released (count lowered, visible now)
+                    return replace(alt, deadline=(s.score or 0,) * 2, why="")
+                if passed and self.unseen_possible and (s.delivery_count or 0) > alt.count:
+                    return replace(alt, count=s.delivery_count or 0, deadline=(s.score or 0,) * 2,
+                                   why="unseen redelivery")
+                return None
+            if s.where == "dead" and alt.deadline[0] <= now:
+                count = s.delivery_count or 0
+                counted = count == alt.count or (self.unseen_possible and count > alt.count)
+                if s.reason == "max_deliveries" and self.max_deliveries is not None and counted \
+                        and count >= self.max_deliveries:
+                    return State("dead", count=count, reason="max_deliveries")
+                if s.reason == "expired" and alt.expires is not None and alt.expires[0] <= now and counted:
+                    return State("dead", count=count, reason="expired")
+            return None
+        if alt.kind == "dead":
+            if s.where == "dead" and s.reason == alt.reason and s.delivery_count == alt.count:
+                return alt
+            return None
+        raise AssertionError(alt)
+
+    @staticmethod
+    def _seen_expiry(s: Seen) -> Span | None:
+        return None if s.expires_at_ms is None else (s.expires_at_ms, s.expires_at_ms)
+
+    @staticmethod
+    def _expiry_fits(expected: Span | None, seen: int | None) -> bool:
+        if expected is None or seen is None:
+            return expected is None and seen is None
+        return expected[0] <= seen <= expected[1]
+
+    def _check_groups(self, problems: list[str]) -> None:
+        groups: dict[int, list[Token]] = defaultdict(list)
+        for token in self.items.values():
+            if token.group is not None and token.certain:
+                groups[token.group].append(token)
+        for tokens in groups.values():
+            outcomes = {"gone" if t.alts[0].kind == "gone" and not t.alts[0].taken else "landed" for t in tokens}
+            if len(outcomes) > 1:
+                problems.append(f"offer_many applied in part: {[t.describe() for t in tokens]}")
+            for t in tokens:
+                t.group = None
+
+    def _reconcile_schedules(self, snap: Snapshot, occs: dict[tuple[str, int], list[Seen]],
+                             problems: list[str]) -> None:
+        """Each live schedule: its record, and exactly one current occurrence, pending (under its key,
+        on its grid) or ready."""
+        for key in sorted(set(self.schedules) | set(snap.records)):
+            alts = self.schedules.get(key, [None])
+            record = snap.records.get(key)
+            if record is None:
+                if None not in alts:
+                    problems.append(f"schedule {key!r} has no record; the model has {alts}")
+                self.schedules[key] = [None]
+                continue
+            current = [s for s in occs.get((key, record.occurrence), []) if s.where in ("pending", "ready", "handoff")]
+            if len(current) != 1:
+                problems.append(f"schedule {key!r} (record {record}) has {len(current)} current occurrences pending or "
+                                f"ready, not one: {[s.describe() for s in current]}")
+                fitting = [i for i in alts if i is not None]
+            else:
+                fitting = [i for i in alts if i is not None and i.value == current[0].value
+                           and i.every_ms == record.every_ms and i.anchor[0] <= record.anchor_ms <= i.anchor[1]]
+                s = current[0]
+                if s.where == "pending":
+                    assert s.score is not None
+                    if s.key != key:
+                        problems.append(f"the pending occurrence of {key!r} is indexed under {s.key!r}")
+                    if (s.score - record.anchor_ms) % record.every_ms or s.score <= record.anchor_ms:
+                        problems.append(f"the pending occurrence of {key!r} is due {s.score}, off its grid "
+                                        f"({record.anchor_ms} + k * {record.every_ms})")
+            if not fitting:
+                problems.append(f"schedule {key!r}: record {record} fits none of the model's {alts}")
+                continue
+            inc = fitting[0]
+            inc.anchor = (record.anchor_ms, record.anchor_ms)
+            self.schedules[key] = [inc]
+            for s in current:  # the current occurrence is the schedule's, not a token of its own
+                if s.where == "pending":
+                    occs[(key, record.occurrence)].remove(s)
+                    self._current_pending += 1
+
+    def _new_occurrence(self, key: str, number: int, seen: list[Seen], snap: Snapshot, problems: list[str]) -> None:
+        """An occurrence seen for the first time outside the pending zset: it becomes a token (it must
+        then be delivered once, or stay)."""
+        if len(seen) != 1:
+            problems.append(f"occurrence {number} of {key!r} is in {len(seen)} places: {[s.describe() for s in seen]}")
+            return
+        s = seen[0]
+        inc = self.incarnations.get(s.value)
+        if inc is None or inc.key != key or s.headers != inc.headers:
+            problems.append(f"an occurrence no schedule made: {s.describe()}")
+            return
+        token = Token(s.value, s.headers, [], key, number)
+        if s.where == "handoff":
+            self._in_handoff += 1
+        if s.where in ("ready", "handoff"):  # due by now, at the latest
+            token.set(State("ready", due=(snap.now_ms, snap.now_ms)), note=f"seen {s.where}")
+        elif s.where == "in_flight" and self.unseen_possible:
+            token.set(State("in_flight", message_id=s.message_id, count=s.delivery_count or 0,
+                            deadline=(s.score or 0,) * 2, why="unseen delivery"), note="seen in flight")
+            self.messages[s.message_id or ""] = token
+        else:
+            problems.append(f"an occurrence where none can be: {s.describe()} (record {snap.records.get(key)})")
+            return
+        self.occurrences[(key, number)] = token
+
+    def _dead_order(self, snap: Snapshot) -> list[Token]:
+        order = []
+        for s in snap.at("dead"):
+            if s.schedule_key is None:
+                token = self.items.get(s.value)
+            else:
+                token = self.occurrences.get((s.schedule_key, s.occurrence))
+            if token is not None:
+                order.append(token)
+        return order
+
+    # -- what is left -----------------------------------------------------------------------------
+
+    def undelivered(self) -> list[tuple[int, str]]:
+        """(due time, name) of every item that must still be delivered (not in flight, not dead)."""
+        return [(t.alts[0].due[0], t.name) for t in self._all_tokens() if t.alts[0].kind in ("scheduled", "ready")]
+
+    @property
+    def in_handoff(self) -> bool:
+        """The last check found popped items in the hand-off (given back at the end of its lease)."""
+        return self._in_handoff > 0
+
+    # -- counts --------------------------------------------------------------------------------------
+
+    def expected_counts(self, snap: Snapshot) -> dict[str, int]:
+        """What ``counts()`` must say, from the model once reconciled with ``snap`` (whose split of
+        pending and ready, and hand-off, only the server's clock decides)."""
+        kinds: Counter[str] = Counter()
+        for token in self._all_tokens():
+            kinds[token.alts[0].kind] += 1
+        live = sum(1 for alts in self.schedules.values() if alts != [None])
+        return {"pending+ready": kinds["scheduled"] + kinds["ready"] + self._current_pending - self._in_handoff,
+                "in_flight": kinds["in_flight"], "dead_letters": kinds["dead"], "recurring": live}

@@ -1,0 +1,159 @@
+"""One atomic read of every key of a queue, decoded: what the model's checks compare with.
+
+:func:`snapshot` reads the queue's keys in one ``MULTI``/``EXEC`` on a direct connection (never
+through a fault proxy), with the server's ``TIME`` of that same instant, and decodes every element
+into a :class:`Seen`: where it is (pending, ready, hand-off, in flight, dead) and what it carries
+(the payload, headers, expiry, the schedule and occurrence of a recurring item, a message's id,
+delivery count and deadline, a dead letter's reason). The layouts are the library's own
+(``aiodelayq/_wire/elements.py``, ``docs/design.md``); this module only reads them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Literal
+
+from redis.asyncio import Redis
+
+from aiodelayq import QueueKeys
+from aiodelayq._wire.elements import parse_dead_letter, parse_messages, unwrap
+
+__all__ = ["Record", "Seen", "Snapshot", "Where", "snapshot"]
+
+Where = Literal["pending", "ready", "handoff", "in_flight", "dead"]
+
+_FAST = b"\x14adq\x01"
+_LONG = struct.Struct("<Q")  # the server's native unsigned long: 64-bit little-endian (the test servers)
+_RECORD = struct.Struct(">IBddH")  # a schedule record's head (lua/lib/recur.lua)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One element found in one of the queue's keys."""
+
+    where: Where
+    value: str  # the codec's payload, decoded (the model's queues use codec="str")
+    headers: dict[str, str] = field(default_factory=dict)
+    expires_at_ms: int | None = None
+    schedule_key: str | None = None  # an occurrence of a recurring item: its schedule's key
+    occurrence: int = 0  # ... and its number
+    score: int | None = None  # pending: the due time; in flight: the visibility deadline (server ms)
+    key: str | None = None  # pending: the key the key index gives this very element
+    message_id: str | None = None  # in flight
+    delivery_count: int | None = None  # in flight, dead
+    reason: str | None = None  # dead
+    element: bytes = b""  # pending: the element as stored
+
+    def describe(self) -> str:
+        parts = [self.where, repr(self.value)]
+        if self.schedule_key is not None:
+            parts.append(f"occurrence {self.occurrence} of {self.schedule_key!r}")
+        for name in ("score", "key", "message_id", "delivery_count", "reason", "expires_at_ms"):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)!r}")
+        if self.headers:
+            parts.append(f"headers={self.headers!r}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A schedule's record (the schedules hash, by key)."""
+
+    occurrence: int
+    every_ms: int
+    anchor_ms: int
+
+
+@dataclass
+class Snapshot:
+    """Everything a queue holds at one instant of the server's clock (``now_ms``)."""
+
+    now_ms: int
+    seen: list[Seen]
+    records: dict[str, Record]
+    index: dict[bytes, str]  # pending element -> key, from the key index
+    stale_index: list[str]  # keys whose indexed element is not pending
+    paused: bool
+    handoff_entries: int  # hand-off fields, tombstones included
+    delay_list: int  # Redisson's insertion-order list (the model's queues write fast elements only)
+
+    def at(self, where: Where) -> list[Seen]:
+        return [s for s in self.seen if s.where == where]
+
+    def describe(self) -> str:
+        lines = [f"server time {self.now_ms}, paused={self.paused}, schedules={self.records}"]
+        lines += [f"  {s.describe()}" for s in self.seen]
+        return "\n".join(lines)
+
+
+def _payload_of_element(element: bytes) -> bytes:
+    """The payload of a fast element (``Bc0Lc0``: 20, the 20-byte id, the length, the payload)."""
+    if element[:5] != _FAST or len(element) < 29:
+        raise AssertionError(f"a pending element that is not a fast element: {element[:40]!r}")
+    (length,) = _LONG.unpack_from(element, 21)
+    if length != len(element) - 29:
+        raise AssertionError(f"a fast element whose length field is wrong: {element[:40]!r}")
+    return element[29:]
+
+
+def _seen(where: Where, stored: bytes, **extra: object) -> Seen:
+    item = unwrap(stored)
+    return Seen(where, item.payload.decode(), item.headers, item.expires_at_ms, item.schedule_key, item.occurrence,
+                **extra)  # type: ignore[arg-type]
+
+
+def _unpack_list(blob: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos + 4 <= len(blob):
+        n = int.from_bytes(blob[pos:pos + 4], "big")
+        out.append(blob[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return out
+
+
+async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
+    """Read and decode every key of the queue ``keys`` in one transaction on ``admin``."""
+    async with admin.pipeline(transaction=True) as pipe:
+        pipe.zrange(keys.timeout_set, 0, -1, withscores=True)
+        pipe.lrange(keys.destination, 0, -1)
+        pipe.hgetall(keys.handoff)
+        pipe.zrange(keys.in_flight, 0, -1, withscores=True)
+        pipe.lrange(keys.dead_letter, 0, -1)
+        pipe.hgetall(keys.key_index)
+        pipe.hgetall(keys.schedules)
+        pipe.hget(keys.controls, "paused")
+        pipe.llen(keys.delay_list)
+        pipe.time()
+        pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, (secs, micros) = \
+            await pipe.execute()
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    index: dict[bytes, str] = {}
+    for field_name, blob in index_hash.items():
+        if field_name == b"overflow" or blob[:1] != b"\x01":
+            continue
+        key_bytes, element = _unpack_list(blob[1:])
+        index[element] = key_bytes.decode()
+    pending_elements = {element for element, _score in pending}
+    stale = sorted(k for e, k in index.items() if e not in pending_elements)
+    seen: list[Seen] = []
+    for element, score in pending:
+        seen.append(_seen("pending", _payload_of_element(element), score=int(score), key=index.get(element),
+                          element=element))
+    seen += [_seen("ready", payload) for payload in ready]
+    for blob in handoff.values():
+        seen += [_seen("handoff", payload) for payload in _unpack_list(blob)]
+    elements = [element for element, _score in in_flight]
+    for (message_id, count, _due, payload), (_element, deadline) in zip(parse_messages(elements), in_flight,
+                                                                        strict=True):
+        seen.append(_seen("in_flight", payload, score=int(deadline), message_id=message_id, delivery_count=count))
+    for entry in dead:
+        letter = parse_dead_letter(entry)
+        seen.append(_seen("dead", letter.raw, reason=letter.reason, delivery_count=letter.delivery_count))
+    records = {}
+    for key, record in schedules.items():
+        occurrence, _stalled, every_ms, anchor_ms, _field_len = _RECORD.unpack_from(record)
+        records[key.decode()] = Record(occurrence, int(every_ms), int(anchor_ms))
+    return Snapshot(now_ms, seen, records, index, stale, paused is not None, len(handoff),
+                    delay_list)
