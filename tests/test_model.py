@@ -1,5 +1,16 @@
-"""The model-based test: random sequences of the public calls on two queue objects of one queue,
-faults between them, and a model of the queue checked after every step (``tests/model/``)."""
+"""The model-based test: random sequences of the public calls on two queue objects of one queue, on a
+private server with each client behind a fault proxy, and the queue reconciled with a model of what
+it must hold after every step (``tests/model/``, whose docstring says what is covered and how to add
+a call).
+
+Three sizes: ``test_model_quick`` (the quick command's), ``test_model_ci`` (marked slow: ``ci`` runs
+it on the first server kind) and ``test_model_for_minutes`` (``AIODELAYQ_MODEL_MINUTES=N``, which
+``python3 noxfile.py -s stress`` sets: batches of the CI size, one seed after the other, for N
+minutes). Each run prints its seed: ``AIODELAYQ_MODEL_SEED=<seed>`` draws the same sequences again
+(the server's timing can still make a run differ; Hypothesis then reports the failure as flaky, with
+the failing sequence). ``AIODELAYQ_MODEL_TRACE=1`` prints every call, its outcome and time.
+``AIODELAYQ_MODEL_STRICT`` is in ``tests/model/known.py``. The Hypothesis database is off (nothing is
+written under ``.hypothesis/``)."""
 
 from __future__ import annotations
 
@@ -16,32 +27,60 @@ from hypothesis.stateful import get_state_machine_test
 from tests.model.machine import QueueMachine
 from tests.model.tally import STATS
 
-# (examples, steps per example) of each run; AIODELAYQ_MODEL_MINUTES runs batches of the "ci" size
-# until that many minutes have passed.
-SIZES = {"quick": (10, 35), "ci": (40, 40)}
+# (examples, steps per example at most) of each size.
+SIZES = {"quick": (10, 35), "ci": (40, 50)}
+MINUTES = float(os.environ.get("AIODELAYQ_MODEL_MINUTES") or 0)
+# A passing run takes its size's time (quick: under a minute; ci: a few); a failing one then shrinks
+# the failure, which Hypothesis bounds at 5 minutes.
+SHRINK_S = 300
 
 
 def _run(own_server: Any, make_proxy: Any, examples: int, steps: int, seed: int) -> None:
+    """``examples`` examples drawn from ``seed``, on a private server (a new queue name each)."""
     server = own_server()
     proxies = [make_proxy(server), make_proxy(server)]
+    _examples(server.url, proxies, examples, steps, seed)
+
+
+def _examples(url: str, proxies: list[Any], examples: int, steps: int, seed: int) -> None:
     test = get_state_machine_test(
-        lambda: QueueMachine(server.url, proxies),  # type: ignore[arg-type]  # a factory is fine
+        lambda: QueueMachine(url, proxies),  # type: ignore[arg-type]  # a factory is fine
         settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
                           suppress_health_check=list(HealthCheck), print_blob=True))
-    print(f"\nmodel: {examples} examples of up to {steps} steps, seed {seed} (AIODELAYQ_MODEL_SEED={seed} repeats it)")
+    print(f"\nmodel: {examples} examples of up to {steps} steps, seed {seed} (AIODELAYQ_MODEL_SEED={seed} repeats it)",
+          flush=True)
     started = time.monotonic()
     STATS.clear()
     try:
         hypothesis_seed(seed)(test)()
     finally:
-        print(f"model: {time.monotonic() - started:.1f} s; " + ", ".join(f"{k} {v}" for k, v in sorted(STATS.items())))
+        print(f"model: {time.monotonic() - started:.1f} s; " + ", ".join(f"{k} {v}" for k, v in sorted(STATS.items())),
+              flush=True)
 
 
 def _seed() -> int:
     return int(os.environ.get("AIODELAYQ_MODEL_SEED") or random.randrange(2**32))
 
 
-# A passing run takes its size's time; a failing one also shrinks the failure (up to 5 minutes more).
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(60 + SHRINK_S)
 def test_model_quick(own_server: Any, make_proxy: Any) -> None:
     _run(own_server, make_proxy, *SIZES["quick"], _seed())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300 + SHRINK_S)
+def test_model_ci(own_server: Any, make_proxy: Any) -> None:
+    _run(own_server, make_proxy, *SIZES["ci"], _seed())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(MINUTES * 60 + 300 + SHRINK_S)
+@pytest.mark.skipif(not MINUTES, reason="AIODELAYQ_MODEL_MINUTES not set (python3 noxfile.py -s stress sets it)")
+def test_model_for_minutes(own_server: Any, make_proxy: Any) -> None:
+    server = own_server()
+    proxies = [make_proxy(server), make_proxy(server)]
+    deadline = time.monotonic() + MINUTES * 60
+    seed = _seed()
+    while time.monotonic() < deadline:
+        _examples(server.url, proxies, *SIZES["ci"], seed)
+        seed += 1

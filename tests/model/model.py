@@ -16,172 +16,25 @@ says which alternatives the model allowed.
 Times are the server's (epoch ms): every call is bracketed by ``TIME`` reads (``t0``, ``t1``) on a
 direct connection, and a due time known only within bounds is kept as ``(lo, hi)``.
 
-Adding a call: one method here that takes the call's :class:`Outcome` and updates the tokens (and
-raises :class:`Violation` for an answer the docs do not allow), and one rule in ``machine.py``.
+Each public call the machine makes has one method here, of the same name, taking the call's
+:class:`Outcome` (adding a call: the package's docstring). The check after every step is
+:meth:`Model.reconcile` (``reconcile.py``).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
 from .known import tolerated
-from .observe import Seen, Snapshot
+from .reconcile import Reconciling
+from .state import GONE, INF, Delivery, Incarnation, Outcome, Span, State, Token, Violation, expiry_fits, span_text
 
-__all__ = ["Delivery", "Incarnation", "Model", "Outcome", "State", "Token", "Violation"]
-
-INF = 2**62
-
-Kind = Literal["scheduled", "ready", "in_flight", "dead", "gone"]
-Span = tuple[int, int]
-
-
-class Violation(AssertionError):
-    """The queue did something the docs do not allow."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a call did: its result or error, and the server's clock just before and after it."""
-
-    result: Any
-    error: BaseException | None
-    t0: int
-    t1: int
-    faulty: bool = False  # a fault was armed or running during the call
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def maybe(self) -> bool:
-        """The call failed and may have been applied (``BackendError.maybe_applied``)."""
-        return self.error is not None and bool(getattr(self.error, "maybe_applied", False))
-
-    @property
-    def surely_not(self) -> bool:
-        """The call failed and was certainly not applied."""
-        return self.error is not None and not self.maybe
-
-
-@dataclass(frozen=True)
-class State:
-    """One place an item may be (a token holds one, or several while uncertain)."""
-
-    kind: Kind
-    due: Span = (0, 0)  # scheduled, ready: the due time's bounds
-    key: str | None = None  # scheduled: pending under this key
-    expires: Span | None = None  # scheduled, ready, in_flight: the expiry's bounds (None: none)
-    message_id: str | None = None  # in_flight
-    count: int = 0  # in_flight, dead: the delivery count
-    deadline: Span = (0, 0)  # in_flight: the visibility deadline's bounds
-    reason: str | None = None  # dead
-    life: int | None = None  # scheduled: the offer's expires (ms): its expiry is at least this long after its due time
-    behind: tuple[int, int] | None = None  # in_flight kept for an ack written behind: (client, unconfirmed before)
-    taken: bool = False  # gone: handed to a take() caller
-    why: str = ""  # for an alternative: the uncertainty it stands for
-
-    def describe(self) -> str:
-        out: list[str] = [self.kind]
-        if self.kind in ("scheduled", "ready"):
-            out.append(f"due {_span(self.due)}")
-            if self.key is not None:
-                out.append(f"key {self.key!r}")
-        if self.kind == "in_flight":
-            out.append(f"msg {self.message_id} count {self.count} deadline {_span(self.deadline)}")
-        if self.kind == "dead":
-            out.append(f"{self.reason} count {self.count}")
-        if self.expires is not None:
-            out.append(f"expires {_span(self.expires)}")
-        if self.why:
-            out.append(f"({self.why})")
-        return " ".join(out)
-
-
-def _span(span: Span) -> str:
-    lo, hi = span
-    return str(lo) if lo == hi else f"[{lo}, {'inf' if hi >= INF else hi}]"
-
-
-GONE = State("gone")
-
-
-@dataclass
-class Token:
-    """An item (or a seen occurrence of a recurring item) and where it may be."""
-
-    value: str
-    headers: dict[str, str]
-    alts: list[State]
-    schedule_key: str | None = None
-    occurrence: int | None = None
-    group: int | None = None  # tokens of one call that was all or nothing
-    history: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        if self.schedule_key is None:
-            return repr(self.value)
-        return f"occurrence {self.occurrence} of {self.schedule_key!r} ({self.value!r})"
-
-    @property
-    def certain(self) -> bool:
-        return len(self.alts) == 1
-
-    def live(self) -> list[State]:
-        return [a for a in self.alts if a.kind != "gone"]
-
-    def set(self, *alts: State, note: str) -> None:
-        unique: list[State] = []
-        for alt in alts:
-            if alt not in unique:
-                unique.append(alt)
-        self.alts = unique
-        self.history.append(f"{note}: {' | '.join(a.describe() for a in unique)}")
-
-    def describe(self) -> str:
-        return f"{self.name}: {' | '.join(a.describe() for a in self.alts)}; history: {self.history[-6:]}"
-
-
-@dataclass
-class Incarnation:
-    """One ``schedule()`` call's schedule: its item, period and grid (due at anchor + k * every)."""
-
-    key: str
-    value: str
-    every_ms: int
-    anchor: Span
-    headers: dict[str, str]
-    first_deliveries: int = 0  # occurrences handed to callers for the first time
-    requeued: int = 0  # occurrences requeued from the dead-letter list (each may come once more)
-
-    def due_by(self, t: int) -> int:
-        """How many occurrences can have fallen due by ``t`` (server ms) at most."""
-        first = self.anchor[0] + self.every_ms
-        return 0 if t < first else (t - self.anchor[0]) // self.every_ms
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One item or message a consumer call returned."""
-
-    client: int
-    value: str
-    headers: dict[str, str]
-    message_id: str | None = None
-    count: int = 1
-    due_ms: int | None = None
-    deadline_ms: int | None = None
-    expires_at_ms: int | None = None
-    schedule_key: str | None = None
-    occurrence: int | None = None
-
-
-class Model:
+__all__ = ["Model"]
+class Model(Reconciling):
     """The expected contents of one queue (shared by the test's two queue objects)."""
 
     def __init__(self, max_deliveries: int | None) -> None:
@@ -396,7 +249,7 @@ class Model:
             return
         fits = [(t, a) for t in olds for a in t.alts if a.kind == "scheduled" and a.key == key
                 and t.value == pending.value and a.due[0] <= pending.due_ms <= a.due[1]
-                and t.headers == pending.headers and self._expiry_fits(a.expires, pending.expires_at_ms)]
+                and t.headers == pending.headers and expiry_fits(a.expires, pending.expires_at_ms)]
         if pending.key != key or pending.recurring or not fits:
             raise Violation(f"get({key!r}) returned {pending}; the model has {[t.describe() for t in olds]}")
         token, alt = fits[0]
@@ -581,7 +434,7 @@ class Model:
                 else:
                     token = self._handed_out(d, out, "receive()")
                     offered = {a.expires for a in token.alts if a.kind in ("scheduled", "ready")}
-                    if not any(self._expiry_fits(e, d.expires_at_ms) for e in offered):
+                    if not any(expiry_fits(e, d.expires_at_ms) for e in offered):
                         raise Violation(f"{token.name} received with expires_at_ms {d.expires_at_ms}, the model "
                                         f"has {offered}")
                 expires = None if d.expires_at_ms is None else (d.expires_at_ms, d.expires_at_ms)
@@ -597,14 +450,14 @@ class Model:
             alt = prev[0]
             if alt.deadline[0] > out.t1:
                 raise Violation(f"{token.name} redelivered (count {d.count}) at {out.t1} at the latest, before its "
-                                f"deadline {_span(alt.deadline)}")
+                                f"deadline {span_text(alt.deadline)}")
             if d.count != alt.count + 1 and not (self.unseen_possible and d.count > alt.count + 1):
                 raise Violation(f"{token.name} redelivered with count {d.count} after count {alt.count}")
             if d.count == alt.count + 1 and d.due_ms is not None and not alt.deadline[0] <= d.due_ms <= alt.deadline[1]:
                 raise Violation(f"{token.name} redelivered with due_ms {d.due_ms}, its deadline was "
-                                f"{_span(alt.deadline)}")
+                                f"{span_text(alt.deadline)}")
             if alt.expires is not None and alt.expires[1] <= out.t0:
-                raise Violation(f"{token.name} redelivered though it had expired at {_span(alt.expires)}")
+                raise Violation(f"{token.name} redelivered though it had expired at {span_text(alt.expires)}")
             token.set(replace(alt, count=d.count, deadline=(d.deadline_ms,) * 2, behind=None, why=""),
                       note=f"redelivered to client {d.client}")
 
@@ -615,7 +468,7 @@ class Model:
         inc.first_deliveries += 1
         allowed = inc.due_by(out.t1) + inc.requeued
         if inc.first_deliveries > allowed:
-            raise Violation(f"schedule {inc.key!r} (every {inc.every_ms} ms from {_span(inc.anchor)}): "
+            raise Violation(f"schedule {inc.key!r} (every {inc.every_ms} ms from {span_text(inc.anchor)}): "
                             f"{inc.first_deliveries} occurrences handed out by {out.t1}, at most {allowed} "
                             "can have fallen due (early, or one handed out twice)")
 
@@ -655,7 +508,10 @@ class Model:
         current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count]
         if out.surely_not:
             return
-        if out.ok and bool(out.result) != bool(current):
+        # False from a settle resent after a lost reply, past the deadline it names: maybe applied.
+        resent_late = bool(out.ok and not out.result and current and out.faulty and current[0].deadline[0] <= out.t1
+                           and tolerated("settle-after-deadline-resent"))
+        if out.ok and bool(out.result) != bool(current) and not resent_late:
             raise Violation(f"{mode} of delivery {count} of {token.name} returned {out.result}, but it was "
                             f"{'' if current else 'not '}in flight as that delivery: {token.describe()}")
         if not current:
@@ -672,7 +528,7 @@ class Model:
         else:
             late = out.t1 + delay_ms if out.ok else INF
             after = [replace(alt, deadline=(out.t0 + delay_ms, late), behind=None, why="")]
-        if out.maybe:
+        if out.maybe or resent_late:
             after = [alt, *[replace(a, why=f"{mode} maybe applied") for a in after]]
         token.set(*after, note=f"{mode} by client {client}")
 
@@ -704,261 +560,3 @@ class Model:
 
     def _all_tokens(self) -> Iterable[Token]:
         return itertools.chain(self.items.values(), self.occurrences.values())
-
-    # -- the check ------------------------------------------------------------------------------------
-
-    def reconcile(self, snap: Snapshot, unconfirmed: Callable[[int], int], faulted: bool) -> None:
-        """Match every element of ``snap`` with the model: each token found exactly once, where one of
-        its alternatives allows (which then becomes its state), every element explained. Raises
-        :class:`Violation` listing every mismatch, with the snapshot and the model."""
-        problems: list[str] = []
-        now = snap.now_ms
-        self._current_pending = self._in_handoff = 0
-        plain: dict[str, list[Seen]] = defaultdict(list)
-        occs: dict[tuple[str, int], list[Seen]] = defaultdict(list)
-        for s in snap.seen:
-            if s.schedule_key is None:
-                plain[s.value].append(s)
-            else:
-                occs[(s.schedule_key, s.occurrence)].append(s)
-        for value, token in self.items.items():
-            self._settle(token, plain.pop(value, []), now, unconfirmed, faulted, problems)
-        for value, seen in plain.items():
-            problems.append(f"{value!r} is in the queue but the model has no such item: {[s.describe() for s in seen]}")
-        self._reconcile_schedules(snap, occs, problems)
-        for ident, token in self.occurrences.items():
-            seen = occs.pop(ident, [])
-            if not seen and any(a.kind == "ready" for a in token.alts) and self.taken_occurrences[token.value] > 0:
-                self.taken_occurrences[token.value] -= 1
-                token.set(State("gone", taken=True), note="taken (seen ready before)")
-                continue
-            self._settle(token, seen, now, unconfirmed, faulted, problems)
-        self.taken_occurrences.clear()
-        for (key, number), seen in occs.items():
-            if seen:
-                self._new_occurrence(key, number, seen, snap, problems)
-        self._check_groups(problems)
-        if snap.stale_index:
-            problems.append(f"the key index names keys whose element is not pending: {snap.stale_index}")
-        if snap.delay_list:
-            problems.append(f"Redisson's delay list holds {snap.delay_list} elements (only fast elements written)")
-        if snap.paused not in self.paused:
-            problems.append(f"paused is {snap.paused}, the model allows {self.paused}")
-        self.paused = [snap.paused]
-        self.dead_order = self._dead_order(snap)
-        if problems:
-            raise Violation("\n".join(["the queue differs from the model:", *problems, "--- the queue:",
-                                       snap.describe(), "--- the model:", self.describe()]))
-        self.unseen_possible = False
-
-    def _settle(self, token: Token, seen: list[Seen], now: int, unconfirmed: Callable[[int], int], faulted: bool,
-                problems: list[str]) -> None:
-        """Keep the alternatives of ``token`` that ``seen`` (its elements in the snapshot) fit."""
-        if any(a.kind == "gone" and a.taken for a in token.alts):
-            lingering = [s for s in seen if s.where == "handoff"]  # a delivered pop not forgotten yet
-            if lingering and faulted:
-                seen = [s for s in seen if s.where != "handoff"]
-        fitting: list[State] = []
-        for alt in token.alts:
-            fit = self._fit(token, alt, seen, now, unconfirmed, faulted)
-            if fit is not None:
-                fitting.append(fit)
-        if not fitting:
-            where = ", ".join(s.describe() for s in seen) or "nowhere"
-            problems.append(f"{token.name} is {where}; the model allows: {token.describe()}")
-            return
-        if fitting[0].kind == "ready" and seen and seen[0].where == "handoff":
-            self._in_handoff += 1
-        if fitting[0].message_id is not None:
-            self.messages[fitting[0].message_id] = token
-        if fitting != token.alts:
-            token.set(fitting[0], note=f"seen {', '.join(s.where for s in seen) or 'nowhere'}")
-
-    def _fit(self, token: Token, alt: State, seen: list[Seen], now: int, unconfirmed: Callable[[int], int],
-             faulted: bool) -> State | None:
-        """``alt`` as ``seen`` shows it (its new state), or ``None`` if ``seen`` does not fit it."""
-        if alt.kind == "gone":
-            return alt if not seen else None
-        if len(seen) != 1:
-            return None
-        s = seen[0]
-        if s.headers != token.headers:
-            return None
-        if alt.kind in ("scheduled", "ready"):
-            if s.where == "pending":
-                if alt.kind == "ready" or not alt.due[0] <= (s.score or 0) <= alt.due[1] or s.key != alt.key:
-                    return None
-                if not self._expiry_fits(alt.expires, s.expires_at_ms):
-                    return None
-                assert s.score is not None
-                if alt.life is not None and s.expires_at_ms is not None and s.expires_at_ms < s.score + alt.life \
-                        and not tolerated("expiry-before-due"):
-                    return None  # it would expire less than `expires` after its due time
-                return replace(alt, due=(s.score, s.score), expires=self._seen_expiry(s), why="")
-            if s.where in ("ready", "handoff"):
-                if alt.due[0] > now:  # moved before its due time
-                    return None
-                if s.where == "handoff" and not faulted:
-                    return None  # a pop's items are handed out or given back within a round trip
-                if not self._expiry_fits(alt.expires, s.expires_at_ms):
-                    return None
-                return replace(alt, kind="ready", key=None, expires=self._seen_expiry(s), why="")
-            if s.where == "dead" and s.reason == "expired":
-                if alt.expires is None or alt.expires[0] > now or alt.due[0] > now:
-                    return None
-                if alt.life is not None and alt.due[0] + alt.life > now and not tolerated("expiry-before-due"):
-                    return None  # expired less than `expires` after its due time
-                return State("dead", count=s.delivery_count or 0, reason="expired")
-            if s.where == "in_flight" and self.unseen_possible and alt.due[0] <= now:
-                # Received by a call whose reply never reached its caller, not released since.
-                return State("in_flight", message_id=s.message_id, count=s.delivery_count or 0,
-                             deadline=(s.score or 0, s.score or 0), expires=alt.expires, why="unseen delivery")
-            return None
-        if alt.kind == "in_flight":
-            if alt.behind is not None and unconfirmed(alt.behind[0]) <= alt.behind[1]:
-                return None  # an ack written behind lands, or the library reports it as not confirmed
-            if s.where == "in_flight" and s.message_id == alt.message_id:
-                if s.delivery_count == alt.count and alt.deadline[0] <= (s.score or 0) <= alt.deadline[1]:
-                    return replace(alt, deadline=(s.score or 0,) * 2, why="")
-                passed = alt.deadline[0] <= now
-                if passed and s.delivery_count == alt.count and (s.score or 0) <= now:
-                    # redelivered into a prefetch nobody came for, then released (count lowered, visible now)
-                    return replace(alt, deadline=(s.score or 0,) * 2, why="")
-                if passed and self.unseen_possible and (s.delivery_count or 0) > alt.count:
-                    return replace(alt, count=s.delivery_count or 0, deadline=(s.score or 0,) * 2,
-                                   why="unseen redelivery")
-                return None
-            if s.where == "dead" and alt.deadline[0] <= now:
-                count = s.delivery_count or 0
-                counted = count == alt.count or (self.unseen_possible and count > alt.count)
-                if s.reason == "max_deliveries" and self.max_deliveries is not None and counted \
-                        and count >= self.max_deliveries:
-                    return State("dead", count=count, reason="max_deliveries")
-                if s.reason == "expired" and alt.expires is not None and alt.expires[0] <= now and counted:
-                    return State("dead", count=count, reason="expired")
-            return None
-        if alt.kind == "dead":
-            if s.where == "dead" and s.reason == alt.reason and s.delivery_count == alt.count:
-                return alt
-            return None
-        raise AssertionError(alt)
-
-    @staticmethod
-    def _seen_expiry(s: Seen) -> Span | None:
-        return None if s.expires_at_ms is None else (s.expires_at_ms, s.expires_at_ms)
-
-    @staticmethod
-    def _expiry_fits(expected: Span | None, seen: int | None) -> bool:
-        if expected is None or seen is None:
-            return expected is None and seen is None
-        return expected[0] <= seen <= expected[1]
-
-    def _check_groups(self, problems: list[str]) -> None:
-        groups: dict[int, list[Token]] = defaultdict(list)
-        for token in self.items.values():
-            if token.group is not None and token.certain:
-                groups[token.group].append(token)
-        for tokens in groups.values():
-            outcomes = {"gone" if t.alts[0].kind == "gone" and not t.alts[0].taken else "landed" for t in tokens}
-            if len(outcomes) > 1:
-                problems.append(f"offer_many applied in part: {[t.describe() for t in tokens]}")
-            for t in tokens:
-                t.group = None
-
-    def _reconcile_schedules(self, snap: Snapshot, occs: dict[tuple[str, int], list[Seen]],
-                             problems: list[str]) -> None:
-        """Each live schedule: its record, and exactly one current occurrence, pending (under its key,
-        on its grid) or ready."""
-        for key in sorted(set(self.schedules) | set(snap.records)):
-            alts = self.schedules.get(key, [None])
-            record = snap.records.get(key)
-            if record is None:
-                if None not in alts:
-                    problems.append(f"schedule {key!r} has no record; the model has {alts}")
-                self.schedules[key] = [None]
-                continue
-            current = [s for s in occs.get((key, record.occurrence), []) if s.where in ("pending", "ready", "handoff")]
-            if len(current) != 1:
-                problems.append(f"schedule {key!r} (record {record}) has {len(current)} current occurrences pending or "
-                                f"ready, not one: {[s.describe() for s in current]}")
-                fitting = [i for i in alts if i is not None]
-            else:
-                fitting = [i for i in alts if i is not None and i.value == current[0].value
-                           and i.every_ms == record.every_ms and i.anchor[0] <= record.anchor_ms <= i.anchor[1]]
-                s = current[0]
-                if s.where == "pending":
-                    assert s.score is not None
-                    if s.key != key:
-                        problems.append(f"the pending occurrence of {key!r} is indexed under {s.key!r}")
-                    if (s.score - record.anchor_ms) % record.every_ms or s.score <= record.anchor_ms:
-                        problems.append(f"the pending occurrence of {key!r} is due {s.score}, off its grid "
-                                        f"({record.anchor_ms} + k * {record.every_ms})")
-            if not fitting:
-                problems.append(f"schedule {key!r}: record {record} fits none of the model's {alts}")
-                continue
-            inc = fitting[0]
-            inc.anchor = (record.anchor_ms, record.anchor_ms)
-            self.schedules[key] = [inc]
-            for s in current:  # the current occurrence is the schedule's, not a token of its own
-                if s.where == "pending":
-                    occs[(key, record.occurrence)].remove(s)
-                    self._current_pending += 1
-
-    def _new_occurrence(self, key: str, number: int, seen: list[Seen], snap: Snapshot, problems: list[str]) -> None:
-        """An occurrence seen for the first time outside the pending zset: it becomes a token (it must
-        then be delivered once, or stay)."""
-        if len(seen) != 1:
-            problems.append(f"occurrence {number} of {key!r} is in {len(seen)} places: {[s.describe() for s in seen]}")
-            return
-        s = seen[0]
-        inc = self.incarnations.get(s.value)
-        if inc is None or inc.key != key or s.headers != inc.headers:
-            problems.append(f"an occurrence no schedule made: {s.describe()}")
-            return
-        token = Token(s.value, s.headers, [], key, number)
-        if s.where == "handoff":
-            self._in_handoff += 1
-        if s.where in ("ready", "handoff"):  # due by now, at the latest
-            token.set(State("ready", due=(snap.now_ms, snap.now_ms)), note=f"seen {s.where}")
-        elif s.where == "in_flight" and self.unseen_possible:
-            token.set(State("in_flight", message_id=s.message_id, count=s.delivery_count or 0,
-                            deadline=(s.score or 0,) * 2, why="unseen delivery"), note="seen in flight")
-            self.messages[s.message_id or ""] = token
-        else:
-            problems.append(f"an occurrence where none can be: {s.describe()} (record {snap.records.get(key)})")
-            return
-        self.occurrences[(key, number)] = token
-
-    def _dead_order(self, snap: Snapshot) -> list[Token]:
-        order = []
-        for s in snap.at("dead"):
-            if s.schedule_key is None:
-                token = self.items.get(s.value)
-            else:
-                token = self.occurrences.get((s.schedule_key, s.occurrence))
-            if token is not None:
-                order.append(token)
-        return order
-
-    # -- what is left -----------------------------------------------------------------------------
-
-    def undelivered(self) -> list[tuple[int, str]]:
-        """(due time, name) of every item that must still be delivered (not in flight, not dead)."""
-        return [(t.alts[0].due[0], t.name) for t in self._all_tokens() if t.alts[0].kind in ("scheduled", "ready")]
-
-    @property
-    def in_handoff(self) -> bool:
-        """The last check found popped items in the hand-off (given back at the end of its lease)."""
-        return self._in_handoff > 0
-
-    # -- counts --------------------------------------------------------------------------------------
-
-    def expected_counts(self, snap: Snapshot) -> dict[str, int]:
-        """What ``counts()`` must say, from the model once reconciled with ``snap`` (whose split of
-        pending and ready, and hand-off, only the server's clock decides)."""
-        kinds: Counter[str] = Counter()
-        for token in self._all_tokens():
-            kinds[token.alts[0].kind] += 1
-        live = sum(1 for alts in self.schedules.values() if alts != [None])
-        return {"pending+ready": kinds["scheduled"] + kinds["ready"] + self._current_pending - self._in_handoff,
-                "in_flight": kinds["in_flight"], "dead_letters": kinds["dead"], "recurring": live}

@@ -24,8 +24,8 @@ from aiodelayq._consuming.take import TakePump
 from aiodelayq._scripts import OFFER, POP, RECEIVE, SETTLE, TRANSFER
 from tests.faults import FaultProxy
 
-from .model import Outcome, Violation
 from .observe import Snapshot, snapshot
+from .state import Outcome, Violation
 
 __all__ = ["CALL_TIMEOUT_S", "LOST_REPLY_SCRIPTS", "OUTAGE_MS", "Config", "Fault", "World"]
 
