@@ -208,9 +208,33 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def stress(session: nox.Session) -> None:
     """Random faults for a bounded time, then the delivery invariants checked (``tests/stress/stress.py``;
-    ``-- --minutes N --seed N``; 3 minutes of faults by default, so not part of ``tests``)."""
-    session.install("-e", ".[server]", silent=False)
-    session.run("python", "tests/stress/stress.py", *session.posargs)
+    ``-- --minutes N --seed N``; 3 minutes of faults by default; 0: not run), then the model-based test
+    for ``--model-minutes`` (3 by default; 0: not run) of examples, seed after seed (``--model-seed N``
+    repeats a run). Not part of ``tests``."""
+    session.install("-e", ".[server,test]", silent=False)
+    args = list(session.posargs)
+    model_minutes = _take_option(args, "--model-minutes", "3")
+    model_seed = _take_option(args, "--model-seed", "")
+    minutes = _take_option(args, "--minutes", "3")
+    if float(minutes) > 0:
+        session.run("python", "tests/stress/stress.py", "--minutes", minutes, *args)
+    if float(model_minutes) > 0:
+        session.log(f"=== the model-based test for {model_minutes} min ===")
+        env = {"AIODELAYQ_MODEL_MINUTES": model_minutes, **({"AIODELAYQ_MODEL_SEED": model_seed} if model_seed else {})}
+        session.run("pytest", "-q", "-s", "tests/test_model.py::test_model_for_minutes", env=env)
+
+
+def _take_option(args: list[str], name: str, default: str) -> str:
+    """Remove ``name VALUE`` (or ``name=VALUE``) from ``args``; its value, or ``default``."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i:i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return default
 
 
 @nox.session
