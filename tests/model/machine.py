@@ -49,9 +49,9 @@ SETTLE = st.sampled_from(["ack", "ack", "ack-confirmed", "nack", "nack-dead", "e
 FAULT = st.one_of(  # outages are the slow ones (over a second each): one fault in eight
     st.builds(Fault, st.just("kill"), CLIENT),
     st.builds(Fault, st.just("kill"), CLIENT),
-    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
-    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
-    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(sorted(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(list(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(list(LOST_REPLY_SCRIPTS))),
+    st.builds(Fault, st.just("lost-reply"), CLIENT, st.sampled_from(list(LOST_REPLY_SCRIPTS))),
     st.builds(Fault, st.just("stall"), CLIENT, ms=st.sampled_from([30, 100, 300])),
     st.builds(Fault, st.just("stall"), CLIENT, ms=st.sampled_from([30, 100, 300])),
     st.builds(Fault, st.just("outage"), CLIENT, ms=st.sampled_from([OUTAGE_MS[0]] * 3 + [OUTAGE_MS[1]])),

@@ -119,7 +119,8 @@ class Model(Reconciling):
                         old.set(*old.alts, *[replace(a, kind="gone", why="maybe replaced") for a in old.alts
                                              if a.kind == "scheduled" and a.key == key], note="offer maybe replaced")
                 self._token(value, headers, replace(GONE, why="offer maybe not applied"),
-                            State("scheduled", due, key, expires, life=expires_ms, why="offer maybe applied"),
+                            State("scheduled", due, key, expires, life=expires_ms, landed=INF,
+                                  why="offer maybe applied"),
                             note=f"offer raised {out.error!r}", group=group if key is None else None)
                 continue
             result = results[index]
@@ -135,8 +136,8 @@ class Model(Reconciling):
             expires = None if expires_ms is None else (out.t0 + delay_ms + expires_ms,
                                                        out.t1 + lag + delay_ms + expires_ms)
             if key is None:
-                self._token(value, headers, State("scheduled", (due_ms, due_ms), None, expires, life=expires_ms),
-                            note="offered")
+                self._token(value, headers, State("scheduled", (due_ms, due_ms), None, expires, life=expires_ms,
+                                                  landed=out.t1), note="offered")
                 continue
             olds = self.keyed(key)
             if result.replaced:
@@ -151,8 +152,8 @@ class Model(Reconciling):
                                   due=due_ms)
                 self.items[value] = Token(value, headers, [GONE], history=["offer found the key pending"])
                 continue
-            self._token(value, headers, State("scheduled", (due_ms, due_ms), key, expires, life=expires_ms),
-                        note="offered")
+            self._token(value, headers, State("scheduled", (due_ms, due_ms), key, expires, life=expires_ms,
+                                              landed=out.t1), note="offered")
 
     def _pending_now(self, olds: list[Token], key: str, out: Outcome, what: str, then: State | None,
                      due: int | None = None) -> None:
@@ -220,7 +221,7 @@ class Model(Reconciling):
             return
         if out.maybe:
             for token in olds:
-                token.set(*token.alts, *[replace(a, due=(out.t0 + delay_ms, INF), life=None,
+                token.set(*token.alts, *[replace(a, due=(out.t0 + delay_ms, INF), life=None, landed=INF,
                                                  why="reschedule maybe applied")
                                          for a in token.alts if a.kind == "scheduled" and a.key == key],
                           note="reschedule raised")
@@ -236,7 +237,7 @@ class Model(Reconciling):
         if not fits:
             raise Violation(f"reschedule({key!r}) returned {due}, but the model has no pending item of the key")
         token, alt = fits[0]
-        token.set(replace(alt, due=(due, due), life=None, why=""), note=f"rescheduled to {due}")
+        token.set(replace(alt, due=(due, due), life=None, landed=out.t1, why=""), note=f"rescheduled to {due}")
 
     def get(self, key: str, out: Outcome) -> None:
         """``get(key)``: the pending item of ``key`` (its value, due time, headers, expiry), or ``None``."""
@@ -289,13 +290,13 @@ class Model(Reconciling):
         if out.maybe:
             self.schedules[key] = [*old, None] if None not in old else old
             self._token(value, {}, replace(GONE, why="offer maybe not applied"),
-                        State("scheduled", (out.t0 + delay_ms, INF), key, why="offer maybe applied"),
+                        State("scheduled", (out.t0 + delay_ms, INF), key, landed=INF, why="offer maybe applied"),
                         note=f"offer raised {out.error!r}")
             return
         due = int(out.result)
         self._drop_keyed(key, out, "an offer replaced the key's item")
         self.schedules[key] = [None, *[i for i in old if i is not None and not out.result.replaced]]
-        self._token(value, {}, State("scheduled", (due, due), key), note="offered on a schedule's key")
+        self._token(value, {}, State("scheduled", (due, due), key, landed=out.t1), note="offered on a schedule's key")
 
     def _drop_keyed(self, key: str, out: Outcome, what: str) -> None:
         """A call removed the pending item of ``key``, if any: the plain items that may hold it are
@@ -374,7 +375,8 @@ class Model(Reconciling):
         if out.ok and out.result != n:
             raise Violation(f"requeue_dead_letters({limit}) returned {out.result}, the list held {len(dead)}")
         for token in dead[:n]:
-            back = State("scheduled", due, why="" if out.ok else "requeue maybe applied")
+            back = State("scheduled", due, landed=out.t1 if out.ok else INF,
+                         why="" if out.ok else "requeue maybe applied")
             token.set(back, *token.alts, note="requeue raised") if out.maybe else token.set(back, note="requeued")
             if token.schedule_key is not None:
                 self.incarnations[token.value].requeued += 1

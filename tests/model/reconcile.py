@@ -72,6 +72,7 @@ class Reconciling:
             if seen:
                 self._new_occurrence(key, number, seen, snap, problems)
         self._check_groups(problems)
+        self._check_due_order(snap, problems)
         if snap.stale_index:
             problems.append(f"the key index names keys whose element is not pending: {snap.stale_index}")
         if snap.delay_list:
@@ -176,6 +177,23 @@ class Reconciling:
                 return alt
             return None
         raise AssertionError(alt)
+
+    def _check_due_order(self, snap: Snapshot, problems: list[str]) -> None:
+        """The ready list is in due order (the transfer moves what is due in score order, and appends
+        it), among the items whose due time the model knows: an item due earlier behind one due later
+        only if its offer may have reached Redis after that one was moved (an offer held past its own
+        due time is moved at once, behind what was moved before it arrived)."""
+        seen: list[State] = []
+        for s in snap.at("ready"):
+            token = self.items.get(s.value) if s.schedule_key is None else None
+            if token is None or not token.certain or token.alts[0].due[0] != token.alts[0].due[1]:
+                continue
+            later = token.alts[0]
+            for earlier in seen:
+                if later.due[0] < earlier.due[0] and later.landed < earlier.due[0]:
+                    problems.append(f"the ready list is not in due order: {s.value!r} (due {later.due[0]}, offered "
+                                    f"by {later.landed}) behind an item due {earlier.due[0]}")
+            seen.append(later)
 
     def _check_groups(self, problems: list[str]) -> None:
         groups: dict[int, list[Token]] = defaultdict(list)

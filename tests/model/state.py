@@ -58,6 +58,7 @@ class State:
     deadline: Span = (0, 0)  # in_flight: the visibility deadline's bounds
     reason: str | None = None  # dead
     life: int | None = None  # scheduled: the offer's expires (ms): its expiry is at least this long after its due time
+    landed: int = 0  # scheduled, ready: written (offered, rescheduled, requeued) at this server time at the latest
     behind: tuple[int, int] | None = None  # in_flight kept for an ack written behind: (client, unconfirmed before)
     taken: bool = False  # gone: handed to a take() caller
     why: str = ""  # for an alternative: the uncertainty it stands for
