@@ -26,6 +26,25 @@ async def test_items_come_out_in_due_order(make_queue: Any) -> None:
     assert got == sorted(delays)
 
 
+async def test_an_offer_reaching_redis_after_its_due_time_is_moved_behind_what_moved_before(
+        own_server: Any, make_client: Any, make_proxy: Any, make_queue: Any) -> None:
+    # Due order holds among items pending together. Due times count from the call, so an offer held
+    # on the way longer than its delay is due before it lands: the transfer moves it at once, behind
+    # what it moved meanwhile (found by the model-based test, tests/test_model.py).
+    server = own_server()
+    proxy = make_proxy(server)
+    q: DelayedQueue[str] = make_queue("order", redis=make_client(server), codec="str")
+    held: DelayedQueue[str] = make_queue("order", redis=make_client(proxy), codec="str", call_timeout_s=5)
+    await held.offer("warm", 600)  # the held producer has a clock estimate and the script loaded
+    async with q:
+        proxy.stall(0.5)
+        early = asyncio.ensure_future(held.offer("due-first", 0.1))  # due at +0.1 s, lands at +0.5 s
+        await asyncio.sleep(0.05)
+        later = await q.offer("due-second", 0.2)  # due at +0.25 s, moved then
+        assert await early < later
+        assert [await asyncio.wait_for(q.take(), 5) for _ in range(2)] == ["due-second", "due-first"]
+
+
 async def test_items_are_delivered_by_their_timers_and_never_early(client: Redis, make_queue: Any) -> None:
     # Timers are armed a little ahead of each due time; the server's clock decides what is due. Does
     # not hang: each is due within 0.3 s; the safety poll would take 300 s.
