@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.backoff import ConstantBackoff
 
 import aiodelayq._redis.backoff as backoff_module
-from aiodelayq import DelayedQueue, InvalidDelayError, Message
+from aiodelayq import BackendError, DelayedQueue, InvalidDelayError, Message
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._scripts import RECEIVE, SETTLE
 from tests.helpers import first_line, llen_is, open_with_ready, server_clock_at, server_ms, server_past, until
@@ -542,6 +542,37 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         proxy.kill_after_send(SETTLE.sha.encode())
         assert await msg.ack() is False  # superseded (and too late to write behind): never claims a settle
         assert await admin.zcard(q.keys.in_flight) == 1
+
+
+async def test_a_receive_that_fails_gives_its_messages_back_in_order(own_server: Any, make_proxy: Any,
+                                                                     make_client: Any, make_queue: Any) -> None:
+    # Found by the model-based test (tests/test_model.py), there with a stall past the call's bound:
+    # a receive that fails after its RECEIVE ran is undone (RELEASE_CALL), which puts the messages
+    # back at the head of the list, where they were, in their order, their delivery not counted.
+    server = own_server()
+    proxy = make_proxy(server)
+    admin = make_client(server)
+    q: DelayedQueue[str] = make_queue("undo", redis=make_client(proxy), codec="str", call_timeout_s=0.5)
+    async with q:
+        await q.offer("warm", 0)
+        warm = await q.receive(visibility_timeout=30, timeout=5)
+        assert warm is not None
+        assert await warm.ack(confirm=True)  # RECEIVE loaded: the one below runs
+        await q.offer_many([(x, 0) for x in "abcd"])
+        await until(lambda: llen_is(admin, q, 4))
+        proxy.kill_after_send(RECEIVE.sha.encode(), times=1000)  # it runs; its reply, and every resend's, lost
+        with pytest.raises(BackendError) as failed:
+            await q.receive_many(3, visibility_timeout=30, timeout=0.01)
+        assert failed.value.maybe_applied
+        proxy.disarm()
+        await until(lambda: _given_back(admin, q, 4))  # undone
+        assert await admin.lrange(q.keys.destination, 0, -1) == [b"a", b"b", b"c", b"d"]
+        msgs = await q.receive_many(4, visibility_timeout=30, timeout=5)
+        assert [(m.value, m.delivery_count) for m in msgs] == [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
+
+
+async def _given_back(admin: Redis, q: DelayedQueue[Any], n: int) -> bool:
+    return await admin.zcard(q.keys.in_flight) == 0 and int(await admin.llen(q.keys.destination)) == n
 
 
 @pytest.mark.xfail(strict=True, reason="known defect: a resent SETTLE that finds its message gone after the "

@@ -6,14 +6,17 @@
 -- returns: how many messages were released (their delivery undone, see release()); when any were, it
 -- publishes now on the channel, so every process's receivers look again.
 -- If that RECEIVE has not run (yet), its id is remembered with an empty record, so a late arrival
--- of it on a dropped connection receives nothing.
+-- of it on a dropped connection receives nothing. First deliveries go back to the head of the
+-- destination in the order the RECEIVE popped them: received() lists them in that order (their ids
+-- end in their index, big-endian), and each release LPUSHes, so the last goes first.
 local now = now_ms()
 local n = 0
 if first_run(KEYS[3], ARGV[1]) then
-  for _, m in ipairs(received(KEYS[1], redis.call('hget', KEYS[4], ARGV[1]))) do
-    release(KEYS[1], KEYS[2], m, now)
-    n = n + 1
+  local got = received(KEYS[1], redis.call('hget', KEYS[4], ARGV[1]))
+  for i = #got, 1, -1 do
+    release(KEYS[1], KEYS[2], got[i], now)
   end
+  n = #got
   redis.call('hset', KEYS[4], ARGV[1], '')
   if n > 0 then
     redis.call('publish', KEYS[5], string.format('%d', now))
