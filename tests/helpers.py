@@ -1,5 +1,6 @@
 """Helpers shared by the tests: bounded waits, the server clock, a queue with a ready backlog, how
-many callers wait on a queue, a queue for code that runs its own event loop, and a child's first line."""
+many callers wait on a queue, a queue for code that runs its own event loop, a child's first line,
+and the scripts' packed lists."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def free_socket() -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
+
+
+def unpack_list(blob: bytes) -> list[bytes]:
+    """The strings of a list the scripts packed ('>I4' length-prefixed: a hand-off entry, whose '' is
+    a tombstone; a key index entry after its version byte)."""
+    out, pos = [], 0
+    while pos + 4 <= len(blob):
+        n = int.from_bytes(blob[pos:pos + 4], "big")
+        out.append(blob[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return out
 
 
 async def server_ms(r: Redis) -> float:

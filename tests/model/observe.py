@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import QueueKeys
 from aiodelayq._wire.elements import parse_dead_letter, parse_messages, unwrap
+from tests.helpers import unpack_list
 
 __all__ = ["Record", "Seen", "Snapshot", "Where", "snapshot"]
 
@@ -104,15 +105,6 @@ def _seen(where: Where, stored: bytes, **extra: object) -> Seen:
                 **extra)  # type: ignore[arg-type]
 
 
-def _unpack_list(blob: bytes) -> list[bytes]:
-    out, pos = [], 0
-    while pos + 4 <= len(blob):
-        n = int.from_bytes(blob[pos:pos + 4], "big")
-        out.append(blob[pos + 4:pos + 4 + n])
-        pos += 4 + n
-    return out
-
-
 async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     """Read and decode every key of the queue ``keys`` in one transaction on ``admin``."""
     async with admin.pipeline(transaction=True) as pipe:
@@ -133,7 +125,7 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     for field_name, blob in index_hash.items():
         if field_name == b"overflow" or blob[:1] != b"\x01":
             continue
-        key_bytes, element = _unpack_list(blob[1:])
+        key_bytes, element = unpack_list(blob[1:])
         index[element] = key_bytes.decode()
     pending_elements = {element for element, _score in pending}
     stale = sorted(k for e, k in index.items() if e not in pending_elements)
@@ -143,7 +135,7 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
                           element=element))
     seen += [_seen("ready", payload) for payload in ready]
     for blob in handoff.values():
-        seen += [_seen("handoff", payload) for payload in _unpack_list(blob)]
+        seen += [_seen("handoff", payload) for payload in unpack_list(blob)]
     elements = [element for element, _score in in_flight]
     for (message_id, count, _due, payload), (_element, deadline) in zip(parse_messages(elements), in_flight,
                                                                         strict=True):

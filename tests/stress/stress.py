@@ -92,6 +92,7 @@ from aiodelayq._scripts import (  # noqa: E402
 )
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
+from tests.helpers import unpack_list  # noqa: E402
 
 POISON_EVERY = 97
 MAX_DELIVERIES = 3  # the reliable queue's, here and in stress_consumer.py
@@ -140,16 +141,6 @@ _UNCONFIRMED = re.compile(r"(\d+) (?:settle\(s\) on .* not confirmed|ack\(s\) on
 def unconfirmed_in_log(text: str) -> int:
     """Written-behind settles a consumer's log reported as not confirmed (see aiodelayq/_consuming/settler.py)."""
     return sum(int(m.group(1)) for m in _UNCONFIRMED.finditer(text))
-
-
-def unpack_handoff(blob: bytes) -> list[bytes]:
-    """The items of one hand-off entry ('>I4' length-prefixed; '' is a tombstone)."""
-    out, pos = [], 0
-    while pos + 4 <= len(blob):
-        n = int.from_bytes(blob[pos:pos + 4], "big")
-        out.append(blob[pos + 4:pos + 4 + n])
-        pos += 4 + n
-    return out
 
 
 async def handoff_entries(admin: Redis, key: str) -> dict[bytes, bytes]:
@@ -516,7 +507,7 @@ async def plain_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
         second = await handoff_entries(admin, k.handoff)
         left = {pop: blob for pop, blob in first.items() if second.get(pop) == blob and pop not in leftovers}
         leftovers.update(left)
-        items = [int(x) for blob in left.values() for x in unpack_handoff(blob)]
+        items = [int(x) for blob in left.values() for x in unpack_list(blob)]
         mine = set(child.got)
         risky = {i for i in items if i in mine}
         at_risk[kind] |= risky
