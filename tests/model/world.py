@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
@@ -82,6 +82,17 @@ class _Warnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
+
+
+class _Shown(NamedTuple):
+    """A pending item as peek() shows it, or as the keys hold it."""
+
+    due: int
+    value: str | None
+    key: str | None
+    headers: tuple[tuple[str, str], ...]
+    expires_at_ms: int | None
+    recurring: bool
 
 
 class World:
@@ -229,10 +240,26 @@ class World:
         if first.recurring != len(snap.records):
             problems.append(f"counts().recurring {first.recurring} != {len(snap.records)} schedule records")
         if first.paused != snap.paused:
-            problems.append(f"counts().paused {first.paused} != {snap.paused} in the controls")
+            problems.append(f"counts().paused {first.paused} != {snap.paused} in the keys")
+        problems += await self._check_peek(snap)
         if problems:
             raise Violation("\n".join(["counts() disagrees with the keys:", *problems, snap.describe()]))
         return snap, first, quiet
+
+    async def _check_peek(self, snap: Snapshot) -> list[str]:
+        """``peek()`` shows what the keys hold pending (each with its due time, key, headers, expiry
+        and whether it recurs), soonest first; only what fell due since the snapshot may be gone."""
+        pending = [_Shown(s.score or 0, s.value, s.key, tuple(sorted(s.headers.items())), s.expires_at_ms,
+                          s.schedule_key is not None) for s in snap.at("pending")]
+        peeked = await self.reader.peek(1000)
+        after = await self.server_ms()
+        got = [_Shown(p.due_ms, p.value, p.key, tuple(sorted(p.headers.items())), p.expires_at_ms, p.recurring)
+               for p in peeked]
+        problems = [f"peek() shows {g}, not pending a moment before" for g in got if g not in pending]
+        problems += [f"peek() leaves out {p}, pending and not due" for p in pending if p.due > after and p not in got]
+        if [g.due for g in got] != sorted(g.due for g in got):
+            problems.append(f"peek() is not in due order: {got}")
+        return problems
 
     def unconfirmed(self, client: int) -> int:
         return self.queues[client].stats.unconfirmed_settles
