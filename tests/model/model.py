@@ -462,7 +462,7 @@ class Model(Reconciling):
                                 f"{span_text(alt.deadline)}")
             if alt.expires is not None and alt.expires[1] <= out.t0:
                 raise Violation(f"{token.name} redelivered though it had expired at {span_text(alt.expires)}")
-            token.set(replace(alt, count=d.count, deadline=(d.deadline_ms,) * 2, behind=None, why=""),
+            token.set(replace(alt, count=d.count, deadline=(d.deadline_ms,) * 2, behind=None, released=False, why=""),
                       note=f"redelivered to client {d.client}")
 
     def _first_occurrence_delivery(self, inc: Incarnation, d: Delivery, out: Outcome) -> None:
@@ -509,7 +509,8 @@ class Model(Reconciling):
         """``msg.ack()``, ``msg.nack(delay)``, ``msg.nack(dead_letter=True)`` (``mode``: ack, nack,
         dead): ``True`` exactly when this delivery was still in flight."""
         token = self._by_message(message_id)
-        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count]
+        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count
+                   and not a.released]
         if out.surely_not:
             return
         # False from a settle resent after a lost reply, past the deadline it names: maybe applied.
@@ -539,7 +540,8 @@ class Model(Reconciling):
     def extend(self, message_id: str, count: int, vt_ms: int, out: Outcome, deadline_ms: int) -> None:
         """``msg.extend(visibility_timeout)``: ``True`` exactly when this delivery is in flight."""
         token = self._by_message(message_id)
-        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count]
+        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count
+                   and not a.released]
         if out.surely_not:
             return
         if out.ok and bool(out.result) != bool(current):

@@ -157,8 +157,9 @@ class Reconciling:
                     return replace(alt, deadline=(s.score or 0,) * 2, why="")
                 passed = alt.deadline[0] <= now
                 if passed and s.delivery_count == alt.count and (s.score or 0) <= now:
-                    # redelivered into a prefetch nobody came for, then released (count lowered, visible now)
-                    return replace(alt, deadline=(s.score or 0,) * 2, why="")
+                    # redelivered into a prefetch nobody came for or to a receive undone, then given
+                    # back (count lowered, visible now)
+                    return replace(alt, deadline=(s.score or 0,) * 2, released=True, why="")
                 if passed and self.unseen_possible and (s.delivery_count or 0) > alt.count:
                     return replace(alt, count=s.delivery_count or 0, deadline=(s.score or 0,) * 2,
                                    why="unseen redelivery")
@@ -303,7 +304,7 @@ class Reconciling:
         """Whether delivery ``count`` of message ``message_id`` is in flight."""
         token = self.messages.get(message_id)
         return token is not None and any(a.kind == "in_flight" and a.message_id == message_id and a.count == count
-                                         for a in token.alts)
+                                         and not a.released for a in token.alts)
 
     @property
     def in_handoff(self) -> bool:

@@ -60,6 +60,9 @@ class State:
     life: int | None = None  # scheduled: the offer's expires (ms): its expiry is at least this long after its due time
     landed: int = 0  # scheduled, ready: written (offered, rescheduled, requeued) at this server time at the latest
     behind: tuple[int, int] | None = None  # in_flight kept for an ack written behind: (client, unconfirmed before)
+    released: bool = False  # in_flight: past its deadline, redelivered and given back (a prefetch nobody
+    # came for, a receive undone): the message is as it was, but its holder's element is not, so the
+    # holder's ack, nack and extend say False
     taken: bool = False  # gone: handed to a take() caller
     why: str = ""  # for an alternative: the uncertainty it stands for
 
