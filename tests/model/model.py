@@ -37,6 +37,8 @@ __all__ = ["Model"]
 
 # How far ahead of the server's clock a producer's estimate of it may be: less than a round trip.
 CLOCK_AHEAD_MS = 100
+
+
 class Model(Reconciling):
     """The expected contents of one queue (shared by the test's two queue objects)."""
 
@@ -73,12 +75,6 @@ class Model(Reconciling):
     def keyed(self, key: str) -> list[Token]:
         """The tokens that may be the pending item of ``key``."""
         return [t for t in self.items.values() if any(a.kind == "scheduled" and a.key == key for a in t.alts)]
-
-    def live_schedule(self, key: str) -> Incarnation | None:
-        alts = self.schedules.get(key, [None])
-        if len(alts) != 1:
-            raise Violation(f"schedule {key!r} is uncertain outside a reconcile: {alts}")
-        return alts[0]
 
     def describe(self) -> str:
         lines = [f"paused {self.paused}; unseen deliveries possible: {self.unseen_possible}"]

@@ -28,7 +28,7 @@ class Outcome:
     error: BaseException | None
     t0: int
     t1: int
-    faulty: bool = False  # a fault was armed or running during the call
+    faulty: bool = False  # a fault was armed or running during the call, or the library logged a failure
 
     @property
     def ok(self) -> bool:
@@ -113,9 +113,6 @@ class Token:
     @property
     def certain(self) -> bool:
         return len(self.alts) == 1
-
-    def live(self) -> list[State]:
-        return [a for a in self.alts if a.kind != "gone"]
 
     def set(self, *alts: State, note: str) -> None:
         unique: list[State] = []
