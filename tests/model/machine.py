@@ -94,24 +94,26 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.world is not None
         return self.world
 
-    def step(self, make: Callable[[], Awaitable[Any]], fault: Fault | None = None) -> Outcome:
-        """Run one public call, after injecting ``fault`` (which ends with the step)."""
+    def step(self, make: Callable[[], Awaitable[Any]], fault: Fault | None = None, call: str = "") -> Outcome:
+        """Run one public call, after injecting ``fault`` (which ends with the step); ``call`` names
+        it in the summary (default: the rule's name)."""
+        call = call or sys._getframe(1).f_code.co_name
         if fault is not None:
             tally(f"fault: {fault.kind}", quiet=True)
             if TRACE:
                 print(f"  inject {fault!r}", flush=True)
             self.w.inject(fault)
         started = time.monotonic()
-        tally(f"call: {sys._getframe(1).f_code.co_name}", quiet=True)
+        tally(f"call: {call}", quiet=True)
         try:
             out = self.w.run(self.w.call(make))
         finally:
             self.w.clear_faults()
         if out.error is not None:
-            tally(f"{sys._getframe(1).f_code.co_name}: {type(out.error).__name__}, maybe_applied={out.maybe}")
+            tally(f"{call}: {type(out.error).__name__}, maybe_applied={out.maybe}")
         if TRACE:
             what = out.result if out.error is None else repr(out.error)
-            print(f"  {sys._getframe(1).f_code.co_name}: {what!r:.150} [{out.t0}-{out.t1}] "
+            print(f"  {call}: {what!r:.150} [{out.t0}-{out.t1}] "
                   f"{time.monotonic() - started:.3f} s", flush=True)
         return out
 
@@ -224,8 +226,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(c=CLIENT, n=st.integers(1, 3), vt=VISIBILITY_MS, timeout=TIMEOUT_S, fault=FAULTS)
     def receive(self, c: int, n: int, vt: int, timeout: float, fault: Fault | None) -> None:
+        """``receive_many(n, vt, timeout)``; the messages are held, for a later ``settle``."""
+        self.receive_then(c, n, vt, timeout, None, fault)
+
+    @rule(c=CLIENT, n=st.integers(1, 3), vt=VISIBILITY_MS, timeout=TIMEOUT_S, then=SETTLE, fault=FAULTS)
+    def receive_and_settle(self, c: int, n: int, vt: int, timeout: float, then: str, fault: Fault | None) -> None:
+        """``receive_many(n, vt, timeout)``, each message then settled at once (``then``: as ``settle``'s
+        ``how``, with a 60 ms nack delay), and held still (a later settle finds it settled)."""
+        self.receive_then(c, n, vt, timeout, then, fault)
+
+    def receive_then(self, c: int, n: int, vt: int, timeout: float, then: str | None, fault: Fault | None) -> None:
         q = self.w.queues[c]
-        out = self.step(lambda: q.receive_many(n, vt / 1000, timeout), fault)
+        out = self.step(lambda: q.receive_many(n, vt / 1000, timeout), fault, "receive")
         messages: list[Message[str]] = out.result or []
         deliveries = []
         for msg in messages:
@@ -237,6 +249,9 @@ class QueueMachine(RuleBasedStateMachine):
             tally("receive: a redelivery" if d.count > 1 else "receive: a first delivery")
         self.model.receive(deliveries, vt, out)
         self.held = [*self.held, *((c, m) for m in messages)][-HELD_MESSAGES:]
+        if then is not None:
+            for msg in messages:
+                self.settle_message(c, msg, then, 60, vt, None)
 
     @rule(pick=PICK, how=SETTLE, delay=DELAY_MS, vt=VISIBILITY_MS, fault=FAULTS)
     def settle(self, pick: int, how: str, delay: int, vt: int, fault: Fault | None) -> None:
@@ -248,20 +263,20 @@ class QueueMachine(RuleBasedStateMachine):
 
     def settle_message(self, c: int, msg: Message[str], how: str, delay: int, vt: int, fault: Fault | None) -> None:
         if how == "extend":
-            out = self.step(lambda: msg.extend(vt / 1000), fault)
+            out = self.step(lambda: msg.extend(vt / 1000), fault, "extend")
             self.model.extend(msg.id, msg.delivery_count, vt, out, msg.deadline_ms)
             return
         before = self.w.unconfirmed(c)
         behind = [False]
 
-        async def call() -> bool:
+        async def settle_call() -> bool:
             if how in ("nack", "nack-dead"):
                 return await msg.nack(delay / 1000, dead_letter=how == "nack-dead")
             # Written behind: the queue's default, with more than call_timeout_s of the deadline left.
             behind[0] = how == "ack" and not msg.settled and msg.remaining_s > CALL_TIMEOUT_S
             return await msg.ack(confirm=True if how == "ack-confirmed" else None)
 
-        out = self.step(call, fault)
+        out = self.step(settle_call, fault, how)
         mode = {"ack": "ack", "ack-confirmed": "ack", "nack": "nack", "nack-dead": "dead"}[how]
         self.model.settle(msg.id, msg.delivery_count, mode, delay, c, before, out, written_behind=behind[0])
         self._settled(msg, out)
@@ -305,7 +320,7 @@ class QueueMachine(RuleBasedStateMachine):
                     raise out.error
                 self.model.take([Delivery(c, value, headers) for value, headers in out.result], out)
             else:
-                self.receive(c, 10, 300, 0.2, None)
+                self.receive_then(c, 10, 300, 0.2, None, None)
                 self.check()  # the receive may have dead-lettered messages past their deadline
                 for client, msg in [(k, m) for k, m in self.held if m.deadline_ms and not m.settled]:
                     if client == c and self.model.holds(msg.id, msg.delivery_count):
