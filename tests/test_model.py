@@ -5,8 +5,8 @@ a call).
 
 Three sizes: ``test_model_quick`` (the quick command's), ``test_model_ci`` (marked slow: ``ci`` runs
 it on the first server kind) and ``test_model_for_minutes`` (``AIODELAYQ_MODEL_MINUTES=N``, which
-``python3 noxfile.py -s stress`` sets: batches of the CI size, one seed after the other, for N
-minutes). Each run prints its seed: ``AIODELAYQ_MODEL_SEED=<seed>`` draws the same sequences again
+``python3 noxfile.py -s stress`` sets: batches of 10 examples, one seed after the other, until N
+minutes have passed). Each run prints its seed: ``AIODELAYQ_MODEL_SEED=<seed>`` draws the same sequences again
 (the server's timing can still make a run differ; Hypothesis then reports the failure as flaky, with
 the failing sequence). ``AIODELAYQ_MODEL_TRACE=1`` prints every call, its outcome and time.
 ``AIODELAYQ_MODEL_STRICT`` is in ``tests/model/known.py``. The Hypothesis database is off (nothing is
@@ -27,8 +27,8 @@ from hypothesis.stateful import get_state_machine_test
 from tests.model.machine import QueueMachine
 from tests.model.tally import STATS
 
-# (examples, steps per example at most) of each size.
-SIZES = {"quick": (10, 35), "ci": (30, 50)}
+# (examples, steps per example at most) of each size; a timed run checks the time between batches.
+SIZES = {"quick": (10, 35), "ci": (30, 50), "batch": (10, 50)}
 MINUTES = float(os.environ.get("AIODELAYQ_MODEL_MINUTES") or 0)
 # A passing run takes its size's time (quick: under a minute; ci: a few); a failing one then shrinks
 # the failure, which Hypothesis bounds at 5 minutes.
@@ -82,5 +82,5 @@ def test_model_for_minutes(own_server: Any, make_proxy: Any) -> None:
     deadline = time.monotonic() + MINUTES * 60
     seed = _seed()
     while time.monotonic() < deadline:
-        _examples(server.url, proxies, *SIZES["ci"], seed)
+        _examples(server.url, proxies, *SIZES["batch"], seed)
         seed += 1
