@@ -20,7 +20,8 @@ Modules, in the order a step goes through them:
 
 **The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``), ``offer_many`` (keys,
 duplicates in one list, per-item headers and expiry), ``cancel``, ``reschedule``, ``get``,
-``schedule(every=)`` and ``cancel`` of a schedule's key, ``pause``/``resume``, ``clear``,
+``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer`` with a schedule's key (refused
+while the schedule is live), ``pause``/``resume``, ``clear``,
 ``requeue_dead_letters``, ``purge_dead_letters``, ``take_many_with_headers``, ``receive_many``,
 ``ack`` (written behind, and confirmed), ``nack`` (a delay, or ``dead_letter=True``), ``extend``,
 with ``max_deliveries`` of ``None``, 2 or 3. Messages are settled by the client that received them,

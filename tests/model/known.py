@@ -16,16 +16,6 @@ from .tally import tally
 __all__ = ["KNOWN", "strict", "tolerated"]
 
 KNOWN = {
-    "offer-on-schedule-key": (
-        "avoid",
-        "offer(..., key=k, replace=True) on a recurring schedule's key ends the schedule silently: "
-        "counts().recurring stays 1 with no occurrence (tests/test_recurring.py)"),
-    "expiry-before-due": (
-        "tolerate",
-        "an offer whose script runs over 1 s after its issue (held by a stall, or resent) is due from the "
-        "script's clock while its expiry was fixed from the issue time: it expires before its due time and "
-        "is dead-lettered unseen (tests/test_headers.py, "
-        "test_an_offer_that_runs_late_still_lives_its_expiry_after_its_due_time)"),
     "settle-after-deadline-resent": (
         "tolerate",
         "ack() or nack(dead_letter=True) of a message past its deadline (not redelivered) whose reply is lost "

@@ -279,22 +279,21 @@ class Model(Reconciling):
         self._drop_keyed(key, out, "a schedule replaced the key's item")
 
     def offer_on_schedule_key(self, value: str, delay_ms: int, key: str, out: Outcome) -> None:
-        """``offer(value, delay, key=k, replace=True)`` where ``k`` is a schedule's key: refused (the
-        result is the error), or the schedule ends and the item is ``k``'s pending item. Either way
-        a schedule is never left without an occurrence."""
-        if out.surely_not or (out.ok and isinstance(out.result, Exception)):
+        """``offer(value, delay, key=k, replace=True)`` where ``k`` is a schedule pool's key: refused
+        with ``ScheduledKeyError`` (the result is the error), nothing written, while ``k``'s schedule
+        is live; an ordinary keyed offer otherwise."""
+        alts = self.schedules.get(key, [None])
+        if out.ok and isinstance(out.result, Exception):
+            live: list[Incarnation | None] = [i for i in alts if i is not None]
+            if not live:
+                raise Violation(f"offer(key={key!r}) refused ({out.result!r}), but the key has no schedule")
+            self.schedules[key] = live
             return
-        old = self.schedules.get(key, [None])
-        if out.maybe:
-            self.schedules[key] = [*old, None] if None not in old else old
-            self._token(value, {}, replace(GONE, why="offer maybe not applied"),
-                        State("scheduled", (out.t0 + delay_ms, INF), key, landed=INF, why="offer maybe applied"),
-                        note=f"offer raised {out.error!r}")
-            return
-        due = int(out.result)
-        self._drop_keyed(key, out, "an offer replaced the key's item")
-        self.schedules[key] = [None, *[i for i in old if i is not None and not out.result.replaced]]
-        self._token(value, {}, State("scheduled", (due, due), key, landed=out.t1), note="offered on a schedule's key")
+        if out.ok:
+            if None not in alts:
+                raise Violation(f"offer(key={key!r}) was added though the key's schedule is live: {alts}")
+            self.schedules[key] = [None]
+        self._offers([(value, delay_ms, key, {}, None)], True, out, [out.result] if out.ok else None)
 
     def _drop_keyed(self, key: str, out: Outcome, what: str) -> None:
         """A call removed the pending item of ``key``, if any: the plain items that may hold it are

@@ -8,7 +8,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from .known import tolerated
 from .observe import Seen, Snapshot
 from .state import Incarnation, Span, State, Token, Violation, expiry_fits
 
@@ -126,8 +125,7 @@ class Reconciling:
                 if not expiry_fits(alt.expires, s.expires_at_ms):
                     return None
                 assert s.score is not None
-                if alt.life is not None and s.expires_at_ms is not None and s.expires_at_ms < s.score + alt.life \
-                        and not tolerated("expiry-before-due"):
+                if alt.life is not None and s.expires_at_ms is not None and s.expires_at_ms < s.score + alt.life:
                     return None  # it would expire less than `expires` after its due time
                 return replace(alt, due=(s.score, s.score), expires=_seen_expiry(s), why="")
             if s.where in ("ready", "handoff"):
@@ -141,7 +139,7 @@ class Reconciling:
             if s.where == "dead" and s.reason == "expired":
                 if alt.expires is None or alt.expires[0] > now or alt.due[0] > now:
                     return None
-                if alt.life is not None and alt.due[0] + alt.life > now and not tolerated("expiry-before-due"):
+                if alt.life is not None and alt.due[0] + alt.life > now:
                     return None  # expired less than `expires` after its due time
                 return State("dead", count=s.delivery_count or 0, reason="expired")
             if s.where == "in_flight" and self.unseen_possible and alt.due[0] <= now:
