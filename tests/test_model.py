@@ -28,7 +28,7 @@ from tests.model.machine import QueueMachine
 from tests.model.tally import STATS
 
 # (examples, steps per example at most) of each size; a timed run checks the time between batches.
-SIZES = {"quick": (8, 35), "ci": (30, 50), "batch": (10, 50)}
+SIZES = {"quick": (8, 35), "ci": (20, 50), "batch": (10, 50)}
 MINUTES = float(os.environ.get("AIODELAYQ_MODEL_MINUTES") or 0)
 # A passing run takes its size's time (quick: under a minute; ci: a few); a failing one then shrinks
 # the failure, which Hypothesis bounds at 5 minutes.

@@ -575,8 +575,6 @@ async def _given_back(admin: Redis, q: DelayedQueue[Any], n: int) -> bool:
     return await admin.zcard(q.keys.in_flight) == 0 and int(await admin.llen(q.keys.destination)) == n
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a resent SETTLE that finds its message gone after the "
-                   "deadline it names answers 0, though its first attempt applied it")
 @pytest.mark.parametrize("how", ["ack", "nack-dead"])
 async def test_a_settle_after_the_deadline_whose_reply_is_lost_says_it_applied(
         own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any, how: str) -> None:

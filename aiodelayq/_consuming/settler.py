@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,6 +36,9 @@ undo it as if never received (release)."""
 
 # Settles per SETTLE call: a bounded script run (each settle is one or two O(log N) zset writes).
 MAX_SETTLES_PER_CALL = 500
+# Added to a call's bound to tell SETTLE how long a resend may come after its first attempt: the
+# server's clock and this process's measure the bound from slightly different instants.
+_CLOCK_SLACK_MS = 1000
 
 
 @dataclass(eq=False)
@@ -148,9 +152,12 @@ class Settler:
         for s in batch:
             body += [s.element, s.mode, s.delay_ms, s.deadline_ms]
 
+        # A resend says so: the script then tells "my first try applied it" per message, by its
+        # deadline, or by the call id when a resend may come after one (within the call's bound).
+        call_id, resend_ms = os.urandom(16), int(self._call_timeout_s * 1000) + _CLOCK_SLACK_MS
+
         async def attempt(remaining_s: float, resend: bool) -> Any:
-            # A resend says so: the script then tells "my first try applied it" per message.
-            return await self._scripts.settle.durable(self.limit_arg, "1" if resend else "", *body,
+            return await self._scripts.settle.durable(self.limit_arg, call_id, "1" if resend else "", resend_ms, *body,
                                                       timeout_s=remaining_s)
 
         try:

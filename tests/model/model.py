@@ -29,7 +29,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from .known import tolerated
 from .reconcile import Reconciling
 from .state import GONE, INF, Delivery, Incarnation, Outcome, Span, State, Token, Violation, expiry_fits, span_text
 
@@ -508,10 +507,7 @@ class Model(Reconciling):
                    and not a.released]
         if out.surely_not:
             return
-        # False from a settle resent after a lost reply, past the deadline it names: maybe applied.
-        resent_late = bool(out.ok and not out.result and current and out.faulty and current[0].deadline[0] <= out.t1
-                           and tolerated("settle-after-deadline-resent"))
-        if out.ok and bool(out.result) != bool(current) and not resent_late:
+        if out.ok and bool(out.result) != bool(current):
             raise Violation(f"{mode} of delivery {count} of {token.name} returned {out.result}, but it was "
                             f"{'' if current else 'not '}in flight as that delivery: {token.describe()}")
         if not current:
@@ -528,7 +524,7 @@ class Model(Reconciling):
         else:
             late = out.t1 + delay_ms if out.ok else INF
             after = [replace(alt, deadline=(out.t0 + delay_ms, late), behind=None, why="")]
-        if out.maybe or resent_late:
+        if out.maybe:
             after = [alt, *[replace(a, why=f"{mode} maybe applied") for a in after]]
         token.set(*after, note=f"{mode} by client {client}")
 

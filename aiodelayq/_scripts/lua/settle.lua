@@ -1,18 +1,28 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel
--- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel
--- ARGV[1] max deliveries (0 = unlimited), ARGV[2] '' for a first attempt, '1' for a resend after a
---         lost reply
+-- KEYS: in_flight dead_letter destination channel calls call_replies
+-- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel,
+-- KEYS[5] calls zset, KEYS[6] call replies hash (lib/calls.lua)
+-- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
+--         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
+--         still resend the call (ms)
 -- then per settle, 4 arguments: the message element; 'ack' | 'nack' | 'dead' (its payload to the
 --         dead-letter list, reason nacked) | 'undecodable' (the same, reason undecodable) |
 --         'release' (undo this delivery: nobody saw the message); the nack delay
 --         ms; the message's visibility deadline ms. On a resend, a message gone before its deadline
 --         can only have been settled by the first attempt (nobody else touches it before then).
+--         After its deadline "gone" no longer says who settled it, so a call that a resend may
+--         reach after one of its deadlines (within ARGV[4] of now) remembers its reply by call id
+--         for CALL_WINDOW_MS, and a resend of it answers that reply and writes nothing.
 -- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()
-local max, resend = tonumber(ARGV[1]), ARGV[2] ~= ''
+local max, id, resend, horizon = tonumber(ARGV[1]), ARGV[2], ARGV[3] ~= '', tonumber(ARGV[4])
+if resend and first_run(KEYS[5], id) then
+  local answered = {}
+  for result in string.gmatch(redis.call('hget', KEYS[6], id) or '', '%d+') do answered[#answered + 1] = tonumber(result) end
+  return answered
+end
 local results, earliest = {}, false
 -- Acks come in runs (a consumer's write-behind acks): a run is checked with one ZMSCORE and removed
 -- with one ZREM (per 1,000) instead of two calls per ack. The other modes go one by one, in order.
@@ -34,7 +44,7 @@ local function flush_acks()
       elseif not (resend and now < tonumber(ARGV[i + 3])) then
         result = 0
       end
-      results[(i - 3) / 4 + 1] = result
+      results[(i - 5) / 4 + 1] = result
     end
     if #gone > 0 then redis.call('zrem', KEYS[1], unpack(gone)) end
   end
@@ -66,9 +76,9 @@ local function settle_one(i)
       if not earliest or due < earliest then earliest = due end
     end
   end
-  results[(i - 3) / 4 + 1] = result
+  results[(i - 5) / 4 + 1] = result
 end
-for i = 3, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   if ARGV[i + 1] == 'ack' then
     run[#run + 1] = i
   else
@@ -77,6 +87,12 @@ for i = 3, #ARGV, 4 do
   end
 end
 flush_acks()
+for i = 5, #ARGV, 4 do
+  if tonumber(ARGV[i + 3]) <= now + horizon then
+    remember(KEYS[5], KEYS[6], id, now, table.concat(results, ','))
+    break
+  end
+end
 if earliest then
   -- Every process's scheduler wakes at that time (a nack's due time; now after a release), and its
   -- receivers look again.
