@@ -498,21 +498,26 @@ class Model(Reconciling):
             raise Violation(f"a redelivery (count {d.count}) of {d.value!r}, never delivered before")
         return token
 
-    def settle(self, message_id: str, count: int, mode: str, delay_ms: int, client: int, unconfirmed: int,
-               out: Outcome, written_behind: bool = False) -> None:
-        """``msg.ack()``, ``msg.nack(delay)``, ``msg.nack(dead_letter=True)`` (``mode``: ack, nack,
-        dead): ``True`` exactly when this delivery was still in flight."""
+    def _held(self, what: str, message_id: str, count: int, out: Outcome) -> tuple[Token, State | None]:
+        """The token of a message and its alternative in flight as delivery ``count``, if any (``None``
+        too when the call surely did not run). A call that answered must say whether it was."""
         token = self._by_message(message_id)
         current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count
                    and not a.released]
         if out.surely_not:
-            return
+            return token, None
         if out.ok and bool(out.result) != bool(current):
-            raise Violation(f"{mode} of delivery {count} of {token.name} returned {out.result}, but it was "
+            raise Violation(f"{what} of delivery {count} of {token.name} returned {out.result}, but it was "
                             f"{'' if current else 'not '}in flight as that delivery: {token.describe()}")
-        if not current:
+        return token, (current[0] if current else None)
+
+    def settle(self, message_id: str, count: int, mode: str, delay_ms: int, client: int, unconfirmed: int,
+               out: Outcome, written_behind: bool = False) -> None:
+        """``msg.ack()``, ``msg.nack(delay)``, ``msg.nack(dead_letter=True)`` (``mode``: ack, nack,
+        dead): ``True`` exactly when this delivery was still in flight."""
+        token, alt = self._held(mode, message_id, count, out)
+        if alt is None:
             return
-        alt = current[0]
         if mode == "ack":
             after = [State("gone")]
             if written_behind:
@@ -530,16 +535,9 @@ class Model(Reconciling):
 
     def extend(self, message_id: str, count: int, vt_ms: int, out: Outcome, deadline_ms: int) -> None:
         """``msg.extend(visibility_timeout)``: ``True`` exactly when this delivery is in flight."""
-        token = self._by_message(message_id)
-        current = [a for a in token.alts if a.kind == "in_flight" and a.message_id == message_id and a.count == count
-                   and not a.released]
-        if out.surely_not:
+        token, alt = self._held("extend", message_id, count, out)
+        if alt is None:
             return
-        if out.ok and bool(out.result) != bool(current):
-            raise Violation(f"extend of delivery {count} of {token.name} returned {out.result}: {token.describe()}")
-        if not current:
-            return
-        alt = current[0]
         if out.ok:
             if not out.t0 + vt_ms <= deadline_ms <= out.t1 + vt_ms:
                 raise Violation(f"extend({vt_ms} ms) of {token.name} set deadline {deadline_ms}, not within "
