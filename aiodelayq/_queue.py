@@ -1,9 +1,8 @@
-"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``, the life of
-the queue is its lifecycle's (``_runtime/lifecycle.py``), and every call is delegated: offers to its
-producer (``_producing/producer.py``), ``take``/``poll`` to the take pump (``_consuming/take.py``),
-``receive`` to the reliable consumer (``_consuming/reliable.py``), the pending side to
-``_producing/pending.py``. Those are one ordinary queue's components, or for ``shards > 1``
-composites over the shards' (``_sharding/``)."""
+"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``; every call is
+delegated to the part that fills its role (``_parts/roles.py``): offers to the producer, the pending
+side to the contents, ``take``/``poll`` to the take pump and ``receive`` to the reliable consumer of
+its lifecycle, which owns the queue's life. Those are one ordinary queue's parts
+(``_parts/queue_parts.py``), or for ``shards > 1`` composites over the shards' (``_sharding/``)."""
 
 from __future__ import annotations
 
@@ -16,26 +15,18 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.controls import Controls
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
-from ._producing.dead_letters import DeadLetter, DeadLetters
-from ._producing.keyed import KeyedItems, Offered, Pending
-from ._producing.pending import PendingItem, PendingView, QueueCounts
-from ._producing.producer import Producer
-from ._producing.recurring import Schedules
+from ._parts.queue_parts import QueueParts
+from ._parts.roles import Parts
+from ._producing.dead_letters import DeadLetter
+from ._producing.keyed import Offered, Pending
+from ._producing.pending import PendingItem, QueueCounts
 from ._redis.cluster import is_cluster
-from ._runtime.lifecycle import Lifecycle, QueueStats
-from ._sharding.controls import ShardedControls
-from ._sharding.dead_letters import ShardedDeadLetters
-from ._sharding.keyed import ShardedKeyed, ShardedSchedules
+from ._runtime.lifecycle import QueueStats
 from ._sharding.layout import check_shards
-from ._sharding.lifecycle import ShardedLifecycle
-from ._sharding.offers import ShardedProducer
-from ._sharding.parts import QueueParts
-from ._sharding.pending import ShardedPending
 from ._sharding.sharded import ShardedParts
 from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
@@ -146,21 +137,17 @@ class DelayedQueue(AsyncResource, Generic[T]):
             max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
             tier_after_s=tier_after_s)
         self._shards = check_shards(shards, name)
-        # One ordinary queue, or composites over the shards' (_sharding/): the same calls either way.
-        parts: QueueParts | ShardedParts
-        if self._shards == 1:
-            parts = QueueParts.build(client, keys, o)
-            self._shard_keys: Callable[[], tuple[QueueKeys, ...]] = lambda: (keys,)
-        else:
-            parts = ShardedParts.build(client, keys, o, self._shards)
-            self._shard_keys = parts.placed.keys
-        self._producer: Producer | ShardedProducer = parts.producer
-        self._pending: PendingView | ShardedPending = parts.pending
-        self._keyed: KeyedItems | ShardedKeyed = parts.keyed
-        self._dead: DeadLetters | ShardedDeadLetters = parts.dead
-        self._controls: Controls | ShardedControls = parts.controls
-        self._schedules: Schedules | ShardedSchedules = parts.schedules
-        self._life: Lifecycle | ShardedLifecycle = parts.life
+        # One ordinary queue's parts, or composites over the shards' (_sharding/): the same roles.
+        parts: Parts = (QueueParts.build(client, keys, o) if self._shards == 1
+                        else ShardedParts.build(client, keys, o, self._shards))
+        self._shard_keys = parts.shard_keys
+        self._producer = parts.producer
+        self._pending = parts.pending
+        self._keyed = parts.keyed
+        self._dead = parts.dead
+        self._controls = parts.controls
+        self._schedules = parts.schedules
+        self._life = parts.life
 
     @property
     def name(self) -> str:

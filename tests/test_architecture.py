@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodelayq._options",),
     ("aiodelayq._producing", "aiodelayq._consuming"),
     ("aiodelayq._runtime",),
+    ("aiodelayq._parts",),
     ("aiodelayq._sharding",),
     ("aiodelayq._queue",),
     ("aiodelayq", "aiodelayq._web", "aiodelayq.worker", "aiodelayq.prometheus", "aiodelayq.cli",
