@@ -30,6 +30,7 @@ from ._sharding.layout import check_shards
 from ._sharding.sharded import ShardedParts
 from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
+from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
 from .exceptions import QueueClosedError
 
@@ -129,13 +130,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  tier_after_s: float | None = None, shards: int = 1) -> None:
         self._keys = keys = QueueKeys.for_name(name, cluster=is_cluster(client))
         self._client = check_client(client)
-        self._options = o = QueueOptions.build(
-            codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
-            transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
-            close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
-            min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
-            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
-            tier_after_s=tier_after_s)
+        self._options = o = QueueOptions.of(locals())
         self._shards = check_shards(shards, name)
         # One ordinary queue's parts, or composites over the shards' (_sharding/): the same roles.
         parts: Parts = (QueueParts.build(client, keys, o) if self._shards == 1
@@ -188,8 +183,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def strict(self) -> bool:
-        """Whether this producer writes strict or legacy elements (also in Redisson's list)."""
-        return self._options.kind != "fast"
+        """Whether this producer writes strict elements (the option as given; legacy elements, which
+        ``wire_format="redisson-legacy"`` writes, also go in Redisson's list: see :attr:`element_kind`)."""
+        return self._options.strict
+
+    @property
+    def element_kind(self) -> ElementKind:
+        """The kind of element this producer writes: ``"fast"`` (the timeout zset only), ``"strict"``
+        or ``"legacy"`` (also in Redisson's insertion-order list)."""
+        return self._options.kind
 
     @property
     def tier_after_s(self) -> float | None:
@@ -469,8 +471,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         ``await worker.run()`` until ``worker.stop()`` (running handlers get ``drain_timeout_s``
         seconds, then are cut off and their messages handed back) or ``worker.abort()`` (at once).
         Raises as :meth:`consume`."""
-        return Worker(self, handler, WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s,
-                                                   retry_backoff))
+        return Worker(self, handler, WorkerOptions.of(locals()))
 
     async def consume(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
                       visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
@@ -500,8 +501,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             ConfigurationError: a bad option, named, or a handler that is not an async callable.
             BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
         """
-        worker = self.worker(handler, concurrency=concurrency, visibility_timeout_s=visibility_timeout_s,
-                             reliable=reliable, drain_timeout_s=drain_timeout_s, retry_backoff=retry_backoff)
+        worker = Worker(self, handler, WorkerOptions.of(locals()))
         if self.is_open:
             await worker.run()
             return

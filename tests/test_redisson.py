@@ -156,7 +156,8 @@ async def test_element_layout_matches_wire_format(client: Redis, make_queue: Any
     assert element.endswith(b"payload")
     # Fast elements stay out of Redisson's insertion-order list; strict ones are in both.
     assert await client.lrange(q.keys.delay_list, 0, -1) == ([] if id_len == 20 else [element])
-    assert q.strict == (id_len != 20)
+    assert q.strict == strict
+    assert q.element_kind == {20: "fast", 8: "strict", None: "legacy"}[id_len]
 
 
 async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:

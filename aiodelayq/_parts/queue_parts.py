@@ -51,6 +51,7 @@ class QueueParts:
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         producer = Producer(scripts, o, events)
-        return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
-                   DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
+        codec = o.resolved_codec
+        return cls(keys, scripts, events, producer, PendingView(scripts, codec), KeyedItems(scripts, codec),
+                   DeadLetters(scripts, codec, o.kind), Controls(scripts), Schedules(scripts, o),
                    Lifecycle(scripts, o, events, on_new_loop=producer.rebind, rotation=rotation))

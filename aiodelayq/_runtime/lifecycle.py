@@ -248,7 +248,7 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.codec),
+        self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.resolved_codec),
                               slots=scheduler.slots, events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
         self._consumers = QueueConsumers(self._pump, self._reliable)
