@@ -32,7 +32,7 @@ from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
 from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
-from .exceptions import QueueClosedError
+from .exceptions import ConfigurationError, QueueClosedError
 
 __all__ = ["DelayedQueue"]
 
@@ -151,8 +151,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def keys(self) -> QueueKeys:
-        """The Redis keys of the queue's name (a sharded queue's hold only its shard count: its items
-        are in :attr:`shard_keys`)."""
+        """The Redis keys of the queue.
+
+        Raises:
+            ConfigurationError: the queue is sharded: its items are in :attr:`shard_keys`, one
+                :class:`QueueKeys` per shard.
+        """
+        if self._shards > 1:
+            raise ConfigurationError(f"queue {self.name!r} has {self._shards} shards: its keys are shard_keys, "
+                                     "one QueueKeys per shard")
         return self._keys
 
     @property

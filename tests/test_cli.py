@@ -24,7 +24,7 @@ import typer.main
 from redis.asyncio import Redis
 
 import aiodelayq
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli import MISSING_EXTRA
 from aiodelayq.cli._app import app
@@ -466,7 +466,7 @@ async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop
     # The shard count recorded under the name: ls lists the queue once (its shards' keys found by
     # SCAN), and stats, peek and cancel cover every shard.
     q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str")
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     await q.offer_many([(f"v{i}", 600) for i in range(6)])
     await q.offer("keyed", 600, key="k1")
     listed, stats, peek = await asyncio.gather(cli("ls", "--match", f"{qname}*", "--json"),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
 from tests import redisson_scripts as rs
 from tests.conftest import ServerInfo
 from tests.helpers import server_ms, server_past, until
@@ -283,7 +283,7 @@ async def test_each_shard_of_a_sharded_queue_is_a_redisson_queue_both_ways(
     # shard. Java computes the same names (docs/java.md's shardNames, with Redisson's CRC16).
     [options, *_] = python_kinds(java)
     q: DelayedQueue[str] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str", **options)
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     assert tuple(await jcall(java, "shardNames", queue=q.name, shards=3)) == q.shard_names
     for shards in (2, 6, 64, 1024):
         name = f"{qname}-имя-{shards}"  # the tag as UTF-8 bytes on both sides
