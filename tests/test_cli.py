@@ -25,10 +25,10 @@ from redis.asyncio import Redis
 
 import aiodelayq
 from aiodelayq import DelayedQueue, QueueKeys
+from aiodelayq._admin.scan import queue_name_of
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli import MISSING_EXTRA
 from aiodelayq.cli._app import app
-from aiodelayq.cli._ops import queue_name_of
 from aiodelayq.testing import ThrowawayCluster, ThrowawaySentinels, ThrowawayServer
 from tests.conftest import ServerInfo
 from tests.helpers import free_socket, server_ms, until
@@ -774,7 +774,7 @@ for argv in (["--help"], ["--version"], ["stats", "--help"], ["dead-letters", "l
         pass
 new = set(sys.modules) - before
 print(sorted(m for m in new if m.split(".")[0] in ("rich", "redis")
-             or m in ("aiodelayq.cli._ops", "aiodelayq.cli._render", "aiodelayq._queue")))
+             or m.startswith("aiodelayq._admin") or m in ("aiodelayq.cli._render", "aiodelayq._queue")))
 """
 
 

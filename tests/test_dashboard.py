@@ -909,7 +909,7 @@ async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) ->
 
 async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> None:
     from aiodelayq import ConfigurationError
-    from aiodelayq.cli._ops import CannotConnect
+    from aiodelayq._admin.connect import CannotConnect
 
     server = own_server()
     with free_socket() as taken:

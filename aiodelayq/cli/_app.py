@@ -1,5 +1,5 @@
 """The ``aiodelayq`` commands (typer). Each command runs one coroutine on a new event loop (Ctrl-C
-cancels it, as ``asyncio.run`` does from Python 3.11 on) with a fresh client (:func:`._ops.connect`:
+cancels it, as ``asyncio.run`` does from Python 3.11 on) with a fresh client (:func:`aiodelayq._admin.connect.connect`:
 one server, any node of a Cluster, or a Sentinel-managed primary; closed at the end); failures the
 operator can act on become one line on stderr: exit 1 for the server or the queue (unreachable,
 refused, a :class:`DelayedQueueError`), exit 2 for a bad argument. Tables and results go to stdout,
@@ -22,9 +22,10 @@ from ._help import Command, Group
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from .._admin.connect import Target
+    from .._admin.reads import QueueRow
     from .._queue import DelayedQueue
     from .._redis.connections import AnyRedis
-    from ._ops import QueueRow, Target
 
 __all__ = ["app"]
 
@@ -113,9 +114,9 @@ def _run(work: Coroutine[Any, Any, T], *, sigterm_interrupts: bool = False) -> T
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError
 
+    from .._admin.connect import BadInput, CannotConnect
     from .._core.tasks import run_interruptible
     from ..exceptions import BackendError, DelayedQueueError, InvalidNameError, WrongNodeError
-    from ._ops import BadInput, CannotConnect
 
     terminated: list[bool] = []
     try:
@@ -164,7 +165,8 @@ async def _interrupted_by_sigterm(work: Coroutine[Any, Any, T], terminated: list
 
 def _target(redis_url: str, cluster: bool, sentinel: list[str] | None, service: str | None) -> Target:
     """Where the command connects, from its connection options (a bad one: exit 2)."""
-    from ._ops import BadInput, Target, parse_sentinel
+    from .._admin.connect import BadInput, Target
+    from ._input import parse_sentinel
 
     try:
         nodes = tuple(parse_sentinel(text) for text in sentinel or ())
@@ -178,8 +180,8 @@ def _target(redis_url: str, cluster: bool, sentinel: list[str] | None, service: 
 async def _snapshot(client: AnyRedis, names: Sequence[str],
                     shards: Mapping[str, int] | None = None) -> tuple[list[QueueRow], int]:
     """Each queue's counts and the server time they are shown against (``shards``: as
-    :func:`~._ops.queue_counts` takes them)."""
-    from ._ops import queue_counts, server_now_ms
+    :func:`~aiodelayq._admin.reads.queue_counts` takes them)."""
+    from .._admin.reads import queue_counts, server_now_ms
 
     rows = await queue_counts(client, names, shards)
     return rows, await server_now_ms(client)
@@ -188,8 +190,8 @@ async def _snapshot(client: AnyRedis, names: Sequence[str],
 async def _note_if_unknown(client: AnyRedis, name: str, target: Target) -> None:
     """A note on stderr when no key of the queue exists: a misspelt name reads the same as an idle,
     empty queue, and pausing a misspelt one pauses nothing. Skipped where ``EXISTS`` is refused."""
+    from .._admin.reads import queue_exists
     from ..exceptions import AccessDeniedError
-    from ._ops import queue_exists
 
     try:
         exists = await queue_exists(client, name)
@@ -227,7 +229,7 @@ def stats(names: QueueNames, redis_url: RedisUrl = DEFAULT_URL, cluster: Cluster
 
 
 async def _stats(target: Target, names: Sequence[str], as_json: bool) -> None:
-    from ._ops import connect
+    from .._admin.connect import connect
     from ._render import counts_json, counts_table, make_console, print_json
 
     async with connect(target) as client:
@@ -257,7 +259,7 @@ async def _watch(target: Target, names: Sequence[str], interval: float, count: i
 
     from rich.live import Live
 
-    from ._ops import connect
+    from .._admin.connect import connect
     from ._render import make_console
 
     async with connect(target) as client:
@@ -307,7 +309,8 @@ def peek(name: QueueName,
 
 
 async def _peek(target: Target, name: str, number: int, codec: str, as_json: bool) -> None:
-    from ._ops import connect, server_now_ms, with_queue
+    from .._admin.connect import connect
+    from .._admin.reads import server_now_ms, with_queue
     from ._render import iso_utc, make_console, pending_json, pending_table, print_json
 
     async with connect(target) as client, with_queue(client, name, codec) as queue:
@@ -340,8 +343,10 @@ def offer(name: QueueName,
 
 async def _offer(target: Target, name: str, text: str, delay: float, key: str | None, replace: bool,
                  codec: str) -> None:
+    from .._admin.connect import BadInput, connect
+    from .._admin.reads import server_now_ms, with_queue
     from .._producing.keyed import Offered
-    from ._ops import BadInput, connect, parse_value, server_now_ms, with_queue
+    from ._input import parse_value
     from ._render import iso_utc, relative
 
     if replace and key is None:
@@ -374,7 +379,8 @@ async def _on_queue(target: Target, name: str, call: Callable[[DelayedQueue[Any]
                     note_if_unknown: bool = False) -> T:
     """``call(queue)`` on a queue object of ``name`` (never opened) on a client of ``target``; first,
     with ``note_if_unknown``, a note when none of the queue's keys exists."""
-    from ._ops import connect, with_queue
+    from .._admin.connect import connect
+    from .._admin.reads import with_queue
 
     async with connect(target) as client, with_queue(client, name) as queue:
         if note_if_unknown:
@@ -412,7 +418,8 @@ def rate_limit(name: QueueName,
                redis_url: RedisUrl = DEFAULT_URL, cluster: ClusterOpt = False, sentinel: SentinelOpt = None,
                service: ServiceOpt = None) -> None:
     """Limit how fast all consumers of the queue together get items (a token bucket on the server clock)."""
-    from ._ops import BadInput, parse_rate
+    from .._admin.connect import BadInput
+    from ._input import parse_rate
 
     try:
         per_second = parse_rate(rate)  # before connecting: a usage error
@@ -442,7 +449,8 @@ def list_queues(match: Annotated[str, typer.Option("--match", metavar="GLOB",
 
 
 async def _ls(target: Target, match: str, limit: int, max_scan_calls: int, as_json: bool) -> None:
-    from ._ops import connect, scan_queues
+    from .._admin.connect import connect
+    from .._admin.scan import scan_queues
     from ._render import counts_json, counts_table, make_console, print_json
 
     async with connect(target) as client:
@@ -470,7 +478,8 @@ def list_dead_letters(name: QueueName,
 
 
 async def _list_dead_letters(target: Target, name: str, number: int, codec: str, as_json: bool) -> None:
-    from ._ops import connect, server_now_ms, with_queue
+    from .._admin.connect import connect
+    from .._admin.reads import server_now_ms, with_queue
     from ._render import dead_letter_json, dead_letters_table, make_console, print_json
 
     async with connect(target) as client, with_queue(client, name, codec) as queue:
@@ -561,8 +570,9 @@ def doctor(names: Annotated[list[str] | None, typer.Argument(metavar="NAMES", he
 
 async def _doctor(target: Target, names: list[str] | None, max_lag_s: float, max_skew_s: float, wire_format: str,
                   acl_user: str | None, as_json: bool) -> bool:
+    from .._admin.connect import connect
+    from .._admin.scan import scan_queues
     from ._doctor import diagnose
-    from ._ops import connect, scan_queues
     from ._render import doctor_lines, print_json
 
     async with connect(target) as client:
@@ -654,8 +664,8 @@ def worker(target: Annotated[str, typer.Argument(metavar="MODULE:FUNC", help="Th
     where = _target(redis_url, cluster, sentinel, service)
     # Imported here: the worker is only this command's business. run_worker loads MODULE:FUNC itself,
     # prints its own one-line errors and returns the exit code.
+    from .._admin.connect import BadInput, CannotConnect, connect
     from ..worker import run_worker
-    from ._ops import BadInput, CannotConnect, connect
 
     try:
         code = run_worker(target, queue=queue, redis_url=redis_url, max_deliveries=max_deliveries,

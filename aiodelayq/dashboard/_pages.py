@@ -12,10 +12,12 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .._admin.durations import format_duration
+from .._admin.reads import COUNT_CONCURRENCY, server_now_ms, with_queue
+from .._admin.scan import scan_queues
 from .._producing.pending import QueueCounts
 from .._redis.connections import AnyRedis
 from .._wire.key_names import QueueKeys
-from ..cli._ops import COUNT_CONCURRENCY, format_duration, scan_queues, server_now_ms, with_queue
 from ..exceptions import BackendError
 
 __all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
