@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +19,8 @@ from .._wire.key_names import QueueKeys
 from .._wire.placement import ShardRecord
 from .connect import SOCKET_TIMEOUT_S
 
-__all__ = ["COUNT_CONCURRENCY", "QueueRow", "queue_counts", "queue_exists", "recorded_shards", "server_now_ms",
-           "with_queue"]
+__all__ = ["COUNT_CONCURRENCY", "QueueRow", "count_each", "queue_counts", "queue_exists", "recorded_shards",
+           "server_now_ms", "with_queue"]
 
 # Queues counted at once by `stats`, `ls` and the dashboard's index: enough to hide round trips, few enough connections.
 COUNT_CONCURRENCY = 16
@@ -70,18 +70,26 @@ async def server_now_ms(client: AnyRedis, route: str | None = None) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def queue_counts(client: AnyRedis, names: Iterable[str],
-                       shards: Mapping[str, int] | None = None) -> list[QueueRow]:
-    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order.
-    ``shards``: the shard counts of the sharded ones (:attr:`ScanResult.shards`; a name it lacks is
-    an ordinary queue's), else each queue's is read first."""
+def count_each(client: AnyRedis, names: Iterable[str],
+               shards: Mapping[str, int] | None = None) -> list[Coroutine[Any, Any, QueueCounts]]:
+    """One coroutine per queue of ``names`` that reads its ``counts()`` (one atomic read-only call), at
+    most :data:`COUNT_CONCURRENCY` of them at once: the caller gathers them and decides what a failure
+    means. ``shards``: the shard counts of the sharded ones (:attr:`.scan.ScanResult.shards`;
+    a name it lacks is an ordinary queue's), else each queue's is read first."""
     gate = asyncio.Semaphore(COUNT_CONCURRENCY)
 
-    async def one(name: str) -> QueueRow:
+    async def one(name: str) -> QueueCounts:
         async with gate, with_queue(client, name, shards=None if shards is None else shards.get(name, 1)) as queue:
-            return QueueRow(name, await queue.counts())
+            return await queue.counts()
 
-    return list(await asyncio.gather(*(one(name) for name in names)))
+    return [one(name) for name in names]
+
+
+async def queue_counts(client: AnyRedis, names: Sequence[str],
+                       shards: Mapping[str, int] | None = None) -> list[QueueRow]:
+    """The counts of each queue (:func:`count_each`), in input order; the first failure is raised."""
+    counts = await asyncio.gather(*count_each(client, names, shards))
+    return [QueueRow(name, each) for name, each in zip(names, counts, strict=True)]
 
 
 async def queue_exists(client: AnyRedis, name: str) -> bool:
