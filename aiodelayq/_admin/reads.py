@@ -22,7 +22,8 @@ from .connect import SOCKET_TIMEOUT_S
 __all__ = ["COUNT_CONCURRENCY", "QueueRow", "count_each", "queue_counts", "queue_exists", "recorded_shards",
            "server_now_ms", "with_queue"]
 
-# Queues counted at once by `stats`, `ls` and the dashboard's index: enough to hide round trips, few enough connections.
+# Queues counted at once by `stats`, `ls` and the dashboard's index: enough to hide round trips, few
+# enough connections.
 COUNT_CONCURRENCY = 16
 
 
@@ -32,7 +33,6 @@ class QueueRow:
 
     name: str
     counts: QueueCounts
-
 
 
 @contextlib.asynccontextmanager

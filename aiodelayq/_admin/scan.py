@@ -47,7 +47,6 @@ class ScanResult:
     shards: dict[str, int] = field(default_factory=dict)
 
 
-
 def queue_name_of(key: str, prefix: str) -> str | None:
     """The queue whose ``prefix`` key is ``key`` (the inverse of ``prefix_name``), or ``None``.
 

@@ -15,7 +15,6 @@ __all__ = ["parse_rate", "parse_sentinel", "parse_value"]
 SENTINEL_PORT = 26379
 
 
-
 def parse_sentinel(text: str) -> tuple[str, int]:
     """``(host, port)`` of a ``--sentinel`` value: ``host:port``, ``host`` (port 26379) or
     ``[ipv6]:port``.
@@ -36,7 +35,6 @@ def parse_sentinel(text: str) -> tuple[str, int]:
     if not host or not 0 < port < 65536:
         raise BadInput(f"--sentinel must be HOST:PORT (e.g. sentinel-1:26379), not {text!r}")
     return host, port
-
 
 
 _PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
