@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import aiodelayq
+from aiodelayq._scripts import SCRIPTS, _header
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiodelayq"
+LUA = PACKAGE / "_scripts" / "lua"
+# A Lua token: a comment, a string, '..', a name (with the '.' or ':' of a field before it), a number.
+_LUA_TOKEN = re.compile(r"""--[^\n]*|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"|\.\.|[.:]?[A-Za-z_]\w*|\d\w*""")
 
 
 def _modules() -> dict[str, Path]:
@@ -165,6 +170,27 @@ def test_lua_lives_in_lua_files_with_headers_and_byte_layouts_in_elements() -> N
         assert head[0].startswith(f"-- {name}: "), f"{path.name}: first line '-- {name}: what it does'"
         for part in ("-- KEYS:", "-- ARGV", "-- returns"):
             assert any(line.startswith(part) for line in head), f"{path.name}: no '{part}' header line"
+
+
+def _lua_names(path: Path) -> set[str]:
+    """The names a Lua file's code reads or defines: outside comments and strings, no field names."""
+    return {token for token in _LUA_TOKEN.findall(path.read_text()) if token[0].isalpha() or token[0] == "_"}
+
+
+def test_each_script_is_declared_and_each_lua_file_names_the_library_files_it_uses() -> None:
+    # A script's text is the library files its '-- uses:' line names (and theirs): a name used
+    # without its file would be a nil global at run time, on whichever path reaches it.
+    assert sorted(script.name for script in SCRIPTS) == sorted(path.stem for path in LUA.glob("*.lua"))
+    defines = {f"lib/{path.name}": set(_header(path.read_text(), "defines") or ())
+               for path in sorted((LUA / "lib").glob("*.lua"))}
+    assert all(defines.values()), "a library file starts with '-- defines: <names>'"
+    for path in sorted(LUA.rglob("*.lua")):
+        relative = path.relative_to(LUA).as_posix()
+        names = _lua_names(path)
+        used = sorted(lib for lib, defined in defines.items() if lib != relative and defined & names)
+        assert sorted(_header(path.read_text(), "uses") or ()) == used, f"{relative}: '-- uses: {' '.join(used)}'"
+    for script in SCRIPTS:
+        assert script.text  # assembles: every file it uses exists, and none uses itself
 
 
 def test_the_package_names_load_on_first_access() -> None:

@@ -96,15 +96,15 @@ async def test_requeue_in_pages_keeps_order(client: Redis, make_queue: Any, monk
 
 async def test_a_resent_requeue_is_applied_once(own_server: Any, make_proxy: Any, make_client: Any,
                                                make_queue: Any) -> None:
-    from aiodelayq._scripts import REQUEUE
+    from aiodelayq._scripts import QueueScripts
 
     server = own_server()
     proxy = make_proxy(server)
     q = make_queue("requeue-resend", redis=make_client(proxy), codec="json")
     admin = make_client(server)
     await admin.rpush(q.keys.dead_letter, *[pack_dead_letter(raw, "nacked", 1, 0) for raw in (b"1", b"2", b"3")])
-    await admin.script_load(REQUEUE.text)
-    proxy.kill_after_send(REQUEUE.sha.encode())  # applied, reply lost: resent with the same call id
+    await admin.script_load(QueueScripts.requeue.text)
+    proxy.kill_after_send(QueueScripts.requeue.sha.encode())  # applied, reply lost: resent with the same call id
     assert await q.requeue_dead_letters() == 3
     assert proxy.killed == 1
     assert await q.size() == 3

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError, current_message
 from aiodelayq._producing.keyed import key_tag
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import CANCEL
+from aiodelayq._scripts import QueueScripts
 from aiodelayq.testing import ThrowawayServer, server_version
 from aiodelayq.testing.topologies import replicate
 from tests.faults import debug_args, stall_server
@@ -189,12 +189,12 @@ async def test_a_deduplicated_resend_writes_so_its_wait_covers_the_first_run(own
     k = q.keys
     await q.offer(1, 60, key="k")
     raw = b"k"
-    keys = [getattr(k, name) for name in CANCEL.key_names]
+    keys = [getattr(k, name) for name in QueueScripts.cancel.key_names]
     args = [os.urandom(16), raw, key_tag(raw)]
-    assert int(await run_script(client, CANCEL, keys, args, timeout_s=5)) == 1
+    assert int(await run_script(client, QueueScripts.cancel, keys, args, timeout_s=5)) == 1
     offset = int((await client.info("replication"))["master_repl_offset"])
     # The same call again, as a resend after a lost reply: the remembered answer, not a second run...
-    assert int(await run_script(client, CANCEL, keys, args, timeout_s=5)) == 1
+    assert int(await run_script(client, QueueScripts.cancel, keys, args, timeout_s=5)) == 1
     # ...and yet a write (its call id again), so a WAIT on the resend's connection covers the first run.
     assert int((await client.info("replication"))["master_repl_offset"]) > offset
 

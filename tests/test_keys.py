@@ -159,12 +159,12 @@ async def test_stale_index_entries_are_ignored_and_swept(client: Redis, make_que
 
 async def test_a_resent_keyed_offer_answers_as_its_first_run(own_server: Any, make_proxy: Any, make_client: Any,
                                                             make_queue: Any) -> None:
-    from aiodelayq._scripts import OFFER
+    from aiodelayq._scripts import QueueScripts
 
     proxy = make_proxy(own_server())
     q = make_queue("keys-resend", redis=make_client(proxy), codec="json")
     await q.offer("warm", 60)  # OFFER loaded
-    proxy.kill_after_send(OFFER.sha.encode())  # applied, reply lost: the resend must not say "pending"
+    proxy.kill_after_send(QueueScripts.offer.sha.encode())  # applied, reply lost: the resend must not say "pending"
     first = await q.offer("v", 60, key="k")
     assert first.added
     assert proxy.killed == 1

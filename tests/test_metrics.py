@@ -26,7 +26,7 @@ from redis.asyncio.cluster import RedisCluster
 from aiodelayq import DelayedQueue, QueueCounts, Reject
 from aiodelayq._core import observe as _observe
 from aiodelayq._runtime.client_runtime import runtime_for
-from aiodelayq._scripts import TRANSFER, QueueScripts
+from aiodelayq._scripts import QueueScripts
 from aiodelayq.prometheus import QueueMetrics
 from tests.helpers import free_socket, llen_is, server_ms, until
 
@@ -168,7 +168,7 @@ async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_q
     k = q.keys
     scans: list[str] = []  # the transfers' ZRANGEBYSCORE of the timeout zset (TRANSFER's and POP's)
     limits: list[int] = []  # TRANSFER's ARGV[1]: EVALSHA sha N <N keys> limit (no binary argument before it)
-    nkeys = len(TRANSFER.key_names)
+    nkeys = len(QueueScripts.transfer.key_names)
 
     async def watch(monitor: Any) -> None:
         while True:

@@ -31,7 +31,7 @@ from aiodelayq import (
 )
 from aiodelayq._producing.call_cost import BUDGET_US, MAX_CALL_ITEMS, MIN_CALL_ITEMS, CallCost
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import OFFER
+from aiodelayq._scripts import QueueScripts
 from aiodelayq._wire.clock import STALE_S, ServerClock
 from aiodelayq.testing import ThrowawayServer
 from tests.faults import pause_server, stall_server
@@ -500,7 +500,7 @@ async def test_a_resent_offer_whose_reply_was_lost_is_delivered_once(own_server:
     q: DelayedQueue[int] = make_queue("lost", redis=make_client(proxy), call_timeout_s=5.0)
     async with q:
         for i in range(10):
-            proxy.kill_after_send(OFFER.sha.encode())
+            proxy.kill_after_send(QueueScripts.offer.sha.encode())
             await q.offer(i, 0)  # the first send is applied, its reply lost, then resent
             assert await proxy.wait_killed_async(i + 1, 5)
         got = [await asyncio.wait_for(q.take(), 5) for _ in range(10)]
@@ -514,10 +514,10 @@ async def test_a_resent_offer_call_writes_nothing_twice_even_after_transfer(clie
     keys = [k.destination, k.timeout_set, k.delay_list, k.channel, k.calls, k.call_replies, k.key_index,
             k.controls]
     args = [os.urandom(16), "", "strict", "", "", 0, os.urandom(8), b'"job"']
-    first = await run_script(client, OFFER, keys, args, timeout_s=5)
+    first = await run_script(client, QueueScripts.offer, keys, args, timeout_s=5)
     async with q:  # the element falls due and is transferred
         assert await asyncio.wait_for(q.take(), 5) == "job"
-        again = await run_script(client, OFFER, keys, args, timeout_s=5)  # as a resend after a lost reply
+        again = await run_script(client, QueueScripts.offer, keys, args, timeout_s=5)  # as a resend after a lost reply
         assert again[:2] == [first[0], None]  # the same base; no clock reading (it is not a fresh run)
         assert await q.poll(0.3) is None
     assert await client.zcard(k.timeout_set) == 0

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import CONTAINS_PAGE, PAGE_SIZE, READ_PAGE, REMOVE_PAGE
+from aiodelayq._scripts import PAGE_SIZE, QueueScripts
 from tests.helpers import server_ms, until
 
 
@@ -224,7 +224,7 @@ async def test_cursor_survives_removal_of_its_element_among_equal_scores(client:
     for i, m in enumerate(ordered):
         score = await client.zscore(fast.keys.timeout_set, m)
         await client.zrem(fast.keys.timeout_set, m)
-        reply = await run_script(client, READ_PAGE, [fast.keys.timeout_set, fast.keys.tier_index],
+        reply = await run_script(client, QueueScripts.read_page, [fast.keys.timeout_set, fast.keys.tier_index],
                                  [repr(score), m, 1000], timeout_s=5)
         assert [p.decode() for p in reply[2:]] == payloads[i + 1:], i
         await client.zadd(fast.keys.timeout_set, {m: score})
@@ -323,9 +323,9 @@ async def test_a_resent_remove_page_reports_the_removal_it_made(own_server: Any,
     proxy = make_proxy(server)
     q: DelayedQueue[str] = make_queue("lost-remove", redis=make_client(proxy), codec="str", call_timeout_s=5.0)
     await q.offer_many([("t", 60), ("t", 61), ("other", 62)] + [(f"x{i}", 63) for i in range(10)])
-    await direct.script_load(REMOVE_PAGE.text)  # so the killed call is the removal itself
+    await direct.script_load(QueueScripts.remove_page.text)  # so the killed call is the removal itself
     calls = await direct.zcard(q.keys.calls)
-    proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+    proxy.kill_after_send(QueueScripts.remove_page.sha.encode())
     assert await q.remove("t") is True  # applied, reply lost, resent: still the truth
     assert proxy.killed == 1
     assert await q.read_all() == ["t", "other"] + [f"x{i}" for i in range(10)]  # exactly one went
@@ -333,12 +333,12 @@ async def test_a_resent_remove_page_reports_the_removal_it_made(own_server: Any,
     # A lost reply on every page of a multi-page remove_all: each page counted once.
     q._pending.page_size = 2
     await q.offer_many([("t", 64), ("t", 65)])
-    proxy.kill_after_send(REMOVE_PAGE.sha.encode(), times=4)
+    proxy.kill_after_send(QueueScripts.remove_page.sha.encode(), times=4)
     assert await q._pending.remove(["t", "x3"], first_only=False) == 4
     assert proxy.killed == 5
     assert await q.read_all() == ["other"] + [f"x{i}" for i in range(10) if i != 3]
     # A resent page that found nothing reports nothing.
-    proxy.kill_after_send(REMOVE_PAGE.sha.encode())
+    proxy.kill_after_send(QueueScripts.remove_page.sha.encode())
     assert await q.remove("absent") is False
     assert proxy.killed == 6
 
@@ -364,7 +364,8 @@ async def test_a_remove_page_runs_once_per_call_id(client: Redis, make_queue: An
     await q.offer_many([("t", 60), ("t", 61)])
 
     async def page(call_id: bytes, resend: str) -> Any:
-        return await run_script(client, REMOVE_PAGE, keys, [call_id, "", "", 1000, "1", resend, "t"], timeout_s=5)
+        return await run_script(client, QueueScripts.remove_page, keys, [call_id, "", "", 1000, "1", resend, "t"],
+                                timeout_s=5)
 
     # A first attempt that removed one: its resend repeats the reply and removes nothing more.
     first = await page(b"A" * 16, "0")
@@ -384,7 +385,9 @@ async def test_a_remove_page_runs_once_per_call_id(client: Redis, make_queue: An
     assert await q.size() == 1
     # A first attempt that found nothing leaves no trace: a walk for an absent item writes nothing.
     calls = await client.zcard(k.calls)
-    assert (await run_script(client, REMOVE_PAGE, keys, [b"D" * 16, "", "", 1000, "1", "0", "x"], timeout_s=5))[0] == 0
+    reply = await run_script(client, QueueScripts.remove_page, keys, [b"D" * 16, "", "", 1000, "1", "0", "x"],
+                             timeout_s=5)
+    assert reply[0] == 0
     assert await client.zcard(k.calls) == calls
 
 
@@ -431,7 +434,7 @@ async def test_walks_over_a_million_pending_take_one_script_call_per_page(own_se
     q: DelayedQueue[str] = make_queue("scale", redis=make_client(server, max_connections=32), codec="str")
     await _load_a_million(q)
     assert await q.size() == MILLION
-    for script in (CONTAINS_PAGE, REMOVE_PAGE, READ_PAGE):
+    for script in (QueueScripts.contains_page, QueueScripts.remove_page, QueueScripts.read_page):
         await admin.script_load(script.text)  # so that every call counted is a page, none a NOSCRIPT attempt
     pages = MILLION // PAGE_SIZE
     # contains and remove of an absent item, and read_all, visit every element, a page per call.

@@ -26,7 +26,7 @@ from redis.backoff import ConstantBackoff
 import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import BackendError, DelayedQueue, InvalidDelayError, Message
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
-from aiodelayq._scripts import RECEIVE, SETTLE
+from aiodelayq._scripts import QueueScripts
 from tests.helpers import first_line, llen_is, open_with_ready, server_clock_at, server_ms, server_past, until
 
 # -- receive, ack, nack, redelivery --------------------------------------------------------------------
@@ -502,11 +502,11 @@ async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any, m
     async with q:
         for expected, x in enumerate("abc"):
             await q.offer(x, 0)  # one at a time: each receive makes its own call (no prefetched message)
-            proxy.kill_after_send(RECEIVE.sha.encode())
+            proxy.kill_after_send(QueueScripts.receive.sha.encode())
             msg = await q.receive(30, timeout=5)
             assert msg is not None
             assert (msg.value, msg.delivery_count) == (x, 1)
-            proxy.kill_after_send(SETTLE.sha.encode())
+            proxy.kill_after_send(QueueScripts.settle.sha.encode())
             assert await msg.ack(confirm=True) is True  # applied, reply lost, resent: still the truth
             assert proxy.killed == 2 * (expected + 1)
         assert await q.receive(0.1, timeout=0.3) is None
@@ -529,7 +529,7 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         assert await warm.ack(confirm=True)  # RECEIVE and SETTLE loaded
         await q.offer("m", 0)
         await until(lambda: llen_is(admin, q, 1))  # ready: the receive below gets it
-        proxy.kill_after_send(RECEIVE.sha.encode())
+        proxy.kill_after_send(QueueScripts.receive.sha.encode())
         # Resent 0.6 s after the loss, well inside the 2 s timeout the lost call started.
         msg = await q.receive(visibility_timeout=2.0, timeout=5)
         assert msg is not None
@@ -539,7 +539,7 @@ async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_pr
         assert again is not None
         assert again.delivery_count == 2
         monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(0.01))
-        proxy.kill_after_send(SETTLE.sha.encode())
+        proxy.kill_after_send(QueueScripts.settle.sha.encode())
         assert await msg.ack() is False  # superseded (and too late to write behind): never claims a settle
         assert await admin.zcard(q.keys.in_flight) == 1
 
@@ -560,7 +560,8 @@ async def test_a_receive_that_fails_gives_its_messages_back_in_order(own_server:
         assert await warm.ack(confirm=True)  # RECEIVE loaded: the one below runs
         await q.offer_many([(x, 0) for x in "abcd"])
         await until(lambda: llen_is(admin, q, 4))
-        proxy.kill_after_send(RECEIVE.sha.encode(), times=1000)  # it runs; its reply, and every resend's, lost
+        # It runs; its reply, and every resend's, lost.
+        proxy.kill_after_send(QueueScripts.receive.sha.encode(), times=1000)
         with pytest.raises(BackendError) as failed:
             await q.receive_many(3, visibility_timeout=30, timeout=0.01)
         assert failed.value.maybe_applied
@@ -593,7 +594,7 @@ async def test_a_settle_after_the_deadline_whose_reply_is_lost_says_it_applied(
         msg = await q.receive(visibility_timeout=0.2, timeout=5)
         assert msg is not None
         await until(lambda: server_past(admin, msg.deadline_ms))  # no receive since: not redelivered
-        proxy.kill_after_send(SETTLE.sha.encode())  # applied, reply lost: resent
+        proxy.kill_after_send(QueueScripts.settle.sha.encode())  # applied, reply lost: resent
         settled = await (msg.ack(confirm=True) if how == "ack" else msg.nack(dead_letter=True))
         assert await admin.zcard(q.keys.in_flight) == 0  # the first attempt applied it
         assert settled is True

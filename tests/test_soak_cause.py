@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import BackendError, DelayedQueue
-from aiodelayq._scripts import RECEIVE
+from aiodelayq._scripts import QueueScripts
 from tests.faults import FaultProxy
 from tests.helpers import llen_is, server_past, until
 
@@ -26,7 +26,7 @@ CALL_TIMEOUT_S = 0.5
 
 async def _receive_without_reply(q: DelayedQueue[str], proxy: FaultProxy, visibility_timeout: float) -> None:
     """``q.receive()`` runs on the server, and the reply of every attempt is lost: it raises."""
-    proxy.kill_after_send(RECEIVE.sha.encode(), times=1000)
+    proxy.kill_after_send(QueueScripts.receive.sha.encode(), times=1000)
     with pytest.raises(BackendError) as caught:
         await q.receive(visibility_timeout=visibility_timeout, timeout=5)
     assert caught.value.maybe_applied

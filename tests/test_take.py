@@ -22,7 +22,7 @@ import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._consuming.take import _DRAINED_FOR_S
-from aiodelayq._scripts import POP
+from aiodelayq._scripts import QueueScripts
 from tests.helpers import first_line, llen_is, open_with_ready, takers_waiting, until
 
 # -- take, poll, take_many, async for -------------------------------------------------------------
@@ -390,7 +390,7 @@ async def test_a_pop_that_transferred_and_lost_its_reply_delivers_once(
         for i in range(3):
             taker = asyncio.ensure_future(q.take())
             await until(lambda: takers_waiting(q) == 1)  # the taker found nothing and waits
-            proxy.kill_after_send(POP.sha.encode())  # the transferring POP is applied, its reply lost
+            proxy.kill_after_send(QueueScripts.pop.sha.encode())  # the transferring POP is applied, its reply lost
             await q.offer(i, 0.1)
             assert await asyncio.wait_for(taker, 10) == i  # the resend returns the same item
         assert await q.poll(0.5) is None  # nothing twice
@@ -409,7 +409,7 @@ async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
     async with q:
         await q.offer("warm", 0)
         assert await asyncio.wait_for(q.take(), 5) == "warm"  # POP and FINISH loaded
-        proxy.kill_after_send(POP.sha.encode())
+        proxy.kill_after_send(QueueScripts.pop.sha.encode())
         await admin.rpush("r3", "x")
         taker = asyncio.ensure_future(q.take())
         assert await proxy.wait_killed_async(1, 5)

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from aiodelayq import BackendError, ConfigurationError, DelayedQueue, QueueCounts, QueueFullError
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq._redis.connections import run_script
-from aiodelayq._scripts import OFFER, READ_PAGE
+from aiodelayq._scripts import QueueScripts
 from aiodelayq._wire.elements import classify_element, offer_args, unpack_tier_entry
 from aiodelayq.testing import server_version
 from tests.helpers import server_ms
@@ -357,7 +357,7 @@ async def test_a_tier_page_resumes_after_removals_and_promotions_under_it(client
     keys = [q.keys.timeout_set, q.keys.tier_index]
 
     async def page(cursor: bytes, member: bytes, size: int) -> tuple[list[str], bytes, bytes]:
-        reply = await run_script(client, READ_PAGE, keys, [cursor, member, size], timeout_s=5)
+        reply = await run_script(client, QueueScripts.read_page, keys, [cursor, member, size], timeout_s=5)
         return [p.decode() for p in reply[2:]], reply[0], reply[1]
 
     assert await page(b"", b"", 3) == ([], b"T", b"")  # the empty zset: the tier is next
@@ -408,9 +408,9 @@ async def test_a_resent_tiering_offer_writes_nothing_twice(client: Redis, make_t
     q = make_tiered(codec="str", tier_after_s=60)
     frags, _ = await q._producer.prepare([("a", 3700), ("b", 3760), ("c", 10)])
     args = [os.urandom(16), "", *offer_args("fast", frags, None, "", 60_000)]
-    keys = [getattr(q.keys, name) for name in OFFER.key_names]
-    first = await run_script(client, OFFER, keys, args, timeout_s=5)
-    again = await run_script(client, OFFER, keys, args, timeout_s=5)  # as a resend after a lost reply
+    keys = [getattr(q.keys, name) for name in QueueScripts.offer.key_names]
+    first = await run_script(client, QueueScripts.offer, keys, args, timeout_s=5)
+    again = await run_script(client, QueueScripts.offer, keys, args, timeout_s=5)  # as a resend after a lost reply
     assert again[:2] == [first[0], None]
     assert await tiered_count(client, q) == 2
     assert sorted(await tiered_items(client, q)) == ["a", "b"]

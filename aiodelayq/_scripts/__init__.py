@@ -1,13 +1,16 @@
 """Every Lua script of the library, and their binding to one queue.
 
-Each script is a file ``lua/<name>.lua`` whose header names its KEYS (``-- KEYS:`` and the
-:class:`~aiodelayq._wire.key_names.QueueKeys` attributes, in order), then what each KEYS and ARGV
-entry holds and what it returns. Functions several scripts share are in ``lua/lib/``, each file
-starting with ``-- defines:`` and the names it defines; a script gets the library files whose names
-it uses (directly or through another library file), in :data:`LIBRARY` order, and nothing else:
-Redis runs a script's definitions on every call. Each file is read once per process, when its
-script is first used; a :class:`QueueScript` (text + SHA1) is shared by every client, as redis-py's
-``asyncio/lock.py`` registers its scripts once per class.
+Each script is a file ``lua/<name>.lua``, declared once: as the attribute ``<name>`` of
+:class:`QueueScripts`. Its header names its KEYS (``-- KEYS:`` and the
+:class:`~aiodelayq._wire.key_names.QueueKeys` attributes, in order) and the library files it uses
+(``-- uses: lib/<file>.lua ...``), then says what each ARGV entry holds and what it returns.
+Functions several scripts share are in ``lua/lib/``, each file starting with ``-- defines:`` and
+the names it defines, then its own ``-- uses:`` line if it uses another library file. A script's
+text is the library files it uses, directly or through other library files (each once, after the
+files it uses), then its own, and nothing else: Redis runs a script's definitions on every call.
+Each file is read once per process, when its script is first used; a :class:`QueueScript` (text +
+SHA1) is shared by every client, as redis-py's ``asyncio/lock.py`` registers its scripts once per
+class.
 
 A queue's components call them through :class:`QueueScripts`, which binds each script to the
 queue's client and keys: ``await scripts.pop(call_id, n, lease_ms, 0)``, never a positional key list.
@@ -26,160 +29,101 @@ message's deadline, so it can tell "my first attempt applied it" from "it went t
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
 from functools import cache, cached_property
 from importlib.resources import files
-from typing import Any
+from typing import Any, overload
 
 from .._redis.connections import AnyRedis, Script, run_script
 from .._redis.durability import Durability, run_durable
 from .._redis.retry import resend_script
 from .._wire.key_names import QueueKeys
 
-__all__ = [
-    "CANCEL", "CLAIM_SHARDS", "CLEAR", "CONTAINS_PAGE", "COUNTS", "EXTEND", "FINISH", "GET", "KEY_TYPES", "LIBRARY",
-    "NATIVE_LONG",
-    "OFFER", "PAGE_SIZE", "PEEK", "POP", "PURGE", "READ_PAGE", "RECEIVE", "REFILL", "RELEASE_CALL", "REMOVE_PAGE",
-    "REQUEUE", "RESCHEDULE", "SCHEDULE", "SCRIPTS", "SETTLE", "SET_CONTROLS", "SIZE", "TRANSFER", "BoundScript",
-    "QueueScript", "QueueScripts", "assemble",
-]
-
-# The shared library files, in the order a script's text includes them: a file may use the names
-# of those before it.
-LIBRARY = ("parse", "dead", "item", "clock", "issue", "chunked", "reversed", "lists", "calls", "index", "unindex",
-           "sweep", "tiers", "transfer", "walk", "tier_walk", "messages", "controls", "recur")
+__all__ = ["PAGE_SIZE", "SCRIPTS", "BoundScript", "QueueScript", "QueueScripts", "assemble"]
 
 # Elements one page script (CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE) reads at most; a page also stops
 # after PAGE_BYTES (lua/lib/walk.lua) of elements, so large payloads cannot make it long either.
 PAGE_SIZE = 1000
 
-_WORD = re.compile(r"\w+")
-
-
-def _lua(*path: str) -> str:
-    """The text of ``lua/<path...>``."""
-    where = files(__name__) / "lua"
-    for part in path:
-        where = where / part
-    return where.read_text(encoding="utf-8")
-
 
 @cache
-def _library() -> tuple[tuple[str, frozenset[str], frozenset[str], str], ...]:
-    """Each library file: its name, the names it defines, the words of its code and its text."""
-    out = []
-    for name in LIBRARY:
-        text = _lua("lib", f"{name}.lua")
-        first, _, body = text.partition("\n")
-        if not first.startswith("-- defines:"):
-            raise RuntimeError(f"lua/lib/{name}.lua must start with '-- defines: <names>'")
-        out.append((name, frozenset(first.split(":", 1)[1].split()), _words(body), body))
-    return tuple(out)
+def _lua(path: str) -> str:
+    """The text of ``lua/<path>`` (``pop.lua``, ``lib/item.lua``), read once per process."""
+    return (files(__name__) / "lua").joinpath(*path.split("/")).read_text(encoding="utf-8")
 
 
-def _code(lua: str) -> str:
-    """``lua`` without its ``--`` comments (outside string literals): what it uses."""
-    out = []
-    for line in lua.splitlines():
-        if "--" not in line:
-            out.append(line)
-            continue
-        quote = None
-        for i, char in enumerate(line):
-            if quote:
-                quote = None if char == quote and line[i - 1] != "\\" else quote
-            elif char in "'\"":
-                quote = char
-            elif line.startswith("--", i):
-                line = line[:i]
-                break
-        out.append(line)
-    return "\n".join(out)
+def _header(text: str, label: str) -> list[str] | None:
+    """The words of the line ``-- <label>: words`` among ``text``'s leading comments; None without one."""
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        if line.startswith(f"-- {label}:"):
+            return line.split(":", 1)[1].split()
+    return None
 
 
-def _words(lua: str) -> frozenset[str]:
-    """The words (runs of ``\\w``) of ``lua``'s code: the names it may use."""
-    return frozenset(_WORD.findall(_code(lua)))
+def assemble(path: str) -> str:
+    """The text Redis runs for ``lua/<path>``: the library files its ``-- uses:`` line names,
+    directly or through other library files, each once and after the files it uses, then its own.
 
+    Raises:
+        RuntimeError: library files that use each other in a cycle.
+    """
+    included: dict[str, str] = {}
 
-def assemble(body: str) -> str:
-    """``body`` preceded by the library files its code uses (names outside comments), directly or
-    through other library files, in :data:`LIBRARY` order."""
-    library = _library()
-    needed: set[str] = set()
-    words = set(_words(body))
-    changed = True
-    while changed:  # a library file may use another one (index -> parse, lists)
-        changed = False
-        for name, defines, uses, _ in library:
-            if name not in needed and not defines.isdisjoint(words):
-                needed.add(name)
-                words |= uses
-                changed = True
-    return "\n" + "".join(lua for name, _, _, lua in library if name in needed) + body
+    def include(chain: tuple[str, ...]) -> None:
+        for lib in _header(_lua(chain[-1]), "uses") or ():
+            if lib in chain:
+                raise RuntimeError(f"lua/{lib} uses itself: {' -> '.join((*chain, lib))}")
+            if lib not in included:
+                include((*chain, lib))
+                included[lib] = _lua(lib)
+
+    include((path,))
+    return "".join(included.values()) + _lua(path)
 
 
 class QueueScript(Script):
-    """A script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order.
+    """The script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order.
 
-    Each is made on first use, once per process: the file is read with the first of them (a queue's
-    :class:`QueueScripts` asks for the key names), the text is assembled and hashed with the first
-    call. Importing the package reads no file, and a process assembles only the scripts it runs.
+    Declared once, as the attribute ``<name>`` of :class:`QueueScripts`: read on the class
+    (``QueueScripts.pop``) it is this script; on a queue's :class:`QueueScripts` it is the script
+    bound to that queue (a :class:`BoundScript`, made on first access). Each is made once per
+    process: the file is read when a queue first binds the script (it asks for the key names), the
+    text is assembled and hashed with its first call. Importing the package reads no file, and a
+    process assembles only the scripts it runs.
     """
 
     def __init__(self, name: str) -> None:
-        super().__init__(name, lambda: assemble(self._body))
+        super().__init__(name, lambda: assemble(f"{name}.lua"))
 
-    @cached_property
-    def _body(self) -> str:
-        return _lua(f"{self.name}.lua")
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        if name != self.name:
+            raise TypeError(f"QueueScripts.{name} must be QueueScript({name!r}), the script of lua/{name}.lua")
+
+    @overload
+    def __get__(self, scripts: None, owner: type[Any] | None = None) -> QueueScript: ...
+
+    @overload
+    def __get__(self, scripts: QueueScripts, owner: type[Any] | None = None) -> BoundScript: ...
+
+    def __get__(self, scripts: QueueScripts | None, owner: type[Any] | None = None) -> QueueScript | BoundScript:
+        if scripts is None:
+            return self
+        bound = scripts.__dict__[self.name] = BoundScript(scripts, self)  # read from there from now on
+        return bound
 
     @cached_property
     def key_names(self) -> tuple[str, ...]:
         """The :class:`~aiodelayq._wire.key_names.QueueKeys` attributes of its KEYS, in order."""
-        match = re.search(r"^-- KEYS: *(.*)$", self._body, re.M)
-        if match is None:
+        names = _header(_lua(f"{self.name}.lua"), "KEYS")
+        if names is None:
             raise RuntimeError(f"lua/{self.name}.lua has no '-- KEYS:' header line")
-        key_names = tuple(k for k in match.group(1).split() if k != "(none)")
+        key_names = tuple(k for k in names if k != "(none)")
         unknown = [k for k in key_names if k not in {f.name for f in fields(QueueKeys)}]
         if unknown:
             raise RuntimeError(f"lua/{self.name}.lua names keys a queue does not have: {unknown}")
         return key_names
-
-
-OFFER = QueueScript("offer")
-NATIVE_LONG = QueueScript("native_long")
-TRANSFER = QueueScript("transfer")
-POP = QueueScript("pop")
-FINISH = QueueScript("finish")
-RECEIVE = QueueScript("receive")
-RELEASE_CALL = QueueScript("release_call")
-SETTLE = QueueScript("settle")
-EXTEND = QueueScript("extend")
-COUNTS = QueueScript("counts")
-PEEK = QueueScript("peek")
-CONTAINS_PAGE = QueueScript("contains_page")
-READ_PAGE = QueueScript("read_page")
-REMOVE_PAGE = QueueScript("remove_page")
-CANCEL = QueueScript("cancel")
-RESCHEDULE = QueueScript("reschedule")
-GET = QueueScript("get")
-REQUEUE = QueueScript("requeue")
-PURGE = QueueScript("purge")
-SET_CONTROLS = QueueScript("set_controls")
-SCHEDULE = QueueScript("schedule")
-REFILL = QueueScript("refill")
-CLAIM_SHARDS = QueueScript("claim_shards")
-SIZE = QueueScript("size")
-CLEAR = QueueScript("clear")
-KEY_TYPES = QueueScript("key_types")
-
-SCRIPTS: tuple[QueueScript, ...] = (OFFER, NATIVE_LONG, TRANSFER, POP, FINISH, RECEIVE, RELEASE_CALL, SETTLE, EXTEND,
-                                    COUNTS, PEEK, CONTAINS_PAGE, READ_PAGE, REMOVE_PAGE, CANCEL, RESCHEDULE, GET,
-                                    REQUEUE, PURGE, SET_CONTROLS, SCHEDULE, REFILL, CLAIM_SHARDS, SIZE, CLEAR,
-                                    KEY_TYPES)
-"""Every script, for tests and tools (the Lua lint assembles each)."""
 
 
 class BoundScript:
@@ -226,7 +170,37 @@ class BoundScript:
 
 class QueueScripts:
     """The library's scripts bound to one queue: its client, keys, call bound (``call_timeout_s``,
-    seconds) and durability, the four things every component that talks to Redis needs."""
+    seconds) and durability, the four things every component that talks to Redis needs.
+
+    Each attribute below is a script (``lua/<name>.lua``), bound to this queue when first read.
+    """
+
+    offer = QueueScript("offer")
+    native_long = QueueScript("native_long")
+    transfer = QueueScript("transfer")
+    pop = QueueScript("pop")
+    finish = QueueScript("finish")
+    receive = QueueScript("receive")
+    release_call = QueueScript("release_call")
+    settle = QueueScript("settle")
+    extend = QueueScript("extend")
+    counts = QueueScript("counts")
+    peek = QueueScript("peek")
+    contains_page = QueueScript("contains_page")
+    read_page = QueueScript("read_page")
+    remove_page = QueueScript("remove_page")
+    cancel = QueueScript("cancel")
+    reschedule = QueueScript("reschedule")
+    get = QueueScript("get")
+    requeue = QueueScript("requeue")
+    purge = QueueScript("purge")
+    set_controls = QueueScript("set_controls")
+    schedule = QueueScript("schedule")
+    refill = QueueScript("refill")
+    claim_shards = QueueScript("claim_shards")
+    size = QueueScript("size")
+    clear = QueueScript("clear")
+    key_types = QueueScript("key_types")
 
     def __init__(self, client: AnyRedis, keys: QueueKeys, *, call_timeout_s: float,
                  durability: Durability | None = None) -> None:
@@ -234,32 +208,10 @@ class QueueScripts:
         self.keys = keys
         self.call_timeout_s = call_timeout_s
         self.durability = durability or Durability()
-        self.offer = BoundScript(self, OFFER)
-        self.native_long = BoundScript(self, NATIVE_LONG)
-        self.transfer = BoundScript(self, TRANSFER)
-        self.pop = BoundScript(self, POP)
-        self.finish = BoundScript(self, FINISH)
-        self.receive = BoundScript(self, RECEIVE)
-        self.release_call = BoundScript(self, RELEASE_CALL)
-        self.settle = BoundScript(self, SETTLE)
-        self.extend = BoundScript(self, EXTEND)
-        self.counts = BoundScript(self, COUNTS)
-        self.peek = BoundScript(self, PEEK)
-        self.contains_page = BoundScript(self, CONTAINS_PAGE)
-        self.read_page = BoundScript(self, READ_PAGE)
-        self.remove_page = BoundScript(self, REMOVE_PAGE)
-        self.cancel = BoundScript(self, CANCEL)
-        self.reschedule = BoundScript(self, RESCHEDULE)
-        self.get = BoundScript(self, GET)
-        self.requeue = BoundScript(self, REQUEUE)
-        self.purge = BoundScript(self, PURGE)
-        self.set_controls = BoundScript(self, SET_CONTROLS)
-        self.schedule = BoundScript(self, SCHEDULE)
-        self.refill = BoundScript(self, REFILL)
-        self.claim_shards = BoundScript(self, CLAIM_SHARDS)
-        self.size = BoundScript(self, SIZE)
-        self.clear = BoundScript(self, CLEAR)
-        self.key_types = BoundScript(self, KEY_TYPES)
 
     def __repr__(self) -> str:
         return f"<QueueScripts {self.keys.destination!r} call_timeout_s={self.call_timeout_s:g}>"
+
+
+SCRIPTS: tuple[QueueScript, ...] = tuple(v for v in vars(QueueScripts).values() if isinstance(v, QueueScript))
+"""Every script, for tests and tools."""

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
-import aiodelayq._scripts as scripts
 from aiodelayq import BackendError, DelayedQueue, QueueCounts
 from aiodelayq._consuming.reliable import ReliableConsumer
 from aiodelayq._consuming.take import TakePump
+from aiodelayq._scripts import QueueScripts
 from tests.faults import FaultProxy
 
 from .observe import Snapshot, snapshot
@@ -37,7 +37,7 @@ CALL_TIMEOUT_S = 0.5
 OUTAGE_MS = (700, 1200)
 # The scripts whose replies a "lost reply" fault drops (the next call of that script on that client:
 # a rule's own call, or the library's background work): every script the rules' calls run.
-LOST_REPLY_SCRIPTS = {name: getattr(scripts, name) for name in (
+LOST_REPLY_SCRIPTS = {name: getattr(QueueScripts, name.lower()) for name in (
     "OFFER", "CANCEL", "RESCHEDULE", "GET", "SCHEDULE", "SET_CONTROLS", "CLEAR", "REQUEUE", "PURGE",
     "TRANSFER", "POP", "FINISH", "RECEIVE", "RELEASE_CALL", "SETTLE", "EXTEND")}
 RUN_BOUND_S = 60.0  # one rule's bound: past it, the rule hangs (each call is bounded far below it)

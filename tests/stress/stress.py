@@ -82,14 +82,7 @@ if str(ROOT) not in sys.path:
 
 from aiodelayq import BackendError, DelayedQueue  # noqa: E402
 from aiodelayq._consuming.handoff import HANDOFF_LEASE_MS  # noqa: E402
-from aiodelayq._scripts import (  # noqa: E402
-    FINISH,
-    OFFER,
-    POP,
-    RECEIVE,
-    SETTLE,
-    TRANSFER,
-)
+from aiodelayq._scripts import QueueScripts  # noqa: E402
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
 from tests.helpers import unpack_list  # noqa: E402
@@ -102,8 +95,8 @@ STALL_S = (2.0, 3.0)
 HANDOFF_LEASE_S = HANDOFF_LEASE_MS / 1000
 FORCED_RETURN_BOUND_S = 1.0
 CHILD_SOURCE = (HERE / "stress_consumer.py").read_text()
-SCRIPTS = {"OFFER": OFFER, "POP": POP, "FINISH": FINISH, "RECEIVE": RECEIVE, "SETTLE": SETTLE,
-           "TRANSFER": TRANSFER}
+SCRIPTS = {name: getattr(QueueScripts, name.lower()) for name in ("OFFER", "POP", "FINISH", "RECEIVE", "SETTLE",
+                                                                   "TRANSFER")}
 COMMON_FAULTS = ["kill-clients", "proxy-kill-all", "pause", "stall", "net-stall", "server-sigkill",
                  "consumer-crash", "forced-shutdown", "hard-kill"]
 PLAIN_FAULTS = [*COMMON_FAULTS, "lost-reply:OFFER", "lost-reply:POP", "lost-reply:FINISH", "lost-reply:TRANSFER"]

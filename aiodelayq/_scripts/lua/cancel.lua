@@ -1,5 +1,6 @@
 -- CANCEL: remove the pending element of a key, once per call id.
 -- KEYS: timeout_set delay_list key_index channel calls call_replies schedules
+-- uses: lib/calls.lua lib/clock.lua lib/index.lua lib/parse.lua
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5] calls
 -- zset, KEYS[6] call replies hash, KEYS[7] schedules hash
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag

@@ -1,5 +1,6 @@
 -- CLEAR: drop every pending element: the pending keys, then the tier's buckets, a page at a time.
 -- KEYS: delay_list timeout_set key_index schedules tier_index tier_count
+-- uses: lib/chunked.lua lib/tiers.lua
 -- KEYS[1] delay list, KEYS[2] timeout zset, KEYS[3] key index hash, KEYS[4] schedules hash,
 -- KEYS[5] tier index zset, KEYS[6] tier count
 -- ARGV[1] '1': the first page (also UNLINKs the delay list, the zset, the key index and the

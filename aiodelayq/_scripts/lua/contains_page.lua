@@ -1,5 +1,6 @@
 -- CONTAINS_PAGE: one page of the walk that looks for a payload among the pending elements: the zset's, then the tier's.
 -- KEYS: timeout_set tier_index
+-- uses: lib/tier_walk.lua lib/walk.lua
 -- KEYS[1] timeout zset, KEYS[2] tier index zset
 -- ARGV[1] cursor score ('' = from the start; 'T...' = in the tier, lib/tier_walk.lua), ARGV[2]
 -- cursor member, ARGV[3] page size, ARGV[4] payload

@@ -1,5 +1,6 @@
 -- COUNTS: pending, ready, in-flight and dead-letter counts, the earliest due time and the controls, in one read.
 -- KEYS: timeout_set destination in_flight dead_letter controls schedules tier_index tier_count
+-- uses: lib/clock.lua lib/tiers.lua
 -- KEYS[1] timeout zset, KEYS[2] destination list, KEYS[3] in-flight zset, KEYS[4] dead-letter list,
 -- KEYS[5] controls hash, KEYS[6] schedules hash, KEYS[7] tier index zset, KEYS[8] tier count
 -- ARGV: (none)

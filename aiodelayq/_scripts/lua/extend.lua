@@ -1,5 +1,6 @@
 -- EXTEND: move a message's visibility deadline.
 -- KEYS: in_flight
+-- uses: lib/clock.lua
 -- KEYS[1] in-flight zset
 -- ARGV[1] the message element (this delivery), ARGV[2] visibility timeout ms
 -- returns: the new visibility deadline (server ms: now + timeout) if the delivery is still in

@@ -1,5 +1,6 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
 -- KEYS: destination handoff handoff_leases dead_letter channel
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/reversed.lua
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset,
 -- KEYS[4] dead-letter list, KEYS[5] channel
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller

@@ -1,5 +1,6 @@
 -- GET: the pending element of a key and its due time.
 -- KEYS: timeout_set key_index
+-- uses: lib/index.lua lib/parse.lua
 -- KEYS[1] timeout zset, KEYS[2] key index hash
 -- ARGV[1] key, ARGV[2] its tag
 -- returns: {payload, due ms (text)} of the pending item of the key, or false (none, or a

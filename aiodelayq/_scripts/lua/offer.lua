@@ -1,5 +1,6 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
 -- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua
 -- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
 -- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash,
 -- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused), KEYS[9]

@@ -1,5 +1,6 @@
 -- PEEK: the soonest-due pending elements with their due times and keys, the tier's included.
 -- KEYS: timeout_set key_index tier_index
+-- uses: lib/index.lua lib/parse.lua lib/tiers.lua lib/walk.lua
 -- KEYS[1] timeout zset, KEYS[2] key index hash, KEYS[3] tier index zset
 -- ARGV[1] at most this many elements (the soonest due)
 -- returns: {element, due ms (text), payload or false (malformed), key or false, ...} in due order

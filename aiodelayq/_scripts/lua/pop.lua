@@ -1,5 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
 -- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
+-- uses: lib/clock.lua lib/controls.lua lib/dead.lua lib/item.lua lib/lists.lua lib/recur.lua lib/transfer.lua
 -- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
 -- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls
 -- hash, KEYS[9] channel, KEYS[10] schedules hash, KEYS[11] tier index zset, KEYS[12] tier count

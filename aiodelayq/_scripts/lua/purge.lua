@@ -1,5 +1,6 @@
 -- PURGE: delete the dead-letter list, once per call id.
 -- KEYS: dead_letter calls call_replies
+-- uses: lib/calls.lua lib/clock.lua
 -- KEYS[1] dead-letter list, KEYS[2] calls zset, KEYS[3] call replies hash
 -- ARGV[1] call id
 -- returns: how many entries were deleted (a resend of the call id: the first run's count).

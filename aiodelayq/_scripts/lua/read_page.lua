@@ -1,5 +1,6 @@
 -- READ_PAGE: one page of the walk that reads every pending payload: the zset's, then the tier's.
 -- KEYS: timeout_set tier_index
+-- uses: lib/parse.lua lib/tier_walk.lua
 -- KEYS[1] timeout zset, KEYS[2] tier index zset
 -- ARGV[1] cursor score ('' = from the start; 'T...' = in the tier, lib/tier_walk.lua), ARGV[2]
 -- cursor member, ARGV[3] page size

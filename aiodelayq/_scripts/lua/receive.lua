@@ -1,5 +1,6 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
 -- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/item.lua lib/messages.lua lib/recur.lua
 -- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
 -- KEYS[5] call replies hash, KEYS[6] controls hash, KEYS[7] timeout zset, KEYS[8] delay list,
 -- KEYS[9] key index hash, KEYS[10] channel, KEYS[11] schedules hash

@@ -1,5 +1,6 @@
 -- REFILL: list more upcoming due times of a cron schedule; restart it if it stalled.
 -- KEYS: timeout_set delay_list key_index channel schedules
+-- uses: lib/clock.lua lib/index.lua lib/item.lua lib/recur.lua
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5]
 -- schedules hash
 -- ARGV[1] key, ARGV[2] the occurrence payload the consumer was handed (an item envelope naming the

@@ -1,5 +1,6 @@
 -- RELEASE_CALL: undo a receive nobody saw, by its call id.
 -- KEYS: in_flight destination calls call_replies channel
+-- uses: lib/calls.lua lib/clock.lua lib/messages.lua
 -- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash,
 -- KEYS[5] channel
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)

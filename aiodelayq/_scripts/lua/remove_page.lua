@@ -1,5 +1,6 @@
 -- REMOVE_PAGE: one page of the walk that removes pending elements by payload, once per call id: the zset's, then the tier's.
 -- KEYS: timeout_set delay_list calls call_replies tier_index tier_count
+-- uses: lib/calls.lua lib/clock.lua lib/lists.lua lib/tier_walk.lua lib/tiers.lua lib/walk.lua
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] calls zset, KEYS[4] call replies hash, KEYS[5]
 -- tier index zset, KEYS[6] tier count
 -- ARGV[1] call id (16 bytes, the same for a resend of this page), ARGV[2] cursor score ('' = from

@@ -1,5 +1,6 @@
 -- REQUEUE: move dead letters back into the pending zset, once per call id.
 -- KEYS: dead_letter timeout_set delay_list channel calls call_replies
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/dead.lua lib/issue.lua lib/item.lua lib/parse.lua
 -- KEYS[1] dead-letter list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] channel, KEYS[5] calls
 -- zset, KEYS[6] call replies hash
 -- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]

@@ -1,5 +1,6 @@
 -- RESCHEDULE: move the pending element of a key to a new due time, once per call id.
 -- KEYS: timeout_set delay_list key_index channel calls call_replies
+-- uses: lib/calls.lua lib/clock.lua lib/index.lua lib/issue.lua
 -- KEYS as CANCEL
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag, ARGV[4] issue time (server ms as the client
 -- estimates it, '' = none), ARGV[5] delay ms

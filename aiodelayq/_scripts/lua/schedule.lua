@@ -1,5 +1,6 @@
 -- SCHEDULE: start (or replace) the recurring item of a key: its record and its first occurrence.
 -- KEYS: timeout_set delay_list key_index channel schedules
+-- uses: lib/clock.lua lib/index.lua lib/issue.lua lib/item.lua lib/recur.lua
 -- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5]
 -- schedules hash
 -- ARGV[1] key, ARGV[2] its tag, ARGV[3] the occurrence payload (an item envelope naming the key),

@@ -1,5 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
 -- KEYS: in_flight dead_letter destination channel calls call_replies
+-- uses: lib/calls.lua lib/clock.lua lib/dead.lua lib/messages.lua
 -- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel,
 -- KEYS[5] calls zset, KEYS[6] call replies hash (lib/calls.lua)
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,

@@ -1,5 +1,6 @@
 -- TRANSFER: move due elements to the destination list; return expired hand-off leases' items.
 -- KEYS: destination timeout_set delay_list dead_letter handoff handoff_leases key_index controls tier_index tier_count
+-- uses: lib/transfer.lua
 -- KEYS[1] destination list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] dead-letter list,
 -- KEYS[5] hand-off hash, KEYS[6] hand-off leases zset, KEYS[7] key index hash, KEYS[8] controls
 -- hash (a 'shards' field there: the name is a sharded queue's, whose items are in its shards: an

@@ -1,4 +1,5 @@
 -- defines: controls_allow controls_charge
+-- uses: lib/clock.lua
 -- The queue's controls (its 'controls' hash, see QueueKeys.controls), shared by every consumer.
 -- controls_allow(key, want, now): how many of `want` items a consumer may have now, the hold (-1:
 -- paused, none until resumed; > 0: rate limited, ms until the next whole token; 0: not held), and

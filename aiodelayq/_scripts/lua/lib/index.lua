@@ -1,4 +1,5 @@
 -- defines: element_tag index_pairs index_pair overflow_field index_find INDEX_V1 INDEX_OVERFLOW
+-- uses: lib/lists.lua lib/parse.lua
 -- Keys (aiodelayq/_producing/keyed.py). The key index hash maps a field to 0x01 (version) | pack_list({key,
 -- element}): one pair per field, the key and its pending element. The field is the key's tag (the
 -- first 8 bytes of its SHA-1, top bit set, computed by the client), carried in the element's id,

@@ -1,4 +1,5 @@
 -- defines: ITEM_MAGIC item_expired item_without_expiry item_expiry_moved element_expiry_moved item_schedule item_with_occurrence item_flagged
+-- uses: lib/parse.lua
 -- Item envelopes (layout in aiodelayq/_wire/elements.py): 0xC1 'adq' 0x04 | '>d' expiry (server ms,
 -- 0 = none) | '>H' headers length | '>H' schedule key length | '>I4' occurrence number | '>B' flags
 -- (1: its consumer should list more cron times; 2: a resync, not an item: its consumer lists

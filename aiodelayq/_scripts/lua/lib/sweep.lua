@@ -1,4 +1,5 @@
 -- defines: sweep_index
+-- uses: lib/index.lua
 -- Stale index pairs (their element was moved by Redisson's transfer, or removed by payload) are
 -- harmless; a few random entries are checked per keyed call so they do not pile up.
 local function sweep_index(idx, zset, probes)

@@ -1,4 +1,5 @@
 -- defines: TIER_CURSOR tier_page tier_resume pending_page
+-- uses: lib/tiers.lua lib/walk.lua
 -- The tier's part of a pending walk, after the zset's (lib/walk.lua): the buckets in index order
 -- (promotion time, then start), each from its head, in the order its entries were offered, read
 -- with LRANGE in batches sized as walk_page sizes its own. The cursor is TIER_CURSOR alone (the

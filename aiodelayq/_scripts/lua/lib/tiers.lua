@@ -1,4 +1,5 @@
 -- defines: tier_bucket tier_entry tier_forget promote tier_next
+-- uses: lib/chunked.lua
 -- The tier (docs/design.md, "Tiered pending"): unkeyed fast elements due far ahead wait in lists,
 -- one per bucket of due times [start, start + width), start a multiple of the width (at most
 -- 60,000 ms). A bucket is the list 'aiodelayq_tier_<start>' .. the suffix of the tier index's name

@@ -1,4 +1,5 @@
 -- defines: transfer
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
 -- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
 --          leases zset, key index hash, tier index zset, tier count, limit: at most |limit|
 --          elements; negative: also measure the lateness of what moves)

@@ -1,4 +1,5 @@
 -- defines: unindex
+-- uses: lib/chunked.lua lib/index.lua
 -- Drop the index entries of keyed elements that are no longer pending (transferred or removed).
 -- `owned`: the tags of moved fast elements with the tag bit set: such an element owns its field
 -- (see the index section), dropped unread; the caller collects them in the loop where it parses

@@ -1,4 +1,5 @@
 -- defines: CHUNK PAGE_BYTES bytes_lt matcher start_rank walk_page
+-- uses: lib/parse.lua
 local PAGE_BYTES = 262144
 local CHUNK = 128
 -- a < b in byte order, as the zset orders members of equal score (memcmp). Lua's own '<' uses the
