@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import re
 import subprocess
 import sys
@@ -191,6 +192,38 @@ def test_each_script_is_declared_and_each_lua_file_names_the_library_files_it_us
         assert sorted(_header(path.read_text(), "uses") or ()) == used, f"{relative}: '-- uses: {' '.join(used)}'"
     for script in SCRIPTS:
         assert script.text  # assembles: every file it uses exists, and none uses itself
+
+
+def _keys_read(tokens: list[str]) -> set[str]:
+    """The keys Lua tokens read from the table of keys by name: ``K.timeout_set`` -> ``timeout_set``."""
+    return {field[1:] for name, field in itertools.pairwise(tokens) if name == "K" and field.startswith(".")}
+
+
+def test_each_script_reads_its_keys_by_the_names_its_header_gives() -> None:
+    # The loader makes a script's KEYS line the table K (K.timeout_set is KEYS[i] of that line), which
+    # the script hands to the library functions: a name the line lacks would be nil at run time, on
+    # whichever path reaches it. So no file indexes KEYS, and every K.<name> that a script, or a
+    # library function it calls (directly or not), reads is on its KEYS line.
+    functions: dict[str, tuple[set[str], set[str]]] = {}  # library function -> its keys read, its names
+    for path in sorted((LUA / "lib").glob("*.lua")):
+        for name, body in re.findall(r"^local function (\w+)(.*?)(?=^local function |\Z)", path.read_text(),
+                                     re.M | re.S):
+            tokens = _LUA_TOKEN.findall(body)
+            functions[name] = (_keys_read(tokens), {t for t in tokens if t[0].isalpha() or t[0] == "_"})
+    for path in sorted(LUA.rglob("*.lua")):
+        code = _LUA_TOKEN.sub(lambda token: "" if token.group().startswith("--") else token.group(), path.read_text())
+        assert not re.search(r"\bKEYS\s*\[", code), f"{path.relative_to(LUA)}: KEYS[i] instead of K.<name>"
+    for script in SCRIPTS:
+        tokens = _LUA_TOKEN.findall((LUA / f"{script.name}.lua").read_text())
+        read, calls, seen = _keys_read(tokens), [t for t in tokens if t in functions], set()
+        while calls:
+            function = calls.pop()
+            if function not in seen:
+                seen.add(function)
+                read |= functions[function][0]
+                calls += functions[function][1] & functions.keys()
+        lacking = read - set(script.key_names)
+        assert not lacking, f"{script.name}.lua reads keys its KEYS line lacks: {sorted(lacking)}"
 
 
 def test_the_package_names_load_on_first_access() -> None:

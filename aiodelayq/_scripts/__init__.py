@@ -6,8 +6,11 @@ Each script is a file ``lua/<name>.lua``, declared once: as the attribute ``<nam
 (``-- uses: lib/<file>.lua ...``), then says what each ARGV entry holds and what it returns.
 Functions several scripts share are in ``lua/lib/``, each file starting with ``-- defines:`` and
 the names it defines, then its own ``-- uses:`` line if it uses another library file. A script's
-text is the library files it uses, directly or through other library files (each once, after the
-files it uses), then its own, and nothing else: Redis runs a script's definitions on every call.
+text is the table of its keys by name made from its KEYS line (``local K = {destination =
+KEYS[1], ...}``: the script reads ``K.destination`` and hands ``K`` to the library functions that
+use the queue's keys, ``transfer(K, limit)``), the library files it uses, directly or through other
+library files (each once, after the files it uses), then its own, and nothing else: Redis runs a
+script's definitions on every call.
 Each file is read once per process, when its script is first used; a :class:`QueueScript` (text +
 SHA1) is shared by every client, as redis-py's ``asyncio/lock.py`` registers its scripts once per
 class.
@@ -62,13 +65,28 @@ def _header(text: str, label: str) -> list[str] | None:
     return None
 
 
+def _key_names(path: str) -> tuple[str, ...]:
+    """The :class:`~aiodelayq._wire.key_names.QueueKeys` attributes of ``lua/<path>``'s KEYS, in order."""
+    names = _header(_lua(path), "KEYS")
+    if names is None:
+        raise RuntimeError(f"lua/{path} has no '-- KEYS:' header line")
+    key_names = tuple(k for k in names if k != "(none)")
+    unknown = [k for k in key_names if k not in {f.name for f in fields(QueueKeys)}]
+    if unknown:
+        raise RuntimeError(f"lua/{path} names keys a queue does not have: {unknown}")
+    return key_names
+
+
 def assemble(path: str) -> str:
-    """The text Redis runs for ``lua/<path>``: the library files its ``-- uses:`` line names,
-    directly or through other library files, each once and after the files it uses, then its own.
+    """The text Redis runs for the script ``lua/<path>``: the table ``K`` of its keys by name (from
+    its ``-- KEYS:`` line), the library files its ``-- uses:`` line names, directly or through other
+    library files, each once and after the files it uses, then its own.
 
     Raises:
-        RuntimeError: library files that use each other in a cycle.
+        RuntimeError: a header that names no KEYS or keys a queue does not have; library files that
+            use each other in a cycle.
     """
+    keys = ", ".join(f"{name} = KEYS[{i}]" for i, name in enumerate(_key_names(path), 1))
     included: dict[str, str] = {}
 
     def include(chain: tuple[str, ...]) -> None:
@@ -80,7 +98,7 @@ def assemble(path: str) -> str:
                 included[lib] = _lua(lib)
 
     include((path,))
-    return "".join(included.values()) + _lua(path)
+    return (f"local K = {{{keys}}}\n" if keys else "") + "".join(included.values()) + _lua(path)
 
 
 class QueueScript(Script):
@@ -116,14 +134,7 @@ class QueueScript(Script):
     @cached_property
     def key_names(self) -> tuple[str, ...]:
         """The :class:`~aiodelayq._wire.key_names.QueueKeys` attributes of its KEYS, in order."""
-        names = _header(_lua(f"{self.name}.lua"), "KEYS")
-        if names is None:
-            raise RuntimeError(f"lua/{self.name}.lua has no '-- KEYS:' header line")
-        key_names = tuple(k for k in names if k != "(none)")
-        unknown = [k for k in key_names if k not in {f.name for f in fields(QueueKeys)}]
-        if unknown:
-            raise RuntimeError(f"lua/{self.name}.lua names keys a queue does not have: {unknown}")
-        return key_names
+        return _key_names(f"{self.name}.lua")
 
 
 class BoundScript:

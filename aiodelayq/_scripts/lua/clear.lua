@@ -1,8 +1,6 @@
 -- CLEAR: drop every pending element: the pending keys, then the tier's buckets, a page at a time.
 -- KEYS: delay_list timeout_set key_index schedules tier_index tier_count
 -- uses: lib/chunked.lua lib/tiers.lua
--- KEYS[1] delay list, KEYS[2] timeout zset, KEYS[3] key index hash, KEYS[4] schedules hash,
--- KEYS[5] tier index zset, KEYS[6] tier count
 -- ARGV[1] '1': the first page (also UNLINKs the delay list, the zset, the key index and the
 -- schedules), '0': a later page (buckets only)
 -- returns: how many buckets are left in the tier index (the caller sends pages until 0).
@@ -11,18 +9,18 @@
 -- index is empty). Idempotent: a resend drops what is there. Items offered while the pages run may
 -- stay (as after an UNLINK followed by an offer).
 local CLEAR_BUCKETS = 500
-if ARGV[1] == '1' then redis.call('unlink', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) end
-local starts = redis.call('zrange', KEYS[5], 0, CLEAR_BUCKETS - 1)
+if ARGV[1] == '1' then redis.call('unlink', K.delay_list, K.timeout_set, K.key_index, K.schedules) end
+local starts = redis.call('zrange', K.tier_index, 0, CLEAR_BUCKETS - 1)
 local gone = 0
 for _, start in ipairs(starts) do
-  local key = tier_bucket(KEYS[5], start)
+  local key = tier_bucket(K, start)
   local n = redis.pcall('llen', key)
   if type(n) == 'number' then
     gone = gone + n
     redis.call('unlink', key)
   end
 end
-chunked('zrem', KEYS[5], nil, starts)
-local left = redis.call('zcard', KEYS[5])
-if left == 0 then redis.call('unlink', KEYS[6]) else tier_forget(KEYS[6], gone) end
+chunked('zrem', K.tier_index, nil, starts)
+local left = redis.call('zcard', K.tier_index)
+if left == 0 then redis.call('unlink', K.tier_count) else tier_forget(K, gone) end
 return left

@@ -1,8 +1,6 @@
 -- COUNTS: pending, ready, in-flight and dead-letter counts, the earliest due time and the controls, in one read.
 -- KEYS: timeout_set destination in_flight dead_letter controls schedules tier_index tier_count
 -- uses: lib/clock.lua lib/tiers.lua
--- KEYS[1] timeout zset, KEYS[2] destination list, KEYS[3] in-flight zset, KEYS[4] dead-letter list,
--- KEYS[5] controls hash, KEYS[6] schedules hash, KEYS[7] tier index zset, KEYS[8] tier count
 -- ARGV: (none)
 -- returns: {pending (the tier's items included), ready, in flight, dead letters, earliest due ms
 -- (text) or false, paused (1/0), rate limit (items per second, text) or false, its burst (text) or
@@ -13,17 +11,17 @@
 -- then the earliest of that bucket's entries when it holds at most COUNTS_SCAN, else its start (never
 -- later than the truth).
 local COUNTS_SCAN = 1000
-local head = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
-local c = redis.call('hmget', KEYS[5], 'paused', 'rate', 'burst')
+local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
+local c = redis.call('hmget', K.controls, 'paused', 'rate', 'burst')
 local lag = 0
 if head[2] then
   lag = math.max(0, now_ms() - tonumber(head[2]))
 end
 local earliest = head[2] or false
-local first = redis.call('zrange', KEYS[7], 0, 0)
+local first = redis.call('zrange', K.tier_index, 0, 0)
 if first[1] and (not head[2] or tonumber(first[1]) < tonumber(head[2])) then
   local start = tonumber(first[1])
-  local bucket = tier_bucket(KEYS[7], first[1])
+  local bucket = tier_bucket(K, first[1])
   local soonest = nil
   if redis.call('llen', bucket) <= COUNTS_SCAN then
     for _, e in ipairs(redis.call('lrange', bucket, 0, -1)) do
@@ -34,7 +32,7 @@ if first[1] and (not head[2] or tonumber(first[1]) < tonumber(head[2])) then
   soonest = soonest or start
   if not head[2] or soonest < tonumber(head[2]) then earliest = string.format('%d', soonest) end
 end
-local tiered = tonumber(redis.call('get', KEYS[8])) or 0
-return {redis.call('zcard', KEYS[1]) + tiered, redis.call('llen', KEYS[2]), redis.call('zcard', KEYS[3]),
-        redis.call('llen', KEYS[4]), earliest, c[1] and 1 or 0, c[2] or false, c[3] or false,
-        redis.call('hlen', KEYS[6]), lag, tiered}
+local tiered = tonumber(redis.call('get', K.tier_count)) or 0
+return {redis.call('zcard', K.timeout_set) + tiered, redis.call('llen', K.destination),
+        redis.call('zcard', K.in_flight), redis.call('llen', K.dead_letter), earliest, c[1] and 1 or 0,
+        c[2] or false, c[3] or false, redis.call('hlen', K.schedules), lag, tiered}

@@ -1,8 +1,6 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
 -- KEYS: destination handoff handoff_leases dead_letter channel
 -- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/reversed.lua
--- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset,
--- KEYS[4] dead-letter list, KEYS[5] channel
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
 --         head of the destination); or '*': return them all (the pop's reply never came).
@@ -10,12 +8,12 @@
 -- returns: how many items the plan was applied to; 0 if the entry was already finished (a resend).
 -- A '*' that finds no entry leaves an empty one (a tombstone, cleared when its lease ends): the
 -- pop may still be on its way on a dropped connection, and must then pop nothing.
-local blob = redis.call('hget', KEYS[2], ARGV[1])
+local blob = redis.call('hget', K.handoff, ARGV[1])
 if not blob then
   if ARGV[2] == '*' then
     local now = now_ms()
-    redis.call('hset', KEYS[2], ARGV[1], '')
-    redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
+    redis.call('hset', K.handoff, ARGV[1], '')
+    redis.call('zadd', K.handoff_leases, now + tonumber(ARGV[3]), ARGV[1])
   end
   return 0
 end
@@ -27,12 +25,12 @@ for i, v in ipairs(items) do
   if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
   elseif c ~= 'd' then back[#back + 1] = v end
 end
-chunked('lpush', KEYS[1], nil, reversed(back))
-chunked('rpush', KEYS[4], nil, dead)
-redis.call('hdel', KEYS[2], ARGV[1])
-redis.call('zrem', KEYS[3], ARGV[1])
+chunked('lpush', K.destination, nil, reversed(back))
+chunked('rpush', K.dead_letter, nil, dead)
+redis.call('hdel', K.handoff, ARGV[1])
+redis.call('zrem', K.handoff_leases, ARGV[1])
 if #back > 0 then
   -- Wakes every scheduler of the queue, whose consumers then look at the destination again.
-  redis.call('publish', KEYS[5], string.format('%d', now_ms()))
+  redis.call('publish', K.channel, string.format('%d', now_ms()))
 end
 return #items

@@ -1,11 +1,8 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
 -- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua
--- KEYS[1] destination list (names the cluster slot), KEYS[2] timeout zset, KEYS[3] delay list,
--- KEYS[4] channel, KEYS[5] calls zset, KEYS[6] call replies hash, KEYS[7] key index hash,
--- KEYS[8] controls hash (a 'shards' field there: the name is a sharded queue's, refused), KEYS[9]
--- tier index zset, KEYS[10] tier count (lib/tiers.lua), KEYS[11] schedules hash (a key a recurring
--- schedule holds is never offered: lib/recur.lua)
+-- A 'shards' field in the controls hash: the name is a sharded queue's, refused (error reply
+-- 'SHARDED <count>').
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
@@ -42,25 +39,25 @@
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- scheduler re-arms (Redisson publishes when the new element becomes the head); likewise a new
 -- bucket's promotion time earlier than both the zset head and the first bucket's.
-local sharded = redis.call('hget', KEYS[8], 'shards')
+local sharded = redis.call('hget', K.controls, 'shards')
 if sharded then return redis.error_reply('SHARDED ' .. sharded) end
-local first = first_run(KEYS[5], ARGV[1])
-if first then return {first, false, redis.call('hget', KEYS[6], ARGV[1]) or ''} end
+local first = first_run(K, ARGV[1])
+if first then return {first, false, redis.call('hget', K.call_replies, ARGV[1]) or ''} end
 local now, started = now_ms()
 local base = issue_base(ARGV[2], now)
 -- An item's expiry is its issue time (the client's estimate, ARGV[2]) + its delay + its lifetime; when
 -- the call ran too long after its issue, its due times count from now instead, and so must its expiries
 -- (an item lives its whole lifetime after its due time): they move by as much.
 local moved_ms = tonumber(ARGV[2]) and base - math.floor(tonumber(ARGV[2])) or 0
-local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
 -- The items this call may add under max_pending (nil: no limit), and whether they are admitted one by one.
 local room, each, cap = nil, string.sub(ARGV[5], -1) == 'e', string.match(ARGV[5], '^%d+')
 if cap then
-  room = tonumber(cap) - redis.call('zcard', KEYS[2]) - redis.call('llen', KEYS[1])
-    - (tonumber(redis.call('get', KEYS[10])) or 0)
+  room = tonumber(cap) - redis.call('zcard', K.timeout_set) - redis.call('llen', K.destination)
+    - (tonumber(redis.call('get', K.tier_count)) or 0)
 end
 local added = 0
 local function fits() return room == nil or added < room end
@@ -109,19 +106,19 @@ if not keys and kind == 'fast' then
       letters[#letters + 1] = 'f'
     end
   end
-  chunked('zadd', KEYS[2], 'NX', zargs)
+  chunked('zadd', K.timeout_set, 'NX', zargs)
   if tiered > 0 then
-    local bucket_head = redis.call('zrange', KEYS[9], 0, 0, 'WITHSCORES')
+    local bucket_head = redis.call('zrange', K.tier_index, 0, 0, 'WITHSCORES')
     local listed = {}
     for _, start in ipairs(starts) do
       local name = string.format('%d', start)
-      chunked('rpush', tier_bucket(KEYS[9], name), nil, buckets[start])
+      chunked('rpush', tier_bucket(K, name), nil, buckets[start])
       listed[#listed + 1] = start - width
       listed[#listed + 1] = name
       if promotion == nil or start - width < promotion then promotion = start - width end
     end
-    chunked('zadd', KEYS[9], 'NX', listed)
-    redis.call('incrby', KEYS[10], tiered)
+    chunked('zadd', K.tier_index, 'NX', listed)
+    redis.call('incrby', K.tier_count, tiered)
     -- Only a promotion earlier than every bucket's is news to the schedulers.
     if bucket_head[2] and tonumber(bucket_head[2]) <= promotion then promotion = nil end
   end
@@ -130,8 +127,8 @@ elseif not keys then
   for i = 6, #ARGV, 3 do
     if fits() then
       local due, v = base + tonumber(ARGV[i]), element(i, false)
-      if redis.call('zadd', KEYS[2], 'NX', due, v) == 1 then
-        redis.call('rpush', KEYS[3], v)
+      if redis.call('zadd', K.timeout_set, 'NX', due, v) == 1 then
+        redis.call('rpush', K.delay_list, v)
         if earliest == nil or due < earliest then earliest = due end
       end
       added = added + 1
@@ -172,13 +169,13 @@ else
   end
   for c = 1, #asked, 1000 do
     local last = math.min(c + 999, #asked)
-    for j, blob in ipairs(redis.call('hmget', KEYS[7], unpack(asked, c, last))) do
+    for j, blob in ipairs(redis.call('hmget', K.key_index, unpack(asked, c, last))) do
       if cache[asked[c + j - 1]] == nil then cache[asked[c + j - 1]] = index_pairs(blob) end
     end
   end
   -- The keys recurring schedules hold (the schedule's own item is their only item).
   local scheduled = {}
-  if #asked > 0 and redis.call('hlen', KEYS[11]) > 0 then
+  if #asked > 0 and redis.call('hlen', K.schedules) > 0 then
     local keyed = {}
     for i = 1, count do
       if names[i] then keyed[#keyed + 1] = i end
@@ -187,24 +184,24 @@ else
       local last = math.min(c + 999, #keyed)
       local asked_names = {}
       for j = c, last do asked_names[#asked_names + 1] = names[keyed[j]] end
-      for j, rec in ipairs(redis.call('hmget', KEYS[11], unpack(asked_names))) do
+      for j, rec in ipairs(redis.call('hmget', K.schedules, unpack(asked_names))) do
         if rec then scheduled[keyed[c + j - 1]] = true end
       end
     end
   end
   -- Replaced elements are removed after every decision: a call refused whole writes nothing.
   local adds, written, gone, removed = {}, {}, {}, {}
-  local overflow, spilled = redis.call('hget', KEYS[7], INDEX_OVERFLOW) ~= false, false
+  local overflow, spilled = redis.call('hget', K.key_index, INDEX_OVERFLOW) ~= false, false
   -- The pair at an index field as this call left it ({} if none), read once.
   local function pair_at(field)
-    if cache[field] == nil then cache[field] = index_pairs(redis.call('hget', KEYS[7], field)) end
+    if cache[field] == nil then cache[field] = index_pairs(redis.call('hget', K.key_index, field)) end
     return cache[field]
   end
   -- The score of an element as this call left it (nil: not pending).
   local function score_of(v)
     if written[v] then return written[v] end
     if gone[v] then return nil end
-    return redis.call('zscore', KEYS[2], v)
+    return redis.call('zscore', K.timeout_set, v)
   end
   for i = 1, count do
     local v, due, key = values[i], dues[i], names[i]
@@ -262,9 +259,9 @@ else
     end
   end
   for _, replaced in ipairs(removed) do
-    redis.call('zrem', KEYS[2], replaced)
+    redis.call('zrem', K.timeout_set, replaced)
     local _, fast = parse(replaced)
-    if not fast then redis.call('lrem', KEYS[3], 1, replaced) end
+    if not fast then redis.call('lrem', K.delay_list, 1, replaced) end
   end
   local zargs, listed, hargs = {}, {}, {}
   for _, i in ipairs(adds) do
@@ -284,16 +281,16 @@ else
     hargs[#hargs + 1] = INDEX_OVERFLOW
     hargs[#hargs + 1] = '1'
   end
-  chunked('zadd', KEYS[2], 'NX', zargs)
-  chunked('rpush', KEYS[3], nil, listed)
-  chunked('hset', KEYS[7], nil, hargs)
+  chunked('zadd', K.timeout_set, 'NX', zargs)
+  chunked('rpush', K.delay_list, nil, listed)
+  chunked('hset', K.key_index, nil, hargs)
 end
 if promotion ~= nil and (earliest == nil or promotion < earliest) then earliest = promotion end
 if earliest ~= nil and (old == nil or earliest < old) then
-  redis.call('publish', KEYS[4], string.format('%d', earliest))
+  redis.call('publish', K.channel, string.format('%d', earliest))
 end
 local outcome = table.concat(letters) .. table.concat(kept)
-if keys then sweep_index(KEYS[7], KEYS[2], 2) end
+if keys then sweep_index(K, 2) end
 -- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.
-remember(KEYS[5], KEYS[6], ARGV[1], base, outcome ~= '' and outcome or nil)
+remember(K, ARGV[1], base, outcome ~= '' and outcome or nil)
 return {base, now, outcome, elapsed_us(started)}

@@ -1,7 +1,6 @@
 -- PEEK: the soonest-due pending elements with their due times and keys, the tier's included.
 -- KEYS: timeout_set key_index tier_index
 -- uses: lib/index.lua lib/parse.lua lib/tiers.lua lib/walk.lua
--- KEYS[1] timeout zset, KEYS[2] key index hash, KEYS[3] tier index zset
 -- ARGV[1] at most this many elements (the soonest due)
 -- returns: {element, due ms (text), payload or false (malformed), key or false, ...} in due order
 -- (then element bytes, as the zset orders them): four entries per element. The key is the one
@@ -13,17 +12,17 @@
 -- PEEK_TIER offered are seen).
 local PEEK_TIER = 1000
 local n = tonumber(ARGV[1])
-local indexed = redis.call('hlen', KEYS[2]) > 0
-local head = redis.call('zrange', KEYS[1], 0, n - 1, 'WITHSCORES')
+local indexed = redis.call('hlen', K.key_index) > 0
+local head = redis.call('zrange', K.timeout_set, 0, n - 1, 'WITHSCORES')
 local tiered = {}  -- {element, due} of the tier's entries read
 local rank, before = 0, 0  -- before: the zset's elements due before the current bucket's start
 while #tiered < PEEK_TIER do
-  local bucket = redis.call('zrange', KEYS[3], rank, rank)
+  local bucket = redis.call('zrange', K.tier_index, rank, rank)
   if #bucket == 0 then break end
   local start = tonumber(bucket[1])
   while before < #head / 2 and tonumber(head[2 * before + 2]) < start do before = before + 1 end
   if before + #tiered >= n then break end
-  for _, e in ipairs(redis.call('lrange', tier_bucket(KEYS[3], bucket[1]), 0, PEEK_TIER - #tiered - 1)) do
+  for _, e in ipairs(redis.call('lrange', tier_bucket(K, bucket[1]), 0, PEEK_TIER - #tiered - 1)) do
     local due, v = tier_entry(e, start)
     tiered[#tiered + 1] = {v, due}
   end
@@ -39,7 +38,7 @@ local function emit(v, due, from_zset)
   local payload = parse(v)
   local key = false
   if payload and indexed and from_zset then
-    local kv = index_pairs(redis.call('hget', KEYS[2], element_tag(v)))
+    local kv = index_pairs(redis.call('hget', K.key_index, element_tag(v)))
     if kv[2] == v then key = kv[1] end
   end
   out[#out + 1] = v

@@ -1,9 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
 -- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
 -- uses: lib/clock.lua lib/controls.lua lib/dead.lua lib/item.lua lib/lists.lua lib/recur.lua lib/transfer.lua
--- KEYS[1] destination list, KEYS[2] hand-off hash, KEYS[3] hand-off leases zset, KEYS[4] timeout
--- zset, KEYS[5] delay list, KEYS[6] dead-letter list, KEYS[7] key index hash, KEYS[8] controls
--- hash, KEYS[9] channel, KEYS[10] schedules hash, KEYS[11] tier index zset, KEYS[12] tier count
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
@@ -21,10 +18,10 @@
 -- A resend of the same call id returns the same items (or none, after a FINISH '*' that overtook
 -- it), without transferring again.
 for i = 5, #ARGV do
-  redis.call('hdel', KEYS[2], ARGV[i])
-  redis.call('zrem', KEYS[3], ARGV[i])
+  redis.call('hdel', K.handoff, ARGV[i])
+  redis.call('zrem', K.handoff_leases, ARGV[i])
 end
-local got = redis.call('hget', KEYS[2], ARGV[1])
+local got = redis.call('hget', K.handoff, ARGV[1])
 if got then
   local out = {false, 0, 0}
   for _, v in ipairs(unpack_list(got)) do out[#out + 1] = v end
@@ -32,11 +29,10 @@ if got then
 end
 local moved, late = false, nil
 if tonumber(ARGV[4]) ~= 0 then
-  moved, late = transfer(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[2], KEYS[3], KEYS[7], KEYS[11], KEYS[12],
-                         tonumber(ARGV[4]))
+  moved, late = transfer(K, tonumber(ARGV[4]))
 end
-local want, hold, level, now = controls_allow(KEYS[8], tonumber(ARGV[2]))
-local items = want > 0 and redis.call('lpop', KEYS[1], want)
+local want, hold, level, now = controls_allow(K, tonumber(ARGV[2]))
+local items = want > 0 and redis.call('lpop', K.destination, want)
 local out = {moved, hold, 0}
 if items then
   now = now or now_ms()
@@ -44,22 +40,22 @@ if items then
   for _, v in ipairs(items) do
     local enveloped = string.byte(v, 1) == 193
     if enveloped and item_expired(v, now) then
-      redis.call('rpush', KEYS[6], dead_entry(DEAD_EXPIRED, 0, now, v))
+      redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, 0, now, v))
     else
-      if enveloped and recur_next(KEYS[10], KEYS[4], KEYS[5], KEYS[7], KEYS[9], v, now) then v = item_flagged(v) end
+      if enveloped and recur_next(K, v, now) then v = item_flagged(v) end
       kept[#kept + 1] = v
       out[#out + 1] = v
     end
   end
   out[3] = #items - #kept
-  controls_charge(KEYS[8], now, level, #kept)
+  controls_charge(K, now, level, #kept)
   if #kept > 0 then
-    redis.call('hset', KEYS[2], ARGV[1], pack_list(kept))
-    redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
+    redis.call('hset', K.handoff, ARGV[1], pack_list(kept))
+    redis.call('zadd', K.handoff_leases, now + tonumber(ARGV[3]), ARGV[1])
   end
 end
 if moved then
-  moved[#moved + 1] = redis.call('llen', KEYS[1])
+  moved[#moved + 1] = redis.call('llen', K.destination)
   if late then moved[#moved + 1] = late end
 end
 return out

@@ -1,9 +1,6 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
 -- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/item.lua lib/messages.lua lib/recur.lua
--- KEYS[1] destination list, KEYS[2] in-flight zset, KEYS[3] dead-letter list, KEYS[4] calls zset,
--- KEYS[5] call replies hash, KEYS[6] controls hash, KEYS[7] timeout zset, KEYS[8] delay list,
--- KEYS[9] key index hash, KEYS[10] channel, KEYS[11] schedules hash
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index)
@@ -24,53 +21,53 @@
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
-local first = first_run(KEYS[4], ARGV[4])
+local first = first_run(K, ARGV[4])
 if first then
-  out = received(KEYS[2], redis.call('hget', KEYS[5], ARGV[4]))
+  out = received(K, redis.call('hget', K.call_replies, ARGV[4]))
   -- Reply with the first run's time: the client computes each message's deadline from it.
   now = first
 else
   local level
-  limit, hold, level = controls_allow(KEYS[6], limit, now)
-  local expired = limit > 0 and redis.call('zrangebyscore', KEYS[2], '-inf', now, 'LIMIT', 0, limit) or {}
+  limit, hold, level = controls_allow(K, limit, now)
+  local expired = limit > 0 and redis.call('zrangebyscore', K.in_flight, '-inf', now, 'LIMIT', 0, limit) or {}
   for _, e in ipairs(expired) do
     local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC
     local count = valid and struct.unpack('>I4', e, 21) or 0
     if not valid then
       -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
-      redis.call('rpush', KEYS[3], dead_entry(DEAD_MALFORMED, 0, now, e))
+      redis.call('rpush', K.dead_letter, dead_entry(DEAD_MALFORMED, 0, now, e))
       garbage = garbage + 1
     elseif max > 0 and count >= max then
-      redis.call('rpush', KEYS[3], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
+      redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
     elseif string.byte(e, 33) == 193 and item_expired(string.sub(e, 33), now) then
-      redis.call('rpush', KEYS[3], dead_entry(DEAD_EXPIRED, count, now, string.sub(e, 33)))
+      redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, count, now, string.sub(e, 33)))
       lapsed = lapsed + 1
     else
-      local became_due = tonumber(redis.call('zscore', KEYS[2], e))
+      local became_due = tonumber(redis.call('zscore', K.in_flight, e))
       local payload = string.sub(e, 33)
       -- A stalled schedule's occurrence: its first consumer did not list more cron times.
-      if string.byte(payload, 1) == 193 and recur_next(KEYS[11], KEYS[7], KEYS[8], KEYS[9], KEYS[10], payload, now) then
+      if string.byte(payload, 1) == 193 and recur_next(K, payload, now) then
         payload = item_flagged(payload)
       end
       local m = message(string.sub(e, 5, 20), count + 1, became_due, payload)
-      redis.call('zadd', KEYS[2], now + vt, m)
+      redis.call('zadd', K.in_flight, now + vt, m)
       out[#out + 1] = m
     end
-    redis.call('zrem', KEYS[2], e)
+    redis.call('zrem', K.in_flight, e)
   end
   local want = limit - #out - dead - lapsed - garbage
   if want > 0 then
-    local fresh = redis.call('lpop', KEYS[1], want)
+    local fresh = redis.call('lpop', K.destination, want)
     if fresh then
       local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
       for i, payload in ipairs(fresh) do
         local enveloped = string.byte(payload, 1) == 193
         if enveloped and item_expired(payload, now) then
-          redis.call('rpush', KEYS[3], dead_entry(DEAD_EXPIRED, 0, now, payload))
+          redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, 0, now, payload))
           lapsed = lapsed + 1
         else
-          if enveloped and recur_next(KEYS[11], KEYS[7], KEYS[8], KEYS[9], KEYS[10], payload, now) then
+          if enveloped and recur_next(K, payload, now) then
             payload = item_flagged(payload)
           end
           local m = message(prefix .. struct.pack('>I4', i), 1, 0, payload)
@@ -81,17 +78,17 @@ else
       end
       -- One ZADD per 500 messages, not one per message: a receive of 100 cost 4.3 us of server
       -- time per message with a call each.
-      chunked('zadd', KEYS[2], nil, scored)
+      chunked('zadd', K.in_flight, nil, scored)
     end
   end
-  controls_charge(KEYS[6], now, level, #out)
+  controls_charge(K, now, level, #out)
   if #out > 0 then
     local ids = {struct.pack('>d', now + vt)}
     for _, m in ipairs(out) do ids[#ids + 1] = string.sub(m, 5, 20) end
-    remember(KEYS[4], KEYS[5], ARGV[4], now, table.concat(ids))
+    remember(K, ARGV[4], now, table.concat(ids))
   end
 end
-local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
 local result = {now, head[2] or false, dead, hold, lapsed, garbage}
 for _, m in ipairs(out) do result[#result + 1] = m end
 return result

@@ -1,8 +1,6 @@
 -- RELEASE_CALL: undo a receive nobody saw, by its call id.
 -- KEYS: in_flight destination calls call_replies channel
 -- uses: lib/calls.lua lib/clock.lua lib/messages.lua
--- KEYS[1] in-flight zset, KEYS[2] destination list, KEYS[3] calls zset, KEYS[4] call replies hash,
--- KEYS[5] channel
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
 -- returns: how many messages were released (their delivery undone, see release()); when any were, it
 -- publishes now on the channel, so every process's receivers look again.
@@ -12,17 +10,17 @@
 -- end in their index, big-endian), and each release LPUSHes, so the last goes first.
 local now = now_ms()
 local n = 0
-if first_run(KEYS[3], ARGV[1]) then
-  local got = received(KEYS[1], redis.call('hget', KEYS[4], ARGV[1]))
+if first_run(K, ARGV[1]) then
+  local got = received(K, redis.call('hget', K.call_replies, ARGV[1]))
   for i = #got, 1, -1 do
-    release(KEYS[1], KEYS[2], got[i], now)
+    release(K, got[i], now)
   end
   n = #got
-  redis.call('hset', KEYS[4], ARGV[1], '')
+  redis.call('hset', K.call_replies, ARGV[1], '')
   if n > 0 then
-    redis.call('publish', KEYS[5], string.format('%d', now))
+    redis.call('publish', K.channel, string.format('%d', now))
   end
 else
-  remember(KEYS[3], KEYS[4], ARGV[1], now, '')
+  remember(K, ARGV[1], now, '')
 end
 return n

@@ -1,8 +1,6 @@
 -- REQUEUE: move dead letters back into the pending zset, once per call id.
 -- KEYS: dead_letter timeout_set delay_list channel calls call_replies
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/dead.lua lib/issue.lua lib/item.lua lib/parse.lua
--- KEYS[1] dead-letter list, KEYS[2] timeout zset, KEYS[3] delay list, KEYS[4] channel, KEYS[5] calls
--- zset, KEYS[6] call replies hash
 -- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]
 -- delay ms, ARGV[4] element kind ('fast', 'strict', 'legacy'), ARGV[5] at most this many entries,
 -- ARGV[6] 16 bytes per entry (fast: insertion stamp | random; strict/legacy: random)
@@ -11,15 +9,15 @@
 -- envelope had (requeuing is a decision to deliver them); malformed entries (garbage
 -- elements, not payloads, and anything that is not an envelope) are skipped: they move to the tail of
 -- the list, in their order. A resend of the call id returns the first run's reply and changes nothing.
-local first = first_run(KEYS[5], ARGV[1])
+local first = first_run(K, ARGV[1])
 if first then
-  local r = redis.call('hget', KEYS[6], ARGV[1])
+  local r = redis.call('hget', K.call_replies, ARGV[1])
   return {tonumber(string.sub(r, 1, 10)), tonumber(string.sub(r, 11, 20))}
 end
 local now = now_ms()
 local due = issue_base(ARGV[2], now) + tonumber(ARGV[3])
 local kind, ids = ARGV[4], ARGV[6]
-local entries = redis.call('lrange', KEYS[1], 0, tonumber(ARGV[5]) - 1)
+local entries = redis.call('lrange', K.dead_letter, 0, tonumber(ARGV[5]) - 1)
 local zargs, listed, skipped = {}, {}, {}
 for i, e in ipairs(entries) do
   local raw, reason = e, DEAD_MALFORMED
@@ -52,15 +50,15 @@ end
 if #entries > 0 then
   -- Writes first: under maxmemory the server refuses a script's first write, so nothing is
   -- trimmed unless the items are pending.
-  local head = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
-  chunked('zadd', KEYS[2], 'NX', zargs)
-  chunked('rpush', KEYS[3], nil, listed)
-  redis.call('ltrim', KEYS[1], #entries, -1)
-  chunked('rpush', KEYS[1], nil, skipped)
+  local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
+  chunked('zadd', K.timeout_set, 'NX', zargs)
+  chunked('rpush', K.delay_list, nil, listed)
+  redis.call('ltrim', K.dead_letter, #entries, -1)
+  chunked('rpush', K.dead_letter, nil, skipped)
   if #zargs > 0 and (head[2] == nil or due < tonumber(head[2])) then
-    redis.call('publish', KEYS[4], string.format('%d', due))
+    redis.call('publish', K.channel, string.format('%d', due))
   end
 end
 local requeued = #entries - #skipped
-remember(KEYS[5], KEYS[6], ARGV[1], now, string.format('%10d%10d', requeued, #skipped))
+remember(K, ARGV[1], now, string.format('%10d%10d', requeued, #skipped))
 return {requeued, #skipped}

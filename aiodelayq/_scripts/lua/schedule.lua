@@ -1,8 +1,6 @@
 -- SCHEDULE: start (or replace) the recurring item of a key: its record and its first occurrence.
 -- KEYS: timeout_set delay_list key_index channel schedules
 -- uses: lib/clock.lua lib/index.lua lib/issue.lua lib/item.lua lib/recur.lua
--- KEYS[1] timeout zset, KEYS[2] delay list, KEYS[3] key index hash, KEYS[4] channel, KEYS[5]
--- schedules hash
 -- ARGV[1] key, ARGV[2] its tag, ARGV[3] the occurrence payload (an item envelope naming the key),
 -- ARGV[4] every ms ('0': a cron schedule), ARGV[5] a cron schedule's spec (expression, newline,
 -- time zone; '' for every), ARGV[6] its upcoming due times ('>d' each, ascending; '' for every),
@@ -28,23 +26,23 @@ else
   end
   if not due then return false end
 end
-local rec = redis.call('hget', KEYS[5], key)
+local rec = redis.call('hget', K.schedules, key)
 local seq = rec and (struct.unpack('>I4', rec) + 1) % 4294967296 or tonumber(ARGV[8])
 -- The key's index field: its tag, unless another key holds the tag with a pending element (a SHA-1
 -- prefix collision): then its overflow field, with the element's tag bit cleared (as OFFER does).
 local field = tag
-local kv = index_pairs(redis.call('hget', KEYS[3], tag))
+local kv = index_pairs(redis.call('hget', K.key_index, tag))
 if kv[1] ~= key then
   local spill = overflow_field(key)
-  if index_pairs(redis.call('hget', KEYS[3], spill))[1] == key then
+  if index_pairs(redis.call('hget', K.key_index, spill))[1] == key then
     field = spill
-  elseif kv[1] and kv[2] and redis.call('zscore', KEYS[1], kv[2]) then
+  elseif kv[1] and kv[2] and redis.call('zscore', K.timeout_set, kv[2]) then
     field = spill
-    redis.call('hset', KEYS[3], INDEX_OVERFLOW, '1')
+    redis.call('hset', K.key_index, INDEX_OVERFLOW, '1')
   end
 end
 local etag = tag
 if field ~= tag then etag = string.char(string.byte(tag, 1) % 128) .. string.sub(tag, 2) end
-redis.call('hset', KEYS[5], key, schedule_record(seq, 0, every, base, field, etag, ARGV[5], times))
-add_occurrence(KEYS[1], KEYS[2], KEYS[3], KEYS[4], key, field, etag, item_with_occurrence(ARGV[3], seq), due, now)
+redis.call('hset', K.schedules, key, schedule_record(seq, 0, every, base, field, etag, ARGV[5], times))
+add_occurrence(K, key, field, etag, item_with_occurrence(ARGV[3], seq), due, now)
 return due

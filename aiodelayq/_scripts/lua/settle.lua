@@ -1,8 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
 -- KEYS: in_flight dead_letter destination channel calls call_replies
 -- uses: lib/calls.lua lib/clock.lua lib/dead.lua lib/messages.lua
--- KEYS[1] in-flight zset, KEYS[2] dead-letter list, KEYS[3] destination list, KEYS[4] channel,
--- KEYS[5] calls zset, KEYS[6] call replies hash (lib/calls.lua)
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -19,9 +17,11 @@
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()
 local max, id, resend, horizon = tonumber(ARGV[1]), ARGV[2], ARGV[3] ~= '', tonumber(ARGV[4])
-if resend and first_run(KEYS[5], id) then
+if resend and first_run(K, id) then
   local answered = {}
-  for result in string.gmatch(redis.call('hget', KEYS[6], id) or '', '%d+') do answered[#answered + 1] = tonumber(result) end
+  for result in string.gmatch(redis.call('hget', K.call_replies, id) or '', '%d+') do
+    answered[#answered + 1] = tonumber(result)
+  end
   return answered
 end
 local results, earliest = {}, false
@@ -33,7 +33,7 @@ local function flush_acks()
     local last = math.min(c + 999, #run)
     local members = {}
     for j = c, last do members[#members + 1] = ARGV[run[j]] end
-    local scores = redis.call('zmscore', KEYS[1], unpack(members))
+    local scores = redis.call('zmscore', K.in_flight, unpack(members))
     local gone, seen = {}, {}
     for j = c, last do
       local i = run[j]
@@ -47,33 +47,33 @@ local function flush_acks()
       end
       results[(i - 5) / 4 + 1] = result
     end
-    if #gone > 0 then redis.call('zrem', KEYS[1], unpack(gone)) end
+    if #gone > 0 then redis.call('zrem', K.in_flight, unpack(gone)) end
   end
   run = {}
 end
 local function settle_one(i)
   local m, mode = ARGV[i], ARGV[i + 1]
   local result = 1
-  if not redis.call('zscore', KEYS[1], m) then
+  if not redis.call('zscore', K.in_flight, m) then
     if not (resend and now < tonumber(ARGV[i + 3])) then result = 0 end
   elseif mode == 'dead' or mode == 'undecodable' then
     local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
-    redis.call('rpush', KEYS[2], dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
-    redis.call('zrem', KEYS[1], m)
+    redis.call('rpush', K.dead_letter, dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
+    redis.call('zrem', K.in_flight, m)
   elseif mode == 'release' then
-    release(KEYS[1], KEYS[3], m, now)
+    release(K, m, now)
     -- Visible again now: receivers that looked before this landed, here or elsewhere, look again.
     earliest = now
   else
     local count = struct.unpack('>I4', m, 21)
     if max > 0 and count >= max then
       -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
-      redis.call('rpush', KEYS[2], dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
-      redis.call('zrem', KEYS[1], m)
+      redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
+      redis.call('zrem', K.in_flight, m)
       result = 2
     else
       local due = now + tonumber(ARGV[i + 2])
-      redis.call('zadd', KEYS[1], 'XX', due, m)
+      redis.call('zadd', K.in_flight, 'XX', due, m)
       if not earliest or due < earliest then earliest = due end
     end
   end
@@ -90,13 +90,13 @@ end
 flush_acks()
 for i = 5, #ARGV, 4 do
   if tonumber(ARGV[i + 3]) <= now + horizon then
-    remember(KEYS[5], KEYS[6], id, now, table.concat(results, ','))
+    remember(K, id, now, table.concat(results, ','))
     break
   end
 end
 if earliest then
   -- Every process's scheduler wakes at that time (a nack's due time; now after a release), and its
   -- receivers look again.
-  redis.call('publish', KEYS[4], string.format('%d', earliest))
+  redis.call('publish', K.channel, string.format('%d', earliest))
 end
 return results

@@ -1,14 +1,14 @@
 -- defines: controls_allow controls_charge
 -- uses: lib/clock.lua
--- The queue's controls (its 'controls' hash, see QueueKeys.controls), shared by every consumer.
--- controls_allow(key, want, now): how many of `want` items a consumer may have now, the hold (-1:
+-- The queue's controls (its hash K.controls, see QueueKeys.controls), shared by every consumer.
+-- controls_allow(K, want, now): how many of `want` items a consumer may have now, the hold (-1:
 -- paused, none until resumed; > 0: rate limited, ms until the next whole token; 0: not held), and
 -- for a rate limit the token bucket's level and the server time (ms) for controls_charge (nil, nil
 -- without one). `now` is the caller's server time (ms) if it read one; else TIME is read only for a
 -- rate limit. The bucket fills at `rate` tokens a second on the server clock, up to `burst`; a new
 -- bucket is full.
-local function controls_allow(key, want, now)
-  local c = redis.call('hmget', key, 'paused', 'rate', 'burst', 'tokens', 'at')
+local function controls_allow(K, want, now)
+  local c = redis.call('hmget', K.controls, 'paused', 'rate', 'burst', 'tokens', 'at')
   if c[1] then return 0, -1, nil, nil end
   if not c[2] then return want, 0, nil, nil end
   now = now or now_ms()
@@ -23,7 +23,7 @@ local function controls_allow(key, want, now)
   return n, hold, level, now
 end
 
--- controls_charge(key, now ms, level, used): take `used` tokens from the bucket controls_allow read.
-local function controls_charge(key, now, level, used)
-  if level and used > 0 then redis.call('hset', key, 'tokens', tostring(level - used), 'at', now) end
+-- controls_charge(K, now ms, level, used): take `used` tokens from the bucket controls_allow read.
+local function controls_charge(K, now, level, used)
+  if level and used > 0 then redis.call('hset', K.controls, 'tokens', tostring(level - used), 'at', now) end
 end

@@ -30,12 +30,12 @@ local function overflow_field(key)
 end
 -- The pending element of `key`, its score (nil: not pending, a stale entry) and its field; nil
 -- when the index has no entry for the key.
-local function index_find(idx, zset, tag, key)
-  local field, kv = tag, index_pairs(redis.call('hget', idx, tag))
-  if kv[1] ~= key and redis.call('hget', idx, INDEX_OVERFLOW) then
+local function index_find(K, tag, key)
+  local field, kv = tag, index_pairs(redis.call('hget', K.key_index, tag))
+  if kv[1] ~= key and redis.call('hget', K.key_index, INDEX_OVERFLOW) then
     field = overflow_field(key)
-    kv = index_pairs(redis.call('hget', idx, field))
+    kv = index_pairs(redis.call('hget', K.key_index, field))
   end
   if kv[1] ~= key then return nil, nil, nil end
-  return kv[2], redis.call('zscore', zset, kv[2]), field
+  return kv[2], redis.call('zscore', K.timeout_set, kv[2]), field
 end

@@ -8,23 +8,23 @@ local function message(id, count, due, payload)
 end
 -- Undo one delivery nobody saw: a first delivery goes back to the head of the destination, as
 -- if never received; a redelivery gets its count lowered and is visible again at once.
-local function release(inflight, destination, m, now)
+local function release(K, m, now)
   local count, due = struct.unpack('>I4>d', m, 21)
   if count <= 1 then
-    redis.call('lpush', destination, string.sub(m, 33))
+    redis.call('lpush', K.destination, string.sub(m, 33))
   else
-    redis.call('zadd', inflight, now, message(string.sub(m, 5, 20), count - 1, due, string.sub(m, 33)))
+    redis.call('zadd', K.in_flight, now, message(string.sub(m, 5, 20), count - 1, due, string.sub(m, 33)))
   end
-  redis.call('zrem', inflight, m)
+  redis.call('zrem', K.in_flight, m)
 end
 -- The messages a RECEIVE call returned, from its remembered record (deadline '>d' | 16-byte ids).
-local function received(inflight, record)
+local function received(K, record)
   local out = {}
   if record and string.len(record) >= 8 then
     local deadline = struct.unpack('>d', record, 1)
     local ids = {}
     for p = 9, string.len(record), 16 do ids[string.sub(record, p, p + 15)] = true end
-    for _, m in ipairs(redis.call('zrangebyscore', inflight, deadline, deadline)) do
+    for _, m in ipairs(redis.call('zrangebyscore', K.in_flight, deadline, deadline)) do
       if ids[string.sub(m, 5, 20)] then out[#out + 1] = m end
     end
   end

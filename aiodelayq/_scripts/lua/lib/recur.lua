@@ -27,26 +27,26 @@ local function read_schedule(rec)
 end
 -- Make `payload` (an occurrence envelope) the pending item of `key`, due at `due`, replacing the
 -- key's pending element if any; publishes when it becomes the head of the zset.
-local function add_occurrence(zset, list, idx, channel, key, field, tag, payload, due, now)
-  local old = index_pairs(redis.call('hget', idx, field))
-  if old[1] == key and old[2] and redis.call('zrem', zset, old[2]) == 1 then
+local function add_occurrence(K, key, field, tag, payload, due, now)
+  local old = index_pairs(redis.call('hget', K.key_index, field))
+  if old[1] == key and old[2] and redis.call('zrem', K.timeout_set, old[2]) == 1 then
     local _, fast = parse(old[2])
-    if not fast then redis.call('lrem', list, 1, old[2]) end
+    if not fast then redis.call('lrem', K.delay_list, 1, old[2]) end
   end
   local us = now * 1000
   local stamp = struct.pack('>I4>I4', math.floor(us / 4294967296), us % 4294967296)
   local v = struct.pack('Bc0Lc0', 20, FAST_MAGIC .. stamp .. tag, string.len(payload), payload)
-  local head = redis.call('zrange', zset, 0, 0, 'WITHSCORES')
-  redis.call('zadd', zset, due, v)
-  redis.call('hset', idx, field, index_pair(key, v))
-  if not head[2] or due < tonumber(head[2]) then redis.call('publish', channel, string.format('%d', due)) end
+  local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
+  redis.call('zadd', K.timeout_set, due, v)
+  redis.call('hset', K.key_index, field, index_pair(key, v))
+  if not head[2] or due < tonumber(head[2]) then redis.call('publish', K.channel, string.format('%d', due)) end
 end
 -- Schedule the occurrence after occurrence `seq` (`payload`) of the record `rec` of `key`: the
 -- schedule's first due time after now (occurrences missed meanwhile collapse into the one being
 -- handed out). Returns whether the consumer should list more cron times (few left, or none: then
 -- the record is marked stalled and keeps its number, with a resync pending, until a REFILL
 -- schedules the next).
-local function recur_advance(schedules, zset, list, idx, channel, key, rec, payload, now)
+local function recur_advance(K, key, rec, payload, now)
   local seq, _, every, anchor, field, tag, spec, times = read_schedule(rec)
   local due, pos, n = nil, 1, string.len(times)
   if every > 0 then
@@ -59,15 +59,14 @@ local function recur_advance(schedules, zset, list, idx, channel, key, rec, payl
     end
   end
   if not due then
-    redis.call('hset', schedules, key, schedule_record(seq, 1, every, anchor, field, tag, spec, ''))
-    add_occurrence(zset, list, idx, channel, key, field, tag, item_with_occurrence(payload, seq, 2), now + RESYNC_MS,
-                   now)
+    redis.call('hset', K.schedules, key, schedule_record(seq, 1, every, anchor, field, tag, spec, ''))
+    add_occurrence(K, key, field, tag, item_with_occurrence(payload, seq, 2), now + RESYNC_MS, now)
     return true
   end
   local rest = string.sub(times, pos)
   local nxt = (seq + 1) % 4294967296
-  redis.call('hset', schedules, key, schedule_record(nxt, 0, every, anchor, field, tag, spec, rest))
-  add_occurrence(zset, list, idx, channel, key, field, tag, item_with_occurrence(payload, nxt), due, now)
+  redis.call('hset', K.schedules, key, schedule_record(nxt, 0, every, anchor, field, tag, spec, rest))
+  add_occurrence(K, key, field, tag, item_with_occurrence(payload, nxt), due, now)
   return every == 0 and string.len(rest) < 8 * REFILL_BELOW
 end
 -- An occurrence (`payload`, an item envelope) is handed out at `now`: schedule the next one, once.
@@ -75,10 +74,10 @@ end
 -- (this occurrence was handed out before: a pop's items given back after a crash, a redelivery, a
 -- released message); the record's number then is not this one's. Returns whether the consumer
 -- should list more cron times.
-local function recur_next(schedules, zset, list, idx, channel, payload, now)
+local function recur_next(K, payload, now)
   local key, seq = item_schedule(payload)
   if not key then return false end
-  local rec = redis.call('hget', schedules, key)
+  local rec = redis.call('hget', K.schedules, key)
   if not rec or struct.unpack('>I4', rec) ~= seq then return false end
-  return recur_advance(schedules, zset, list, idx, channel, key, rec, payload, now)
+  return recur_advance(K, key, rec, payload, now)
 end

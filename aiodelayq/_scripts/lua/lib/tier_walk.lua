@@ -14,34 +14,34 @@
 -- promoted (within one bucket width of its due time), added or removed meanwhile may or may not be.
 local TIER_CURSOR = 'T'
 -- Where a page resumes: the rank of the bucket in the index and the position in it.
-local function tier_resume(index, cursor, last)
+local function tier_resume(K, cursor, last)
   if cursor == TIER_CURSOR then return 0, 0 end
   local promotion, start, at = string.match(cursor, '^T([^:]+):([^:]+):(%d+)$')
   local pos = tonumber(at)
-  local score = redis.call('zscore', index, start)
-  if not score or tonumber(score) ~= tonumber(promotion) then return start_rank(index, promotion, start), 0 end
+  local score = redis.call('zscore', K.tier_index, start)
+  if not score or tonumber(score) ~= tonumber(promotion) then return start_rank(K.tier_index, promotion, start), 0 end
   if last ~= '' and pos > 0 then
-    local key = tier_bucket(index, start)
+    local key = tier_bucket(K, start)
     if redis.call('lindex', key, pos - 1) ~= last then
       local found = redis.call('lpos', key, last)
       pos = found and found + 1 or pos - 1
     end
   end
-  return redis.call('zrank', index, start), pos
+  return redis.call('zrank', K.tier_index, start), pos
 end
 -- One page of the tier's walk from `cursor` and `last` (see above): calls fn(element, due ms,
 -- bucket key, entry) for at most `limit` entries and about PAGE_BYTES bytes (at least one); fn
 -- returning true ends the page there. fn must not change the buckets (positions would shift):
 -- collect, then write. Returns the cursor and member after the last entry given to fn, or nil when
 -- the tier ended first.
-local function tier_page(index, cursor, last, limit, fn)
-  local rank, pos = tier_resume(index, cursor, last)
+local function tier_page(K, cursor, last, limit, fn)
+  local rank, pos = tier_resume(K, cursor, last)
   local seen, bytes = 0, 0
   while true do
-    local bucket = redis.call('zrange', index, rank, rank, 'WITHSCORES')
+    local bucket = redis.call('zrange', K.tier_index, rank, rank, 'WITHSCORES')
     if #bucket == 0 then return nil end
     local start, promotion = bucket[1], bucket[2]
-    local key, base, want = tier_bucket(index, start), tonumber(start), 1
+    local key, base, want = tier_bucket(K, start), tonumber(start), 1
     while true do
       local batch = redis.call('lrange', key, pos, pos + want - 1)
       for _, e in ipairs(batch) do
@@ -62,9 +62,9 @@ end
 -- One page of a pending walk: the zset's (walk_page, fn_zset(v) per element) until it ends, then the
 -- tier's (tier_page, fn_tier(v, due, key, entry) per entry); returns the cursor to go on from (score,
 -- member), or nil when the walk is over. The page that ends the zset's part ends there.
-local function pending_page(zset, index, score, member, limit, fn_zset, fn_tier)
-  if string.sub(score, 1, 1) == TIER_CURSOR then return tier_page(index, score, member, limit, fn_tier) end
-  local next_score, next_member = walk_page(zset, score, member, limit, fn_zset)
-  if not next_score and redis.call('zcard', index) > 0 then return TIER_CURSOR, '' end
+local function pending_page(K, score, member, limit, fn_zset, fn_tier)
+  if string.sub(score, 1, 1) == TIER_CURSOR then return tier_page(K, score, member, limit, fn_tier) end
+  local next_score, next_member = walk_page(K.timeout_set, score, member, limit, fn_zset)
+  if not next_score and redis.call('zcard', K.tier_index) > 0 then return TIER_CURSOR, '' end
   return next_score, next_member
 end

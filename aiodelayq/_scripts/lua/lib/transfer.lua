@@ -1,8 +1,8 @@
 -- defines: transfer
 -- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
--- transfer(destination list, timeout zset, delay list, dead-letter list, hand-off hash, hand-off
---          leases zset, key index hash, tier index zset, tier count, limit: at most |limit|
---          elements; negative: also measure the lateness of what moves)
+-- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves),
+--          K: the destination, timeout_set, delay_list, dead_letter, handoff, handoff_leases,
+--          key_index, tier_index and tier_count keys
 -- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
 --           tier bucket's promotion time, whichever is earlier) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
@@ -21,11 +21,11 @@
 -- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
 -- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
-local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, tcount, limit)
+local function transfer(K, limit)
   local now, t = now_ms()
   local due, late
   -- A bucket still holding entries after its start: nothing due at or after its start moves yet.
-  local promoted, left = promote(tindex, tcount, zset, now, math.abs(limit), true)
+  local promoted, left = promote(K, now, math.abs(limit), true)
   local room = math.abs(limit) - promoted
   local upto = left and '(' .. string.format('%d', left) or now
   if room == 0 then
@@ -34,7 +34,7 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, 
   elseif limit < 0 then
     -- Asked for lateness: the due scores too (member, score, ...), split into the members (the rest
     -- of the function is unchanged) and each one's lateness.
-    local scored = redis.call('zrangebyscore', zset, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, room)
+    local scored = redis.call('zrangebyscore', K.timeout_set, '-inf', upto, 'WITHSCORES', 'LIMIT', 0, room)
     due, late = {}, {}
     local m = 0
     for i = 1, #scored, 2 do
@@ -43,9 +43,9 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, 
       late[m] = now - scored[i + 1]  -- Lua turns the score's text into a number (no tonumber lookup)
     end
   else
-    due = redis.call('zrangebyscore', zset, '-inf', upto, 'LIMIT', 0, room)
+    due = redis.call('zrangebyscore', K.timeout_set, '-inf', upto, 'LIMIT', 0, room)
   end
-  if #due < room then promote(tindex, tcount, zset, now, room - #due, false) end
+  if #due < room then promote(K, now, room - #due, false) end
   local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
   local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
   for i, v in ipairs(due) do
@@ -68,24 +68,24 @@ local function transfer(dest, zset, dlist, deadl, handoff, leases, idx, tindex, 
   end
   -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
   -- removed before the items are safely in the destination (a script error does not roll back).
-  chunked('rpush', dest, nil, out)
-  chunked('rpush', deadl, nil, bad)
-  for _, v in ipairs(listed) do redis.call('lrem', dlist, 1, v) end
-  chunked('zrem', zset, nil, due)
-  unindex(idx, owned, checked, starts)
+  chunked('rpush', K.destination, nil, out)
+  chunked('rpush', K.dead_letter, nil, bad)
+  for _, v in ipairs(listed) do redis.call('lrem', K.delay_list, 1, v) end
+  chunked('zrem', K.timeout_set, nil, due)
+  unindex(K, owned, checked, starts)
   local recovered = 0
-  for _, id in ipairs(redis.call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)) do
-    local blob = redis.call('hget', handoff, id)
+  for _, id in ipairs(redis.call('zrangebyscore', K.handoff_leases, '-inf', now, 'LIMIT', 0, 100)) do
+    local blob = redis.call('hget', K.handoff, id)
     if blob and blob ~= '' then
       local items = unpack_list(blob)
-      chunked('lpush', dest, nil, reversed(items))
+      chunked('lpush', K.destination, nil, reversed(items))
       recovered = recovered + #items
     end
-    redis.call('hdel', handoff, id)
-    redis.call('zrem', leases, id)
+    redis.call('hdel', K.handoff, id)
+    redis.call('zrem', K.handoff_leases, id)
   end
-  local nxt = tier_next(zset, tindex)
-  local lease = redis.call('zrange', leases, 0, 0, 'WITHSCORES')
+  local nxt = tier_next(K)
+  local lease = redis.call('zrange', K.handoff_leases, 0, 0, 'WITHSCORES')
   if late and #bad > 0 then
     local kept = {}
     for j = 1, #due do if late[j] then kept[#kept + 1] = late[j] end end

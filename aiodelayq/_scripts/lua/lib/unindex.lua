@@ -7,19 +7,19 @@
 -- elements, with in `starts` where their tag starts (parse's third value): their ids are
 -- Redisson's random bytes as often as tags, so their field is dropped only if it holds this very
 -- element. Appends to `owned`.
-local function unindex(idx, owned, checked, starts)
-  if #checked > 0 and redis.call('hlen', idx) > 0 then
+local function unindex(K, owned, checked, starts)
+  if #checked > 0 and redis.call('hlen', K.key_index) > 0 then
     for i = 1, #checked, 1000 do
       local tags = {}
       for j = i, math.min(i + 999, #checked) do
         local s = starts[j]
         tags[#tags + 1] = string.sub(checked[j], s, s + 7)
       end
-      local blobs = redis.call('hmget', idx, unpack(tags))
+      local blobs = redis.call('hmget', K.key_index, unpack(tags))
       for j, blob in ipairs(blobs) do
         if blob and index_pairs(blob)[2] == checked[i + j - 1] then owned[#owned + 1] = tags[j] end
       end
     end
   end
-  chunked('hdel', idx, nil, owned)
+  chunked('hdel', K.key_index, nil, owned)
 end
