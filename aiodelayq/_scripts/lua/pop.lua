@@ -38,7 +38,7 @@ if items then
   now = now or now_ms()
   local kept = {}
   for _, v in ipairs(items) do
-    local enveloped = string.byte(v, 1) == 193
+    local enveloped = string.byte(v, 1) == ITEM_BYTE
     if enveloped and item_expired(v, now) then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, 0, now, v))
     else

@@ -40,14 +40,14 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
-    elseif string.byte(e, 33) == 193 and item_expired(string.sub(e, 33), now) then
+    elseif string.byte(e, 33) == ITEM_BYTE and item_expired(string.sub(e, 33), now) then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, count, now, string.sub(e, 33)))
       lapsed = lapsed + 1
     else
       local became_due = tonumber(redis.call('zscore', K.in_flight, e))
       local payload = string.sub(e, 33)
       -- A stalled schedule's occurrence: its first consumer did not list more cron times.
-      if string.byte(payload, 1) == 193 and recur_next(K, payload, now) then
+      if string.byte(payload, 1) == ITEM_BYTE and recur_next(K, payload, now) then
         payload = item_flagged(payload)
       end
       local m = message(string.sub(e, 5, 20), count + 1, became_due, payload)
@@ -62,7 +62,7 @@ else
     if fresh then
       local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
       for i, payload in ipairs(fresh) do
-        local enveloped = string.byte(payload, 1) == 193
+        local enveloped = string.byte(payload, 1) == ITEM_BYTE
         if enveloped and item_expired(payload, now) then
           redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, 0, now, payload))
           lapsed = lapsed + 1
