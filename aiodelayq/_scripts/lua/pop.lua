@@ -1,6 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
 -- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
--- uses: lib/clock.lua lib/controls.lua lib/dead.lua lib/item.lua lib/lists.lua lib/recur.lua lib/transfer.lua
+-- uses: lib/clock.lua lib/controls.lua lib/hand_out.lua lib/item.lua lib/lists.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
@@ -9,7 +9,7 @@
 -- and for a negative ARGV[4] the lateness list) or false, hold, expired, popped payloads, head
 -- first...}. expired: how many popped items had an envelope whose expiry had passed: those went to
 -- the dead-letter list (reason expired) instead, and fewer than asked are returned. Handing out an
--- occurrence of a recurring item schedules its next occurrence (lib/recur.lua).
+-- occurrence of a recurring item schedules its next occurrence (lib/hand_out.lua).
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id until FINISH (or a later POP) says what became of
@@ -38,11 +38,8 @@ if items then
   now = now or now_ms()
   local kept = {}
   for _, v in ipairs(items) do
-    local enveloped = string.byte(v, 1) == ITEM_BYTE
-    if enveloped and item_expired(v, now) then
-      redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, 0, now, v))
-    else
-      if enveloped and recur_next(K, v, now) then v = item_flagged(v) end
+    if string.byte(v, 1) == ITEM_BYTE then v = hand_out(K, v, 0, now) end
+    if v then
       kept[#kept + 1] = v
       out[#out + 1] = v
     end

@@ -1,0 +1,18 @@
+-- defines: hand_out
+-- uses: lib/dead.lua lib/item.lua lib/recur.lua
+-- hand_out(K, payload, count, now): what becomes of `payload` handed out at `now` (server ms) by POP
+-- or RECEIVE after `count` deliveries (0: never delivered). An item envelope whose expiry has passed
+-- goes to the dead-letter list (reason expired, with `count`): nil. Else the payload to hand out: an
+-- occurrence of a recurring item schedules the next one (recur_next: once, so a redelivery
+-- continues nothing, unless its schedule stalled: its first consumer did not list more cron times),
+-- flagged when its consumer should list more; any other payload as it is. Callers skip the call for
+-- a payload whose first byte is not ITEM_BYTE (a bare one: most of them), so a bare payload costs
+-- POP and RECEIVE no function call.
+local function hand_out(K, payload, count, now)
+  if item_expired(payload, now) then
+    redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, count, now, payload))
+    return nil
+  end
+  if recur_next(K, payload, now) then return item_flagged(payload) end
+  return payload
+end
