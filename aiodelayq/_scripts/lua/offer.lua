@@ -60,11 +60,23 @@ if cap then
     - (tonumber(redis.call('get', K.tier_count)) or 0)
 end
 local added = 0
-local function fits() return room == nil or added < room end
+local letters, kept = {}, {}
+-- Whether the outcome has a letter per item: a call with keys, or one whose items are admitted one by one.
+local spelled = keys ~= nil or (each and room ~= nil)
+-- Admit one more new item under max_pending: true ('a' in the outcome when it has letters), or
+-- false when the queue is full ('f').
+local function admit()
+  if room ~= nil and added >= room then
+    letters[#letters + 1] = 'f'
+    return false
+  end
+  added = added + 1
+  if spelled then letters[#letters + 1] = 'a' end
+  return true
+end
 local earliest = nil
 -- The tier's wake-up for this call's buckets: the earliest promotion time among them (nil: none).
 local promotion = nil
-local letters, kept = {}, {}
 -- The element of a strict or legacy item (fast ones come packed).
 local function element(i, keyed)
   local id, payload = ARGV[i + 1], ARGV[i + 2]
@@ -83,7 +95,7 @@ if not keys and kind == 'fast' then
     local d, v
     d, v, pos = struct.unpack('>dI4c0', blob, pos)
     if moved_ms ~= 0 then v = element_expiry_moved(v, moved_ms) end
-    if fits() then
+    if admit() then
       local due = base + d
       local start = after and due - due % width
       if after and start - after > now then
@@ -100,10 +112,6 @@ if not keys and kind == 'fast' then
         zargs[#zargs + 1] = v
         if earliest == nil or due < earliest then earliest = due end
       end
-      added = added + 1
-      if each and room then letters[#letters + 1] = 'a' end
-    else
-      letters[#letters + 1] = 'f'
     end
   end
   chunked('zadd', K.timeout_set, 'NX', zargs)
@@ -125,16 +133,12 @@ if not keys and kind == 'fast' then
 elseif not keys then
   if room and not each and (#ARGV - 5) / 3 > room then return {false, now, room} end
   for i = 6, #ARGV, 3 do
-    if fits() then
+    if admit() then
       local due, v = base + tonumber(ARGV[i]), element(i, false)
       if redis.call('zadd', K.timeout_set, 'NX', due, v) == 1 then
         redis.call('rpush', K.delay_list, v)
         if earliest == nil or due < earliest then earliest = due end
       end
-      added = added + 1
-      if each and room then letters[#letters + 1] = 'a' end
-    else
-      letters[#letters + 1] = 'f'
     end
   end
 else
@@ -206,14 +210,10 @@ else
   for i = 1, count do
     local v, due, key = values[i], dues[i], names[i]
     if not key then
-      if fits() then
-        letters[#letters + 1] = 'a'
+      if admit() then
         adds[#adds + 1] = i
-        added = added + 1
       elseif not each then
         return {false, now, room}
-      else
-        letters[#letters + 1] = 'f'
       end
     elseif scheduled[i] then
       if not each then return {false, now, 'scheduled', key} end
@@ -229,18 +229,14 @@ else
       if score and string.byte(keys, i) ~= 114 then  -- not 'r'
         letters[#letters + 1] = 'p'
         kept[#kept + 1] = ',' .. score
-      elseif not score and not fits() then
+      elseif not score and not admit() then
         if not each then return {false, now, room} end
-        letters[#letters + 1] = 'f'
       else
-        if score then
+        if score then  -- (else admitted above)
           local replaced = kv[2]
           if not written[replaced] then removed[#removed + 1] = replaced end
           written[replaced], gone[replaced] = nil, true
           letters[#letters + 1] = 'r'
-        else
-          letters[#letters + 1] = 'a'
-          added = added + 1
         end
         if kv[1] ~= key and kv[2] and score_of(kv[2]) then
           -- The tag belongs to another key with a pending element (a SHA-1 prefix collision).
