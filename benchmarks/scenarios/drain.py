@@ -45,12 +45,8 @@ async def _drain(q: DelayedQueue[Any], client: Any, mode: str, n: int) -> float:
             if got >= n:
                 break
     # Acks are written behind: a reliable drain ends when the last of them is in Redis.
-    await until(lambda: _none_in_flight(client, q), 3600.0, 0.001)
+    await until(lambda: client.zcard(q.keys.in_flight), lambda n: n == 0, 3600.0, 0.001)
     return n / (time.perf_counter() - t0)
-
-
-async def _none_in_flight(client: Any, q: DelayedQueue[Any]) -> bool:
-    return not await client.zcard(q.keys.in_flight)
 
 
 async def run(bench: Bench) -> dict[str, Any]:
@@ -69,7 +65,7 @@ async def run(bench: Bench) -> dict[str, Any]:
         async with bench.fresh_queue("drain", mode, clients=2) as (producer, consumer, name):
             await fill(DelayedQueue(producer, name), n, 0)
             async with DelayedQueue(consumer, name) as q:
-                await until(lambda: _all_ready(q, n), 60)  # every item moved first: the drain alone is timed
+                await until(q.ready_size, lambda ready: ready >= n, 60)  # all moved first: the drain alone is timed
                 return await _drain(q, consumer, mode, n)
 
     ours = await alternate(MODES, s.rounds, measure, "items_per_s")
@@ -77,7 +73,3 @@ async def run(bench: Bench) -> dict[str, Any]:
     return {"items": s.drain_items, "messages": s.drain_messages, "ours": ours,
             "ratio": {**{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[1:]},
                       "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"])}}
-
-
-async def _all_ready(q: DelayedQueue[Any], n: int) -> bool:
-    return await q.ready_size() >= n

@@ -70,11 +70,9 @@ async def run_reliable(bench: Bench) -> dict[str, Any]:
         try:
             clamped = await window()
 
-            async def nothing_left() -> bool:  # pending, ready or in flight
-                return not any([await ctl.zcard(keys.timeout_set), await ctl.llen(keys.destination),
-                                await ctl.zcard(keys.in_flight)])
-
-            await until(nothing_left, t0 + 0.5 + s.reliable_seconds + 5.5 - loop.time(), 0.05)
+            await until(lambda: asyncio.gather(ctl.zcard(keys.timeout_set), ctl.llen(keys.destination),
+                                               ctl.zcard(keys.in_flight)), lambda left: not any(left),  # nothing left
+                        t0 + 0.5 + s.reliable_seconds + 5.5 - loop.time(), 0.05)
         finally:
             stop_pinging.set()  # not cancel(): redis-py can swallow a cancellation inside ping()
             await asyncio.wait({pinger})

@@ -20,14 +20,6 @@ async def _used(bench: Bench) -> int:
     return int((await bench.ctl.info("memory"))["used_memory"])
 
 
-async def _freed(bench: Bench) -> bool:
-    return int((await bench.ctl.info("memory")).get("lazyfree_pending_objects", 0)) == 0
-
-
-async def _moved(bench: Bench, destination: str, n: int) -> bool:
-    return bool(await bench.ctl.llen(destination) >= n)
-
-
 async def _slow_calls(bench: Bench, window: str) -> dict[str, Any]:
     """The ``EVALSHA`` calls since :meth:`SlowLog.begin`: how many, how many over ``SLOW_MS`` and
     ``STALL_MS``, the slowest."""
@@ -58,7 +50,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     for impl, tier_after_s in VARIANTS:
         # What earlier UNLINKs left to the server's background thread is freed first: used_memory before a
         # fill is then the true baseline.
-        await until(lambda: _freed(bench), 120, 0.1)
+        await until(lambda: bench.ctl.info("memory"), lambda i: not int(i.get("lazyfree_pending_objects", 0)), 120, 0.1)
         out[impl] = await _variant(bench, impl, tier_after_s)
     alone = await transfer_ours(bench, s.scale_ref_backlog)
     for impl, _ in VARIANTS:
@@ -108,7 +100,7 @@ async def _variant(bench: Bench, impl: str, tier_after_s: float | None) -> dict[
         await bench.slowlog.begin(int(SLOW_MS * 1000))
         t0 = time.perf_counter()
         async with DelayedQueue(consumer, name):
-            if not await until(lambda: _moved(bench, keys.destination, s.scale_due), 600, 0.005):
+            if not await until(lambda: bench.ctl.llen(keys.destination), lambda n: n >= s.scale_due, 600, 0.005):
                 raise RuntimeError("pending_10m: the due items were not moved within 600 s")
             moved_rate = s.scale_due / (time.perf_counter() - t0)
         slow = await _slow_calls(bench, "move")
