@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ._web import Queues
     from ._wire.codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
     from ._wire.delays import delay_to_ms
+    from ._wire.elements import ElementKind
     from ._wire.key_names import QueueKeys, prefix_name
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "DecodeError",
     "DelayedQueue",
     "DelayedQueueError",
+    "ElementKind",
     "EncodeError",
     "InvalidDelayError",
     "InvalidHeadersError",
@@ -123,6 +125,7 @@ _LAZY = {
     "Worker": "._consuming.worker",
     "WorkerStats": "._consuming.worker",
     "WireFormat": "._options",
+    "ElementKind": "._wire.elements",
     "WorkerOptions": "._options",
     "DeadLetter": "._producing.dead_letters",
     "Offered": "._producing.keyed",

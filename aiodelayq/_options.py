@@ -5,7 +5,9 @@ and :class:`WorkerOptions` (a worker's, whichever way it is started)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Literal
 
 from redis.asyncio import Redis
@@ -51,83 +53,99 @@ def check_client(client: object) -> AnyRedis:
     return client
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QueueOptions:
-    """Checked options (see :class:`~aiodelayq.DelayedQueue` for their meaning; seconds in ``*_s``).
+    """A queue's options, each declared once here (name, type, default) and checked when made (see
+    :class:`~aiodelayq.DelayedQueue` for their meaning; seconds in ``*_s``). ``DelayedQueue`` takes
+    the same keywords, spelt out for editors (a test keeps the two alike), and makes one of these
+    from them (:meth:`of`). What the calls derive from them is below the fields.
 
-    ``tier_after_ms`` is ``tier_after_s`` in whole ms (rounded up), as OFFER takes it.
+    Raises:
+        ConfigurationError: the first bad option, named.
     """
 
-    codec: Codec
-    wire_format: WireFormat
-    kind: ElementKind
-    max_deliveries: int | None
-    transfer_batch: int
-    safety_poll_s: float
-    open_timeout_s: float
-    close_timeout_s: float
-    call_timeout_s: float
-    max_call_bytes: int
-    durability: Durability
+    codec: str | Codec = "json"
+    wire_format: WireFormat = "redisson"
+    strict: bool = False
+    max_deliveries: int | None = None
+    transfer_batch: int = 500
+    safety_poll_s: float = 5.0
+    open_timeout_s: float = 10.0
+    close_timeout_s: float = 5.0
+    call_timeout_s: float = 5.0
+    max_call_bytes: int = 1_000_000
+    min_replicas: int = 0
+    replication_timeout_s: float = 1.0
+    wait_aof: bool = False
     max_pending: int | None = None
     max_item_bytes: int | None = None
-    lag_warning_s: float | None = None
-    tier_after_ms: int | None = None
+    lag_warning_s: float | None = 60.0
+    tier_after_s: float | None = None
 
-    @classmethod
-    def build(cls, *, codec: str | Codec, wire_format: str, strict: bool, max_deliveries: int | None,
-              transfer_batch: int, safety_poll_s: float, open_timeout_s: float, close_timeout_s: float,
-              call_timeout_s: float, max_call_bytes: int, min_replicas: int = 0,
-              replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
-              max_item_bytes: int | None = None, lag_warning_s: float | None = None,
-              tier_after_s: float | None = None) -> QueueOptions:
-        """Check every option.
-
-        Raises:
-            ConfigurationError: the first bad option, named.
-        """
-        if wire_format not in ("redisson", "redisson-legacy"):
-            raise ConfigurationError(f"wire_format must be 'redisson' or 'redisson-legacy', not {wire_format!r}")
-        if not isinstance(strict, bool):
-            raise ConfigurationError(f"strict must be a bool, not {strict!r}")
-        if max_deliveries is not None:
-            checks.count("max_deliveries", max_deliveries, minimum=1)
-        checks.count("transfer_batch", transfer_batch, minimum=1, maximum=10_000)
-        checks.count("max_call_bytes", max_call_bytes, minimum=1024)
-        if max_pending is not None:
-            checks.count("max_pending", max_pending, minimum=1)
-        if max_item_bytes is not None:
-            checks.count("max_item_bytes", max_item_bytes, minimum=1)
-        if lag_warning_s is not None:
-            lag_warning_s = checks.seconds("lag_warning_s", lag_warning_s, above_minimum=True)
-        kind = element_kind(strict=strict, wire_format=wire_format)
-        tier_after_ms = None
-        if tier_after_s is not None:
-            tier_after_ms = math.ceil(checks.seconds("tier_after_s", tier_after_s, minimum_s=MIN_TIER_AFTER_S) * 1000)
-            if kind != "fast":
+    def __post_init__(self) -> None:
+        if self.wire_format not in ("redisson", "redisson-legacy"):
+            raise ConfigurationError(f"wire_format must be 'redisson' or 'redisson-legacy', not {self.wire_format!r}")
+        if not isinstance(self.strict, bool):
+            raise ConfigurationError(f"strict must be a bool, not {self.strict!r}")
+        if self.max_deliveries is not None:
+            checks.count("max_deliveries", self.max_deliveries, minimum=1)
+        checks.count("transfer_batch", self.transfer_batch, minimum=1, maximum=10_000)
+        checks.count("max_call_bytes", self.max_call_bytes, minimum=1024)
+        if self.max_pending is not None:
+            checks.count("max_pending", self.max_pending, minimum=1)
+        if self.max_item_bytes is not None:
+            checks.count("max_item_bytes", self.max_item_bytes, minimum=1)
+        if self.lag_warning_s is not None:
+            self._set("lag_warning_s", checks.seconds("lag_warning_s", self.lag_warning_s, above_minimum=True))
+        if self.tier_after_s is not None:
+            self._set("tier_after_s", checks.seconds("tier_after_s", self.tier_after_s, minimum_s=MIN_TIER_AFTER_S))
+            if self.kind != "fast":
                 raise ConfigurationError("tier_after_s tiers fast elements only: it needs strict=False and "
-                                         f"wire_format='redisson', not {kind} elements")
-        durations = {name: checks.seconds(name, value, above_minimum=True) for name, value in (
-            ("safety_poll_s", safety_poll_s), ("open_timeout_s", open_timeout_s),
-            ("close_timeout_s", close_timeout_s), ("call_timeout_s", call_timeout_s))}
+                                         f"wire_format='redisson', not {self.kind} elements")
+        for name in ("safety_poll_s", "open_timeout_s", "close_timeout_s", "call_timeout_s"):
+            self._set(name, checks.seconds(name, getattr(self, name), above_minimum=True))
         try:
-            resolved = resolve_codec(codec)
+            resolve_codec(self.codec)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
-        return cls(codec=resolved, wire_format=wire_format,  # type: ignore[arg-type]
-                   kind=kind, max_deliveries=max_deliveries,
-                   transfer_batch=transfer_batch, max_call_bytes=max_call_bytes, **durations,
-                   durability=Durability.build(min_replicas, replication_timeout_s, wait_aof),
-                   max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
-                   tier_after_ms=tier_after_ms)
+        self.durability  # noqa: B018 - checks min_replicas, replication_timeout_s, wait_aof
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)  # a checked value (a float for an int), once, in __post_init__
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> QueueOptions:
+        """The options among ``arguments`` (``DelayedQueue.__init__``'s ``locals()``): each field's
+        value by its name."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
+
+    @cached_property
+    def resolved_codec(self) -> Codec:
+        """The codec object of ``codec`` (a name or an object)."""
+        return resolve_codec(self.codec)
+
+    @cached_property
+    def kind(self) -> ElementKind:
+        """The kind of element this queue object writes (``strict`` and ``wire_format``)."""
+        return element_kind(strict=self.strict, wire_format=self.wire_format)
+
+    @cached_property
+    def durability(self) -> Durability:
+        """How durable writes are confirmed (``min_replicas``, ``replication_timeout_s``, ``wait_aof``)."""
+        return Durability.build(self.min_replicas, self.replication_timeout_s, self.wait_aof)
+
+    @cached_property
+    def tier_after_ms(self) -> int | None:
+        """``tier_after_s`` in whole ms (rounded up), as OFFER takes it."""
+        return None if self.tier_after_s is None else math.ceil(self.tier_after_s * 1000)
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """How a worker runs a handler on a queue's items: one set of options, checked here, for every way
-    a worker starts (:meth:`DelayedQueue.consume`, :meth:`DelayedQueue.worker`,
+    """How a worker runs a handler on a queue's items: one set of options, declared and checked here,
+    for every way a worker starts (:meth:`DelayedQueue.consume`, :meth:`DelayedQueue.worker`,
     :meth:`Queues.add_worker`, :func:`aiodelayq.worker.run_worker` and ``aiodelayq worker``, each
-    taking these names as keywords or flags).
+    taking these names, with these defaults, as keywords or flags: a test keeps them alike).
 
     Attributes:
         concurrency: handlers running at once (an ``int`` >= 1).
@@ -150,6 +168,12 @@ class WorkerOptions:
     reliable: bool = True
     drain_timeout_s: float = 30.0
     retry_backoff: AbstractBackoff | None = None
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> WorkerOptions:
+        """The options among ``arguments`` (an entry point's ``locals()``): each field's value by its
+        name, its default when the entry point does not take it."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
 
     def __post_init__(self) -> None:
         checks.count("concurrency", self.concurrency, minimum=1)

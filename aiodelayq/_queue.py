@@ -1,9 +1,8 @@
-"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``, the life of
-the queue is its lifecycle's (``_runtime/lifecycle.py``), and every call is delegated: offers to its
-producer (``_producing/producer.py``), ``take``/``poll`` to the take pump (``_consuming/take.py``),
-``receive`` to the reliable consumer (``_consuming/reliable.py``), the pending side to
-``_producing/pending.py``. Those are one ordinary queue's components, or for ``shards > 1``
-composites over the shards' (``_sharding/``)."""
+"""The public :class:`DelayedQueue`: a facade. Options are checked by ``_options.py``; every call is
+delegated to the part that fills its role (``_parts/roles.py``): offers to the producer, the pending
+side to the contents, ``take``/``poll`` to the take pump and ``receive`` to the reliable consumer of
+its lifecycle, which owns the queue's life. Those are one ordinary queue's parts
+(``_parts/queue_parts.py``), or for ``shards > 1`` composites over the shards' (``_sharding/``)."""
 
 from __future__ import annotations
 
@@ -16,31 +15,24 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.controls import Controls
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.worker import Worker
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
-from ._producing.dead_letters import DeadLetter, DeadLetters
-from ._producing.keyed import KeyedItems, Offered, Pending
-from ._producing.pending import PendingItem, PendingView, QueueCounts
-from ._producing.producer import Producer
-from ._producing.recurring import Schedules
+from ._parts.queue_parts import QueueParts
+from ._parts.roles import Parts
+from ._producing.dead_letters import DeadLetter
+from ._producing.keyed import Offered, Pending
+from ._producing.pending import PendingItem, QueueCounts
 from ._redis.cluster import is_cluster
-from ._runtime.lifecycle import Lifecycle, QueueStats
-from ._sharding.controls import ShardedControls
-from ._sharding.dead_letters import ShardedDeadLetters
-from ._sharding.keyed import ShardedKeyed, ShardedSchedules
+from ._runtime.lifecycle import QueueStats
 from ._sharding.layout import check_shards
-from ._sharding.lifecycle import ShardedLifecycle
-from ._sharding.offers import ShardedProducer
-from ._sharding.parts import QueueParts
-from ._sharding.pending import ShardedPending
 from ._sharding.sharded import ShardedParts
 from ._wire.codec import Codec
 from ._wire.delays import check_max_items, check_timeout, visibility_ms
+from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
-from .exceptions import QueueClosedError
+from .exceptions import ConfigurationError, QueueClosedError
 
 __all__ = ["DelayedQueue"]
 
@@ -138,29 +130,19 @@ class DelayedQueue(AsyncResource, Generic[T]):
                  tier_after_s: float | None = None, shards: int = 1) -> None:
         self._keys = keys = QueueKeys.for_name(name, cluster=is_cluster(client))
         self._client = check_client(client)
-        self._options = o = QueueOptions.build(
-            codec=codec, wire_format=wire_format, strict=strict, max_deliveries=max_deliveries,
-            transfer_batch=transfer_batch, safety_poll_s=safety_poll_s, open_timeout_s=open_timeout_s,
-            close_timeout_s=close_timeout_s, call_timeout_s=call_timeout_s, max_call_bytes=max_call_bytes,
-            min_replicas=min_replicas, replication_timeout_s=replication_timeout_s, wait_aof=wait_aof,
-            max_pending=max_pending, max_item_bytes=max_item_bytes, lag_warning_s=lag_warning_s,
-            tier_after_s=tier_after_s)
+        self._options = o = QueueOptions.of(locals())
         self._shards = check_shards(shards, name)
-        # One ordinary queue, or composites over the shards' (_sharding/): the same calls either way.
-        parts: QueueParts | ShardedParts
-        if self._shards == 1:
-            parts = QueueParts.build(client, keys, o)
-            self._shard_keys: Callable[[], tuple[QueueKeys, ...]] = lambda: (keys,)
-        else:
-            parts = ShardedParts.build(client, keys, o, self._shards)
-            self._shard_keys = parts.placed.keys
-        self._producer: Producer | ShardedProducer = parts.producer
-        self._pending: PendingView | ShardedPending = parts.pending
-        self._keyed: KeyedItems | ShardedKeyed = parts.keyed
-        self._dead: DeadLetters | ShardedDeadLetters = parts.dead
-        self._controls: Controls | ShardedControls = parts.controls
-        self._schedules: Schedules | ShardedSchedules = parts.schedules
-        self._life: Lifecycle | ShardedLifecycle = parts.life
+        # One ordinary queue's parts, or composites over the shards' (_sharding/): the same roles.
+        parts: Parts = (QueueParts.build(client, keys, o) if self._shards == 1
+                        else ShardedParts.build(client, keys, o, self._shards))
+        self._shard_keys = parts.shard_keys
+        self._producer = parts.producer
+        self._pending = parts.pending
+        self._keyed = parts.keyed
+        self._dead = parts.dead
+        self._controls = parts.controls
+        self._schedules = parts.schedules
+        self._life = parts.life
 
     @property
     def name(self) -> str:
@@ -169,8 +151,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def keys(self) -> QueueKeys:
-        """The Redis keys of the queue's name (a sharded queue's hold only its shard count: its items
-        are in :attr:`shard_keys`)."""
+        """The Redis keys of the queue.
+
+        Raises:
+            ConfigurationError: the queue is sharded: its items are in :attr:`shard_keys`, one
+                :class:`QueueKeys` per shard.
+        """
+        if self._shards > 1:
+            raise ConfigurationError(f"queue {self.name!r} has {self._shards} shards: its keys are shard_keys, "
+                                     "one QueueKeys per shard")
         return self._keys
 
     @property
@@ -201,8 +190,15 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     @property
     def strict(self) -> bool:
-        """Whether this producer writes strict or legacy elements (also in Redisson's list)."""
-        return self._options.kind != "fast"
+        """Whether this producer writes strict elements (the option as given; legacy elements, which
+        ``wire_format="redisson-legacy"`` writes, also go in Redisson's list: see :attr:`element_kind`)."""
+        return self._options.strict
+
+    @property
+    def element_kind(self) -> ElementKind:
+        """The kind of element this producer writes: ``"fast"`` (the timeout zset only), ``"strict"``
+        or ``"legacy"`` (also in Redisson's insertion-order list)."""
+        return self._options.kind
 
     @property
     def tier_after_s(self) -> float | None:
@@ -482,8 +478,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         ``await worker.run()`` until ``worker.stop()`` (running handlers get ``drain_timeout_s``
         seconds, then are cut off and their messages handed back) or ``worker.abort()`` (at once).
         Raises as :meth:`consume`."""
-        return Worker(self, handler, WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s,
-                                                   retry_backoff))
+        return Worker(self, handler, WorkerOptions.of(locals()))
 
     async def consume(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
                       visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
@@ -513,8 +508,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
             ConfigurationError: a bad option, named, or a handler that is not an async callable.
             BackendError: the queue could not be opened; AccessDeniedError: missing permissions.
         """
-        worker = self.worker(handler, concurrency=concurrency, visibility_timeout_s=visibility_timeout_s,
-                             reliable=reliable, drain_timeout_s=drain_timeout_s, retry_backoff=retry_backoff)
+        worker = Worker(self, handler, WorkerOptions.of(locals()))
         if self.is_open:
             await worker.run()
             return

@@ -120,7 +120,7 @@ class Queues(AsyncResource):
         """
         self._check_new("add a worker")
         self._check_name(name)
-        options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s, retry_backoff)
+        options = WorkerOptions.of(locals())
         self._declared.setdefault(name, _Declared({})).workers.append((check_handler(handler), options))
 
     def _check_name(self, name: str) -> None:

@@ -85,7 +85,7 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         function = load_handler(handler) if isinstance(handler, str) else check_handler(handler)
-        options = WorkerOptions(concurrency, visibility_timeout_s, reliable, drain_timeout_s)
+        options = WorkerOptions.of(locals())
         return asyncio.run(_serve(function, queue=queue, connect=connect or _from_url(redis_url),
                                   max_deliveries=max_deliveries, codec=codec, options=options))
     except (ConfigurationError, ValueError) as exc:  # ValueError: a malformed Redis URL

@@ -75,8 +75,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodelayq._options",),
     ("aiodelayq._producing", "aiodelayq._consuming"),
     ("aiodelayq._runtime",),
+    ("aiodelayq._parts",),
     ("aiodelayq._sharding",),
     ("aiodelayq._queue",),
+    ("aiodelayq._admin",),
+    ("aiodelayq.dashboard",),
     ("aiodelayq", "aiodelayq._web", "aiodelayq.worker", "aiodelayq.prometheus", "aiodelayq.cli",
      "aiodelayq.demo", "aiodelayq.testing", "aiodelayq.__main__"),
 ]
@@ -103,6 +106,12 @@ def test_imports_flow_down_the_layers() -> None:
                     for target in _imports(name, path, modules)
                     if {_subpackage(name), _subpackage(target)} == {"_producing", "_consuming"})
     assert across == [], "producing and consuming import each other:\n" + "\n".join(across)
+    # The dashboard and the command line share what sits below both (_admin): the dashboard imports
+    # nothing of the command line, which serves the dashboard from one command.
+    of_cli = sorted(f"{name} imports {target}" for name, path in modules.items()
+                    if _subpackage(name) == "dashboard" for target in _imports(name, path, modules)
+                    if _subpackage(target) == "cli")
+    assert of_cli == [], "the dashboard imports the command line:\n" + "\n".join(of_cli)
 
 
 def _subpackage(module: str) -> str:

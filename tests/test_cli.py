@@ -24,11 +24,11 @@ import typer.main
 from redis.asyncio import Redis
 
 import aiodelayq
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
+from aiodelayq._admin.scan import queue_name_of
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli import MISSING_EXTRA
 from aiodelayq.cli._app import app
-from aiodelayq.cli._ops import queue_name_of
 from aiodelayq.testing import ThrowawayCluster, ThrowawaySentinels, ThrowawayServer
 from tests.conftest import ServerInfo
 from tests.helpers import free_socket, server_ms, until
@@ -215,8 +215,10 @@ async def test_watch_ends_on_sigterm_like_ctrl_c_with_its_last_table(client: Red
         assert proc.stderr is not None
         first = await asyncio.wait_for(proc.stderr.readline(), RUN_TIMEOUT_S)
         assert first.startswith(b"aiodelayq: watching")
-        # Each refresh ends with a TIME: two of them mean a table was drawn (kept back: a pipe).
-        await until(lambda: _time_calls_reached(client, before + 2), RUN_TIMEOUT_S)
+        # A refresh calls TIME twice at most (counts.lua reads the clock for the lag, then the
+        # table's own TIME): a third means the second refresh began, after the first table was drawn
+        # (kept back: a pipe).
+        await until(lambda: _time_calls_reached(client, before + 3), RUN_TIMEOUT_S)
         proc.send_signal(signal.SIGTERM)
         out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
     finally:
@@ -466,7 +468,7 @@ async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop
     # The shard count recorded under the name: ls lists the queue once (its shards' keys found by
     # SCAN), and stats, peek and cancel cover every shard.
     q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str")
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     await q.offer_many([(f"v{i}", 600) for i in range(6)])
     await q.offer("keyed", 600, key="k1")
     listed, stats, peek = await asyncio.gather(cli("ls", "--match", f"{qname}*", "--json"),
@@ -774,7 +776,7 @@ for argv in (["--help"], ["--version"], ["stats", "--help"], ["dead-letters", "l
         pass
 new = set(sys.modules) - before
 print(sorted(m for m in new if m.split(".")[0] in ("rich", "redis")
-             or m in ("aiodelayq.cli._ops", "aiodelayq.cli._render", "aiodelayq._queue")))
+             or m.startswith("aiodelayq._admin") or m in ("aiodelayq.cli._render", "aiodelayq._queue")))
 """
 
 

@@ -197,7 +197,7 @@ async def test_the_index_lists_a_queue_and_its_counts(client: Redis, make_queue:
 async def test_a_sharded_queue_is_one_row_and_one_page_over_all_its_shards(client: Redis, drop_keys: Any,
                                                                              qname: str, served: Any) -> None:
     q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3)
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     await q.offer_many([(i, 7 * 60) for i in range(6)] + [(i, 50 * 60) for i in range(3)])  # 3 to each shard
     base = await served(Dashboard(client))
     async with httpx.AsyncClient(timeout=10) as http:
@@ -909,7 +909,7 @@ async def test_serve_returns_on_sigterm(own_server: Any, spawn_consumer: Any) ->
 
 async def test_serve_says_in_one_line_why_it_cannot_start(own_server: Any) -> None:
     from aiodelayq import ConfigurationError
-    from aiodelayq.cli._ops import CannotConnect
+    from aiodelayq._admin.connect import CannotConnect
 
     server = own_server()
     with free_socket() as taken:

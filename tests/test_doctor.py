@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
 from aiodelayq._redis.acl import minimal_acl_rules
 from aiodelayq.cli._doctor import Finding, diagnose
 from aiodelayq.testing import server_version
@@ -115,7 +115,7 @@ async def test_legacy_elements_warn_under_the_default_wire_format(make_client: A
 async def test_a_sharded_queue_is_checked_shard_by_shard(make_client: Any, drop_keys: Any, qname: str) -> None:
     client = make_client()
     q: DelayedQueue[Any] = DelayedQueue(client, f"{qname}-sharded", shards=3)
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     await q.offer_many([(i, 0) for i in range(3)])  # one due item on each shard, never moved
     await asyncio.sleep(0.3)
     lags = [f for f in await diagnose(client, [q.name], max_lag_s=0.2) if f.check == "lag"]

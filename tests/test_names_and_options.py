@@ -4,6 +4,8 @@ options ``DelayedQueue(client, name, ...)`` refuses when it is built."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import math
 import uuid
 from typing import Any
@@ -22,8 +24,10 @@ from aiodelayq import (
     WorkerOptions,
     prefix_name,
 )
+from aiodelayq._options import QueueOptions
 from aiodelayq.dashboard import Dashboard
 from aiodelayq.testing import ThrowawayCluster
+from aiodelayq.worker import run_worker
 
 
 def test_prefix_name_follows_redisson() -> None:
@@ -146,3 +150,30 @@ async def test_a_cluster_client_refuses_a_name_whose_keys_span_slots_where_the_q
 
 async def _handler(item: Any) -> None:
     pass
+
+
+def _mirrors(function: Any, options: type, *, every: bool) -> list[str]:
+    """How ``function``'s keywords differ from the fields of ``options`` they mirror (name, annotation,
+    default); ``every``: it must take every field."""
+    params = inspect.signature(function).parameters
+    wrong = []
+    for f in dataclasses.fields(options):
+        if f.name not in params:
+            wrong += [f"{function.__qualname__} lacks {f.name}"] if every else []
+            continue
+        p = params[f.name]
+        if (p.annotation, p.default) != (f.type, f.default):
+            wrong.append(f"{function.__qualname__}({f.name}: {p.annotation} = {p.default!r}) but "
+                         f"{options.__name__}.{f.name}: {f.type} = {f.default!r}")
+    return wrong
+
+
+def test_the_entry_points_take_each_option_as_its_options_object_declares_it() -> None:
+    # The options objects declare each option once; the entry points spell them out for editors.
+    queue_params = set(inspect.signature(DelayedQueue.__init__).parameters) - {"self", "client", "name", "shards"}
+    assert queue_params == {f.name for f in dataclasses.fields(QueueOptions)}
+    wrong = _mirrors(DelayedQueue.__init__, QueueOptions, every=True)
+    for entry in (DelayedQueue.worker, DelayedQueue.consume, Queues.add_worker):
+        wrong += _mirrors(entry, WorkerOptions, every=True)
+    wrong += _mirrors(run_worker, WorkerOptions, every=False)  # no retry_backoff: a command line has no object
+    assert wrong == []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import DelayedQueue
+from aiodelayq import DelayedQueue, QueueKeys
 from tests import redisson_scripts as rs
 from tests.conftest import ServerInfo
 from tests.helpers import server_ms, server_past, until
@@ -156,7 +156,8 @@ async def test_element_layout_matches_wire_format(client: Redis, make_queue: Any
     assert element.endswith(b"payload")
     # Fast elements stay out of Redisson's insertion-order list; strict ones are in both.
     assert await client.lrange(q.keys.delay_list, 0, -1) == ([] if id_len == 20 else [element])
-    assert q.strict == (id_len != 20)
+    assert q.strict == strict
+    assert q.element_kind == {20: "fast", 8: "strict", None: "legacy"}[id_len]
 
 
 async def test_strict_mode_keeps_redissons_list_exactly(client: Redis, make_queue: Any) -> None:
@@ -282,7 +283,7 @@ async def test_each_shard_of_a_sharded_queue_is_a_redisson_queue_both_ways(
     # shard. Java computes the same names (docs/java.md's shardNames, with Redisson's CRC16).
     [options, *_] = python_kinds(java)
     q: DelayedQueue[str] = DelayedQueue(client, f"{qname}-sharded", shards=3, codec="str", **options)
-    drop_keys(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+    drop_keys(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
     assert tuple(await jcall(java, "shardNames", queue=q.name, shards=3)) == q.shard_names
     for shards in (2, 6, 64, 1024):
         name = f"{qname}-имя-{shards}"  # the tag as UTF-8 bytes on both sides

@@ -94,7 +94,7 @@ class Queues:
         q: DelayedQueue[Any] = DelayedQueue(self.client, name or _name("sharded"), shards=shards, **options)
         self.made.append(q)
         if self._drop is not None:
-            self._drop(*q.keys.all, *(key for keys in q.shard_keys for key in keys.all))
+            self._drop(*QueueKeys.for_name(q.name).all, *(key for keys in q.shard_keys for key in keys.all))
         return q
 
     def drop(self, *names: str) -> None:
@@ -471,7 +471,7 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
     name = _name("count")
     q = sharded(shards=3, name=name)
     await q.offer(1, 60)
-    assert await r.hget(q.keys.controls, "shards") == b"3 spaced"
+    assert await r.hget(QueueKeys.for_name(q.name).controls, "shards") == b"3 spaced"
     for other in (2, 4, 1):
         wrong: DelayedQueue[Any] = DelayedQueue(r, name, shards=other)
         with pytest.raises(ShardCountError) as caught:
@@ -484,7 +484,7 @@ async def test_the_shard_count_is_fixed_and_a_different_one_refused(sharded: Que
             await wrong.open()
         assert isinstance(caught.value, ConfigurationError)
     assert await q.size() == 1  # nothing of theirs was written
-    assert await r.zcard(q.keys.timeout_set) == 0  # and nothing under the name itself
+    assert await r.zcard(QueueKeys.for_name(q.name).timeout_set) == 0  # and nothing under the name itself
     # The same count again is fine (another process, or a restart).
     again = sharded(shards=3, name=name)
     assert await again.size() == 1
@@ -533,7 +533,7 @@ async def test_a_name_recorded_with_shards_placed_by_their_names_keeps_them(shar
         got = [await asyncio.wait_for(q.take(), 5) for _ in range(4)]
     assert sorted(got) == ["due-0", "due-1", "due-2", "new"]
     assert await q.size() == 2
-    assert await r.hget(q.keys.controls, "shards") == b"3"  # the record stays as it was
+    assert await r.hget(QueueKeys.for_name(q.name).controls, "shards") == b"3"  # the record stays as it was
     for spaced in _spaced_names(name, 3):  # and nothing went where a new name's shards would be
         assert not await r.exists(QueueKeys.for_name(spaced).timeout_set)
     # An opening checks first too: a second object (another process) consumes the same shards.
@@ -552,7 +552,7 @@ async def test_a_record_this_release_cannot_read_is_refused(sharded: Queues) -> 
         with pytest.raises(ShardCountError, match="cannot read") as caught:
             await call()
         assert "'3 elsewhere'" in str(caught.value)
-    assert await sharded.client.hget(q.keys.controls, "shards") == b"3 elsewhere"
+    assert await sharded.client.hget(QueueKeys.for_name(q.name).controls, "shards") == b"3 elsewhere"
 
 
 @pytest.mark.waits
@@ -793,3 +793,10 @@ async def test_the_server_time_per_item_does_not_grow_with_the_shard_count(clust
         ratio = min(b for _, b in runs) / min(a for a, _ in runs)
         print(f"\n{mode}: server µs per item, 1 shard/6 shards: {runs_text}; least ÷ least x{ratio:.2f}")
         assert ratio < 1.5, (mode, runs)
+
+
+async def test_a_sharded_queue_names_its_shards_keys_not_its_names(sharded: Queues) -> None:
+    q = sharded(shards=3, name=_name("keys"))
+    with pytest.raises(ConfigurationError, match="shard_keys"):
+        q.keys  # noqa: B018
+    assert len(q.shard_keys) == 3

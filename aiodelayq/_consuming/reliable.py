@@ -58,7 +58,7 @@ class ReliableConsumer(Generic[T]):
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, options: QueueOptions, events: Events,
                  refill: CronRefill) -> None:
-        self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.codec, events
+        self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.resolved_codec, events
         self._tasks, self._refill = tasks, refill
         self._call_timeout_s = options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it

@@ -64,7 +64,7 @@ class Producer:
         # Where offer_many's checked and packed items go: this queue's OFFER calls, or (a sharded
         # queue's) a split over the shards' producers.
         self._send_many: SendMany = send_many or self.send_many
-        self._codec, self._kind = options.codec, options.kind
+        self._codec, self._kind = options.resolved_codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
         self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
         self._tier_after_ms = options.tier_after_ms

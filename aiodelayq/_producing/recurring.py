@@ -38,7 +38,7 @@ class Schedules:
 
     def __init__(self, scripts: QueueScripts, options: QueueOptions) -> None:
         self._scripts, self._keys = scripts, scripts.keys
-        self._codec, self._max_item_bytes = options.codec, options.max_item_bytes
+        self._codec, self._max_item_bytes = options.resolved_codec, options.max_item_bytes
 
     def __repr__(self) -> str:
         return f"<Schedules {self._keys.schedules!r}>"

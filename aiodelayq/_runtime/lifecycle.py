@@ -27,6 +27,7 @@ from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 from .client_runtime import acquire_scheduler, release_scheduler
+from .consumers import QueueConsumers
 from .scheduler import TransferScheduler
 
 __all__ = ["Check", "Lifecycle", "QueueStats"]
@@ -139,6 +140,7 @@ class Lifecycle:
         self._scheduler: TransferScheduler | None = None
         self._pump: TakePump | None = None
         self._reliable: ReliableConsumer[Any] | None = None
+        self._consumers: QueueConsumers | None = None
 
     def __repr__(self) -> str:
         return f"<Lifecycle {self._keys.destination!r} {self.state} openers={self._openers} tasks={len(self._tasks)}>"
@@ -246,12 +248,11 @@ class Lifecycle:
             await release_scheduler(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._scheduler = scheduler
-        self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.codec),
+        self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.resolved_codec),
                               slots=scheduler.slots, events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
-        scheduler.listeners.append(self._pump.notify)
-        scheduler.wakers.append(self._reliable.notify)
-        scheduler.takers.append(self._pump.ask_transfer)
+        self._consumers = QueueConsumers(self._pump, self._reliable)
+        scheduler.attach(self._consumers)
         self.state = "open"
         log.info("queue %r opened (subscribed, first transfer done)", keys.destination)
 
@@ -294,13 +295,8 @@ class Lifecycle:
         cancellation (that needs no server, only a few loop turns). Waits through a forced
         shutdown's cancellations; returns whether one arrived (the caller raises it)."""
         scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
-        if scheduler is not None and pump is not None and reliable is not None:
-            if pump.notify in scheduler.listeners:
-                scheduler.listeners.remove(pump.notify)
-            if reliable.notify in scheduler.wakers:
-                scheduler.wakers.remove(reliable.notify)
-            if pump.ask_transfer in scheduler.takers:
-                scheduler.takers.remove(pump.ask_transfer)
+        if scheduler is not None and self._consumers is not None:
+            scheduler.detach(self._consumers)
         loop = asyncio.get_running_loop()
         name = self._keys.destination
         settling: set[asyncio.Task[None]] = set()

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from .._scripts import QueueScripts
 from .._scripts.foreign_keys import refusal_advice
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError, ShardCountError
+from .consumers import QueueConsumers
 
 __all__ = ["SchedulerStats", "TransferScheduler"]
 
@@ -72,11 +72,9 @@ class TransferScheduler:
     and every wake-up but a resubscribe waits for it: a refusal the server repeats (a key of another
     type, out of memory) is retried at the backoff's pace whoever asks for a transfer.
 
-    After every successful transfer that leaves items in the destination list, whether or not it
-    moved them itself, the listeners run: items may have been moved by another process's (or
-    Redisson's) transfer at the same due time, so consumers look at the destination then. After
-    every successful transfer the wakers run (reliable receivers): a due time published by another
-    process's nack or release concerns the in-flight zset, not the destination.
+    After every successful transfer it tells the attached consumers (``consumers.py``) how many
+    items wait in the destination list, and before one it lets a take pump with waiting callers run
+    it in its POP.
     """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, batch: int, safety_poll_s: float,
@@ -124,17 +122,9 @@ class TransferScheduler:
         # Its events (shared by the queue objects of this client and name); QueueStats reads them.
         self.events = Events(keys.destination)
         self._last_error: str | None = None
-        # Called after a successful transfer that left items in the destination (takers pop them).
-        self.listeners: list[Callable[[], None]] = []
-        # Called after every successful transfer, whatever the destination holds: a published due
-        # time may be another process's nack or release, visible in the in-flight zset, which the
-        # destination's length does not show (reliable receivers look again: one RECEIVE each).
-        self.wakers: list[Callable[[], None]] = []
-        # Consumers that can transfer in their next POP (TakePump.ask_transfer): when one has
-        # callers waiting, its POP moves the due items and pops them in one round trip. The argument
-        # is the transfer's limit as the scripts take it (_core.observe.transfer_limit: negative asks for
-        # the lateness of what moves).
-        self.takers: list[Callable[[int], asyncio.Future[Any] | None]] = []
+        # The open queue objects' consumers (consumers.py): told what each transfer did, and offered
+        # the transfer when their pump has callers waiting.
+        self._consumers: list[QueueConsumers] = []
 
     @property
     def stats(self) -> SchedulerStats:
@@ -167,6 +157,15 @@ class TransferScheduler:
     def armed_at(self) -> float:
         """Loop time of the next timed wake-up (``inf`` when none)."""
         return self._timer_at
+
+    def attach(self, consumers: QueueConsumers) -> None:
+        """Tell ``consumers`` (an open queue object's) what each transfer does, until :meth:`detach`."""
+        self._consumers.append(consumers)
+
+    def detach(self, consumers: QueueConsumers) -> None:
+        """Stop telling ``consumers`` (idempotent)."""
+        if consumers in self._consumers:
+            self._consumers.remove(consumers)
 
     def start(self) -> None:
         """Start the worker task; the first transfer runs at once."""
@@ -228,10 +227,8 @@ class TransferScheduler:
         if lease_ms is not None:
             self.arm_at(self._server_ms_to_loop(lease_ms) + 0.001)
         if ready > 0:
-            for listener in list(self.listeners):
-                listener()
-            for waker in list(self.wakers):
-                waker()
+            for consumers in list(self._consumers):
+                consumers.transferred(ready)
 
     def poll_refused(self) -> None:
         """The client's safety poll could not read the queue (the server refused a read: a key of
@@ -387,13 +384,8 @@ class TransferScheduler:
             log.warning("%d item(s) of %r popped by a consumer that did not finish within its lease "
                         "went back to the head of the queue", recovered, keys.destination)
         self._transferred.set()
-        for waker in list(self.wakers):
-            waker()
-        if int(ready) > 0:
-            # Items wait in the destination (moved by us, by another process at the same due time,
-            # or put there by others): consumers look. An empty list wakes nobody.
-            for listener in list(self.listeners):
-                listener()
+        for consumers in list(self._consumers):
+            consumers.transferred(int(ready))
         return (int(moved), int(dead), float(next_due) if next_due is not None else None,
                 float(lease_due) if lease_due is not None else None)
 
@@ -401,8 +393,8 @@ class TransferScheduler:
         """Let a consumer with waiting callers transfer (``limit``: the scripts' transfer argument)
         in its next POP; its ``(sent, received, reply)``, or ``None`` when none did (nobody waits, its
         POP failed or was a resend)."""
-        for ask in list(self.takers):
-            future = ask(limit)
+        for consumers in list(self._consumers):
+            future = consumers.transfer_in_pop(limit)
             if future is None:
                 continue
             # The pump always answers (its POP is bounded; closing answers None); the bound here

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar, overload
 
+from .._parts.queue_parts import QueueParts
 from .._wire.key_names import QueueKeys
 from .._wire.placement import Placement, shard_names
-from .parts import QueueParts
 
 __all__ = ["ShardSet"]
 

@@ -1,6 +1,6 @@
-"""A sharded queue's components: K ordinary queues (:class:`.parts.QueueParts`, one per shard, each
-with the queue's options, placed by :class:`.shard_set.ShardSet`), and the composites over them the
-facade delegates to."""
+"""A sharded queue's parts: K ordinary queues' (``_parts/queue_parts.py``, one per shard, each with
+the queue's options, placed by :class:`.shard_set.ShardSet`), and the composites over them, which fill
+the roles of ``_parts/roles.py``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .._core.observe import Events
 from .._options import QueueOptions
+from .._parts.queue_parts import QueueParts
 from .._redis.connections import AnyRedis
 from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
@@ -19,7 +20,6 @@ from .keyed import ShardedKeyed, ShardedSchedules
 from .layout import Rotation
 from .lifecycle import ShardedLifecycle
 from .offers import ShardedProducer
-from .parts import QueueParts, check_timeout_s
 from .pending import ShardedPending
 from .record import ShardCount
 from .shard_set import ShardSet
@@ -40,6 +40,10 @@ class ShardedParts:
     schedules: ShardedSchedules
     life: ShardedLifecycle
 
+    def shard_keys(self) -> tuple[QueueKeys, ...]:
+        """The keys of every shard, in shard order (where they are is read from Redis on first use)."""
+        return self.placed.keys()
+
     @classmethod
     def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, shards: int) -> ShardedParts:
         """The ``shards`` shards of the queue whose own keys are ``keys`` (they hold only the recorded
@@ -53,7 +57,8 @@ class ShardedParts:
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         producer = ShardedProducer(scripts, o, Events(keys.destination), placed.of(lambda p: p.producer),
                                    Rotation(shards))
-        count = ShardCount(scripts, shards, timeout_s=check_timeout_s(o), place=placed.place)
+        # The count check may be the first call of an opening: bounded by the shorter of the two.
+        count = ShardCount(scripts, shards, timeout_s=min(o.call_timeout_s, o.open_timeout_s), place=placed.place)
         life = ShardedLifecycle(keys.destination, placed.of(lambda p: p.life), count, recheck_s=o.safety_poll_s)
         return cls(placed, producer, ShardedPending(placed.of(lambda p: p.pending)),
                    ShardedKeyed(placed.of(lambda p: p.keyed)), ShardedDeadLetters(placed.of(lambda p: p.dead)),

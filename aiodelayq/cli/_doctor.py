@@ -18,6 +18,7 @@ from redis.asyncio import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ResponseError
 
+from .._admin.reads import recorded_shards
 from .._queue import DelayedQueue
 from .._redis.acl import acl_probes
 from .._redis.connections import AnyRedis
@@ -27,7 +28,6 @@ from .._scripts.foreign_keys import foreign_keys, is_wrong_type
 from .._wire.elements import classify_element, long_format
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
-from ._ops import recorded_shards
 
 __all__ = ["MIN_VERSION", "Finding", "diagnose"]
 

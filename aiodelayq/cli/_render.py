@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._admin.durations import format_duration
+from .._admin.reads import QueueRow
 from .._producing.dead_letters import DeadLetter
 from .._producing.pending import PendingItem, QueueCounts
 from ._doctor import Finding
-from ._ops import QueueRow, format_duration
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
            "pending_json", "pending_table", "print_json", "relative", "show_value"]
@@ -102,7 +103,7 @@ def _next_due(counts_due: int | None, now_ms: int) -> str:
 
 
 def lag(ms: int) -> str:
-    """A lag for people: ``0``, else as :func:`._ops.format_duration` writes a duration."""
+    """A lag for people: ``0``, else as :func:`aiodelayq._admin.durations.format_duration` writes a duration."""
     return "0" if ms <= 0 else format_duration(ms)
 
 

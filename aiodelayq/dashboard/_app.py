@@ -20,11 +20,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from .._admin.durations import format_duration
+from .._admin.reads import recorded_shards, server_now_ms, with_queue
 from .._options import check_client
 from .._producing.keyed import check_key
 from .._queue import DelayedQueue
 from .._wire.key_names import QueueKeys
-from ..cli._ops import format_duration, recorded_shards, server_now_ms, with_queue
 from ..exceptions import (
     AccessDeniedError,
     BackendError,

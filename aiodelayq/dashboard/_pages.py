@@ -12,10 +12,12 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .._admin.durations import format_duration
+from .._admin.reads import count_each, server_now_ms
+from .._admin.scan import scan_queues
 from .._producing.pending import QueueCounts
 from .._redis.connections import AnyRedis
 from .._wire.key_names import QueueKeys
-from ..cli._ops import COUNT_CONCURRENCY, format_duration, scan_queues, server_now_ms, with_queue
 from ..exceptions import BackendError
 
 __all__ = ["Chart", "DueHistogram", "QueueList", "Row", "count_queues", "due_histogram", "find_queues",
@@ -67,24 +69,18 @@ class Row:
 
 
 async def count_queues(client: AnyRedis, names: Sequence[str], shards: Mapping[str, int] | None = None) -> list[Row]:
-    """``counts()`` of each queue (one atomic read-only call each, a few at a time), in input order
+    """The counts of each queue (:func:`~aiodelayq._admin.reads.count_each`), in input order
     (``shards``: as :attr:`QueueList.shards`). A queue whose read fails has its error instead (a
     user whose ACL covers other queues only, say); when every read fails, the first failure is raised.
 
     Raises:
         BackendError: every read failed (Redis down, or refusing them all).
     """
-    gate = asyncio.Semaphore(COUNT_CONCURRENCY)
-
-    async def one(name: str) -> Row:
-        async with gate, with_queue(client, name, shards=None if shards is None else shards.get(name, 1)) as queue:
-            return Row(name, await queue.counts())
-
-    results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
+    results = await asyncio.gather(*count_each(client, names, shards), return_exceptions=True)
     rows = []
     for name, result in zip(names, results, strict=True):
-        if isinstance(result, Row):
-            rows.append(result)
+        if isinstance(result, QueueCounts):
+            rows.append(Row(name, result))
         elif isinstance(result, (BackendError, RedisError, OSError, asyncio.TimeoutError)):
             rows.append(Row(name, None, f"{type(result).__name__}: {result}"))
         else:

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..cli._ops import Target, connect
+from .._admin.connect import Target, connect
 from ._app import Dashboard
 from ._auth import check_token, new_token
 
@@ -44,7 +44,7 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
 
     Args:
         url: a Redis URL (``redis://``, ``rediss://``, ``unix://``): a server, or a node of a Cluster
-            (detected); or the command line's ``Target`` (``aiodelayq.cli._ops``), for Sentinel.
+            (detected); or a :class:`~aiodelayq._admin.connect.Target` (what the command line passes), for Sentinel.
         host: the address to listen on.
         port: the port to listen on (0: any free port).
         read_only: no write buttons; every action answers 403.
@@ -55,8 +55,8 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
     Raises:
         ConfigurationError: ``token`` is not a ``str`` of 16 to 1,024 visible ASCII characters
             (raised before connecting; the message never shows it).
-        aiodelayq.cli._ops.BadInput: ``url`` is not a Redis URL.
-        aiodelayq.cli._ops.CannotConnect: the server does not answer a ``PING`` (refused, unknown host,
+        aiodelayq._admin.connect.BadInput: ``url`` is not a Redis URL.
+        aiodelayq._admin.connect.CannotConnect: the server does not answer a ``PING`` (refused, unknown host,
             timeout, bad password).
         CannotListen: ``host:port`` cannot be listened on (in use, an address not of this machine).
         ImportError: uvicorn is not installed (the message says ``pip install 'aiodelayq[dashboard]'``).

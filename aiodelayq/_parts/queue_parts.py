@@ -1,5 +1,6 @@
-"""The components of one ordinary queue, built the same way for a whole queue (``shards=1``) and for
-each shard of a sharded one: the facade (or a sharded composite) delegates to them."""
+"""The parts of one ordinary queue, built the same way for a whole queue (``shards=1``) and for each
+shard of a sharded one: the facade (or a sharded composite) delegates to them. Each fills one of the
+roles of ``roles.py``."""
 
 from __future__ import annotations
 
@@ -18,13 +19,7 @@ from .._runtime.lifecycle import Lifecycle
 from .._scripts import QueueScripts
 from .._wire.key_names import QueueKeys
 
-__all__ = ["QueueParts", "check_timeout_s"]
-
-
-def check_timeout_s(options: QueueOptions) -> float:
-    """The bound of a queue object's shard count check: ``call_timeout_s``, or ``open_timeout_s`` when
-    shorter (the check may be the first call of an opening)."""
-    return min(options.call_timeout_s, options.open_timeout_s)
+__all__ = ["QueueParts"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +37,10 @@ class QueueParts:
     schedules: Schedules
     life: Lifecycle
 
+    def shard_keys(self) -> tuple[QueueKeys, ...]:
+        """The keys of the queue's one shard: its own."""
+        return (self.keys,)
+
     @classmethod
     def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, *, rotation: int = 1) -> QueueParts:
         """The components of the queue ``keys`` on ``client`` with ``options`` (``rotation``: the
@@ -52,6 +51,7 @@ class QueueParts:
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)
         events = Events(keys.destination)
         producer = Producer(scripts, o, events)
-        return cls(keys, scripts, events, producer, PendingView(scripts, o.codec), KeyedItems(scripts, o.codec),
-                   DeadLetters(scripts, o.codec, o.kind), Controls(scripts), Schedules(scripts, o),
+        codec = o.resolved_codec
+        return cls(keys, scripts, events, producer, PendingView(scripts, codec), KeyedItems(scripts, codec),
+                   DeadLetters(scripts, codec, o.kind), Controls(scripts), Schedules(scripts, o),
                    Lifecycle(scripts, o, events, on_new_loop=producer.rebind, rotation=rotation))
