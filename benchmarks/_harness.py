@@ -1,22 +1,25 @@
-"""What the scenarios share: sizes, the payload, statistics, the server, ``SLOWLOG``, CPU placement, the
-consumer processes, the producer of a steady due rate and :class:`Bench`, the context every scenario
-function (``scenarios/``) takes and the driver that runs them."""
+"""What the scenarios share: sizes, the payload, statistics, the server, ``SLOWLOG``, CPU placement, consumer
+processes, the ways of timing (:func:`alternate`, :func:`concurrent_rate`, :func:`produce_spread`) and
+:class:`Bench`, the context every scenario function (``scenarios/``) takes and the driver that runs them."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
+import json
 import math
 import os
 import platform
 import random
 import secrets
+import signal
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,6 @@ from urllib.parse import urlparse
 
 import redis
 from redis.asyncio import Redis
-from reference import ReferenceQueue, ReferenceSubscriber
 
 from aiodelayq import DelayedQueue
 from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version
@@ -54,7 +56,6 @@ class Sizes:
     reliable_seconds: float = 10.0
     reliable_consumers: int = 3
     reliable_vt_s: float = 30.0
-    big_item_mbs: tuple[int, ...] = (1, 10, 50)
     e2e_seconds: float = 5.0
     e2e_backlog: int = 20_000
     idle_queues: int = 2000
@@ -106,8 +107,7 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
     """Nearest-rank percentile of an ascending list (``None`` when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, math.ceil(p / 100.0 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+    return sorted_values[min(max(1, math.ceil(p / 100.0 * len(sorted_values))), len(sorted_values)) - 1]
 
 
 def summarize(values: list[float]) -> dict[str, float | None]:
@@ -126,58 +126,11 @@ def log_histogram(values: list[float]) -> dict[str, Any]:
     return {"edges_ms": edges, "counts": counts}
 
 
-def rss_bytes() -> int | None:
-    """Resident set size of this process (Linux ``/proc``), else ``None``."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from ``/proc/stat`` (Linux; (0, 0) elsewhere)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields) - fields[3] - fields[4], sum(fields)  # all but idle and iowait
-    return 0, 0
-
-
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
-    """Percent of all CPUs busy between two :func:`cpu_times` samples."""
-    return 100.0 * (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else None
-
-
 def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def redact(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)).geturl()
-
-
-# -- clocks ---------------------------------------------------------------------------------------------
-
-
-async def measure_clock_offset_ms(client: Redis, samples: int = 25) -> tuple[float, float]:
-    """``(offset_ms, rtt_ms)``: server epoch ms minus ``time.time() * 1000``, from the ``TIME`` call with
-    the smallest round trip, assuming the server read its clock at its midpoint (error <= rtt / 2)."""
-    best: tuple[float, float] | None = None
-    for _ in range(samples):
-        t0 = time.time() * 1000.0
-        seconds, micros = await client.time()
-        t1 = time.time() * 1000.0
-        offset = (seconds * 1000.0 + micros / 1000.0) - (t0 + t1) / 2.0
-        if best is None or t1 - t0 < best[1]:
-            best = (offset, t1 - t0)
-    assert best is not None
-    return best
-
-
-# -- server -------------------------------------------------------------------------------------------
+# -- the server -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -200,8 +153,8 @@ def open_server(args: argparse.Namespace) -> Iterator[Server]:
         except ImportError:
             raise SystemExit("--docker needs testcontainers: pip install 'testcontainers[redis]'") from None
         with container:
-            port = container.get_exposed_port(container.port)
-            yield Server(f"redis://127.0.0.1:{port}/0", f"docker {args.docker_image}", True)
+            yield Server(f"redis://127.0.0.1:{container.get_exposed_port(container.port)}/0",
+                         f"docker {args.docker_image}", True)
         return
     kind = pick_server_kind(args.server_kind)
     if kind is None:
@@ -229,9 +182,9 @@ def _pin(pid: int, cpus: set[int]) -> None:
 @contextlib.contextmanager
 def cpu_placement(server: Server, consumer_pids: list[int]) -> Iterator[dict[str, Any]]:
     """This process (the producer) on CPU 0, ``consumer_pids`` and the server on the other CPUs, for the
-    block; yields what was done. Why: the producer's ``offer_many`` every 50 ms is a burst of CPU, and on a
-    2-CPU machine the kernel often wakes it on the consumer's CPU, which then waits for a timeslice; the
-    scenario is meant to measure the consumer and the server, not where the kernel put the producer."""
+    block; yields what was done. The producer's ``offer_many`` every 50 ms is a burst of CPU that the
+    kernel, on a 2-CPU machine, often runs on the consumer's CPU: the scenarios measure the consumer and
+    the server, not where the kernel put the producer."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cpus) < 2 or server.pid is None:
         yield {"pinned": False, "why": "fewer than 2 CPUs, or the server is not a process of this run"}
@@ -253,17 +206,13 @@ class SlowLog:
     """Server execution time of commands, from ``SLOWLOG`` (threshold lowered only inside a window)."""
 
     def __init__(self, ctl: Redis, enabled: bool) -> None:
-        self.ctl = ctl
-        self.enabled = enabled
+        self.ctl, self.enabled = ctl, enabled
         self.saved: dict[str, str] = {}
 
     async def setup(self) -> None:
-        if not self.enabled:
-            return
         try:
-            for name in ("slowlog-log-slower-than", "slowlog-max-len"):
-                got = await self.ctl.config_get(name)
-                self.saved[name] = as_text(got[next(iter(got))])
+            for name in ("slowlog-log-slower-than", "slowlog-max-len") if self.enabled else ():
+                self.saved[name] = as_text(next(iter((await self.ctl.config_get(name)).values())))
         except Exception as exc:  # e.g. CONFIG disabled on a managed server
             log(f"  SLOWLOG not usable ({exc!r}): script times are not measured")
             self.enabled = False
@@ -292,122 +241,108 @@ class SlowLog:
                 await self.ctl.config_set(name, value)
 
 
-# -- consumer processes (multiprocessing "spawn" targets: importable from here in the child) ----------
+def evalsha_of(key: str) -> Callable[[list[bytes]], bool]:
+    """A :meth:`SlowLog.end` filter: the ``EVALSHA`` calls that name ``key``."""
+    k = key.encode()
+    return lambda args: args[0] == b"EVALSHA" and k in args
 
 
-async def join_or_terminate(proc: Any) -> None:
-    """Wait up to 15 s for a consumer process, then terminate it (bounded)."""
-    await asyncio.to_thread(proc.join, 15.0)
-    if proc.is_alive():
-        proc.terminate()
-        await asyncio.to_thread(proc.join, 5.0)
+# -- processes --------------------------------------------------------------------------------------------
 
 
-def child_main(conn: Any, consume: Callable[..., Awaitable[dict[str, Any]]], *args: Any) -> None:
-    """A consumer process: run ``consume(conn, *args)`` (:func:`lateness_consume`, :func:`reliable_consume`),
-    send its result and the process's CPU seconds to the parent."""
-    try:
-        result = asyncio.run(consume(conn, *args))
-        result["cpu_s"] = sum(os.times()[:2])
-    except BaseException as exc:
-        conn.send({"error": repr(exc)})
-        raise
-    conn.send(result)
-    conn.close()
+class Child:
+    """A process of this run (``asyncio`` subprocess) talking in lines: commands on stdin, answers on stdout;
+    its stderr in a temporary file (a worker logs, and a pipe nobody reads fills up). Every wait is bounded:
+    a process that overstays is a failure, not a measurement."""
 
+    def __init__(self, argv: list[str], proc: asyncio.subprocess.Process, errors: Any) -> None:
+        self.argv, self.proc, self.errors = argv, proc, errors
 
-async def lateness_consume(conn: Any, url: str, name: str, impl: str, total: int, bound_s: float) -> dict[str, Any]:
-    """Open the queue (ours) or start the reference scheduler, then take until ``total`` items arrived or
-    ``bound_s`` passed: the ids and receipt times (local epoch ms)."""
-    client = Redis.from_url(url, decode_responses=False)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    ids: list[int] = []
-    times: list[float] = []
+    @classmethod
+    async def start(cls, argv: list[str], *, stdin: bool = False, **kwargs: Any) -> Child:
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=errors, limit=2**30, **kwargs)
+        return cls(argv, proc, errors)
 
-    def left_s() -> float:
-        return min(0.5, max(0.01, deadline - loop.time()))
+    @classmethod
+    async def python(cls, function: str, *args: Any, **kwargs: Any) -> Child:
+        """A new process of this interpreter running ``await function(*args)`` (``module.name``, a module next
+        to this file) that prints its result, with the process's CPU seconds, as the last line (JSON)."""
+        code = (f"import asyncio, json, os, sys; sys.path.insert(0, {str(HERE)!r}); from {function.rpartition('.')[0]} "
+                f"import {function.rpartition('.')[2]} as f; r = asyncio.run(f(*json.loads(sys.argv[1]))); "
+                "print(json.dumps({**r, 'cpu_s': sum(os.times()[:2])}), flush=True)")
+        return await cls.start([sys.executable, "-c", code, json.dumps(args)], stdin=True, **kwargs)
 
-    try:
-        if impl.startswith("ours"):
-            queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
-            async with queue:
-                conn.send("ready")
+    def fail(self, why: str) -> RuntimeError:
+        self.errors.seek(0)
+        return RuntimeError(f"{self.argv[:3]}: {why}: {self.errors.read().decode(errors='replace')[-2000:]}")
 
-                async def consume() -> None:
-                    async for item in queue:  # one item per iteration: the way most users consume
-                        ids.append(item["order"])
-                        times.append(time.time() * 1000.0)
-                        if len(ids) >= total:
-                            return
+    async def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        await self.proc.stdin.drain()
 
-                if impl == "ours_async_for":
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(consume(), bound_s)
-                while len(ids) < total and loop.time() < deadline:
-                    items = await queue.take_many(1000, timeout=left_s())
-                    ids += [item["order"] for item in items]
-                    times += [time.time() * 1000.0] * len(items)
-                stats = asdict(queue.stats)
-        else:
-            ref = await ReferenceQueue(client, name).prepare()
-            sub = ReferenceSubscriber(client)
-            ref.start(sub)
+    async def line(self, bound_s: float, command: str | None = None) -> bytes:
+        """Its next line of output (after sending ``command``, if given); a failure when it ends first."""
+        assert self.proc.stdout is not None
+        if command is not None:
+            await self.send(command)
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), bound_s)
+        except asyncio.TimeoutError:
+            raise self.fail(f"no answer within {bound_s:g} s") from None
+        if not line:
+            raise self.fail(f"exit {await self.proc.wait()}")
+        return line
+
+    async def wait(self, bound_s: float) -> None:
+        """Until it exits, with status 0 (else a failure)."""
+        try:
+            await asyncio.wait_for(self.proc.wait(), bound_s)
+        except asyncio.TimeoutError:
+            raise self.fail(f"still running after {bound_s:g} s") from None
+        if self.proc.returncode:
+            raise self.fail(f"exit {self.proc.returncode}")
+
+    async def stop(self, bound_s: float = 15.0) -> None:
+        """If it still runs: its stdin closed (or SIGTERM without one), killed after ``bound_s``."""
+        if self.proc.returncode is None:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGTERM)
             try:
-                await sub.start()
-                conn.send("ready")
-                while len(ids) < total and loop.time() < deadline:
-                    item = await ref.take(left_s())
-                    if item is not None:
-                        ids.append(item["order"])
-                        times.append(time.time() * 1000.0)
-                stats = {"transfers": ref.transfers, "errors": ref.errors}
-            finally:
-                await stop_reference(ref, sub)
-    finally:
-        await client.aclose()
-    return {"ids": ids, "times": times, "stats": stats}
+                await asyncio.wait_for(self.proc.wait(), bound_s)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.errors.close()
 
 
-def _wait_for_stop(conn: Any, bound_s: float) -> None:
-    """(In a thread.) Return when the parent sends something or after ``bound_s``."""
-    if conn.poll(bound_s):
-        conn.recv()
+# -- timing ---------------------------------------------------------------------------------------------
 
 
-async def reliable_consume(conn: Any, url: str, name: str, vt_s: float, bound_s: float) -> dict[str, Any]:
-    """``async for msg in q.messages(vt_s): await msg.ack()`` until the parent sends ``"stop"`` (or
-    ``bound_s`` passed): ids, receipt times (local epoch ms), redeliveries, failed acks, the queue's stats."""
-    client = Redis.from_url(url, decode_responses=False)
-    ids: list[int] = []
-    times: list[float] = []
-    redelivered = ack_false = 0
-    try:
-        queue: DelayedQueue[dict[str, Any]] = DelayedQueue(client, name)
-        async with queue:
-            conn.send("ready")
-            # The parent says when everything was delivered and acked: closing the queue ends the loop.
-            stopper = asyncio.ensure_future(asyncio.to_thread(_wait_for_stop, conn, bound_s))
-            closing: list[asyncio.Future[None]] = []  # referenced until it ends
-            stopper.add_done_callback(lambda _: closing.append(asyncio.ensure_future(queue.aclose())))
-            async for msg in queue.messages(vt_s):
-                ids.append(msg.value["order"])
-                times.append(time.time() * 1000.0)
-                redelivered += msg.delivery_count > 1
-                ack_false += not await msg.ack()
-            await stopper
-            stats = asdict(queue.stats)
-    finally:
-        await client.aclose()
-    return {"ids": ids, "times": times, "redelivered": redelivered, "ack_false": ack_false, "stats": stats}
+async def alternate(variants: Sequence[str], rounds: int, measure: Callable[[str], Awaitable[float]], metric: str,
+                    *, flip: bool = False, label: str = "") -> dict[str, Any]:
+    """``measure(variant)`` of each variant in turn, ``rounds`` times (``flip``: in reverse order every other
+    round, so that none always runs on what another just freed): per variant, the median as ``metric`` and
+    every round."""
+    got: dict[str, list[float]] = {v: [] for v in variants}
+    for rnd in range(rounds):
+        for v in variants[::-1] if flip and rnd % 2 else variants:
+            got[v].append(await measure(v))
+            log(f"    {label}round {rnd + 1} {v:12}: {got[v][-1]:,.0f} {metric.replace('_per_s', '/s')}")
+    return {v: {metric: median(r), "rounds": r} for v, r in got.items()}
 
 
-async def stop_reference(ref: ReferenceQueue | None, sub: ReferenceSubscriber | None) -> None:
-    """Stop a reference scheduler and close its subscriber, those of the two that were started."""
-    if ref is not None:
-        await ref.stop()
-    if sub is not None:
-        await sub.aclose()
+async def paired(bench: Bench, measure: Callable[[str], Awaitable[float]], metric: str) -> dict[str, Any]:
+    """:func:`alternate` of ``"ours"`` and ``"reference"`` over ``rounds``, with the ratio of the medians."""
+    out = await alternate(("ours", "reference"), bench.sizes.rounds, measure, metric)
+    out["ratio"] = ratio(out["ours"][metric], out["reference"][metric])
+    return out
 
 
 async def concurrent_rate(call: Callable[[int], Awaitable[Any]], callers: int, seconds: float) -> float:
@@ -429,22 +364,32 @@ async def concurrent_rate(call: Callable[[int], Awaitable[Any]], callers: int, s
     return done / (time.perf_counter() - t0)
 
 
-async def paired(bench: Bench, measure: Callable[[str], Awaitable[float]], metric: str) -> dict[str, Any]:
-    """``measure("ours")`` and ``measure("reference")`` back to back, ``rounds`` times: the medians (as
-    ``metric``), every round and the ratio ours / reference."""
-    values: dict[str, list[float]] = {"ours": [], "reference": []}
-    for rnd in range(bench.sizes.rounds):
-        for impl, got in values.items():
-            got.append(await measure(impl))
-            log(f"    round {rnd + 1} {impl:9}: {got[-1]:,.0f} {metric.replace('_per_s', '/s')}")
-    out: dict[str, Any] = {impl: {metric: median(v), "rounds": v} for impl, v in values.items()}
-    out["ratio"] = ratio(out["ours"][metric], out["reference"][metric])
-    return out
+async def until(read: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], bound_s: float,
+                every_s: float = 0.01) -> bool:
+    """Poll ``read()`` every ``every_s`` until ``done`` of what it read or ``bound_s`` passed; whether done."""
+    deadline = time.monotonic() + bound_s
+    while not done(await read()):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(every_s)
+    return True
+
+
+async def fill(q: DelayedQueue[Any], n: int, delay: float | Callable[[int], float], *, batch: int = 1000,
+               keyed: bool = False) -> list[int]:
+    """Items ``0 .. n-1`` (:func:`payload`) offered by ``offer_many`` calls of ``batch``, due after ``delay``
+    (or ``delay(i)``) seconds, with the key ``order-i`` each when ``keyed``: their due times."""
+    dues: list[int] = []
+    for b in range(0, n, batch):
+        ids = range(b, min(n, b + batch))
+        dues += await q.offer_many([(payload(i), delay(i) if callable(delay) else delay) for i in ids],
+                                   keys=[f"order-{i}" for i in ids] if keyed else None)
+    return dues
 
 
 async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Callable[[], float],
-                         due: dict[int, float], *, total: int, rate: float, start_offset_s: float, lead_s: float,
-                         tick_s: float, bound_s: float, label: str) -> int:
+                         due: dict[int, float], *, total: int, rate: float, bound_s: float, label: str,
+                         start_offset_s: float = 0.5, lead_s: float = 0.5, tick_s: float = 0.05) -> int:
     """Make ``total`` items fall due at ``rate`` per second: item ``i`` targets ``start + start_offset_s +
     i / rate`` (``now_ms`` clock); every ``tick_s`` every item whose target is within ``lead_s`` is sent
     (``send``: a batch of at most 1000 ``(payload, delay s)``, returning due times). The due times go
@@ -466,8 +411,7 @@ async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Ca
             batch.append((payload(next_id), max(0.0, delay_s)))
             next_id += 1
         if batch:
-            dues = await send(batch)
-            for (item, _), d in zip(batch, dues, strict=True):
+            for (item, _), d in zip(batch, await send(batch), strict=True):
                 due[item["order"]] = float(d)
             if len(batch) == 1000:
                 continue
@@ -479,7 +423,7 @@ async def produce_spread(send: Callable[[Any], Awaitable[list[int]]], now_ms: Ca
     return clamped
 
 
-# -- the context the scenarios share ------------------------------------------------------------------
+# -- the context the scenarios share ----------------------------------------------------------------------
 
 
 class Bench:
@@ -487,10 +431,7 @@ class Bench:
     random numbers and the results so far; unique key names, clients and cleanup for the scenarios."""
 
     def __init__(self, args: argparse.Namespace, server: Server, sizes: Sizes) -> None:
-        self.args = args
-        self.server = server
-        self.sizes = sizes
-        self.url = server.url
+        self.args, self.server, self.sizes, self.url = args, server, sizes, server.url
         self.token = secrets.token_hex(4)
         self.ctl = Redis.from_url(server.url, decode_responses=False)
         self.slowlog = SlowLog(self.ctl, server.owned or args.slowlog)
@@ -506,20 +447,23 @@ class Bench:
     def server_now_ms(self) -> float:
         return time.time() * 1000.0 + self.offset_ms
 
-    def client(self) -> Redis:
-        return Redis.from_url(self.url, decode_responses=False)
+    def client(self, url: str | None = None) -> Redis:
+        return Redis.from_url(url or self.url, decode_responses=False)
 
     @contextlib.asynccontextmanager
-    async def fresh_queue(self, scenario: str, impl: str) -> AsyncIterator[tuple[Redis, str]]:
-        """A client of its own and a new queue name; on the way out the client is closed and the queue's
-        keys are deleted."""
-        client = self.client()
+    async def fresh_queue(self, scenario: str, impl: str, *, clients: int = 1, url: str | None = None,
+                          ctl: Redis | None = None) -> AsyncIterator[tuple[Any, ...]]:
+        """``clients`` clients of their own (on the server at ``url``, ``ctl`` a client of it) and a new
+        queue name: ``(*clients, name)``; on the way out the clients are closed and the queue's keys
+        deleted."""
+        opened = [self.client(url) for _ in range(clients)]
         name = self.name(scenario, impl)
         try:
-            yield client, name
+            yield (*opened, name)
         finally:
-            await client.aclose()
-            await self.drop(name)
+            for client in opened:
+                await client.aclose()
+            await self.drop(name, client=ctl)
 
     async def drop(self, *names: str, client: Redis | None = None) -> None:
         """Delete every key of the given queues (ours and the reference use the same key names), on
@@ -531,26 +475,34 @@ class Bench:
 
     async def machine(self) -> dict[str, Any]:
         cpu, commit = await asyncio.to_thread(_cpu_and_commit)
-        info = await self.ctl.info("server")
-        allocator = str((await self.ctl.info("memory")).get("mem_allocator", "?"))
-        hiredis_version = None
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            hiredis_version = importlib.metadata.version("hiredis")
+        info, memory = await self.ctl.info("server"), await self.ctl.info("memory")
+        url = urlparse(self.url)
         return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-                "python": platform.python_version(), "redis_py": redis.__version__, "hiredis": hiredis_version,
+                "python": platform.python_version(), "redis_py": redis.__version__,
+                "hiredis": getattr(sys.modules.get("hiredis"), "__version__", None),
                 "server": {"kind": self.server.label, "server_name": str(info.get("server_name") or "redis"),
                            "server_version": str(info.get("valkey_version") or info.get("redis_version") or "?"),
-                           "mem_allocator": allocator, "url": redact(self.url)},
+                           "mem_allocator": str(memory.get("mem_allocator", "?")),
+                           "url": url._replace(netloc=url.netloc.replace(f":{url.password}@", ":***@", 1)).geturl()
+                           if url.password else self.url},
                 "git": commit, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     async def run(self, scenarios: Mapping[str, Scenario]) -> dict[str, Any]:
-        """Run ``scenarios`` (name -> scenario function) in their order; a throwaway server is restarted
-        before each one (a fresh heap: after the 1M-item transfer, `async for` lateness p99 was 0.5-1 ms
-        worse than on a fresh server). Returns the whole result (without bars and checks)."""
+        """Run ``scenarios`` (name -> scenario function) in their order, a throwaway server restarted before
+        each one, so that none runs on the heap an earlier one left. Returns the whole result (without
+        bars and checks)."""
         t_start = time.perf_counter()
         await self.slowlog.setup()
         machine = await self.machine()
-        self.offset_ms, offset_rtt = await measure_clock_offset_ms(self.ctl)
+        # The server clock minus this one's (ms), from the TIME call with the smallest round trip, assuming
+        # the server read its clock at its midpoint (error <= rtt / 2).
+        offset_rtt = math.inf
+        for _ in range(25):
+            t0 = time.time() * 1000.0
+            seconds, micros = await self.ctl.time()
+            t1 = time.time() * 1000.0
+            if t1 - t0 < offset_rtt:
+                self.offset_ms, offset_rtt = (seconds * 1000.0 + micros / 1000.0) - (t0 + t1) / 2.0, t1 - t0
         srv = machine["server"]
         log(f"server: {srv['kind']} {srv['server_name']} {srv['server_version']} ({srv['mem_allocator']}) at "
             f"{srv['url']}; clock offset {self.offset_ms:+.3f} ms (TIME rtt {offset_rtt:.3f} ms); token {self.token}")
@@ -584,12 +536,10 @@ Scenario = Callable[[Bench], Awaitable[dict[str, Any]]]
 
 
 def _cpu_and_commit() -> tuple[str, str]:
-    cpu = "?"
+    cpu = commit = "?"
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True,
                                 text=True, timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        commit = "?"
     return cpu, commit

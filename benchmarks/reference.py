@@ -1,7 +1,7 @@
 """A reference implementation of Redisson's ``RDelayedQueue`` design (>= 3.21.1), driven from redis-py
 (asyncio): what a straightforward Python port of Redisson does, with Redisson's own offer and transfer
 scripts (``tests/redisson_scripts.py``), so that every scenario can run against it and against aiodelayq
-in the same run, on the same server. ``benchmarks/README.md`` ("The reference") says what it does.
+in the same run, on the same server (``benchmarks/README.md``, "Ours and the reference").
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,6 @@ RUN_NOW_MS = 10  # Redisson runs the transfer at once when the next due time is 
 
 # Compact JSON, byte for byte what aiodelayq's "json" codec writes, so both store the same payloads.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def encode_item(item: Any) -> bytes:
-    return _JSON.encode(item).encode()
 
 
 def _prefix_name(prefix: str, name: str) -> str:  # Redisson's RedissonObject.prefixName
@@ -130,7 +126,7 @@ class ReferenceQueue:
 
     def _offer_args(self, item: Any, due_ms: int) -> list[Any]:
         return ["EVALSHA", self.shas.offer, 4, self.destination, self.timeout_set, self.delay_list, self.channel,
-                due_ms, os.urandom(8), encode_item(item)]
+                due_ms, os.urandom(8), _JSON.encode(item).encode()]
 
     async def offer(self, item: Any, delay_s: float) -> int:
         """One offer script call; returns the due time (client epoch ms)."""
@@ -138,7 +134,7 @@ class ReferenceQueue:
         await self.client.execute_command(*self._offer_args(item, due))
         return due
 
-    async def offer_pipeline(self, pairs: Iterable[tuple[Any, float]], *, absolute: bool = False) -> list[int]:
+    async def offer_many(self, pairs: Iterable[tuple[Any, float]], *, absolute: bool = False) -> list[int]:
         """One round trip: a pipeline (``transaction=False``) of one offer script per ``(item, delay_s)``,
         or per ``(item, due epoch ms)`` when ``absolute`` (to fill a backlog due in the past)."""
         pipe = self.client.pipeline(transaction=False)
@@ -223,3 +219,31 @@ class ReferenceQueue:
         await self._take_conn.send_command("BLPOP", self.destination, timeout_s)
         reply = await self._take_conn.read_response(timeout=timeout_s + 5.0)
         return None if reply is None else json.loads(reply[1])
+
+
+@contextlib.asynccontextmanager
+async def consuming(client: Redis, name: str, shas: ScriptShas | None = None) -> AsyncIterator[ReferenceQueue]:
+    """A reference queue whose transfer scheduler and subscriber run for the block (its first transfer on
+    the subscribe confirmation), stopped on the way out."""
+    ref = await ReferenceQueue(client, name).prepare(shas)
+    sub = ReferenceSubscriber(client)
+    ref.start(sub)
+    try:
+        await sub.start()
+        yield ref
+    finally:
+        await ref.stop()
+        await sub.aclose()
+
+
+async def take_one(url: str, name: str) -> None:
+    """The reference's consumer process (scenario ``startup``): the transfer scheduler and the subscriber
+    started, ``take()`` until an item comes, then ``delivered <epoch s>`` printed."""
+    client = Redis.from_url(url)
+    try:
+        async with consuming(client, name) as ref:
+            while await ref.take(1.0) is None:
+                pass
+            print(f"delivered {time.time():.6f}", flush=True)
+    finally:
+        await client.aclose()

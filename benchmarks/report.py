@@ -1,13 +1,13 @@
 """What a run's result becomes: one Markdown table per scenario, the bars, the ``--check`` checks and the
 figure. ``python benchmarks/report.py [RESULTS.json]`` prints the tables of a results file (default
-``benchmarks/results.json``): the tables in ``benchmarks/README.md`` and ``docs/benchmarks.md`` are its
-output."""
+``benchmarks/results.json``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,191 +32,168 @@ def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else fmt_sig(value) + "x"
 
 
-def fmt_pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}%"
-
-
 def fmt_ms(value: float | None) -> str:
     return "n/a" if value is None else f"{fmt_sig(value)} ms"
-
-
-def fmt_mb(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f} MiB"
 
 
 def _lat(lat: dict[str, Any]) -> list[str]:
     return [fmt_sig(lat[k]) for k in ("p50", "p99", "max")]
 
 
-# -- tables -------------------------------------------------------------------------------------------
+def _ours_ref(r: dict[str, Any], metric: str) -> list[str]:
+    return [fmt_num(r["ours"][metric]), fmt_num(r["reference"][metric]), fmt_ratio(r["ratio"])]
+
+
+def _slow(part: dict[str, Any]) -> str:  # pending_10m: script calls over 5 ms (share) / over 30 ms / slowest
+    share = "n/a" if part["share_over_5ms"] is None else f"{100 * part['share_over_5ms']:.3f}%"
+    return f"{fmt_num(part['over_5ms'])} ({share}) / {part['over_30ms']} / {fmt_ms(part['max_ms'])}"
+
+
+def _keys_table(k: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
+    servers = [(k["jemalloc"], k["jemalloc"]["server"])] if "jemalloc" in k else []
+    servers.append((k, "the run's server"))
+    calls = ("get", "reschedule", "cancel", "offer")
+
+    def cell(j: dict[str, Any], part: str) -> str:
+        return (f"{fmt_ratio(j[part]['ratio'])} ({fmt_num(j[part]['keyed']['items_per_s'])} vs "
+                f"{fmt_num(j[part]['unkeyed']['items_per_s'])}/s)")
+
+    return (f"Keyed / unkeyed: `offer()` from {k['callers']} callers, the transfer of {k['transfer_n']:,} (medians "
+            f"of {k['rounds']} rounds); server time of 2,000 calls each, {k['pending_n']:,} keyed pending.",
+            ["", *(f"{name} ({j['allocator']})" for j, name in servers)],
+            [["keyed / unkeyed `offer()`", *(cell(j, "offer") for j, _ in servers)],
+             ["keyed / unkeyed transfer", *(cell(j, "transfer") for j, _ in servers)],
+             ["mean ms " + " / ".join(calls), *(" / ".join(f"{j['calls'][c]['mean_ms'] or 0:.3f}" for c in calls)
+                                                for j, _ in servers)],
+             ["calls over 1 ms", *(str(sum(j["calls"][c]["over_1ms"] or 0 for c in calls)) for j, _ in servers)]])
+
+
+def _startup_table(st: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
+    sec, rat = st["seconds"], st["ratio"]
+    rows = [("`python -c pass`", "pass", "pass", ""),
+            ('`python -c "import redis.asyncio"` (the reference)', "import_redis", None, ""),
+            ('`python -c "import aiodelayq"`', "import_aiodelayq", "import_aiodelayq", ""),
+            ('`python -c "from aiodelayq import DelayedQueue"`', "delayed_queue", "delayed_queue", ""),
+            ("`aiodelayq --help`", "help", "help", ""),
+            ("`aiodelayq worker`: start to first delivery", "worker", None, fmt_ratio(rat["worker"])),
+            ("reference consumer: start to first take", "reference_worker", None, "")]
+    return (f"New processes, bytecode cached: wall time to exit, or from the start to the first item (already "
+            f"due); medians of {st['runs']} runs.",
+            ["process", "median", "/ `import redis.asyncio`", "/ the reference consumer"],
+            [[label, fmt_ms(None if sec[key] is None else sec[key] * 1000), fmt_ratio(rat[r]) if r else "", by_ref]
+             for label, key, r, by_ref in rows])
+
+
+def _otel_table(ot: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
+    v, rat, keys = ot["variants"], ot["ratio"], ("plain", "api", "sdk")
+
+    def rate(key: str, op: str) -> str:
+        value = fmt_num(v[key][op]["items_per_s"])
+        return f"{value} ({fmt_ratio(rat[key][op])})" if key in rat else value
+
+    rows = [row for op, label in (("offer", "`offer()`"), ("drain", "`async for`")) for row in (
+        [f"{label}: items/s", *(rate(key, op) for key in keys)],
+        [f"{label}: CPU per item", *(f"{fmt_sig(v[key][op]['cpu_us_per_item'])} µs" for key in keys)])]
+    return (f"Tracing on the hot paths, one new process per variant, {ot['rounds']} rounds taking turns: `offer()` "
+            f"from {ot['callers']} callers for {ot['seconds']:g} s, `async for` over {ot['items']:,} due items; "
+            f"medians (/ plain); the SDK process exported {fmt_num(v['sdk']['spans'])} spans.",
+            ["", "plain: no `opentelemetry`", "`opentelemetry` imported, no SDK", "SDK tracer provider, spans dropped"],
+            rows)
+
+
+def _pending_table(p: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
+    variants = (("ours", "ours"), ("ours_tiered", f"ours, `tier_after_s={p['tier_after_s']:g}`"))
+    return (f"{p['items']:,} pending items ({p['due']:,} due, the rest in 1 to 24 h), `offer_many` of "
+            f"{p['batch']:,} by one caller on {p['mem_allocator']}: `used_memory` per item, fill "
+            "rate by tenth, the due items' move against a backlog alone, script calls over 5 ms (share) / over "
+            "30 ms / slowest.",
+            ["", "bytes per item", "fill: first / last tenth, items/s", "last / first", "fill: slow calls",
+             "move, items/s", "/ backlog alone", "move: slow calls"],
+            [[label, f"{p[k]['memory']['bytes_per_item']:.1f}",
+              f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][0])} / "
+              f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][-1])}", fmt_ratio(p[k]["fill"]["last_over_first"]),
+              _slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]), fmt_ratio(p[k]["move"]["ratio"]),
+              _slow(p[k]["move"]["slow"])] for k, label in variants])
+
+
+IDLE_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("commands/s", "commands_per_s", fmt_num), ("script calls/s", "script_calls_per_s", fmt_num),
+    ("pub/sub connections", "pubsub_connections", str), ("other connections", "other_connections", str),
+    ("failed transfer calls", "transfer_errors", str), ("client RSS growth", "rss_growth_mb", lambda v: f"{v:.1f} MiB"),
+    ("closing every queue at once (s)", "close_s", lambda v: f"{v:.2f}")]
+DRAIN = {"take_many": "`take_many(100)`", "async_for": "`async for`", "messages_ack": "`messages()` + `ack()`",
+         "worker16": "worker, concurrency 16"}
+
+# Per scenario: its result -> (the note under its heading, the header, the rows).
+TABLES: dict[str, Callable[[dict[str, Any]], tuple[str, list[str], list[list[Any]]]]] = {
+    "offer": lambda o: (f"{o['callers']} tasks, each awaiting one offer at a time, {o['seconds']:g} s; items/s.",
+                        ["ours", "reference", "ours / reference"], [_ours_ref(o, "items_per_s")]),
+    "offer_many": lambda o: (
+        f"{o['items']:,} items in batches of {o['batch']:,}, one batch at a time; items/s.",
+        ["ours", "reference", "ours / reference", "ours: worst script"],
+        [[*_ours_ref(o, "items_per_s"), fmt_ms(o["ours"]["worst_script_ms"])]]),
+    "transfer": lambda t: (
+        f"N due items in random due order: items/s until moved (the reference stops at {t['ref_bound_s']:g} s: "
+        "bounded); the worst script call.",
+        ["N", "ours", "reference", "ours / reference", "ours: worst script", "reference: worst script"],
+        [[f"{int(n):,}", fmt_num(t["ours"][n]["items_per_s"]),
+          fmt_num(t["reference"][n]["items_per_s"]) + (" (bounded)" if t["reference"][n]["bounded"] else ""),
+          fmt_ratio(t["ratio"][n]), fmt_ms(t["ours"][n]["worst_script_ms"]),
+          fmt_ms(t["reference"][n]["worst_script_ms"])] for n in t["ours"]]),
+    "lateness": lambda la: (
+        f"{la['rate']:,.0f} items/s falling due for {la['seconds']:g} s, one consumer process; delivered - due (ms).",
+        ["consumer", "p50", "p99", "max", "lost", "duplicates"],
+        [[label, *_lat(la[impl]["lateness_ms"]), la[impl]["lost"], la[impl]["duplicates"]]
+         for impl, label in (("ours", "ours, `take_many(1000)`"), ("reference", "reference, `BLPOP`"))]),
+    "lateness_async_for": lambda la: (
+        f"{la['rate']:,.0f} items/s for {la['seconds']:g} s, one consumer process on `async for item in queue`; "
+        "delivered - due (ms).", ["placement", "p50", "p99", "max", "lost", "duplicates"],
+        [[label, *_lat(la[k]["lateness_ms"]), la[k]["lost"], la[k]["duplicates"]]
+         for k, label in (("ours", "producer on its own CPU"), ("unpinned", "kernel-placed")) if k in la]),
+    "reliable_lateness": lambda rl: (
+        f"{rl['rate']:,.0f} items/s for {rl['seconds']:g} s, {rl['consumers']} consumer processes on `messages()` + "
+        "`ack()`: first receipt - due (ms); a PING every 20 ms meanwhile (ms).",
+        ["p50", "p99", "max", "lost", "duplicates", "still queued", "PING p50 / p99", "CPU busy"],
+        [[*_lat(rl["lateness_ms"]), rl["lost"], rl["duplicates"], rl["undelivered_still_queued"],
+          " / ".join(map(fmt_sig, rl["ping_ms"].values())), fmt_num(rl["load"]["cpu_busy_pct"]) + "%"]]),
+    "e2e": lambda e: (f"Offer -> due -> consumed in one process, at most {e['backlog_cap']:,} in flight; msgs/s.",
+                      ["ours", "reference", "ours / reference"], [_ours_ref(e, "msgs_per_s")]),
+    "idle": lambda i: (f"{i['queues']:,} open queues, nothing pending, {i['seconds']:g} s.", ["", "ours", "reference"],
+                       [[label, f(i["ours"][key]), f(i["reference"][key])] for label, key, f in IDLE_ROWS]),
+    "memory": lambda m: (
+        f"{m['items']:,} pending items: `MEMORY USAGE` of the zset and the list, per item.",
+        ["ours", "reference", "ours / reference", "ours, `strict=True`"],
+        [[f"{m['ours']['bytes_per_item']:.1f} B", f"{m['reference']['bytes_per_item']:.1f} B", fmt_ratio(m["ratio"]),
+          f"{m['ours_strict']['bytes_per_item']:.1f} B"]]),
+    "drain": lambda d: (
+        f"{d['items']:,} due items ({d['messages']:,} for the reliable consumers) drained by one consumer; items/s.",
+        ["consumer", "items/s", "/ `take_many(100)`", "/ `async for`"],
+        [[label, fmt_num(d["ours"][mode]["items_per_s"]), fmt_ratio(d["ratio"][mode]) if mode in d["ratio"] else "",
+          fmt_ratio(d["ratio"]["worker16_vs_async_for"]) if mode == "worker16" else ""]
+         for mode, label in DRAIN.items()]),
+    "due_times": lambda dt: (
+        f"`offer_many` of {dt['batch']:,} while {dt['loaders']} clients load the server, {dt['calls']} calls: due - "
+        "delay - server time at the call (ms).", ["clock", "p50", "p90", "p99", "max", "calls > 1 ms early"],
+        [[label, *(fmt_sig(dt[k]["lag_ms"][p]) for p in ("p50", "p90", "p99", "max")), dt[k]["early"]]
+         for k, label in (("ours", "the call's issue time (ours)"), ("script_time", "the script's clock"))]),
+    "keys": _keys_table,
+    "startup": _startup_table,
+    "otel": _otel_table,
+    "pending_10m": _pending_table,
+}
+
+
+def markdown(name: str, note: str, header: list[str], rows: list[list[Any]]) -> list[str]:
+    return [f"### {name}", "", note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows), ""]
 
 
 def tables(res: dict[str, Any]) -> list[str]:
     """One Markdown table per scenario in ``res``, each under a ``### name`` heading."""
     sc = res["scenarios"]
-    out: list[str] = []
-
-    def table(name: str, note: str, header: list[str], rows: list[list[Any]]) -> None:
-        out.extend([f"### {name}", "", note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)])
-        out.extend("| " + " | ".join(map(str, row)) + " |" for row in rows)
-        out.append("")
-
-    if "offer" in sc:
-        o = sc["offer"]
-        table("offer", f"{o['callers']} tasks, each awaiting one offer at a time, {o['seconds']:g} s; items/s.",
-              ["ours", "reference", "ours / reference"],
-              [[fmt_num(o["ours"]["items_per_s"]), fmt_num(o["reference"]["items_per_s"]), fmt_ratio(o["ratio"])]])
-    if "offer_many" in sc:
-        o = sc["offer_many"]
-        table("offer_many", f"{o['items']:,} items in batches of {o['batch']:,}, one batch at a time; items/s.",
-              ["ours", "reference", "ours / reference", "ours: worst script"],
-              [[fmt_num(o["ours"]["items_per_s"]), fmt_num(o["reference"]["items_per_s"]), fmt_ratio(o["ratio"]),
-                fmt_ms(o["ours"]["worst_script_ms"])]])
-    if "transfer" in sc:
-        t = sc["transfer"]
-        table("transfer", f"N due items in random due order: items/s until moved (the reference stops at "
-              f"{t['ref_bound_s']:g} s: bounded); the worst script call.",
-              ["N", "ours", "reference", "ours / reference", "ours: worst script", "reference: worst script"],
-              [[f"{int(n):,}", fmt_num(t["ours"][n]["items_per_s"]),
-                fmt_num(t["reference"][n]["items_per_s"]) + (" (bounded)" if t["reference"][n]["bounded"] else ""),
-                fmt_ratio(t["ratio"][n]), fmt_ms(t["ours"][n]["worst_script_ms"]),
-                fmt_ms(t["reference"][n]["worst_script_ms"])] for n in t["ours"]])
-    if "lateness" in sc:
-        la = sc["lateness"]
-        table("lateness", f"{la['rate']:,.0f} items/s falling due for {la['seconds']:g} s, one consumer process; "
-              "delivered - due (ms).", ["consumer", "p50", "p99", "max", "lost", "duplicates"],
-              [[label, *_lat(la[impl]["lateness_ms"]), la[impl]["lost"], la[impl]["duplicates"]]
-               for impl, label in (("ours", "ours, `take_many(1000)`"), ("reference", "reference, `BLPOP`"))])
-    if "lateness_async_for" in sc:
-        la = sc["lateness_async_for"]
-        runs = [(la["ours"], "producer on its own CPU")] + ([(la["unpinned"], "kernel-placed")] if "unpinned" in la
-                                                            else [])
-        table("lateness_async_for", f"{la['rate']:,.0f} items/s for {la['seconds']:g} s, one consumer process on "
-              "`async for item in queue`; delivered - due (ms).", ["placement", "p50", "p99", "max", "lost",
-                                                                   "duplicates"],
-              [[label, *_lat(r["lateness_ms"]), r["lost"], r["duplicates"]] for r, label in runs])
-    if "reliable_lateness" in sc:
-        rl = sc["reliable_lateness"]
-        table("reliable_lateness", f"{rl['rate']:,.0f} items/s for {rl['seconds']:g} s, {rl['consumers']} consumer "
-              "processes on `messages()` + `ack()`: first receipt - due (ms); a PING every 20 ms meanwhile (ms).",
-              ["p50", "p99", "max", "lost", "duplicates", "still queued", "PING p50 / p99", "CPU busy"],
-              [[*_lat(rl["lateness_ms"]), rl["lost"], rl["duplicates"], rl["undelivered_still_queued"],
-                " / ".join(map(fmt_sig, rl["ping_ms"].values())), fmt_pct(rl["load"]["cpu_busy_pct"])]])
-    if "e2e" in sc:
-        e = sc["e2e"]
-        table("e2e", f"Offer -> due -> consumed in one process, at most {e['backlog_cap']:,} in flight; msgs/s.",
-              ["ours", "reference", "ours / reference"],
-              [[fmt_num(e["ours"]["msgs_per_s"]), fmt_num(e["reference"]["msgs_per_s"]), fmt_ratio(e["ratio"])]])
-    if "idle" in sc:
-        i = sc["idle"]
-        rows = [("commands/s", "commands_per_s", fmt_num), ("script calls/s", "script_calls_per_s", fmt_num),
-                ("pub/sub connections", "pubsub_connections", str), ("other connections", "other_connections", str),
-                ("failed transfer calls", "transfer_errors", str), ("client RSS growth", "rss_growth_mb", fmt_mb),
-                ("closing every queue at once (s)", "close_s", lambda v: f"{v:.2f}")]
-        table("idle", f"{i['queues']:,} open queues, nothing pending, {i['seconds']:g} s.", ["", "ours", "reference"],
-              [[label, f(i["ours"][key]), f(i["reference"][key])] for label, key, f in rows])
-    if "memory" in sc:
-        m = sc["memory"]
-        table("memory", f"{m['items']:,} pending items: `MEMORY USAGE` of the zset and the list, per item.",
-              ["ours", "reference", "ours / reference", "ours, `strict=True`"],
-              [[f"{m['ours']['bytes_per_item']:.1f} B", f"{m['reference']['bytes_per_item']:.1f} B",
-                fmt_ratio(m["ratio"]), f"{m['ours_strict']['bytes_per_item']:.1f} B"]])
-    if "drain" in sc:
-        d = sc["drain"]
-        labels = {"take_many": "`take_many(100)`", "async_for": "`async for`",
-                  "messages_ack": "`messages()` + `ack()`", "worker16": "worker, concurrency 16"}
-        table("drain", f"{d['items']:,} due items ({d['messages']:,} for the reliable consumers) drained by one "
-              "consumer; items/s.", ["consumer", "items/s", "/ `take_many(100)`", "/ `async for`"],
-              [[label, fmt_num(d["ours"][mode]["items_per_s"]), fmt_ratio(d["ratio"][mode]) if mode in d["ratio"]
-                else "", fmt_ratio(d["ratio"]["worker16_vs_async_for"]) if mode == "worker16" else ""]
-               for mode, label in labels.items()])
-    if "due_times" in sc:
-        dt = sc["due_times"]
-        table("due_times", f"`offer_many` of {dt['batch']:,} while {dt['loaders']} clients load the server, "
-              f"{dt['calls']} calls: due - delay - server time at the call (ms).",
-              ["clock", "p50", "p90", "p99", "max", "calls > 1 ms early"],
-              [[label, *(fmt_sig(dt[k]["lag_ms"][p]) for p in ("p50", "p90", "p99", "max")), dt[k]["early"]]
-               for k, label in (("ours", "the call's issue time (ours)"), ("script_time", "the script's clock"))])
-    if "keys" in sc:
-        k = sc["keys"]
-        servers = [(k["jemalloc"], k["jemalloc"]["server"])] if "jemalloc" in k else []
-        servers.append((k, "the run's server"))
-        calls = ("get", "reschedule", "cancel", "offer")
-
-        def cell(j: dict[str, Any], part: str) -> str:
-            return (f"{fmt_ratio(j[part]['ratio'])} ({fmt_num(j[part]['keyed']['items_per_s'])} vs "
-                    f"{fmt_num(j[part]['unkeyed']['items_per_s'])}/s)")
-
-        table("keys", f"Keyed / unkeyed: `offer()` from {k['callers']} callers, the transfer of {k['transfer_n']:,} "
-              f"(medians of {k['rounds']} rounds); server time of 2,000 calls each, {k['pending_n']:,} keyed pending.",
-              ["", *(f"{name} ({j['allocator']})" for j, name in servers)],
-              [["keyed / unkeyed `offer()`", *(cell(j, "offer") for j, _ in servers)],
-               ["keyed / unkeyed transfer", *(cell(j, "transfer") for j, _ in servers)],
-               ["mean ms " + " / ".join(calls), *(" / ".join(f"{j['calls'][c]['mean_ms'] or 0:.3f}" for c in calls)
-                                                  for j, _ in servers)],
-               ["calls over 1 ms", *(str(sum(j["calls"][c]["over_1ms"] or 0 for c in calls)) for j, _ in servers)]])
-    if "startup" in sc:
-        st = sc["startup"]
-        sec, rat = st["seconds"], st["ratio"]
-        rows = [("`python -c pass`", "pass", "pass", ""),
-                ('`python -c "import redis.asyncio"` (the reference)', "import_redis", None, ""),
-                ('`python -c "import aiodelayq"`', "import_aiodelayq", "import_aiodelayq", ""),
-                ('`python -c "from aiodelayq import DelayedQueue"`', "delayed_queue", "delayed_queue", ""),
-                ("`aiodelayq --help`", "help", "help", ""),
-                ("`aiodelayq worker`: start to first delivery", "worker", None, fmt_ratio(rat["worker"])),
-                ("reference consumer: start to first take", "reference_worker", None, "")]
-        table("startup", f"New processes, bytecode cached: wall time to exit, or from the start to the first "
-              f"item (already due); medians of {st['runs']} runs.",
-              ["process", "median", "/ `import redis.asyncio`", "/ the reference consumer"],
-              [[label, fmt_ms(None if sec[key] is None else sec[key] * 1000),
-                fmt_ratio(rat[r]) if r else "", by_ref] for label, key, r, by_ref in rows])
-    if "otel" in sc:
-        ot = sc["otel"]
-        v, rat = ot["variants"], ot["ratio"]
-
-        def otel_rate(key: str, op: str) -> str:
-            value = fmt_num(v[key][op]["items_per_s"])
-            return f"{value} ({fmt_ratio(rat[key][op])})" if key in rat else value
-
-        rows = []
-        for op, label in (("offer", "`offer()`"), ("drain", "`async for`")):
-            rows.append([f"{label}: items/s", *(otel_rate(key, op) for key in ("plain", "api", "sdk"))])
-            rows.append([f"{label}: CPU per item", *(f"{fmt_sig(v[key][op]['cpu_us_per_item'])} µs"
-                                                    for key in ("plain", "api", "sdk"))])
-        table("otel", f"Tracing on the hot paths, one new process per variant, {ot['rounds']} rounds taking turns: "
-              f"`offer()` from {ot['callers']} callers for {ot['seconds']:g} s, `async for` over {ot['items']:,} due "
-              f"items; medians (/ plain); the SDK process exported {fmt_num(v['sdk']['spans'])} spans.",
-              ["", "plain: no `opentelemetry`", "`opentelemetry` imported, no SDK",
-               "SDK tracer provider, spans dropped"], rows)
-    if "pending_10m" in sc and "ours_tiered" in sc["pending_10m"]:
-        p = sc["pending_10m"]
-        variants = (("ours", "ours"), ("ours_tiered", f"ours, `tier_after_s={p['tier_after_s']:g}`"))
-
-        def slow(part: dict[str, Any]) -> str:
-            share = part["share_over_5ms"]
-            return (f"{fmt_num(part['over_5ms'])} ({'n/a' if share is None else f'{100 * share:.3f}%'}) / "
-                    f"{part['over_30ms']} / {fmt_ms(part['max_ms'])}")
-
-        table("pending_10m", f"{p['items']:,} pending items ({p['due']:,} due, the rest in 1 to 24 h), `offer_many` "
-              f"of {p['batch']:,} by one caller on {p['mem_allocator']}: `used_memory` per item (and the model), fill "
-              "rate by tenth, the due items' move against a backlog alone, script calls over 5 ms (share) / over "
-              "30 ms / slowest.",
-              ["", "bytes per item (model)", "fill: first / last tenth, items/s", "last / first", "fill: slow calls",
-               "move, items/s", "/ backlog alone", "move: slow calls"],
-              [[label, f"{p[k]['memory']['bytes_per_item']:.1f} ({p[k]['memory']['model']['total']:.1f})",
-                f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][0])} / "
-                f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][-1])}", fmt_ratio(p[k]["fill"]["last_over_first"]),
-                slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]), fmt_ratio(p[k]["move"]["ratio"]),
-                slow(p[k]["move"]["slow"])] for k, label in variants])
-    if "big_item_stall" in sc:
-        b = sc["big_item_stall"]
-        table("big_item_stall", f"One offer of a big item; event-loop stall (medians of {b['rounds']}; ticker "
-              f"baseline {fmt_ms(b['baseline_stall_ms'])}).",
-              ["item", "offer stall", "ms/MB", "encode alone", "server script", "take stall"],
-              [[f"{c['codec']} {c['mb']} MB", fmt_ms(c["offer_stall_ms"]), f"{c['offer_stall_ms_per_mb']:.2f}",
-                fmt_ms(c["encode_ms"]), fmt_ms(c["server_script_ms"]), fmt_ms(c["take_stall_ms"])]
-               for c in b["cases"].values()])
-    return out
+    return [line for name, table in TABLES.items()
+            if name in sc and (name != "pending_10m" or "ours_tiered" in sc[name])
+            for line in markdown(name, *table(sc[name]))]
 
 
 # -- bars and checks ----------------------------------------------------------------------------------
@@ -245,12 +222,10 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
 
     if "offer" in sc:
         bar("offer, 64 awaiting callers: ours / reference >= 1.5x", sc["offer"]["ratio"], 1.5, True, check=1.5)
-    if "offer_many" in sc:
-        o = sc["offer_many"]
+    if o := sc.get("offer_many"):
         bar("offer_many (batches of 1000) >= 150k items/s", o["ours"]["items_per_s"], 150_000, True, "items/s")
         judge(checks, "offer_many: ours / reference >= 2x", o["ratio"], 2.0, True)
-    if "transfer" in sc:
-        t = sc["transfer"]
+    if t := sc.get("transfer"):
         if "1000000" in t["ours"]:
             bar("transfer at 1M >= 100k items/s", t["ours"]["1000000"]["items_per_s"], 100_000, True, "items/s")
         if "100000" in t["ours"]:
@@ -261,16 +236,13 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         lat = sc["lateness"]["ours"]["lateness_ms"]
         bar("lateness p99 <= 5 ms", lat["p99"], 5.0, False, "ms")
         bar("lateness max <= 50 ms", lat["max"], 50.0, False, "ms")
-    if "lateness_async_for" in sc:
-        la = sc["lateness_async_for"]
+    if la := sc.get("lateness_async_for"):
         bar(f"lateness, async for at {la['rate']:,.0f}/s: p99 <= 5 ms", la["ours"]["lateness_ms"]["p99"], 5.0, False,
             "ms")
-    if "reliable_lateness" in sc:
-        rl = sc["reliable_lateness"]
-        bar(f"reliable lateness, {rl['consumers']} consumer processes: p99 <= 5 ms", rl["lateness_ms"]["p99"], 5.0,
-            False, "ms")
-        bar(f"reliable lateness, {rl['consumers']} consumer processes: max <= 50 ms", rl["lateness_ms"]["max"], 50.0,
-            False, "ms")
+    if rl := sc.get("reliable_lateness"):
+        for key, limit in (("p99", 5.0), ("max", 50.0)):
+            bar(f"reliable lateness, {rl['consumers']} consumer processes: {key} <= {limit:g} ms",
+                rl["lateness_ms"][key], limit, False, "ms")
         bar("reliable lateness: 0 lost", rl["lost"], 0, False, "items")
     if "e2e" in sc:
         bar("end-to-end >= 30k msgs/s", sc["e2e"]["ours"]["msgs_per_s"], 30_000, True, "msgs/s")
@@ -299,8 +271,7 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
             0.5, False)
         judge(checks, "due times under load: p90 lag <= 0.5x the script clock's", o["p90"] / r["p90"] if r["p90"]
               else None, 0.5, False)
-    if "keys" in sc:
-        k = sc["keys"]
+    if k := sc.get("keys"):
         j = k.get("jemalloc") or k  # judged on a jemalloc build when there is one (the scenario says why)
         bar("keys: keyed offer() >= 70% of unkeyed (64 callers)", j["offer"]["ratio"], 0.7, True, check=0.45)
         bar(f"keys: keyed transfer >= 70% of unkeyed ({k['transfer_n']:,})", j["transfer"]["ratio"], 0.7, True,
@@ -308,15 +279,12 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         over = [c["over_1ms"] for name, c in j["calls"].items() if name in ("get", "reschedule", "cancel", "offer")]
         bar(f"keys: keyed calls over 1 ms with {k['pending_n']:,} pending", None if None in over else sum(over), 0,
             False, "calls")
-    if "startup" in sc:
-        st = sc["startup"]
+    if st := sc.get("startup"):
         sec, rat = st["seconds"], st["ratio"]
-
-        def ms(key: str) -> float | None:
-            return None if sec[key] is None else sec[key] * 1000
-
-        bar("startup: aiodelayq --help <= 300 ms", ms("help"), 300, False, "ms")
-        bar("startup: a worker's first delivery <= 1 s after it starts", ms("worker"), 1000, False, "ms")
+        bar("startup: aiodelayq --help <= 300 ms", None if sec["help"] is None else sec["help"] * 1000, 300, False,
+            "ms")
+        bar("startup: a worker's first delivery <= 1 s after it starts",
+            None if sec["worker"] is None else sec["worker"] * 1000, 1000, False, "ms")
         bar("startup: import aiodelayq <= 0.5x import redis.asyncio", rat["import_aiodelayq"], 0.5, False,
             check=0.5)
         judge(checks, "startup: from aiodelayq import DelayedQueue <= 1.6x import redis.asyncio",
@@ -336,28 +304,26 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
     return bars, checks
 
 
-def _verdict(item: dict[str, Any]) -> str:
-    return "n/a" if item["met"] is None else ("met" if item["met"] else "**missed**")
-
-
 def judged_table(res: dict[str, Any]) -> list[str]:
     """The bars and the checks of ``--check`` as one Markdown table; a check without a bar last."""
     bars = {b["what"]: b for b in res["bars"]}
     checks = {c["what"]: c for c in res["checks"]}
+
+    def verdict(item: dict[str, Any]) -> str:
+        return "n/a" if item["met"] is None else ("met" if item["met"] else "**missed**")
+
     rows = []
     for what, item in {**bars, **checks}.items():
         check = checks.get(what)
         rows.append(f"| {what} | {fmt_sig(item['measured'])} {item['unit']} | "
-                    f"{_verdict(bars[what]) if what in bars else '(no bar)'} | "
+                    f"{verdict(bars[what]) if what in bars else '(no bar)'} | "
                     + (f"{'>=' if check['higher_is_better'] else '<='} {fmt_sig(check['threshold'])}: "
-                       f"{_verdict(check)}" if check else "") + " |")
+                       f"{verdict(check)}" if check else "") + " |")
     return ["### bars and checks", "", "| | measured | bar | check: limit |", "|---|---|---|---|", *rows, ""]
 
 
-# -- figure -------------------------------------------------------------------------------------------
-
-
 def plot(res: dict[str, Any], path: Path) -> bool:
+    """The figure: lateness histograms, and the transfer's rate and worst call by backlog."""
     try:
         import matplotlib
 
@@ -381,8 +347,7 @@ def plot(res: dict[str, Any], path: Path) -> bool:
     ax.set(xscale="log", xlabel="lateness: delivered - due (ms, log)", ylabel="items", title="lateness")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    if "transfer" in sc:
-        t = sc["transfer"]
+    if t := sc.get("transfer"):
         for ax, key, label in ((axes[1], "items_per_s", "items/s moved"),
                                (axes[2], "worst_script_ms", "worst script call (ms)")):
             for impl, color in colors.items():
@@ -400,12 +365,6 @@ def plot(res: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
-    res = json.loads(Path(argv[0] if argv else RECORD).read_text())
-    for line in [*tables(res), *judged_table(res)]:
-        print(line)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    print("\n".join([*tables(res := json.loads(Path(sys.argv[1] if sys.argv[1:] else RECORD).read_text())),
+                     *judged_table(res)]))

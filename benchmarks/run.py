@@ -1,13 +1,9 @@
 """The aiodelayq benchmark suite: every scenario against aiodelayq ("ours") and a reference implementation of
 Redisson's design (``reference.py``), in the same run, on the same server (``benchmarks/README.md``: the
-method). This file is the command line; ``_harness.py`` holds what the scenarios share, ``scenarios/`` one
-module per scenario and ``report.py`` the tables, the bars, the checks and the figure.
-
-Output: progress lines, then one table per scenario, the bars and the checks; the results file (JSON)
-and its figure (PNG): ``benchmarks/results.json`` for a full run of the default scenarios at the default
-sizes (the committed record), else ``benchmarks/results/results.json`` (git-ignored), or in ``--out-dir``.
-``--check`` exits with status 1 when a check (a ratio of ours to an in-run reference) fails.
-"""
+method). This file is the command line; ``_harness.py`` holds what the scenarios share, ``scenarios/`` the
+scenarios and ``report.py`` the tables, the bars, the checks and the figure. A full run of the default
+scenarios at the default sizes writes the record, ``benchmarks/results.json`` and ``.png``; other runs
+``benchmarks/results/`` (git-ignored) or ``--out-dir``. ``--check``: exit 1 when a check fails."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # the modules next to this file (also in the spawned consumer processes)
+if str(HERE) not in sys.path:  # the modules next to this file
     sys.path.insert(0, str(HERE))
 
 from _harness import FULL, QUICK, Bench, Sizes, log, open_server  # noqa: E402
@@ -39,7 +35,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "with a margin for noise) fails; absolute bars never fail it")
     p.add_argument("--only", default=",".join(DEFAULT), help="comma-separated scenarios to run (also: "
                    f"{', '.join(EXTRA)}, which run only when named)")
-    p.add_argument("--big-item-stall", action="store_true", help="also run big_item_stall")
     p.add_argument("--rounds", type=int, help="rounds of the cheap scenarios (default 3)")
     p.add_argument("--ref-bound", type=float, help="seconds after which the reference transfer is stopped "
                    "(default 15, quick 4)")
@@ -57,8 +52,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "full run of the default scenarios at the default sizes, else benchmarks/results/)")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
-    if args.big_item_stall and "big_item_stall" not in only:
-        only.append("big_item_stall")
     if unknown := [s for s in only if s not in REGISTRY]:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(REGISTRY)}")
     if sum(bool(x) for x in (args.redis_url, args.docker, args.server_kind)) > 1:

@@ -289,3 +289,25 @@ def test_log_messages_leave_the_logger_name_to_the_format() -> None:
             if isinstance(first, ast.Constant) and str(first.value).lower().startswith("aiodelayq"):
                 prefixed.append(f"{name}:{node.lineno}")
     assert prefixed == []
+
+
+# Sizes that creep back unseen: each limit is one a reader can still take in (KB = 1,000 bytes).
+REPO = PACKAGE.parent
+SIZE_LIMITS = {"README.md": 12_000, "benchmarks/README.md": 15_000, "docs/design.md": 40_000}
+BENCHMARK_LINES = 3_500
+
+
+def test_the_long_pages_stay_within_their_limits() -> None:
+    # README: what aiodelayq is and how to start; the benchmarks' README: the method and the checks
+    # (figures go to the results files); the design page: the architecture and its reasons (its
+    # measurements belong to benchmarks/).
+    over = {page: size for page, limit in SIZE_LIMITS.items()
+            if (size := len((REPO / page).read_bytes())) > limit}
+    assert over == {}, f"pages over their limit {SIZE_LIMITS}: {over}"
+
+
+def test_the_benchmarks_stay_within_their_lines() -> None:
+    # One way to run a process, time and report (benchmarks/_harness.py, report.py): a scenario that
+    # needs more lines than that leaves says so by failing here.
+    lines = sum(len(path.read_text().splitlines()) for path in (REPO / "benchmarks").rglob("*.py"))
+    assert lines <= BENCHMARK_LINES, f"benchmarks/ has {lines} lines of Python (at most {BENCHMARK_LINES})"

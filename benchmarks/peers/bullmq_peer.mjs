@@ -1,5 +1,5 @@
 // BullMQ's driver for the peers benchmark, with BullMQ's defaults. Same protocol, command line and job
-// sequence as the Python drivers (common.py has the description; keep the two in step).
+// sequence as the Python drivers (python_peer.py has the description; keep the two in step).
 //
 // - enqueue: `await queue.add('job', {i, due}, {delay})` per job; bulk: `await queue.addBulk([...])`.
 // - consumer: `new Worker(name, async job => ..., {connection})` with every default: concurrency 1,
@@ -50,7 +50,7 @@ const info = { bullmq: bullmqVersion, node: process.version };
 
 // Wall clock in epoch ms with sub-ms resolution (Date.now() is whole ms).
 const nowMs = () => performance.timeOrigin + performance.now();
-// Same sequence as common.delay_ms: uniform over [lo, hi] ms.
+// Same sequence as python_peer.delay_ms: uniform over [lo, hi] ms.
 const delayMs = (i) => lo + Math.trunc(((i * GOLDEN) % 1) * (hi - lo + 1));
 
 function write(result) {

@@ -73,7 +73,6 @@ def python_peer(name: str) -> Peer:
     env_dir = NOX_DIR / f"peers-{name}"
     python = env_dir / "bin" / "python"
     stamp = env_dir / "peers-stamp.json"
-    driver = HERE / f"{name}_peer.py"
     spec = {"requirements": reqs, "python": sys.version.split()[0]}
     if not (python.exists() and _stamp_matches(stamp, spec)):
         print(f"setup: creating {env_dir.relative_to(REPO)} and installing {' '.join(reqs)}", flush=True)
@@ -92,8 +91,8 @@ def python_peer(name: str) -> Peer:
         return Peer(name, skipped=f"installed but `import {name}` fails: {tail(out)}")
     versions = json.loads(out.strip().splitlines()[-1])
     versions["python"] = sys.version.split()[0]
-    # No PYTHONPATH: the driver imports ``common`` from its own folder and nothing of this checkout.
-    return Peer(name, [str(python), str(driver)], {"PYTHONPATH": ""}, versions)
+    # No PYTHONPATH: the driver imports nothing of this checkout.
+    return Peer(name, [str(python), str(HERE / "python_peer.py"), "--peer", name], {"PYTHONPATH": ""}, versions)
 
 
 def node_peer(name: str) -> Peer:
@@ -143,7 +142,8 @@ def aiodelayq_peer() -> Peer:
     versions["python"] = sys.version.split()[0]
     ok, commit = _run(["git", "describe", "--always", "--dirty"], cwd=REPO, timeout=30)
     versions["commit"] = commit.strip() if ok else "?"
-    return Peer("aiodelayq", [sys.executable, str(HERE / "aiodelayq_peer.py")], {"PYTHONPATH": path}, versions)
+    return Peer("aiodelayq", [sys.executable, str(HERE / "python_peer.py"), "--peer", "aiodelayq"],
+                {"PYTHONPATH": path}, versions)
 
 
 def ensure(name: str) -> Peer:

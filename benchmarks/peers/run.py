@@ -1,28 +1,29 @@
 """aiodelayq against its peers, BullMQ, arq and saq: the same three scenarios on each, on one throwaway server,
-in one run, interleaved, each with its framework's idiomatic calls and default settings (the method:
-``benchmarks/README.md``, "Peers"; sizes: :data:`FULL`, ``--quick``: :data:`QUICK`).
+in one run, each with its framework's idiomatic calls and default settings (sizes: :data:`FULL`, ``--quick``:
+:data:`QUICK`). Jobs carry ``{"i": i, "due": ms}`` with the same delays for every peer (``python_peer.py``).
 
 - **A, lateness**: a consumer process runs the framework's worker while a producer process enqueues jobs
-  with delays spread over a range, 64 calls in flight: the enqueue rate, lateness, lost and duplicates.
+  with delays spread over a range, 64 calls in flight: the enqueue rate, lateness (the consumer's clock
+  when the handler gets the job - the producer's clock before the enqueue call - the delay), lost (not
+  received ``a_tail_s`` after the last due time) and duplicates.
 - **B, drain**: jobs all due before one consumer process starts (filled with the bulk call where there is
-  one): the drain rate, or "bounded" when the consumer has not drained them within ``b_bound_s``.
+  one): the drain rate, or the rate over ``b_bound_s`` ("bounded").
 - **C, memory**: ``used_memory`` before and after enqueueing jobs due in 1 h, per job.
 
 The server is flushed before every scenario. For each round, for each scenario, every peer in turn, the
 order rotated by one each round; the tables quote medians of the rounds. Each driver runs as its own
-processes with its peer's interpreter (``envs.py`` installs them; ``common.py``: the protocol). Output:
-the tables, ``results/peers.json`` and ``results/peers.png`` (``--out-dir``).
+processes with its peer's interpreter (``envs.py`` installs them). Output: the tables (``summary.py``) and
+``results/peers.json`` (``--out-dir``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
-import select
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +33,20 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-for _p in (str(HERE), str(REPO)):  # envs/summary next to this file; aiodelayq.testing from this checkout
+for _p in (str(HERE), str(HERE.parent), str(REPO)):  # envs, summary; _harness; aiodelayq.testing (this checkout)
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
 import envs  # noqa: E402
 import redis  # noqa: E402
-from summary import plot, table_lines  # noqa: E402
+from _harness import Child  # noqa: E402
+from summary import table_lines  # noqa: E402
 
 from aiodelayq.testing import ThrowawayServer, pick_server_kind, server_version  # noqa: E402
 
 PEERS = ("aiodelayq", "bullmq", "arq", "saq")
 HAS_BULK = {"aiodelayq": True, "bullmq": True, "arq": False, "saq": False}
+LATE = ("p50", "p90", "p99", "max")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(PEERS), help="comma-separated peers")
     p.add_argument("--scenarios", default="A,B,C", help="comma-separated scenarios (A lateness, B drain, C memory)")
     p.add_argument("--server-kind", help="throwaway server kind (default: the first found)")
-    p.add_argument("--out-dir", type=Path, default=HERE.parent / "results", help="where peers.json and .png go")
+    p.add_argument("--out-dir", type=Path, default=HERE.parent / "results", help="where peers.json goes")
     p.add_argument("--setup-only", action="store_true", help="install the peers' environments and stop")
     args = p.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -89,84 +92,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class Runner:
-    """Starts a peer's driver processes against the run's server and reads their JSON results."""
-
-    def __init__(self, url: str, work: Path) -> None:
-        self.url, self.work, self._n = url, work, 0
-
-    def _start(self, peer: envs.Peer, role: str, scenario: str, total: int, *extra: str) -> tuple[Any, Path, Path]:
-        self._n += 1
-        out = self.work / f"{self._n:04d}-{peer.name}-{scenario}-{role}.json"
-        err = out.with_suffix(".err")
-        with err.open("w") as stderr:  # a consumer prints "ready" on stdout and reads its deadline on stdin
-            proc = subprocess.Popen([*peer.command, "--redis-url", self.url, "--role", role, "--scenario", scenario,
-                                     "--total", str(total), "--out", str(out), *extra],
-                                    stdin=subprocess.PIPE if role == "consumer" else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE if role == "consumer" else stderr, stderr=stderr,
-                                    env={**os.environ, **peer.env})
-        return proc, out, err
-
-    def produce(self, peer: envs.Peer, scenario: str, total: int, *extra: str) -> dict[str, Any]:
-        proc, out, err = self._start(peer, "producer", scenario, total, *extra)
-        return _result(peer.name, proc, out, err, 900.0)
-
-    def consume(self, peer: envs.Peer, scenario: str, total: int, *extra: str) -> tuple[Any, Path, Path]:
-        return self._start(peer, "consumer", scenario, total, *extra)
+async def driver(peer: envs.Peer, url: str, work: Path, role: str, scenario: str, total: int,
+                 *extra: str) -> tuple[Child, Path]:
+    """One driver process of a peer against the run's server, and the file of its JSON result."""
+    out = work / f"{time.monotonic_ns()}-{peer.name}-{scenario}-{role}.json"
+    return await Child.start([*peer.command, "--redis-url", url, "--role", role, "--scenario", scenario,
+                              "--total", str(total), "--out", str(out), *extra], stdin=role == "consumer",
+                             env={**os.environ, **peer.env}), out
 
 
-def _result(name: str, proc: Any, out: Path, err: Path, timeout_s: float) -> dict[str, Any]:
-    """Wait (bounded) for a driver to exit and read its JSON result; killed when it overstays."""
+async def result(child: Child, out: Path, bound_s: float) -> dict[str, Any]:
+    """The result of a driver once it exited (within ``bound_s``, else killed: a failure)."""
     try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        raise RuntimeError(f"{name} still running after {timeout_s:.0f} s; killed: {_tail(err)}") from None
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{name} exited {proc.returncode}: {_tail(err)}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
-
-
-def _kill(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _tail(path: Path) -> str:
-    return envs.tail(path.read_text(errors="replace")) if path.exists() else ""
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending list (``inf`` entries stand for jobs never received)."""
-    return sorted_values[max(1, min(len(sorted_values), -(-len(sorted_values) * p // 100))) - 1]
-
-
-def scenario_a(run: Runner, peer: envs.Peer, s: Sizes) -> dict[str, Any]:
-    proc, out, err = run.consume(peer, "A", s.a_jobs)
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 60.0)
-        if not ready or proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"{peer.name} consumer not ready after 60 s: {_tail(err)}")
-        prod = run.produce(peer, "A", s.a_jobs, "--mode", "single", "--in-flight", str(s.in_flight),
-                           "--delay-min-ms", str(s.a_delay_min_ms), "--delay-max-ms", str(s.a_delay_max_ms))
-        deadline = prod["last_due_ms"] + s.a_tail_s * 1000.0
-        proc.stdin.write(f"deadline {deadline:.1f}\n".encode())
-        proc.stdin.flush()
-        cons = _result(peer.name, proc, out, err, max(0.0, deadline / 1000.0 - time.time()) + 60.0)
+        await child.wait(bound_s)
     finally:
-        _kill(proc)
+        await child.stop()
+    answer: dict[str, Any] = json.loads(await asyncio.to_thread(out.read_text))
+    return answer
+
+
+async def produce(peer: envs.Peer, url: str, work: Path, scenario: str, total: int, s: Sizes,
+                  delay_ms: tuple[int, int], mode: str = "single") -> dict[str, Any]:
+    return await result(*await driver(peer, url, work, "producer", scenario, total, "--mode", mode, "--in-flight",
+                                      str(s.in_flight), "--batch", str(s.batch), "--delay-min-ms",
+                                      str(delay_ms[0]), "--delay-max-ms", str(delay_ms[1])), 900.0)
+
+
+async def scenario_a(peer: envs.Peer, url: str, work: Path, s: Sizes, ctl: redis.Redis) -> dict[str, Any]:
+    consumer, out = await driver(peer, url, work, "consumer", "A", s.a_jobs)
+    try:
+        if (await consumer.line(60.0)).strip() != b"ready":
+            raise consumer.fail("not ready")
+        prod = await produce(peer, url, work, "A", s.a_jobs, s, (s.a_delay_min_ms, s.a_delay_max_ms))
+        deadline = prod["last_due_ms"] + s.a_tail_s * 1000.0
+        await consumer.send(f"deadline {deadline:.1f}")
+        cons = await result(consumer, out, max(0.0, deadline / 1000.0 - time.time()) + 60.0)
+    finally:
+        await consumer.stop()
     lost = prod["enqueued"] - cons["received"]
     # Jobs not received by the deadline count as infinitely late: a percentile that lands on them is
     # reported as "> a_tail_s after the last due time" (None in the JSON).
     late = sorted(cons["late_ms"]) + [float("inf")] * max(0, lost)
-    stats = ({**{f"p{p}": percentile(late, p) for p in (50, 90, 99)}, "max": late[-1]} if late
-             else dict.fromkeys(("p50", "p90", "p99", "max"), float("nan")))
+    n = len(late)  # nearest-rank percentiles
+    stats = ({k: late[-1] if k == "max" else late[max(1, min(n, -(-n * int(k[1:]) // 100))) - 1] for k in LATE}
+             if late else dict.fromkeys(LATE, float("nan")))
     return {"enqueue_rate": prod["rate"], "enqueued": prod["enqueued"], "enqueue_failed": prod["failed"],
             "enqueue_errors": prod["errors"], "received": cons["received"], "lost": lost,
             "duplicates": cons["duplicates"], "out_of_range": cons["out_of_range"], "stopped": cons["stopped"],
@@ -174,16 +143,12 @@ def scenario_a(run: Runner, peer: envs.Peer, s: Sizes) -> dict[str, Any]:
             "consumer_s": (cons["t_last_ms"] - cons["t_start_ms"]) / 1000.0 if cons["t_last_ms"] else None}
 
 
-def scenario_b(run: Runner, peer: envs.Peer, s: Sizes) -> dict[str, Any]:
+async def scenario_b(peer: envs.Peer, url: str, work: Path, s: Sizes, ctl: redis.Redis) -> dict[str, Any]:
     mode = "bulk" if HAS_BULK[peer.name] else "single"
-    prod = run.produce(peer, "B", s.b_jobs, "--mode", mode, "--in-flight", str(s.in_flight), "--batch",
-                       str(s.batch), "--delay-min-ms", str(s.b_delay_ms), "--delay-max-ms", str(s.b_delay_ms))
-    time.sleep(max(0.0, (prod["last_due_ms"] + 200.0) / 1000.0 - time.time()))  # every job due first
-    proc, out, err = run.consume(peer, "B", s.b_jobs, "--bound-s", str(s.b_bound_s))
-    try:
-        cons = _result(peer.name, proc, out, err, s.b_bound_s + 120.0)
-    finally:
-        _kill(proc)
+    prod = await produce(peer, url, work, "B", s.b_jobs, s, (s.b_delay_ms, s.b_delay_ms), mode)
+    await asyncio.sleep(max(0.0, (prod["last_due_ms"] + 200.0) / 1000.0 - time.time()))  # every job due first
+    cons = await result(*await driver(peer, url, work, "consumer", "B", s.b_jobs, "--bound-s", str(s.b_bound_s)),
+                        s.b_bound_s + 120.0)
     bounded = cons["stopped"] != "all"
     end = cons["deadline_ms"] if bounded else cons["t_last_ms"]
     seconds = (end - cons["t_start_ms"]) / 1000.0 if end else None
@@ -192,35 +157,24 @@ def scenario_b(run: Runner, peer: envs.Peer, s: Sizes) -> dict[str, Any]:
             "bounded": bounded, "seconds": seconds, "drain_rate": cons["received"] / seconds if seconds else None}
 
 
-def scenario_c(run: Runner, peer: envs.Peer, s: Sizes, ctl: redis.Redis) -> dict[str, Any]:
+async def scenario_c(peer: envs.Peer, url: str, work: Path, s: Sizes, ctl: redis.Redis) -> dict[str, Any]:
     mode = "bulk" if HAS_BULK[peer.name] else "single"
-    time.sleep(0.3)  # after the FLUSHALL: let the allocator settle
+    await asyncio.sleep(0.3)  # after the FLUSHALL: let the allocator settle
     before = int(ctl.info("memory")["used_memory"])
-    prod = run.produce(peer, "C", s.c_jobs, "--mode", mode, "--in-flight", str(s.in_flight), "--batch",
-                       str(s.batch), "--delay-min-ms", str(s.c_delay_ms), "--delay-max-ms", str(s.c_delay_ms))
-    time.sleep(0.3)  # the producer's connections are gone (their buffers are in used_memory too)
+    prod = await produce(peer, url, work, "C", s.c_jobs, s, (s.c_delay_ms, s.c_delay_ms), mode)
+    await asyncio.sleep(0.3)  # the producer's connections are gone (their buffers are in used_memory too)
     after = int(ctl.info("memory")["used_memory"])
     return {"mode": mode, "enqueued": prod["enqueued"], "enqueue_rate": prod["rate"], "keys": int(ctl.dbsize()),
             "bytes_per_job": (after - before) / prod["enqueued"] if prod["enqueued"] else None}
 
 
-def one_line(peer: str, scenario: str, r: dict[str, Any]) -> str:
-    if "error" in r:
-        return f"    {peer:9} {scenario}: ERROR {r['error']}"
-    if scenario == "A":
-        lat = " / ".join(">tail" if v is None else f"{v:.1f}" for v in r["late_ms"].values())
-        return (f"    {peer:9} A: enqueue {r['enqueue_rate']:,.0f}/s, late p50/p90/p99/max {lat} ms, lost {r['lost']}, "
-                f"duplicates {r['duplicates']}")
-    if scenario == "B":
-        return (f"    {peer:9} B: fill {r['fill_rate']:,.0f}/s ({r['fill_mode']}), drain {r['drain_rate'] or 0:,.0f}/s"
-                f"{' BOUNDED' if r['bounded'] else ''}")
-    return f"    {peer:9} C: {r['bytes_per_job']:.1f} B/job ({r['enqueued']:,} jobs, {r['keys']:,} keys)"
+SCENARIOS = {"A": scenario_a, "B": scenario_b, "C": scenario_c}
 
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per metric, the median over the rounds that ran without error (lateness: a censored round, None,
     counts as infinitely late)."""
-    ok = {sc: [r[sc] for r in rounds if sc in r and "error" not in r[sc]] for sc in ("A", "B", "C")}
+    ok = {sc: [r[sc] for r in rounds if sc in r and "error" not in r[sc]] for sc in SCENARIOS}
 
     def med(values: list[Any], censored: bool = False) -> float | None:
         vals = [float("inf") if v is None else v for v in values] if censored else [v for v in values if v is not None]
@@ -232,7 +186,7 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                                       for sc in r if "error" in r[sc]]}
     if a := ok["A"]:
         out["enqueue_rate"] = med([r["enqueue_rate"] for r in a])
-        for k in ("p50", "p90", "p99", "max"):
+        for k in LATE:
             out[f"late_{k}_ms"] = med([r["late_ms"][k] for r in a], censored=True)
             out[f"late_{k}_censored"] = out[f"late_{k}_ms"] is None
         for k in ("lost", "duplicates", "enqueued"):
@@ -252,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     peers = {name: envs.ensure(name) for name in args.only}
     for name, p in peers.items():
-        log(f"{name}: " + (f"SKIPPED: {p.skipped}" if p.skipped else ", ".join(f"{k} {v}" for k, v in
-                                                                              p.versions.items() if k != "from")))
+        log(f"{name}: " + (f"SKIPPED: {p.skipped}" if p.skipped else
+                           ", ".join(f"{k} {v}" for k, v in p.versions.items() if k != "from")))
     if args.setup_only:
         return 0
     runnable = [n for n in args.only if not peers[n].skipped]
@@ -269,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         ctl = redis.Redis.from_url(srv.url)
         log(f"server: {label} at {srv.url} (throwaway, flushed before every scenario); {info['nproc']} CPUs, "
             f"load {info['loadavg_start'][0]:.2f}; sizes {asdict(sizes)}")
-        runner = Runner(srv.url, Path(work))
         for rnd in range(sizes.rounds):
             order = runnable[rnd % len(runnable):] + runnable[:rnd % len(runnable)] if runnable else []
             log(f"== round {rnd + 1}/{sizes.rounds}: {', '.join(order)}")
@@ -279,14 +232,13 @@ def main(argv: list[str] | None = None) -> int:
                     ctl.flushall(asynchronous=False)
                     t0 = time.perf_counter()
                     try:
-                        r = (scenario_a(runner, peers[name], sizes) if scenario == "A"
-                             else scenario_b(runner, peers[name], sizes) if scenario == "B"
-                             else scenario_c(runner, peers[name], sizes, ctl))
-                    except (RuntimeError, subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
+                        r = asyncio.run(SCENARIOS[scenario](peers[name], srv.url, Path(work), sizes, ctl))
+                    except (RuntimeError, OSError, KeyError, ValueError) as exc:
                         r = {"error": str(exc)}
                     r["scenario_s"] = time.perf_counter() - t0
                     results[name][scenario] = r
-                    log(one_line(name, scenario, r) + f"  [{r['scenario_s']:.0f} s]")
+                    log(f"    {name:9} {scenario}: " + ", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
+                                                             for k, v in r.items() if not isinstance(v, list)))
             for name in order:
                 rounds[name].append(results[name])
         ctl.flushall(asynchronous=False)
@@ -297,15 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                         for n in args.only},
               "rounds": rounds, "medians": {n: medians(rounds[n]) for n in runnable},
               "total_s": time.perf_counter() - t_start}
-    log("")
-    for line in table_lines(result):
-        log(line)
+    log("\n" + "\n".join(table_lines(result)))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out_json = args.out_dir / "peers.json"
     out_json.write_text(json.dumps(result, indent=1) + "\n")
     log(f"\nwrote {out_json}")
-    if plot(result, out_json.with_suffix(".png")):
-        log(f"wrote {out_json.with_suffix('.png')}")
     log(f"total {result['total_s'] / 60:.1f} min")
     return 0
 

@@ -1,27 +1,15 @@
-"""The process of one variant of scenario ``otel`` (``otel.py`` starts one new process per variant: a
-process sets its global tracer provider once). Not a scenario: run as
+"""The process of one variant of scenario ``otel`` (``otel.run`` says what each variant is): ``python
+_otel_process.py VARIANT URL``. It prints ``ready``, then answers each command line on stdin with one JSON
+line (``{"error": ...}`` and exit status 1 for a failed command):
 
-    python _otel_process.py VARIANT URL
+- ``offer QUEUE CALLERS SECONDS``: as scenario ``offer`` measures ours (one unmeasured offer first);
+- ``fill QUEUE ITEMS``: items due now, the consumer queue opened and awaited until its transfer moved them;
+- ``drain QUEUE ITEMS``: that many of the filled queue's items taken by ``async for item in q``;
+- ``close``: the round's queues closed;
+- ``done``: the ``opentelemetry`` modules loaded, whether the library's tracer is active, the spans
+  exported (``sdk`` flushes first); then it exits.
 
-``VARIANT``: ``plain`` (``opentelemetry`` cannot be imported, as when it is not installed), ``api``
-(``import opentelemetry.trace``, no SDK tracer provider) or ``sdk`` (an SDK ``TracerProvider`` whose
-``BatchSpanProcessor`` hands every span to an exporter that drops it). It prints ``ready``, then
-answers each command line on stdin with one JSON line on stdout, against the server at ``URL``:
-
-- ``offer QUEUE CALLERS SECONDS``: ``CALLERS`` tasks awaiting one ``q.offer()`` at a time for
-  ``SECONDS`` (delay 1 h; the first ``offer`` on ``QUEUE`` is preceded by one unmeasured offer);
-- ``fill QUEUE ITEMS``: ``ITEMS`` items due now (``offer_many`` of 1,000), the consumer queue opened and
-  awaited until its transfer moved them all: ``{}``;
-- ``drain QUEUE ITEMS``: ``ITEMS`` of the filled queue's items taken by ``async for item in q``;
-- ``close``: the queues closed and forgotten: ``{}``;
-- ``done``: ``{"otel_modules": ..., "traced": ..., "spans": ...}`` (the ``opentelemetry`` modules
-  loaded, whether the library's tracer is active, the spans exported; ``sdk`` flushes first), then
-  it exits.
-
-``offer`` and ``drain`` answer ``{"items": ..., "wall_s": ..., "cpu_s": ...}``: how many, in how many
-seconds of wall time and of this process's CPU time (every thread's).
-
-A failed command: ``{"error": ...}``, and the process exits with status 1.
+``offer`` and ``drain`` answer ``{"items", "wall_s", "cpu_s"}`` (this process's CPU time, every thread's).
 """
 
 from __future__ import annotations
@@ -40,7 +28,6 @@ import contextlib  # noqa: E402
 import importlib.abc  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from functools import partial  # noqa: E402
 from typing import Any  # noqa: E402
 
 VARIANTS = ("plain", "api", "sdk")
@@ -84,18 +71,13 @@ def setup(variant: str) -> Any:
     return exporter
 
 
-async def _offer(queue: Any, payload: Any, delay: float, done: list[int], i: int) -> None:
-    await queue.offer(payload(i), delay)
-    done[0] += 1
-
-
 def reply(message: Any) -> None:
     print(json.dumps(message), flush=True)
 
 
 async def serve(url: str, exporter: Any) -> None:
     """Answer the commands on stdin (module docstring) until ``done``."""
-    from _harness import FAR_S, concurrent_rate, payload
+    from _harness import FAR_S, concurrent_rate, fill, payload, until
     from redis.asyncio import Redis
 
     from aiodelayq import DelayedQueue
@@ -104,49 +86,46 @@ async def serve(url: str, exporter: Any) -> None:
     client = Redis.from_url(url, decode_responses=False)  # the producer's
     consumer = Redis.from_url(url, decode_responses=False)
     producers: dict[str, DelayedQueue[Any]] = {}
-    filled: dict[str, tuple[DelayedQueue[Any], contextlib.AsyncExitStack]] = {}
+    filled: dict[str, DelayedQueue[Any]] = {}
+    round_queues = contextlib.AsyncExitStack()
     try:
         await client.ping()
         await consumer.ping()
         reply("ready")
         while True:
             command, *args = (await asyncio.to_thread(sys.stdin.readline)).split() or ["done"]
+            t0, cpu0, done = time.perf_counter(), time.process_time(), 0
             if command == "offer":  # as scenario ``offer`` measures ours
                 name, callers, seconds = args[0], int(args[1]), float(args[2])
                 if name not in producers:
                     producers[name] = DelayedQueue(client, name)
                     await producers[name].offer(payload(0), FAR_S)  # warm-up: script load
-                done = [0]
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                await concurrent_rate(partial(_offer, producers[name], payload, FAR_S, done), callers, seconds)
-                reply({"items": done[0], "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0})
+                    t0, cpu0 = time.perf_counter(), time.process_time()
+
+                async def offer(i: int, q: DelayedQueue[Any] = producers[name]) -> None:
+                    nonlocal done
+                    await q.offer(payload(i), FAR_S)
+                    done += 1
+
+                await concurrent_rate(offer, callers, seconds)
             elif command == "fill":  # as scenario ``drain`` prepares: every item moved before the drain
                 name, items = args[0], int(args[1])
-                producer: DelayedQueue[Any] = DelayedQueue(client, name)
-                for start in range(0, items, 1000):
-                    await producer.offer_many([(payload(i), 0) for i in range(start, min(items, start + 1000))])
-                stack = contextlib.AsyncExitStack()
-                q: DelayedQueue[Any] = await stack.enter_async_context(DelayedQueue(consumer, name))
-                filled[name] = (q, stack)
-                deadline = time.monotonic() + 60
-                while await q.ready_size() < items and time.monotonic() < deadline:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+                await fill(DelayedQueue(client, name), items, 0)
+                q = filled[name] = await round_queues.enter_async_context(DelayedQueue(consumer, name))
+                await until(q.ready_size, lambda ready, items=items: ready >= items, 60)
                 reply({})
+                continue
             elif command == "drain":  # as scenario ``drain`` measures ``async for``
-                name, items = args[0], int(args[1])
-                q = filled[name][0]
-                got = 0
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                async for _ in q:
-                    got += 1
-                    if got >= items:
+                async for _ in filled[args[0]]:
+                    done += 1
+                    if done >= int(args[1]):
                         break
-                reply({"items": got, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0})
             elif command == "close":  # the queues of the round
                 producers.clear()
-                while filled:
-                    await filled.popitem()[1][1].aclose()
+                filled.clear()
+                await round_queues.aclose()
                 reply({})
+                continue
             elif command == "done":
                 spans = None
                 if exporter is not None:
@@ -159,15 +138,15 @@ async def serve(url: str, exporter: Any) -> None:
                 return
             else:
                 raise ValueError(f"unknown command {command!r}")
+            reply({"items": done, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0})
     finally:
-        for _, stack in filled.values():
-            await stack.aclose()
+        await round_queues.aclose()
         await client.aclose()
         await consumer.aclose()
 
 
-def main(argv: list[str]) -> int:
-    variant, url = argv
+if __name__ == "__main__":
+    variant, url = sys.argv[1:3]
     if variant not in VARIANTS:
         raise SystemExit(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     try:
@@ -175,8 +154,3 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         reply({"error": repr(exc)})
         raise
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from _harness import Bench, log, median, payload, ratio
+from _harness import Bench, alternate, fill, ratio, until
 
 from aiodelayq import DelayedQueue
 
@@ -45,8 +45,7 @@ async def _drain(q: DelayedQueue[Any], client: Any, mode: str, n: int) -> float:
             if got >= n:
                 break
     # Acks are written behind: a reliable drain ends when the last of them is in Redis.
-    while await client.zcard(q.keys.in_flight):  # noqa: ASYNC110 - a server-side count, bounded by the acks
-        await asyncio.sleep(0.001)
+    await until(lambda: client.zcard(q.keys.in_flight), lambda n: n == 0, 3600.0, 0.001)
     return n / (time.perf_counter() - t0)
 
 
@@ -60,27 +59,17 @@ async def run(bench: Bench) -> dict[str, Any]:
     timed until the last ack is in Redis. Items/s; ratios against ``take_many(100)``, and the worker's
     against ``async for``."""
     s = bench.sizes
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for rnd in range(s.rounds):
-        for mode in MODES:
-            n = s.drain_messages if mode in ("messages_ack", "worker16") else s.drain_items
-            async with bench.fresh_queue("drain", mode) as (client, name):
-                producer: DelayedQueue[Any] = DelayedQueue(client, name)
-                for start in range(0, n, 1000):
-                    await producer.offer_many([(payload(i), 0) for i in range(start, min(n, start + 1000))])
-                consumer = bench.client()
-                try:
-                    q: DelayedQueue[Any] = DelayedQueue(consumer, name)
-                    async with q:
-                        deadline = time.monotonic() + 60  # every item moved first, so the drain alone is timed
-                        while await q.ready_size() < n and time.monotonic() < deadline:  # noqa: ASYNC110
-                            await asyncio.sleep(0.01)
-                        rates[mode].append(await _drain(q, consumer, mode, n))
-                finally:
-                    await consumer.aclose()
-            log(f"    round {rnd + 1} {mode:12}: {n:,} items = {rates[mode][-1]:,.0f} items/s")
-    med = {mode: median(values) for mode, values in rates.items()}
-    return {"items": s.drain_items, "messages": s.drain_messages,
-            "ours": {mode: {"items_per_s": med[mode], "rounds": rates[mode]} for mode in MODES},
-            "ratio": {**{mode: ratio(med[mode], med["take_many"]) for mode in MODES[1:]},
-                      "worker16_vs_async_for": ratio(med["worker16"], med["async_for"])}}
+
+    async def measure(mode: str) -> float:
+        n = s.drain_messages if mode in ("messages_ack", "worker16") else s.drain_items
+        async with bench.fresh_queue("drain", mode, clients=2) as (producer, consumer, name):
+            await fill(DelayedQueue(producer, name), n, 0)
+            async with DelayedQueue(consumer, name) as q:
+                await until(q.ready_size, lambda ready: ready >= n, 60)  # all moved first: the drain alone is timed
+                return await _drain(q, consumer, mode, n)
+
+    ours = await alternate(MODES, s.rounds, measure, "items_per_s")
+    rate = {mode: ours[mode]["items_per_s"] for mode in MODES}
+    return {"items": s.drain_items, "messages": s.drain_messages, "ours": ours,
+            "ratio": {**{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[1:]},
+                      "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"])}}

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
-from _harness import FAR_S, Bench, log, payload, summarize
+from _harness import FAR_S, Bench, payload, summarize
 
 from aiodelayq import DelayedQueue
 from aiodelayq._redis.client_facts import facts_for
@@ -16,16 +15,12 @@ LOADERS = 4
 BATCH = 1000
 
 
-async def _load(bench: Bench, name: str, stop: asyncio.Event) -> None:
+async def _load(bench: Bench, stop: asyncio.Event) -> None:
     """Keep the server busy: batches of 1,000 offers to a queue of its own, back to back."""
-    client = bench.client()
-    q: DelayedQueue[Any] = DelayedQueue(client, name)
-    batch = [(payload(i), FAR_S) for i in range(BATCH)]
-    try:
+    async with bench.fresh_queue("due_times", "load") as (client, name):
+        q: DelayedQueue[Any] = DelayedQueue(client, name)
         while not stop.is_set():
-            await q.offer_many(batch)
-    finally:
-        await client.aclose()
+            await q.offer_many([(payload(i), FAR_S) for i in range(BATCH)])
 
 
 async def run(bench: Bench) -> dict[str, Any]:
@@ -37,9 +32,8 @@ async def run(bench: Bench) -> dict[str, Any]:
     server clock when the call was issued (this process's clock + the offset measured at the start).
     Negative would mean early."""
     s = bench.sizes
-    loaders = [bench.name("due_times", f"load{i}") for i in range(LOADERS)]
     stop = asyncio.Event()
-    load = [asyncio.ensure_future(_load(bench, n, stop)) for n in loaders]
+    load = [asyncio.ensure_future(_load(bench, stop)) for _ in range(LOADERS)]
     lags: dict[str, list[float]] = {"ours": [], "script_time": []}
     batch = [(payload(i), FAR_S) for i in range(BATCH)]
     try:
@@ -58,13 +52,8 @@ async def run(bench: Bench) -> dict[str, Any]:
                     lags[impl].append(dues[0] - FAR_S * 1000 - issued_ms)
     finally:
         stop.set()
-        for task in load:
-            with contextlib.suppress(Exception):
-                await task
-        await bench.drop(*loaders)
+        await asyncio.gather(*load, return_exceptions=True)
     out: dict[str, Any] = {"calls": s.due_calls, "batch": BATCH, "loaders": LOADERS}
     for impl, values in lags.items():
         out[impl] = {"lag_ms": summarize(values), "early": sum(1 for v in values if v < -1.0)}
-        lag = out[impl]["lag_ms"]
-        log(f"    {impl:11}: due-time lag p50={lag['p50']:.2f} ms p99={lag['p99']:.2f} ms max={lag['max']:.2f} ms")
     return out

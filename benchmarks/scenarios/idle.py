@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
-from _harness import Bench, as_text, log, rss_bytes
+from _harness import Bench, as_text
 from redis.asyncio import BlockingConnectionPool, Redis
 from reference import ReferenceQueue, ReferenceSubscriber, ScriptShas
-from report import fmt_mb
 
 from aiodelayq import DelayedQueue
 
@@ -38,7 +38,7 @@ async def _measure(bench: Bench, seconds: float) -> dict[str, Any]:
     rss: list[int] = []
     pubsub = None
     while (elapsed := time.perf_counter() - t0) < seconds:
-        if (r := rss_bytes()) is not None:
+        if (r := _rss_bytes()) is not None:
             rss.append(r)
         if pubsub is None and elapsed >= seconds / 2:
             pubsub = await _connections(bench, "pubsub")
@@ -59,13 +59,11 @@ async def _connections(bench: Bench, kind: str) -> int:
 
 async def _idle(bench: Bench, impl: str, own_commands: int) -> dict[str, Any]:
     s = bench.sizes
-    if impl == "ours":
-        client = bench.client()
-    else:  # else the first transfers of 1000 queues open 1000 sockets
-        client = Redis(connection_pool=BlockingConnectionPool.from_url(bench.url, max_connections=64))
+    # The reference's pool is blocking: else the first transfers of 1000 queues open 1000 sockets.
+    client = bench.client() if impl == "ours" else Redis(
+        connection_pool=BlockingConnectionPool.from_url(bench.url, max_connections=64))
     names = [bench.name("idle", impl) for _ in range(s.idle_queues)]
-    pubsub_before, normal_before = await _connections(bench, "pubsub"), await _connections(bench, "normal")
-    sub = None
+    before = {kind: await _connections(bench, kind) for kind in ("pubsub", "normal")}
     refs: list[ReferenceQueue] = []
     queues: list[DelayedQueue[Any]] = []
     takers: list[asyncio.Task[Any]] = []
@@ -73,6 +71,7 @@ async def _idle(bench: Bench, impl: str, own_commands: int) -> dict[str, Any]:
     lib_log = logging.getLogger("aiodelayq")
     lib_log.addHandler(warnings)
     lib_log.propagate = False  # counted and summarised, not printed one by one
+    sub = ReferenceSubscriber(client)
     try:
         t0 = time.perf_counter()
         if impl == "ours":
@@ -81,7 +80,6 @@ async def _idle(bench: Bench, impl: str, own_commands: int) -> dict[str, Any]:
             takers = [asyncio.create_task(q.take()) for q in queues[:s.idle_takers]]
         else:
             shas = await ScriptShas().load(client)
-            sub = ReferenceSubscriber(client)
             for n in names:
                 refs.append(await ReferenceQueue(client, n).prepare(shas))
                 refs[-1].start(sub)
@@ -92,14 +90,13 @@ async def _idle(bench: Bench, impl: str, own_commands: int) -> dict[str, Any]:
                 await asyncio.sleep(0.01)
         open_s = time.perf_counter() - t0
         await asyncio.sleep(6.0 if impl == "ours" else 1.0)  # ours: past the first safety poll (5 s after open)
-        log(f"    {impl:9}: {s.idle_queues} queues open in {open_s:.2f} s; measuring {s.idle_seconds:g} s")
 
         def errors() -> int:
             return sum(q.stats.transfer_errors for q in queues) + sum(r.errors for r in refs)
 
         errors_before = errors()
         m = await _measure(bench, s.idle_seconds)
-        normal = await _connections(bench, "normal") - normal_before
+        normal = await _connections(bench, "normal") - before["normal"]
         errors_during = errors() - errors_before
     finally:
         t_close = time.perf_counter()
@@ -107,30 +104,31 @@ async def _idle(bench: Bench, impl: str, own_commands: int) -> dict[str, Any]:
         await asyncio.gather(*takers, return_exceptions=True)  # each ends with QueueClosedError
         for ref in refs:
             await ref.stop()
-        if sub is not None:
-            await sub.aclose()
+        await sub.aclose()
         close_s = time.perf_counter() - t_close
         lib_log.removeHandler(warnings)
         lib_log.propagate = True
         await client.aclose()
         await bench.drop(*names)
     rss = m["rss"]
-    result = {"open_s": open_s, "close_s": close_s, "elapsed_s": m["elapsed"], "takers": len(takers),
-              "commands_per_s": max(0, m["commands"] - own_commands) / m["elapsed"],
-              "script_calls_per_s": m["evalsha"] / m["elapsed"],
-              # Ours: the client's safety poll reads three keys per queue per safety_poll_s (5 s), a queue
-              # looked at up to a fifth early; no script call.
-              "expected_commands_per_s": 3 * s.idle_queues / 5.0 / 0.8 if impl == "ours" else 0.0,
-              "pubsub_connections": m["pubsub"] - pubsub_before, "other_connections": normal,
-              "transfer_errors": errors_during, "log_warnings": warnings.count,
-              "rss_mb": rss[-1] / 2**20 if rss else None, "rss_growth_mb": (rss[-1] - rss[0]) / 2**20 if rss else None}
-    if errors_during or warnings.count:
-        log(f"    {impl:9}: {errors_during} failed transfer calls during the window, {warnings.count} library "
-            f"warnings while open and closing (first: {warnings.first})")
-    log(f"    {impl:9}: {result['commands_per_s']:,.0f} commands/s ({result['script_calls_per_s']:,.0f} script "
-        f"calls/s), {result['pubsub_connections']} pub/sub + {normal} other connection(s), RSS "
-        f"{fmt_mb(result['rss_mb'])} (growth {fmt_mb(result['rss_growth_mb'])}); all closed at once in {close_s:.2f} s")
-    return result
+    return {"open_s": open_s, "close_s": close_s, "elapsed_s": m["elapsed"], "takers": len(takers),
+            "commands_per_s": max(0, m["commands"] - own_commands) / m["elapsed"],
+            "script_calls_per_s": m["evalsha"] / m["elapsed"],
+            # Ours: the client's safety poll reads three keys per queue per safety_poll_s (5 s), a queue
+            # looked at up to a fifth early; no script call.
+            "expected_commands_per_s": 3 * s.idle_queues / 5.0 / 0.8 if impl == "ours" else 0.0,
+            "pubsub_connections": m["pubsub"] - before["pubsub"], "other_connections": normal,
+            "transfer_errors": errors_during, "log_warnings": warnings.count, "first_warning": warnings.first,
+            "rss_mb": rss[-1] / 2**20 if rss else None, "rss_growth_mb": (rss[-1] - rss[0]) / 2**20 if rss else None}
+
+
+def _rss_bytes() -> int | None:
+    """Resident set size of this process (Linux ``/proc``), else ``None``."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _CountingHandler(logging.Handler):

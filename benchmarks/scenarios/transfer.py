@@ -6,10 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from _harness import Bench, SlowLog, log, median, payload, percentile, ratio, stop_reference
+from _harness import Bench, SlowLog, evalsha_of, fill, log, median, payload, percentile, ratio
 from redis.asyncio import Redis
-from reference import ReferenceQueue, ReferenceSubscriber
-from report import fmt_ms, fmt_num
+from reference import ReferenceQueue, consuming
 
 from aiodelayq import DelayedQueue
 
@@ -50,27 +49,18 @@ async def transfer_ours(bench: Bench, n: int, *, url: str | None = None, ctl: Re
     """One backlog of ours on the server at ``url`` (default: the run's; ``ctl`` a client of it); script
     times from ``slowlog`` when given; ``keyed``: a unique key per item; ``in_order``: every item due 0.5 s
     after its ``offer_many`` call (due order = insertion order) instead of in random order."""
-    url, ctl = url or bench.url, ctl or bench.ctl
-    name = bench.name("transfer", "keyed" if keyed else "ours")
-    producer, consumer = Redis.from_url(url), Redis.from_url(url)
-    try:
-        q: DelayedQueue[Any] = DelayedQueue(producer, name)
-        keys = q.keys
+    ctl = ctl or bench.ctl
+    async with bench.fresh_queue("transfer", "keyed" if keyed else "ours", clients=2, url=url, ctl=ctl) as (
+            producer, consumer, name):
+        keys = DelayedQueue(ctl, name).keys
         fill_rate = (bench.results.get("offer_many") or {}).get("ours", {}).get("items_per_s") or 100_000.0
         lo = bench.server_now_ms() + (1.5 * n / fill_rate + 0.3) * 1000.0
-        clamped = last_due = 0
         t_fill = time.perf_counter()
-        for b in range(0, n, 10_000):
-            now = bench.server_now_ms()
-            ids = range(b, min(n, b + 10_000))
-            delays = [0.5 if in_order else (lo + bench.rng.random() * 1000.0 - now) / 1000.0 for _ in ids]
-            clamped += sum(d < 0 for d in delays)
-            dues = await q.offer_many([(payload(i), max(0.0, d)) for i, d in zip(ids, delays, strict=True)],
-                                      keys=[f"order-{i}" for i in ids] if keyed else None)
-            last_due = max(last_due, *dues)
+        dues = await fill(DelayedQueue(producer, name), n, 0.5 if in_order else (
+            lambda _: max(0.0, (lo + bench.rng.random() * 1000.0 - bench.server_now_ms()) / 1000.0)),
+            batch=10_000, keyed=keyed)
         fill_s = time.perf_counter() - t_fill
-        all_due_ms = last_due if in_order else max(last_due, lo + 1000.0)
-        wait_s = max(0.0, (all_due_ms + 20.0 - bench.server_now_ms()) / 1000.0)
+        wait_s = max(0.0, ((max(dues) if in_order else max(*dues, lo + 1000.0)) + 20.0 - bench.server_now_ms()) / 1000)
         await asyncio.sleep(wait_s)
         if (pending := await ctl.zcard(keys.timeout_set)) != n:
             raise RuntimeError(f"ours fill: zset {pending}, expected {n}")
@@ -81,63 +71,41 @@ async def transfer_ours(bench: Bench, n: int, *, url: str | None = None, ctl: Re
         async with cq:
             elapsed, left = await wait_empty(ctl, keys.timeout_set, t0, t0 + 600.0, "ours")
             calls = cq.stats.transfers
-        times = await slowlog.end(lambda a: a[0] == b"EVALSHA" and keys.dead_letter.encode() in a) if slowlog else None
+        times = await slowlog.end(evalsha_of(keys.dead_letter)) if slowlog else None
         if left or (keyed and await ctl.hlen(keys.key_index)):
             raise RuntimeError(f"transfer: {left} items still pending, or key index entries left behind")
-        result = {"items_per_s": n / elapsed, "elapsed_s": elapsed, "bounded": False,
-                  "worst_script_ms": max(times) if times else None,
-                  "p50_script_ms": percentile(sorted(times), 50) if times else None, "script_calls": calls,
-                  "fill_s": fill_s, "fill_clamped": clamped, "waited_for_due_s": wait_s}
-        log(f"      {'keyed' if keyed else 'ours':9}: {n:,} in {elapsed:.2f} s = {n / elapsed:,.0f} items/s, {calls} "
-            f"script calls, worst {fmt_ms(result['worst_script_ms'])} (fill {fill_s:.1f} s)")
-        return result
-    finally:
-        await producer.aclose()
-        await consumer.aclose()
-        await bench.drop(name, client=ctl)
+    return {"items_per_s": n / elapsed, "elapsed_s": elapsed, "bounded": False, "script_calls": calls,
+            "fill_s": fill_s, "waited_for_due_s": wait_s, **_scripts(times)}
 
 
 async def _transfer_reference(bench: Bench, n: int) -> dict[str, Any]:
-    name = bench.name("transfer", "reference")
-    producer, consumer = bench.client(), bench.client()
-    sub = ref_c = None
-    try:
+    async with bench.fresh_queue("transfer", "reference", clients=2) as (producer, consumer, name):
         ref_p = await ReferenceQueue(producer, name).prepare()
         start = time.time() * 1000.0
         t_fill = time.perf_counter()
         for b in range(0, n, 1000):
-            await ref_p.offer_pipeline(((payload(i), start - 1000.0 - bench.rng.random() * 60_000.0)
-                                        for i in range(b, min(n, b + 1000))), absolute=True)
+            await ref_p.offer_many(((payload(i), start - 1000.0 - bench.rng.random() * 60_000.0)
+                                    for i in range(b, min(n, b + 1000))), absolute=True)
         fill_s = time.perf_counter() - t_fill
         listed = (await bench.ctl.zcard(ref_p.timeout_set), await bench.ctl.llen(ref_p.delay_list))
         if listed != (n, n):
             raise RuntimeError(f"reference fill: zset and list {listed}, expected {n}")
-        ref_c = await ReferenceQueue(consumer, name).prepare(ref_p.shas)
-        sub = ReferenceSubscriber(consumer)
-        ref_c.start(sub)
         sha = ref_p.shas.transfer.encode()
         await bench.slowlog.begin()
         t0 = time.perf_counter()
-        await sub.start()
-        # The ZCARD that ends the window is served after the script in flight, so it counts that call.
-        elapsed, left = await wait_empty(bench.ctl, ref_p.timeout_set, t0, t0 + bench.sizes.ref_bound_s, "reference")
-        await ref_c.stop()
+        async with consuming(consumer, name, ref_p.shas) as ref_c:
+            # The ZCARD that ends the window is served after the script in flight, so it counts that call.
+            elapsed, left = await wait_empty(bench.ctl, ref_p.timeout_set, t0, t0 + bench.sizes.ref_bound_s,
+                                             "reference")
         times = await bench.slowlog.end(lambda a: a[0] == b"EVALSHA" and len(a) > 1 and a[1] == sha)
-        moved = n - left
-        rate = moved / elapsed if moved else None
-        result = {"items_per_s": rate, "elapsed_s": elapsed, "moved": moved, "bounded": left > 0,
-                  "worst_script_ms": max(times) if times else None,
-                  "p50_script_ms": percentile(sorted(times), 50) if times else None,
-                  "script_calls": ref_c.transfers, "fill_s": fill_s}
-        bounded = f" (BOUNDED at {bench.sizes.ref_bound_s:g} s: {moved:,} of {n:,})" if left else ""
-        log(f"      reference: {moved:,} in {elapsed:.2f} s = {fmt_num(rate)} items/s{bounded}, "
-            f"{ref_c.transfers} script calls, worst {fmt_ms(result['worst_script_ms'])} (fill {fill_s:.1f} s)")
-        return result
-    finally:
-        await stop_reference(ref_c, sub)
-        await producer.aclose()
-        await consumer.aclose()
-        await bench.drop(name)
+    return {"items_per_s": (n - left) / elapsed if n > left else None, "elapsed_s": elapsed, "moved": n - left,
+            "bounded": left > 0, "script_calls": ref_c.transfers, "fill_s": fill_s, **_scripts(times)}
+
+
+def _scripts(times: list[float] | None) -> dict[str, float | None]:
+    """The worst and the median server time of the script calls ``SLOWLOG`` measured (ms)."""
+    return {"worst_script_ms": max(times) if times else None,
+            "p50_script_ms": percentile(sorted(times), 50) if times else None}
 
 
 async def wait_empty(ctl: Redis, key: str, t0: float, deadline: float, label: str) -> tuple[float, int]:
