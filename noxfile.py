@@ -108,9 +108,9 @@ def ci(session: nox.Session) -> None:
     for index, (name, version) in enumerate(kinds):
         selection = () if index == 0 else OTHERS_SELECTION
         label = "every test" if index == 0 else "without slow, Java and topology tests"
-        modules: tuple[str, ...] = ()
-        if index and tuple(int(part) for part in version.split(".")[:2]) < (7, 0):
-            modules, label = VERSION_MODULES, label + ", the modules whose calls differ by server version"
+        modules = VERSION_MODULES if index else ()
+        if index:
+            label += ", the modules whose calls differ by server version"
         session.log(f"=== suite against {name} {version} ({label}) ===")
         session.run("pytest", *VERBOSE, *selection, *modules, env={"AIODELAYQ_SERVER_KIND": name})
     # The tests of the queue's calls (CLUSTER_MODULES) once more with the session server a 3-primary +
@@ -120,9 +120,9 @@ def ci(session: nox.Session) -> None:
     session.run("pytest", *VERBOSE, "-m", "not slow", *CLUSTER_MODULES,
                 env={"AIODELAYQ_SERVER_KIND": first, "AIODELAYQ_CLUSTER": "1"})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
-    # cancellation and timeout semantics differ between them. The oldest runs the whole selection (the
-    # standard library it lacks); the newer ones the modules where asyncio's versions differ
-    # (ASYNCIO_MODULES: cancellation, timeouts, tasks, timers) and the import of every module.
+    # cancellation and timeout semantics differ between them, so each runs the modules where they
+    # show (ASYNCIO_MODULES: cancellation, timeouts, tasks, timers) and the import of every module. The
+    # standard library the oldest lacks is the lint's: mypy checks the package as Python 3.10.
     current = f"{sys.version_info[0]}.{sys.version_info[1]}"
     for version in SUPPORTED_PYTHONS:
         if version == current:
@@ -137,12 +137,10 @@ def ci(session: nox.Session) -> None:
         py = str(venv_dir / "bin" / "python")
         session.log(f"installing the package and its test extras for Python {version} into {venv_dir}")
         session.run(py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]", external=True)
-        modules = () if version == SUPPORTED_PYTHONS[0] else ASYNCIO_MODULES
-        scope = "every module" if not modules else "the asyncio-sensitive modules"
-        session.log(f"=== suite on Python {version} against {first} ({scope}, without slow, Java and topology "
-                    "tests) ===")
-        session.run(py, "-m", "pytest", *VERBOSE, *OTHERS_SELECTION, *modules, env={"AIODELAYQ_SERVER_KIND": first},
-                    external=True)
+        session.log(f"=== suite on Python {version} against {first} (the asyncio-sensitive modules, without slow, "
+                    "Java and topology tests) ===")
+        session.run(py, "-m", "pytest", *VERBOSE, *OTHERS_SELECTION, *ASYNCIO_MODULES,
+                    env={"AIODELAYQ_SERVER_KIND": first}, external=True)
     session.log("=== the package: sdist and wheel built, the wheel installed in a fresh virtualenv ===")
     session.run("bash", ".ci/package.sh", external=True)
     session.log("=== the suite through testcontainers (skipped without a Docker engine) ===")
@@ -169,10 +167,10 @@ SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 VERBOSE = ("-v",)
 ASYNCIO_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "architecture", "lifecycle", "take", "reliable", "worker", "faults", "scheduling", "sharded", "web"))
-# What a server older than 7.0 (Redis 6.2, the oldest the package supports) runs besides the first
-# kind's whole suite: the modules whose scripts or commands differ by server version (the scripts'
-# replies and errors, ACL categories, WAIT and WAITAOF, INFO, pub/sub and client commands, key
-# types). The others (the command line, the worker, the web helpers, the composites of a sharded
+# What the other server kinds (Redis 6.2, the oldest the package supports, and 7.0) run besides the
+# first kind's whole suite: the modules whose scripts or commands differ by server version (the
+# scripts' replies and errors, ACL categories, WAIT and WAITAOF, INFO, pub/sub and client commands,
+# key types). The others (the command line, the worker, the web helpers, the composites of a sharded
 # queue, the model-based test) run the same scripts through these calls.
 VERSION_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "acl", "controls", "dead_letters", "doctor", "durability", "faults", "headers", "keys", "lifecycle", "offer",

@@ -183,13 +183,12 @@ step_done "$((SIZE / 1024 / 1024)) MiB, $SIZE bytes"
 
 step "suite through testcontainers (AIODELAYQ_SERVER=docker, image $IMAGE)"
 # Ryuk, testcontainers' reaper, is an image it would pull: off; the fixture stops its own container.
-# The modules of the queue's calls, its subprocess consumers, the web apps and the CLI: what checks
-# the testcontainers path (the server kinds' runs check the rest against the same Redis 7.0).
-MODULES=(tests/test_offer.py tests/test_take.py tests/test_reliable.py tests/test_keys.py tests/test_pending.py
-         tests/test_worker.py tests/test_web.py tests/test_cli.py)
+# The modules of the queue's calls: what checks the testcontainers path (the server kinds' runs check
+# the rest against the same Redis 7.0).
+MODULES=(tests/test_offer.py tests/test_take.py tests/test_reliable.py tests/test_keys.py tests/test_pending.py)
 rc=0
 TESTCONTAINERS_RYUK_DISABLED=true AIODELAYQ_SERVER=docker AIODELAYQ_DOCKER_IMAGE="$IMAGE" \
-  timeout 2400 "$PY" -m pytest -m "not slow and not java and not topology" -q -p no:cacheprovider "${MODULES[@]}" \
+  timeout 2400 "$PY" -m pytest -m "not slow and not java and not topology and not once" -q -p no:cacheprovider "${MODULES[@]}" \
   || rc=$?
 if [ "$rc" != 0 ]; then
   say "the suite through testcontainers FAILED (exit $rc)"
