@@ -21,7 +21,7 @@ from redis.backoff import ConstantBackoff
 import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
-from aiodelayq._consuming.take import _DRAINED_FOR_S
+from aiodelayq._consuming.take_phases import DRAINED_FOR_S
 from aiodelayq._scripts import QueueScripts
 from tests.helpers import first_line, llen_is, open_with_ready, takers_waiting, until
 
@@ -182,12 +182,12 @@ async def test_items_pushed_straight_into_the_list_reach_a_waiter_that_did_not_p
         assert await q.poll() is None  # a pop that found the list empty
         taker = asyncio.ensure_future(q.take())
         await asyncio.sleep(0)
-        assert pump._recheck is not None  # it waits without popping ...
+        assert pump._outlook.recheck is not None  # it waits without popping ...
         await client.rpush(q.keys.destination, b"7")  # ... while other code pushes straight into the list
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await asyncio.wait_for(taker, 2) == 7  # not at the next transfer (300 s away)
-        assert loop.time() - started < _DRAINED_FOR_S + 1.0
+        assert loop.time() - started < DRAINED_FOR_S + 1.0
 
 
 async def test_a_transfer_request_waits_for_the_caller_taking_from_the_buffer(client: Redis, make_queue: Any) -> None:

@@ -1,6 +1,7 @@
 """The leased hand-off of the take pump: its pops, until Redis has forgotten them.
 
-POP moves items into ``aiodelayq_handoff:{N}`` under the pop's call id, with a lease. Once every item
+POP moves items into ``aiodelayq_handoff:{N}`` under the pop's call id, with a lease (a lost reply is
+resent with the same call id, which returns the same items, for up to ``_RESEND_HORIZON_S``). Once every item
 of a pop is settled (taken by a caller, given back, or dead-lettered) the entry must go: FINISH with
 the plan of what became of each item. A pop whose items were all handed out needs no plan, so the
 next POP forgets it in its own call instead (one round trip less per pop); if no POP comes within a
@@ -15,22 +16,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._core.tasks import TaskOwner, wait_through_cancellation
-from .._redis.retry import retry_until_done
+from .._redis.retry import resend_within, retry_until_done
 from .._scripts import QueueScripts
 from ..exceptions import BackendError
 
-__all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop"]
+__all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop", "Popped"]
 
 log = logging.getLogger("aiodelayq")
 
 # How long popped items may stay in the hand-off before any opener returns them to the queue. A
 # live pump finishes an entry within a round trip; a pump cut off for longer loses its claim.
 HANDOFF_LEASE_MS = 20_000
+# A pop whose reply was lost is resent with the same call id (which returns the same items) for at
+# most this long; then it is given up with FINISH '*', and the lease covers the rest.
+_RESEND_HORIZON_S = 10.0
 
 
 @dataclass(eq=False)
@@ -59,6 +64,17 @@ class Pop:
         return self.size >= 0 and self.undecided == 0
 
 
+class Popped(NamedTuple):
+    """What one POP brought: ``moved`` is the transfer's reply (``None``: none ran), ``hold`` the
+    controls' (see POP), ``expired`` how many popped items had expired (dead-lettered by POP)."""
+
+    pop: Pop
+    moved: Any
+    hold: int
+    expired: int
+    items: list[bytes]
+
+
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
@@ -77,25 +93,52 @@ class Handoff:
         return (f"<Handoff {self._keys.destination!r} unfinished={len(self.pops)} done={len(self._done)} "
                 f"returning={len(self._returning)}>")
 
+    async def pop(self, count: int, transfer: int) -> Popped:
+        """POP up to ``count`` items into the hand-off, forgetting the pops all handed out (see
+        :meth:`take_done`) and transferring up to ``|transfer|`` elements first (0: none; negative: with
+        lateness, see ``_core.observe.transfer_limit``). The pop is unfinished from the start: a flush
+        meanwhile sends FINISH '*'. After a lost reply (or a failure before sending) it is resent
+        with the same id, which returns the same items without transferring again, for up to
+        ``_RESEND_HORIZON_S``.
+
+        Raises:
+            BackendError: still failing at the horizon, or a final error (what it may have got is
+                returned by FINISH '*'; the forgotten pops are FINISHed).
+        """
+        pop = Pop(os.urandom(16))
+        self.pops.add(pop)
+        done = self.take_done()  # cancelled: the flush FINISHes them
+        for earlier in done:
+            earlier.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
+        forget = [earlier.call_id for earlier in done]
+        k = self._keys
+
+        async def attempt(remaining_s: float, _resend: bool) -> Popped:
+            async with self._slots:
+                reply: list[Any] = await self._scripts.pop(
+                    pop.call_id, count, HANDOFF_LEASE_MS, transfer, *forget,
+                    timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
+            return Popped(pop, reply[0], int(reply[1]), int(reply[2]), reply[3:])
+
+        try:
+            popped = await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
+        except BackendError as exc:
+            for earlier in done:  # idempotent, whether or not the POP forgot them
+                self._finish_soon(earlier)
+            if exc.maybe_applied:
+                self.maybe_finish(pop, unknown=True)  # return whatever it got
+            else:
+                self.pops.discard(pop)
+            raise
+        self.pops.difference_update(done)
+        if not popped.items:
+            self.pops.discard(pop)  # an empty pop records nothing
+        return popped
+
     async def returns_landed(self) -> None:
         """Wait for the FINISHes that give items back (each try bounded by ``call_timeout_s``)."""
         if self._returning:
             await asyncio.wait(set(self._returning), timeout=self._call_timeout_s)
-
-    def forgotten(self, done: list[Pop]) -> list[bytes]:
-        """The call ids a POP forgets for ``done`` (counted as one finish attempt each)."""
-        for pop in done:
-            pop.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
-        return [pop.call_id for pop in done]
-
-    def forgot(self, done: list[Pop]) -> None:
-        """The POP that carried ``done`` succeeded: they are gone from Redis."""
-        self.pops.difference_update(done)
-
-    def refinish(self, done: list[Pop]) -> None:
-        """The POP that carried ``done`` failed: FINISH them (idempotent, whether or not it forgot them)."""
-        for pop in done:
-            self._finish_soon(pop)
 
     def maybe_finish(self, pop: Pop, *, unknown: bool = False) -> None:
         """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
@@ -117,8 +160,8 @@ class Handoff:
             pop.finishing.add_done_callback(self._returning.discard)
 
     def take_done(self) -> list[Pop]:
-        """The pops whose items were all handed out, for the next POP to forget (see
-        :meth:`forgotten`); their FINISH timer is cancelled."""
+        """The pops whose items were all handed out, for the next POP to forget (or, closing, the
+        flush to FINISH); their FINISH timer is cancelled."""
         if self._done_timer is not None:
             self._done_timer.cancel()
             self._done_timer = None
