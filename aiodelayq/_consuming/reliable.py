@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from .._core.observe import Events
 from .._core.tasks import TaskOwner, run_through_cancellation
-from .._core.tracing import now_ns, receive_span, tracer
+from .._core.tracing import tracer
 from .._options import QueueOptions
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
@@ -39,6 +39,8 @@ from .messages import Message
 from .prefetch import PrefetchBuffer
 from .refill import CronRefill
 from .settler import Settle, Settler
+from .traced import traced_receive
+from .wait_loop import WaitLoop
 
 __all__ = ["MessageIterator", "Receiver", "ReliableConsumer"]
 
@@ -75,7 +77,7 @@ class ReliableConsumer(Generic[T]):
         self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
         self._buffer_vt_ms = 0
         self._prefetch = self._buffer.prefetch
-        self.waiting = 0  # receivers found nothing and wait for a wake-up (or their recheck)
+        self._waits = WaitLoop()
         # Done once closed: receivers the controls refused wait for this (or their hold), not for
         # wake-ups, which cannot end a pause (see _consuming/controls.py).
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -105,30 +107,15 @@ class ReliableConsumer(Generic[T]):
                            traced: bool = True) -> list[Message[T]]:
         """Up to ``max_items`` messages, waiting up to ``timeout_s`` (``None``: forever); ``[]`` after.
         A call that returns messages is a ``receive`` span while an OpenTelemetry SDK is set up."""
-        found = tracer() if traced else None
-        if found is not None:
-            started_ns = now_ns()
-            messages = await self.receive_many(max_items, vt_ms, timeout_s, traced=False)
-            if messages:
-                receive_span(found, self._keys.destination, "receive", started_ns, [m.headers for m in messages],
-                             messages[0].id if len(messages) == 1 else None)
-            return messages
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while True:
-            messages, signal, wait_s = await self.look(max_items, vt_ms)
-            if messages:
-                return messages
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                wait_s = min(wait_s, remaining)
-            self.waiting += 1
-            try:
-                await asyncio.wait({signal}, timeout=wait_s)
-            finally:
-                self.waiting -= 1
+        if traced and (found := tracer()) is not None:
+            return await traced_receive(found, self._keys.destination,
+                                        self.receive_many(max_items, vt_ms, timeout_s, traced=False))
+        return await self._waits.run(lambda _woken: self.look(max_items, vt_ms), timeout_s)
+
+    @property
+    def waiting(self) -> int:
+        """Receivers that found nothing and wait for a wake-up (or their recheck)."""
+        return self._waits.waiting
 
     def prefetched(self, vt_ms: int) -> bool:
         """Whether messages received ahead with the visibility timeout ``vt_ms`` wait for a caller: a

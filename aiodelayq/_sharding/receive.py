@@ -25,7 +25,9 @@ from typing import Generic, TypeVar
 
 from .._consuming.messages import Message
 from .._consuming.reliable import ReliableConsumer
-from .._core.tracing import now_ns, receive_span, tracer
+from .._consuming.traced import traced_receive
+from .._consuming.wait_loop import Look, WaitLoop
+from .._core.tracing import tracer
 from .._redis.connections import is_permanent
 from ..exceptions import BackendError
 from .layout import Rotation
@@ -54,6 +56,7 @@ class ShardedReceiver(Generic[T]):
         self._consumers = list(consumers)
         self._rotation = Rotation(len(self._consumers))
         self._quiet: list[_Quiet | None] = [None] * len(self._consumers)
+        self._waits = WaitLoop()
 
     def __repr__(self) -> str:
         return f"<ShardedReceiver {self._name!r} shards={len(self._consumers)}>"
@@ -67,37 +70,19 @@ class ShardedReceiver(Generic[T]):
             QueueClosedError: the queue was closed. BackendError: a shard's RECEIVE failed and no
                 other shard had messages.
         """
-        found = tracer() if traced else None
-        if found is not None:
-            started_ns = now_ns()
-            messages = await self.receive_many(max_items, vt_ms, timeout_s, traced=False)
-            if messages:
-                receive_span(found, self._name, "receive", started_ns, [m.headers for m in messages],
-                             messages[0].id if len(messages) == 1 else None)
-            return messages
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while True:
-            got, failure = await self._look_around(max_items, vt_ms)
-            if got:
-                return got
-            if failure is not None:
-                raise failure
-            quiets = [quiet for quiet in self._quiet if quiet is not None]  # others may have looked meanwhile
-            wait_s = max(0.0, min((quiet.until for quiet in quiets), default=loop.time()) - loop.time())
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                wait_s = min(wait_s, remaining)
-            await asyncio.wait({quiet.wake for quiet in quiets}, timeout=wait_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+        if traced and (found := tracer()) is not None:
+            return await traced_receive(found, self._name, self.receive_many(max_items, vt_ms, timeout_s, traced=False))
+        return await self._waits.run(lambda _woken: self._look(max_items, vt_ms), timeout_s)
 
-    async def _look_around(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], BackendError | None]:
+    async def _look(self, max_items: int, vt_ms: int) -> Look[Message[T]]:
         """One look at each shard that may have messages, in rotation, until one gives some; those
         are topped up with messages other shards received ahead, never with another round trip, so
-        the call holds messages only where it cannot be interrupted. Returns the messages, or none
-        and the first transient failure met."""
+        the call holds messages only where it cannot be interrupted. Found nothing: the futures of
+        the quiet shards and how long until the first of them is looked at again.
+
+        Raises:
+            BackendError: the first transient failure met, when no shard had messages.
+        """
         loop = asyncio.get_running_loop()
         failure: BackendError | None = None
         order = self._rotation.order()
@@ -121,5 +106,9 @@ class ShardedReceiver(Generic[T]):
                 consumer = self._consumers[other]
                 if len(messages) < max_items and consumer.prefetched(vt_ms):
                     messages += (await consumer.look(max_items - len(messages), vt_ms))[0]
-            return messages, None
-        return [], failure
+            return messages, set(), 0.0
+        if failure is not None:
+            raise failure
+        quiets = [quiet for quiet in self._quiet if quiet is not None]  # others may have looked meanwhile
+        wait_s = max(0.0, min((quiet.until for quiet in quiets), default=loop.time()) - loop.time())
+        return [], {quiet.wake for quiet in quiets}, wait_s

@@ -14,12 +14,13 @@ signal (a transfer, items given back, the queue closing) and looks again, and at
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from .._consuming.take import TakePump
-from .._core.tracing import now_ns, receive_span, tracer
+from .._consuming.traced import traced_take
+from .._consuming.wait_loop import Look, WaitLoop
+from .._core.tracing import tracer
 from .layout import Rotation
 
 __all__ = ["ShardedPump"]
@@ -34,6 +35,7 @@ class ShardedPump:
         self._pumps = list(pumps)
         self._rotation = Rotation(len(self._pumps))
         self._recheck_s = recheck_s
+        self._waits = WaitLoop()
 
     def __repr__(self) -> str:
         return f"<ShardedPump {self._name!r} shards={len(self._pumps)}>"
@@ -47,40 +49,34 @@ class ShardedPump:
             as :meth:`TakePump.get`: the closing queue's error, a permanent error of a shard's pop,
             and the caller's own cancellation (no item lost).
         """
-        found = tracer() if traced else None
-        if found is not None:
-            started_ns = now_ns()
-            pairs = await self.get(timeout_s, max_items, once=once, with_headers=True, traced=False)
-            if pairs:
-                receive_span(found, self._name, "take", started_ns, [headers for _, headers in pairs])
-            return pairs if with_headers else [value for value, _ in pairs]
+        if traced and (found := tracer()) is not None:
+            return await traced_take(found, self._name,
+                                     self.get(timeout_s, max_items, once=once, with_headers=True, traced=False),
+                                     with_headers)
         if timeout_s == 0:
             once, timeout_s = True, None
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        everywhere = once  # look even at shards that seem idle
-        while True:
-            order = [self._pumps[index] for index in self._rotation.order()]
-            got = await self._prefetched(order, max_items, with_headers)
+        if once:  # one look, even at the shards that seem idle
+            return (await self._look(max_items, with_headers, everywhere=True))[0]
+        return await self._waits.run(lambda woken: self._look(max_items, with_headers, everywhere=not woken),
+                                     timeout_s)
+
+    async def _look(self, max_items: int, with_headers: bool, everywhere: bool) -> Look[Any]:
+        """Items the pumps prefetched, else one pop attempt on each shard that may have items
+        (``everywhere``: on the idle ones too), until one gives some. Found nothing: every pump's
+        signal (taken before the pops: no announcement is missed) and how long until every shard
+        is looked at anyway."""
+        order = [self._pumps[index] for index in self._rotation.order()]
+        got = await self._prefetched(order, max_items, with_headers)
+        if got:
+            return got, set(), 0.0
+        signals = {pump.signal for pump in order}
+        for pump in order:
+            if pump.idle() and not everywhere:
+                continue
+            got = await pump.get(None, max_items, once=True, with_headers=with_headers, traced=False)
             if got:
-                return got
-            signals = {pump.signal for pump in order}  # before the looks: no announcement is missed
-            for pump in order:
-                if pump.idle() and not everywhere:
-                    continue
-                got = await pump.get(None, max_items, once=True, with_headers=with_headers, traced=False)
-                if got:
-                    return got + await self._prefetched(order, max_items - len(got), with_headers)
-            if once:
-                return []
-            wait_s = min([self._recheck_s, *(held for pump in order if (held := pump.held_s()) > 0)])
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                wait_s = min(wait_s, remaining)
-            done, _ = await asyncio.wait(signals, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-            everywhere = not done
+                return got + await self._prefetched(order, max_items - len(got), with_headers), set(), 0.0
+        return [], signals, min([self._recheck_s, *(held for pump in order if (held := pump.held_s()) > 0)])
 
     async def _prefetched(self, order: list[TakePump], max_items: int, with_headers: bool) -> list[Any]:
         """Up to ``max_items`` items the pumps of ``order`` prefetched, in that order: no round trip,
