@@ -39,10 +39,12 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from ._consuming.current import current_headers, current_message
+    from ._consuming.handler import Reject, Retry
     from ._consuming.messages import Message
     from ._consuming.priority import Prioritized
     from ._consuming.reliable import MessageIterator
-    from ._consuming.worker import Reject, Retry, Worker, WorkerStats
+    from ._consuming.worker import Worker
+    from ._consuming.worker_outcomes import WorkerStats
     from ._options import WireFormat, WorkerOptions
     from ._producing.dead_letters import DeadLetter
     from ._producing.keyed import Offered, Pending
@@ -120,10 +122,10 @@ _LAZY = {
     "Message": "._consuming.messages",
     "Prioritized": "._consuming.priority",
     "MessageIterator": "._consuming.reliable",
-    "Reject": "._consuming.worker",
-    "Retry": "._consuming.worker",
+    "Reject": "._consuming.handler",
+    "Retry": "._consuming.handler",
     "Worker": "._consuming.worker",
-    "WorkerStats": "._consuming.worker",
+    "WorkerStats": "._consuming.worker_outcomes",
     "WireFormat": "._options",
     "ElementKind": "._wire.elements",
     "WorkerOptions": "._options",

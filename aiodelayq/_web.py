@@ -22,7 +22,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.worker import Worker, check_handler
+from ._consuming.handler import check_handler
+from ._consuming.worker import Worker
 from ._core.tasks import TaskOwner, timeout
 from ._options import WorkerOptions
 from ._queue import DelayedQueue

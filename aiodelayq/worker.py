@@ -22,7 +22,9 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
-from ._consuming.worker import Reject, Retry, Worker, WorkerStats, check_handler
+from ._consuming.handler import Reject, Retry, check_handler
+from ._consuming.worker import Worker
+from ._consuming.worker_outcomes import WorkerStats
 from ._core.urls import redact
 from ._options import WorkerOptions
 from ._queue import DelayedQueue

@@ -20,7 +20,8 @@ from .._core.tasks import wait_through_cancellation
 from .._options import WorkerOptions
 from ..exceptions import ConfigurationError
 from .messages import Message
-from .worker import Source, Worker
+from .worker import Worker
+from .worker_fetch import Source
 
 __all__ = ["Prioritized"]
 

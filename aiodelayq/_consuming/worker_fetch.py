@@ -1,0 +1,161 @@
+"""A worker's fetch task and the entries it fetched that no slot has taken yet.
+
+One fetch task receives as many messages as there are free slots (one round trip for all of them,
+prefetch aside), plus up to ``max_ahead`` more in reliable mode, and the next fetch goes out while
+the slots work through them: without it every slot waits a round trip per message, and the worker
+falls far behind ``async for`` (the drain benchmark). A message that waited ``hold_s`` for a slot
+means handlers are slower than the fetches: those that waited are released, uncounted, for other
+consumers (slow handlers do not hoard work, nor let messages age ahead), and none is fetched ahead
+until a slot finds nothing waiting (then 1, 2, 4... up to the cap). Plain mode fetches only for free
+slots: a taken item cannot be handed back.
+
+Slots with nothing to do park here; a fetch wakes one of them, and each slot that takes an entry
+while more wait wakes the next, so slow handlers fill every slot, while a handler that never
+suspends drains the deque alone without the other slots waking for nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Mapping
+from typing import Any, Generic, Protocol, TypeVar
+
+from .._core.tasks import wait_event
+from .._redis.backoff import Backoff
+from ..exceptions import AccessDeniedError, BackendError, QueueClosedError, WrongNodeError
+from .messages import Message
+from .worker_outcomes import Outcomes
+
+__all__ = ["Fetcher", "Source"]
+
+T = TypeVar("T")
+
+# Longest a message fetched ahead waits for a free slot before it is released for other consumers.
+_AHEAD_HOLD_S = 0.5
+# While a fetch is in flight, a slot gives the loop a turn every this many messages.
+_YIELD_EVERY = 8
+
+
+class Source(Protocol[T]):
+    """What a worker needs of a queue (a :class:`DelayedQueue`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_deliveries(self) -> int | None: ...
+    @property
+    def is_open(self) -> bool: ...
+    async def receive_many(self, max_items: int, visibility_timeout: float,
+                           timeout: float | None = None) -> list[Message[T]]: ...
+    async def take_many_with_headers(self, max_items: int, timeout: float | None = None
+                                     ) -> list[tuple[T, dict[str, str]]]: ...
+
+
+class Fetcher(Generic[T]):
+    """Fetches for the ``concurrency`` slots of a worker (see the module docstring); ``busy``: the
+    slots' running messages (the worker's)."""
+
+    def __init__(self, queue: Source[T], outcomes: Outcomes[T], busy: Mapping[Any, object], *,
+                 concurrency: int, reliable: bool, visibility_timeout_s: float) -> None:
+        self._queue, self._outcomes, self._busy = queue, outcomes, busy
+        self._concurrency, self._reliable, self._visibility_timeout_s = concurrency, reliable, visibility_timeout_s
+        # Fetched entries no slot took yet: messages, or (item, headers) pairs in plain mode.
+        self.ahead: collections.deque[Any] = collections.deque()
+        self._cap = max(concurrency, 128) if reliable else 0
+        self._max_ahead = self._cap
+        self.low_water = max(1, self._max_ahead)  # fewer entries waiting: fetch more
+        self.need = asyncio.Event()
+        self.fetching = False  # a fetch is in flight
+        self._hold_s = min(_AHEAD_HOLD_S, visibility_timeout_s / 4)
+        self.closed_is_error = False  # a closed queue ends the fetch with an error, not cleanly
+        self.idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
+        self.waking = 0  # slots woken that have not run yet
+
+    def __repr__(self) -> str:
+        return f"<Fetcher ahead={len(self.ahead)}/{self._max_ahead} fetching={self.fetching} parked={len(self.idle)}>"
+
+    def wake(self, count: int) -> None:
+        """Wake up to ``count`` parked slots (every one with ``count`` < 0)."""
+        idle = self.idle
+        while idle and count != 0:
+            parked = idle.popleft()
+            if not parked.done():
+                parked.set_result(None)
+                self.waking += 1
+                count -= 1
+
+    async def park(self) -> None:
+        """A slot found nothing waiting: fetch more (and, in reliable mode, again further ahead), and
+        wait until woken for an entry (one slot per entry fetched, not all of them)."""
+        if self._max_ahead < self._cap:
+            self._max_ahead = min(self._cap, max(1, self._max_ahead * 2))
+        self.need.set()
+        parked = asyncio.get_running_loop().create_future()
+        self.idle.append(parked)
+        await parked
+        self.waking -= 1
+
+    def should_yield(self, since_yield: int) -> bool:
+        """Whether a slot gives the loop a turn before its next entry, having taken ``since_yield``
+        since its last turn: running low (the fetcher sends its next call now, so its reply travels
+        while the slots work through what is left), or a fetch in flight that a handler that never
+        suspends would otherwise keep from being read."""
+        if len(self.ahead) < self.low_water and not self.need.is_set():
+            self.need.set()
+            return True
+        return self.fetching and since_yield >= _YIELD_EVERY
+
+    async def run(self) -> None:
+        """Fetch until the queue closes (an error if ``closed_is_error``) or a permanent error."""
+        backoff = Backoff(f"fetch of the worker on {self._queue.name!r}")
+        ahead = self.ahead
+        while True:
+            if self._reliable and ahead and self._waited_s(ahead[0]) >= self._hold_s:
+                self._max_ahead = 0  # handlers are slower than the fetches
+                await self.release(only_waited=True)
+            want = self._concurrency + self._max_ahead - len(self._busy) - len(ahead)
+            # While messages wait, every wait is short, so the check above runs in time.
+            check_s = self._hold_s / 2 if ahead else None
+            if want <= 0 or len(ahead) >= self.low_water:
+                self.need.clear()
+                await wait_event(self.need, check_s)
+                continue
+            try:
+                self.fetching = True
+                try:
+                    if self._reliable:
+                        fetched: list[Any] = await self._queue.receive_many(want, self._visibility_timeout_s, check_s)
+                    else:
+                        fetched = await self._queue.take_many_with_headers(want)
+                finally:
+                    self.fetching = False
+                ahead.extend(fetched)
+            except QueueClosedError:
+                if self.closed_is_error:
+                    raise
+                return
+            except BackendError as exc:
+                if isinstance(exc, (AccessDeniedError, WrongNodeError)):
+                    raise  # permanent: no retry can fix a missing permission or a wrong node
+                await asyncio.sleep(backoff.failed(exc))
+                continue
+            backoff.succeeded()
+            if fetched and not self.waking:
+                self.wake(1)
+
+    def _waited_s(self, message: Message[T]) -> float:
+        """How long ``message`` has been held since it was received (or last extended), seconds."""
+        return self._visibility_timeout_s - message.remaining_s
+
+    async def release(self, *, only_waited: bool = False) -> None:
+        """Hand back messages fetched ahead and not started, uncounted (all of them, or those that
+        waited ``hold_s``; last first: first deliveries go back to the head of the list and keep
+        their order)."""
+        if not self._reliable:
+            return
+        held: list[Message[T]] = []
+        while self.ahead and (not only_waited or self._waited_s(self.ahead[0]) >= self._hold_s):
+            held.append(self.ahead.popleft())
+        if held:
+            await asyncio.gather(*(self._outcomes.settle(m, "release", 0.0) for m in reversed(held)))
