@@ -110,6 +110,8 @@ class ReliableConsumer(Generic[T]):
         if traced and (found := tracer()) is not None:
             return await traced_receive(found, self._keys.destination,
                                         self.receive_many(max_items, vt_ms, timeout_s, traced=False))
+        if messages := self._from_buffer(max_items, vt_ms):  # the hot path: no round trip, no await
+            return messages
         return await self._waits.run(lambda _woken: self.look(max_items, vt_ms), timeout_s)
 
     @property
@@ -131,10 +133,8 @@ class ReliableConsumer(Generic[T]):
         Raises:
             QueueClosedError: the queue was closed. BackendError: the RECEIVE failed (undone).
         """
-        if self._closed:
-            raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
-        if self._buffer and self._buffer_vt_ms == vt_ms:
-            return self._delivered(self._buffer.take(max_items)), self._signal, 0.0  # prefetched: no await
+        if messages := self._from_buffer(max_items, vt_ms):
+            return messages, self._signal, 0.0
         loop = asyncio.get_running_loop()
         signal: asyncio.Future[None] = self._signal
         prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
@@ -150,6 +150,19 @@ class ReliableConsumer(Generic[T]):
         if hold:  # refused by the controls: ask again after the hold, only closing cuts it short
             return [], self._closing, hold_s(hold)
         return [], signal, wait_s
+
+    def _from_buffer(self, max_items: int, vt_ms: int) -> list[Message[T]]:
+        """Up to ``max_items`` prefetched messages of the visibility timeout ``vt_ms``, delivered
+        (none: a RECEIVE is needed).
+
+        Raises:
+            QueueClosedError: the queue was closed.
+        """
+        if self._closed:
+            raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
+        if self._buffer and self._buffer_vt_ms == vt_ms:
+            return self._delivered(self._buffer.take(max_items))
+        return []
 
     def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
         """``messages`` go to the caller now: reported as delivered (and redelivered)."""

@@ -173,8 +173,6 @@ class TakePump:
             return await traced_take(found, self._keys.destination,
                                      self.get(timeout_s, max_items, once=once, with_headers=True, traced=False),
                                      with_headers)
-        if timeout_s == 0:
-            once, timeout_s = True, None
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
             if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
                 pop, index, taken = self._buffer.pop()
@@ -189,6 +187,8 @@ class TakePump:
             if not self._buffer and self._transfer_ask is not None:
                 self._buffer_emptied()
             return delivered
+        if timeout_s == 0:
+            once, timeout_s = True, None
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), max_items, once)
         self._waiters.append(waiter)

@@ -14,7 +14,7 @@ signal (a transfer, items given back, the queue closing) and looks again, and at
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from .._consuming.take import TakePump
@@ -55,17 +55,29 @@ class ShardedPump:
                                      with_headers)
         if timeout_s == 0:
             once, timeout_s = True, None
+        order = self._order()
+        got = await self._prefetched(order, max_items, with_headers)
+        if got:  # the hot path: no round trip, no wait loop
+            return got
         if once:  # one look, even at the shards that seem idle
-            return (await self._look(max_items, with_headers, everywhere=True))[0]
-        return await self._waits.run(lambda woken: self._look(max_items, with_headers, everywhere=not woken),
-                                     timeout_s)
+            return (await self._look(order, max_items, with_headers, everywhere=True))[0]
+        first: list[TakePump] | None = order
 
-    async def _look(self, max_items: int, with_headers: bool, everywhere: bool) -> Look[Any]:
+        def look(woken: bool) -> Awaitable[Look[Any]]:
+            nonlocal first
+            order, first = first or self._order(), None  # each look after a wait starts one shard further
+            return self._look(order, max_items, with_headers, everywhere=not woken)
+
+        return await self._waits.run(look, timeout_s)
+
+    def _order(self) -> list[TakePump]:
+        return [self._pumps[index] for index in self._rotation.order()]
+
+    async def _look(self, order: list[TakePump], max_items: int, with_headers: bool, everywhere: bool) -> Look[Any]:
         """Items the pumps prefetched, else one pop attempt on each shard that may have items
-        (``everywhere``: on the idle ones too), until one gives some. Found nothing: every pump's
-        signal (taken before the pops: no announcement is missed) and how long until every shard
-        is looked at anyway."""
-        order = [self._pumps[index] for index in self._rotation.order()]
+        (``everywhere``: on the idle ones too), in ``order``, until one gives some. Found nothing:
+        every pump's signal (taken before the pops: no announcement is missed) and how long until
+        every shard is looked at anyway."""
         got = await self._prefetched(order, max_items, with_headers)
         if got:
             return got, set(), 0.0
