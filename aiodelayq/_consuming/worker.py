@@ -40,6 +40,9 @@ log = logging.getLogger("aiodelayq")
 T = TypeVar("T")
 State = Literal["new", "running", "draining", "stopped"]
 
+# While a fetch is in flight, a slot gives the loop a turn every this many messages.
+_YIELD_EVERY = 8
+
 
 class Worker(Generic[T]):
     """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
@@ -162,7 +165,14 @@ class Worker(Generic[T]):
                 continue
             # Every await of this loop comes before an entry is taken: a slot cancelled there
             # holds nothing (an entry taken is in `busy` until it is settled or handed back).
-            if fetcher.should_yield(since_yield):
+            if len(ahead) < fetcher.low_water and not fetcher.need.is_set():
+                # Running low: let the fetcher send its next call now, so its reply travels while
+                # this slot works through what is left.
+                fetcher.need.set()
+                yielded = True
+            else:  # a handler that never suspends would keep a fetch's reply from being read
+                yielded = fetcher.fetching and since_yield >= _YIELD_EVERY
+            if yielded:
                 since_yield = 0
                 await asyncio.sleep(0)
                 if not ahead or self._stopping.is_set():

@@ -33,8 +33,6 @@ T = TypeVar("T")
 
 # Longest a message fetched ahead waits for a free slot before it is released for other consumers.
 _AHEAD_HOLD_S = 0.5
-# While a fetch is in flight, a slot gives the loop a turn every this many messages.
-_YIELD_EVERY = 8
 
 
 class Source(Protocol[T]):
@@ -95,16 +93,6 @@ class Fetcher(Generic[T]):
         self.idle.append(parked)
         await parked
         self.waking -= 1
-
-    def should_yield(self, since_yield: int) -> bool:
-        """Whether a slot gives the loop a turn before its next entry, having taken ``since_yield``
-        since its last turn: running low (the fetcher sends its next call now, so its reply travels
-        while the slots work through what is left), or a fetch in flight that a handler that never
-        suspends would otherwise keep from being read."""
-        if len(self.ahead) < self.low_water and not self.need.is_set():
-            self.need.set()
-            return True
-        return self.fetching and since_yield >= _YIELD_EVERY
 
     async def run(self) -> None:
         """Fetch until the queue closes (an error if ``closed_is_error``) or a permanent error."""
