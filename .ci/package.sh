@@ -32,7 +32,7 @@ import sys
 
 import aiodelayq
 import aiodelayq._consuming
-import aiodelayq._core
+import aiodelayq._util
 import aiodelayq._producing
 import aiodelayq._redis
 import aiodelayq._runtime

@@ -43,15 +43,15 @@ if TYPE_CHECKING:
     from ._consuming.messages import Message
     from ._consuming.priority import Prioritized
     from ._consuming.reliable import MessageIterator
-    from ._consuming.worker import Worker
     from ._consuming.worker_outcomes import WorkerStats
+    from ._consuming.worker_slots import Worker
     from ._options import WireFormat, WorkerOptions
     from ._producing.dead_letters import DeadLetter
     from ._producing.keyed import Offered, Pending
     from ._producing.pending import PendingItem, QueueCounts
     from ._queue import DelayedQueue
     from ._runtime.lifecycle import QueueStats
-    from ._runtime.scheduler import SchedulerStats
+    from ._runtime.transfer_task import TransferStats
     from ._web import Queues
     from ._wire.codec import BytesCodec, Codec, JsonCodec, MsgpackCodec, StrCodec
     from ._wire.delays import delay_to_ms
@@ -96,7 +96,7 @@ __all__ = [
     "ScheduledKeyError",
     "Reject",
     "Retry",
-    "SchedulerStats",
+    "TransferStats",
     "ShardCountError",
     "StrCodec",
     "WireFormat",
@@ -124,7 +124,7 @@ _LAZY = {
     "MessageIterator": "._consuming.reliable",
     "Reject": "._consuming.handler",
     "Retry": "._consuming.handler",
-    "Worker": "._consuming.worker",
+    "Worker": "._consuming.worker_slots",
     "WorkerStats": "._consuming.worker_outcomes",
     "WireFormat": "._options",
     "ElementKind": "._wire.elements",
@@ -136,7 +136,7 @@ _LAZY = {
     "QueueCounts": "._producing.pending",
     "DelayedQueue": "._queue",
     "QueueStats": "._runtime.lifecycle",
-    "SchedulerStats": "._runtime.scheduler",
+    "TransferStats": "._runtime.transfer_task",
     "Queues": "._web",
     "BytesCodec": "._wire.codec",
     "Codec": "._wire.codec",

@@ -1,5 +1,5 @@
 """Options objects, one per concern, each checked once when made (messages name the option; the rule
-for durations is in ``_core/checks.py``): :class:`QueueOptions` (a :class:`~aiodelayq.DelayedQueue`'s)
+for durations is in ``_util/checks.py``): :class:`QueueOptions` (a :class:`~aiodelayq.DelayedQueue`'s)
 and :class:`WorkerOptions` (a worker's, whichever way it is started)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._core import checks
 from ._redis.connections import AnyRedis
 from ._redis.durability import Durability
+from ._util import checks
 from ._wire.codec import Codec, resolve_codec
 from ._wire.delays import MIN_VISIBILITY_TIMEOUT_S
 from ._wire.elements import ElementKind, element_kind

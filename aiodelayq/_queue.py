@@ -17,7 +17,7 @@ from redis.backoff import AbstractBackoff
 
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
-from ._consuming.worker import Worker
+from ._consuming.worker_slots import Worker
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._parts.queue_parts import QueueParts
 from ._parts.roles import Parts
@@ -28,8 +28,9 @@ from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import QueueStats
 from ._sharding.layout import check_shards
 from ._sharding.sharded import ShardedParts
+from ._util.checks import check_max_items, check_timeout
 from ._wire.codec import Codec
-from ._wire.delays import check_max_items, check_timeout, visibility_ms
+from ._wire.delays import visibility_ms
 from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
 from .exceptions import ConfigurationError, QueueClosedError
@@ -44,7 +45,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
     """A delayed queue on Redis that shares keys and element format with Redisson's ``RDelayedQueue``.
 
     Producers (``offer``/``offer_many``) and the pending-side calls work without opening the queue.
-    Consumers open it (``async with queue:``), which starts this event loop's transfer scheduler
+    Consumers open it (``async with queue:``), which starts this event loop's transfer task
     and pub/sub subscriber for the queue, then ``take``/``poll``/``async for`` or ``receive``.
     A queue object belongs to the event loop of its first call (:class:`WrongEventLoopError` from
     any other; a producer-only queue moves on once that loop is closed). A sharded queue object's
@@ -66,7 +67,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         max_deliveries: for :meth:`receive`: a message delivered this many times and still not acked
             goes to the dead-letter list instead of a further delivery (``None``: no limit).
         transfer_batch: most elements one transfer script call moves (Redisson uses 100).
-        safety_poll_s: seconds between transfers when nothing else wakes the scheduler.
+        safety_poll_s: seconds between transfers when nothing else wakes the transfer task.
         open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds; a server that
             refuses the connection fails it at once.
         close_timeout_s: bound of ``aclose()``, seconds.
@@ -228,7 +229,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def open(self: _Q) -> _Q:
-        """Start consuming: subscribe, transfer once, arm the scheduler. A no-op when open; concurrent
+        """Start consuming: subscribe, transfer once, arm the transfer task. A no-op when open; concurrent
         openers share one opening.
 
         Raises:
@@ -248,7 +249,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
 
     async def aclose(self) -> None:
         """Stop consuming: waiting ``take``/``poll``/``receive`` calls raise :class:`QueueClosedError`,
-        popped items nobody took go back, the scheduler stops with its last user. Idempotent; returns
+        popped items nobody took go back, the transfer task stops with its last user. Idempotent; returns
         within ``close_timeout_s`` seconds (the hand-off lease returns what is left then)."""
         await self._life.aclose()
 
@@ -469,7 +470,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         as :meth:`receive`)."""
         return MessageIterator(self._life.reliable(), visibility_ms(visibility_timeout))
 
-    # -- a worker (see _consuming/worker.py) -----------------------------------------------------------------
+    # -- a worker (see _consuming/worker_slots.py) -----------------------------------------------------------------
 
     def worker(self, handler: Callable[[T], Awaitable[object]], *, concurrency: int = 16,
                visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,

@@ -23,10 +23,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
 from ._consuming.handler import check_handler
-from ._consuming.worker import Worker
-from ._core.tasks import TaskOwner, timeout
+from ._consuming.worker_slots import Worker
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
+from ._util.tasks import TaskOwner, timeout
 from ._wire.key_names import QueueKeys
 from .exceptions import ConfigurationError, QueueNotOpenError
 

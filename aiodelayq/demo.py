@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import DelayedQueue
-from ._core.urls import redact
+from ._util.urls import redact
 from .exceptions import DelayedQueueError
 from .testing import ThrowawayServer, find_server_kinds, server_version
 

@@ -108,7 +108,7 @@ class QueueFullError(DelayedQueueError):
 class QueueNotOpenError(DelayedQueueError):
     """A consuming call (``take``/``poll``/iteration) on a queue that was not opened.
 
-    Consuming needs a transfer scheduler somewhere; open the queue with ``async with queue:``
+    Consuming needs a transfer task somewhere; open the queue with ``async with queue:``
     (or ``await queue.open()``) in the consuming process.
     """
 

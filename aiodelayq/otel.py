@@ -27,7 +27,7 @@ from typing import Any
 from opentelemetry import metrics
 
 from . import __version__
-from ._core.observe import InstalledOnce
+from ._util.observe import InstalledOnce
 
 __all__ = ["OtelMetrics"]
 
@@ -68,7 +68,7 @@ class OtelMetrics(InstalledOnce):
         return f"<OtelMetrics installed={self.installed}>"
 
     def offered(self, queue: str, n: int) -> None:
-        """Sink event: ``n`` items offered (see :class:`aiodelayq._core.observe.MetricsSink`)."""
+        """Sink event: ``n`` items offered (see :class:`aiodelayq._util.observe.MetricsSink`)."""
         self._offered.add(n, {"queue": queue})
 
     def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:

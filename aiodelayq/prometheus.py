@@ -26,9 +26,9 @@ try:
 except ImportError as exc:  # the core never imports this module: only users of the extra do
     raise ImportError("aiodelayq.prometheus needs prometheus-client: pip install 'aiodelayq[prometheus]'") from exc
 
-from ._core.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
-from ._core.observe import InstalledOnce
 from ._producing.pending import QueueCounts
+from ._util.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
+from ._util.observe import InstalledOnce
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -86,7 +86,7 @@ class _Series:
 
 
 class QueueMetrics(InstalledOnce):
-    """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._core.observe.MetricsSink`)
+    """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._util.observe.MetricsSink`)
     that feeds them.
 
     Counters (label ``queue``; ``dead_lettered_total`` also ``reason``), of this process:
@@ -169,7 +169,7 @@ class QueueMetrics(InstalledOnce):
         return series
 
     def offered(self, queue: str, n: int) -> None:
-        """Sink event: ``n`` items offered (see :class:`aiodelayq._core.observe.MetricsSink`)."""
+        """Sink event: ``n`` items offered (see :class:`aiodelayq._util.observe.MetricsSink`)."""
         self._of(queue).offered.inc(n)
 
     def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:

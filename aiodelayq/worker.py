@@ -23,11 +23,11 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
 from ._consuming.handler import Reject, Retry, check_handler
-from ._consuming.worker import Worker
 from ._consuming.worker_outcomes import WorkerStats
-from ._core.urls import redact
+from ._consuming.worker_slots import Worker
 from ._options import WorkerOptions
 from ._queue import DelayedQueue
+from ._util.urls import redact
 from .exceptions import ConfigurationError, DelayedQueueError
 
 __all__ = ["Reject", "Retry", "Worker", "WorkerStats", "load_handler", "run_worker"]

@@ -146,7 +146,7 @@ class ReferenceQueue:
         await pipe.execute()
         return dues
 
-    # -- the transfer scheduler (QueueTransferTask) --------------------------------------------------
+    # -- the transfer task (QueueTransferTask) --------------------------------------------------
 
     def start(self, subscriber: ReferenceSubscriber) -> None:
         """Start the worker and register with ``subscriber`` (whose subscribe confirmation runs the first
@@ -223,7 +223,7 @@ class ReferenceQueue:
 
 @contextlib.asynccontextmanager
 async def consuming(client: Redis, name: str, shas: ScriptShas | None = None) -> AsyncIterator[ReferenceQueue]:
-    """A reference queue whose transfer scheduler and subscriber run for the block (its first transfer on
+    """A reference queue whose transfer task and subscriber run for the block (its first transfer on
     the subscribe confirmation), stopped on the way out."""
     ref = await ReferenceQueue(client, name).prepare(shas)
     sub = ReferenceSubscriber(client)
@@ -237,7 +237,7 @@ async def consuming(client: Redis, name: str, shas: ScriptShas | None = None) ->
 
 
 async def take_one(url: str, name: str) -> None:
-    """The reference's consumer process (scenario ``startup``): the transfer scheduler and the subscriber
+    """The reference's consumer process (scenario ``startup``): the transfer task and the subscriber
     started, ``take()`` until an item comes, then ``delivered <epoch s>`` printed."""
     client = Redis.from_url(url)
     try:

@@ -188,7 +188,7 @@ async def test_an_open_the_acl_refuses_raises_it_and_no_background_task_logs_it(
         await q.open()
     assert loop.time() - start < 15  # raised, not waited out (open_timeout_s=30)
     await q.aclose()
-    # The caller got the error; the subscriber, the scheduler and the opening task reported nothing.
+    # The caller got the error; the subscriber, the transfer task and the opening task reported nothing.
     assert [r.getMessage() for r in caplog.records if r.name == "aiodelayq" and r.levelno >= logging.WARNING] == []
 
 
@@ -227,7 +227,7 @@ async def test_a_queue_refused_its_channel_leaves_the_open_queues_of_its_client_
     resets = {"on", ">secret", "resetkeys", "resetchannels", "-@all"}
     client = await acl_client("consumer", "secret", [*allowed, *(r for r in refused if r not in resets | {grant})])
     caplog.set_level(logging.DEBUG, logger="aiodelayq")
-    # Only the channel wakes the open queue's scheduler here (its safety poll is a minute away).
+    # Only the channel wakes the open queue's transfer task here (its safety poll is a minute away).
     async with make_queue("allowed", redis=client, safety_poll_s=60) as working:
         other: DelayedQueue[int] = make_queue("refused", redis=client)
         with pytest.raises(AccessDeniedError) as opened:  # its SUBSCRIBE shares the open queue's connection

@@ -74,7 +74,7 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
 # The layers, bottom first: a module imports only from its own layer or those below it.
 LAYERS: list[tuple[str, ...]] = [
     ("aiodelayq.exceptions",),
-    ("aiodelayq._core",),
+    ("aiodelayq._util",),
     ("aiodelayq._wire",),
     ("aiodelayq._redis",),
     ("aiodelayq._scripts",),

@@ -242,7 +242,7 @@ async def _time_calls_reached(client: Redis, calls: int) -> bool:
 # it unwind, then raises KeyboardInterrupt.
 _SELF_INTERRUPTED = """
 import asyncio, os, signal
-from aiodelayq._core.tasks import run_interruptible
+from aiodelayq._util.tasks import run_interruptible
 
 async def work():
     lock = asyncio.Lock()

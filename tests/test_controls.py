@@ -125,7 +125,7 @@ async def test_a_paused_waiting_consumer_asks_about_twice_a_second_not_in_a_busy
         calls, elapsed = await _evalsha_calls(client) - before, time.monotonic() - started
         assert not taking.done()
         assert not receiving.done()
-        # Each of the two consumers asks once per PAUSED_RECHECK_S (0.5 s); the scheduler's transfers
+        # Each of the two consumers asks once per PAUSED_RECHECK_S (0.5 s); the transfer task's transfers
         # come on top. A busy loop would be thousands.
         assert calls <= 4 * elapsed * 2 + 10, calls
         await q.resume()

@@ -285,7 +285,7 @@ def test_the_dead_letter_reasons_the_docs_name_are_the_codes() -> None:
 
 PACKAGE = REPO_ROOT / "aiodelayq"
 # A private module path named in prose, slashed (`_wire/elements.py`, `_scripts/lua/`,
-# `aiodelayq/_core/tasks.TaskOwner`) or dotted (`_wire.elements`, `_core.observe.transfer_limit`,
+# `aiodelayq/_util/tasks.TaskOwner`) or dotted (`_wire.elements`, `_util.observe.transfer_limit`,
 # `aiodelayq._queue`): it starts with `_` and a lowercase letter, like the package's private modules,
 # and with nothing before it that makes it an attribute or part of a longer path (`self._pending.peek`,
 # `tests/_x`). A bare name (`_pending`) may as well be an attribute: not checked.
@@ -314,7 +314,7 @@ def _prose() -> list[tuple[str, str]]:
 
 def _dotted_exists(dotted: str) -> bool:
     """Whether ``dotted`` (after ``aiodelayq.``) names a module of the package, or an attribute of
-    one (``_core.tasks.TaskOwner``); ``_options.py``: a file."""
+    one (``_util.tasks.TaskOwner``); ``_options.py``: a file."""
     if dotted.endswith((".py", ".lua")):
         stem, suffix = dotted.rsplit(".", 1)
         return (PACKAGE / f"{stem.replace('.', '/')}.{suffix}").is_file()
@@ -337,7 +337,7 @@ def _dotted_exists(dotted: str) -> bool:
 
 def _slashed_exists(path: str) -> bool:
     """Whether ``path`` (after ``aiodelayq/``) is a file or folder of the package, a module named
-    without its ``.py``, or a module then an attribute of it (``_core/tasks.TaskOwner``)."""
+    without its ``.py``, or a module then an attribute of it (``_util/tasks.TaskOwner``)."""
     target = PACKAGE / path.rstrip("/")
     if target.exists() or target.with_name(f"{target.name}.py").is_file():
         return True
@@ -357,14 +357,14 @@ def test_every_module_path_named_in_the_docs_and_the_code_exists() -> None:
 
 
 def test_the_module_path_matcher_tells_paths_from_attributes() -> None:
-    text = ("see `_wire/elements.py`, _scripts/lua/lib/, `_core/tasks.TaskOwner`, ``_wire.elements.wrap``, "
-            "aiodelayq._core.observe.install(sink), and `_observe.install`, _wire/envelope.py, _scripts/take; "
+    text = ("see `_wire/elements.py`, _scripts/lua/lib/, `_util/tasks.TaskOwner`, ``_wire.elements.wrap``, "
+            "aiodelayq._util.observe.install(sink), and `_observe.install`, _wire/envelope.py, _scripts/take; "
             "not self._pending.peek(), q._life.state, tests/_x/y.py, 2_000.5, `_pending`")
     slashed = [m[1] for m in _SLASHED.finditer(text)]
     dotted = [m[1] for m in _DOTTED.finditer(text)]
-    assert slashed == ["_wire/elements.py", "_scripts/lua/lib/", "_core/tasks.TaskOwner", "_wire/envelope.py",
+    assert slashed == ["_wire/elements.py", "_scripts/lua/lib/", "_util/tasks.TaskOwner", "_wire/envelope.py",
                        "_scripts/take"]
-    assert dotted == ["_wire.elements.wrap", "_core.observe.install", "_observe.install"]
+    assert dotted == ["_wire.elements.wrap", "_util.observe.install", "_observe.install"]
     assert [_slashed_exists(path) for path in slashed] == [True, True, True, False, False]
     assert [_dotted_exists(name) for name in dotted] == [True, True, False]
 

@@ -1,6 +1,6 @@
 """The life of a queue object: what needs it open, concurrent opens and closes, the bound on a close
 when the server stops answering, forced shutdowns that never closed it, the event loop it belongs
-to, and many queues sharing one client (one scheduler per queue, one pub/sub connection, few others)."""
+to, and many queues sharing one client (one transfer task per queue, one pub/sub connection, few others)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ async def test_closing_a_used_queue_leaves_none_of_its_tasks_running(client: Red
     receiving.cancel()  # undone by its call id
     with contextlib.suppress(asyncio.CancelledError):
         await receiving
-    assert _library_tasks()  # the pump, the transfer scheduler, the subscriber...
+    assert _library_tasks()  # the pump, the transfer task, the subscriber...
     await q.aclose()
     assert _library_tasks() == set()
     assert runtime_for(client) is None
@@ -119,7 +119,7 @@ async def test_closing_a_used_queue_leaves_none_of_its_tasks_running(client: Red
 
 async def test_a_task_owner_delivers_a_swallowed_cancellation_again_within_its_deadline() -> None:
     # redis-py can swallow a cancellation that lands inside a command: the owner cancels again.
-    from aiodelayq._core.tasks import TaskOwner
+    from aiodelayq._util.tasks import TaskOwner
 
     swallowed = 0
 
@@ -149,7 +149,7 @@ async def test_a_task_owner_delivers_a_swallowed_cancellation_again_within_its_d
 
 async def test_a_task_owner_stops_its_tasks_even_when_its_close_is_cancelled(
         caplog: pytest.LogCaptureFixture) -> None:
-    from aiodelayq._core.tasks import TaskOwner
+    from aiodelayq._util.tasks import TaskOwner
 
     released = False
 
@@ -189,7 +189,7 @@ async def test_open_racing_the_last_close_shares_one_runtime(client: Redis, make
         await asyncio.gather(a.aclose(), b.open())
         runtime = runtime_for(client)
         assert runtime is not None
-        assert runtime.scheduler(qname) is not None
+        assert runtime.transfer_task(qname) is not None
         c = make_queue()
         await c.open()
         assert runtime_for(client) is runtime
@@ -255,7 +255,7 @@ async def test_an_open_that_gets_no_answer_names_what_it_waited_for_and_no_backg
     with free_socket() as bound:
         bound.listen()  # connections are accepted (by the kernel) and never answered: every call times out
         port = bound.getsockname()[1]
-        # No retry inside redis-py: the subscriber and the scheduler fail and try again many times.
+        # No retry inside redis-py: the subscriber and the transfer task fail and try again many times.
         client = Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
         q = DelayedQueue(client, "nowhere", open_timeout_s=2, call_timeout_s=0.5)
         with pytest.raises(BackendError) as opened:
@@ -476,12 +476,12 @@ async def test_one_scheduler_and_one_pubsub_connection_per_client(client: Redis,
         await q.open()
     runtime = runtime_for(client)
     assert runtime.subscriber.channels == 5
-    assert runtime.scheduler(f"{qname}:0") is runtime.scheduler(queues[-1].name)
+    assert runtime.transfer_task(f"{qname}:0") is runtime.transfer_task(queues[-1].name)
     mine = [c for c in await client.client_list(_type="pubsub")
             if int(c.get("sub", 0)) == 5]
     assert len(mine) == 1
     await queues[-1].aclose()
-    assert runtime.scheduler(f"{qname}:0") is not None  # still used by queues[0]
+    assert runtime.transfer_task(f"{qname}:0") is not None  # still used by queues[0]
 
 
 async def test_many_idle_queues_share_one_pubsub_and_few_connections(qname: str, make_client: Any,

@@ -24,9 +24,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue, QueueCounts, Reject
-from aiodelayq._core import observe as _observe
 from aiodelayq._runtime.client_runtime import runtime_for
 from aiodelayq._scripts import QueueScripts
+from aiodelayq._util import observe as _observe
 from aiodelayq.prometheus import QueueMetrics
 from tests.helpers import free_socket, llen_is, server_ms, until
 
@@ -366,7 +366,7 @@ async def test_lifecycle_logs_at_info(own_server: Any, make_proxy: Any, make_cli
 
 
 def test_the_core_never_imports_prometheus_client_and_the_extra_says_how_to_install() -> None:
-    core = ("import sys, aiodelayq, aiodelayq._queue, aiodelayq._core.observe, aiodelayq.testing; "
+    core = ("import sys, aiodelayq, aiodelayq._queue, aiodelayq._util.observe, aiodelayq.testing; "
             "assert 'prometheus_client' not in sys.modules, 'core imported prometheus_client'")
     subprocess.run([sys.executable, "-c", core], check=True, timeout=60)
     missing = ("import sys; sys.modules['prometheus_client'] = None\n"

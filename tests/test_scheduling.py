@@ -1,5 +1,5 @@
 """Scheduling: pending items move to the ready list at their due time, in due order and never early,
-by a timer each client arms from what producers publish (one scheduler per queue and client), with
+by a timer each client arms from what producers publish (one transfer task per queue and client), with
 the transfer that open() runs for what fell due while nobody ran, the safety poll for a lost
 publish, batches while more is due, and retries when a transfer fails."""
 
@@ -62,7 +62,7 @@ async def test_startup_compensation_moves_items_that_fell_due_while_nobody_ran(c
     producer = make_queue()
     dues = await producer.offer_many([(i, 0.05) for i in range(20)])
     await until(lambda: server_past(client, max(dues)))
-    assert await producer.ready_size() == 0  # nothing moves without a scheduler
+    assert await producer.ready_size() == 0  # nothing moves without a transfer task
     async with make_queue() as consumer:
         assert await consumer.ready_size() == 20  # moved by the transfer that open() runs
         assert sorted([await consumer.take() for _ in range(20)]) == list(range(20))
@@ -73,10 +73,10 @@ async def test_earlier_item_from_another_client_re_arms_the_timer(make_client: A
     q = make_queue(safety_poll_s=300)
     async with q:
         await q.offer("late", 120)
-        scheduler = runtime_for(q._client).scheduler(q.name)
-        assert scheduler is not None
+        transfer_task = runtime_for(q._client).transfer_task(q.name)
+        assert transfer_task is not None
         loop = asyncio.get_running_loop()
-        await until(lambda: scheduler.armed_at - loop.time() > 100)
+        await until(lambda: transfer_task.armed_at - loop.time() > 100)
         await make_queue(redis=other).offer("early", 0.2)
         assert await asyncio.wait_for(q.take(), 5) == "early"
 
@@ -85,16 +85,16 @@ async def test_a_later_wake_up_never_replaces_an_earlier_one(client: Redis, make
     q = make_queue(safety_poll_s=300)
     async with q:
         due = await q.offer("soon", 2.0)  # the timer must not fire before the check, on a slow machine too
-        scheduler = runtime_for(client).scheduler(q.name)
-        assert scheduler is not None
-        armed = scheduler.armed_at
+        transfer_task = runtime_for(client).transfer_task(q.name)
+        assert transfer_task is not None
+        armed = transfer_task.armed_at
         transfers = q.stats.transfers
         # A (skewed) Redisson producer announces a later head: the earlier timer must stay. What is
-        # no number only wakes the scheduler: its transfer shows that both messages were read.
+        # no number only wakes the transfer task: its transfer shows that both messages were read.
         await client.publish(q.keys.channel, str(due + 60_000))
         await client.publish(q.keys.channel, "not-a-number")
         await until(lambda: q.stats.transfers > transfers)
-        assert scheduler.armed_at <= armed
+        assert transfer_task.armed_at <= armed
         assert await asyncio.wait_for(q.take(), 10) == "soon"
 
 

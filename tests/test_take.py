@@ -150,7 +150,7 @@ async def test_a_waiting_taker_gets_due_items_in_the_pop_that_transfers_them(cli
             taker = asyncio.ensure_future(q.take())
             await q.offer(i, 0.05)
             assert await asyncio.wait_for(taker, 5) == i
-        # The scheduler's timer found a waiting taker each time: its POP moved the item and popped it.
+        # The transfer task's timer found a waiting taker each time: its POP moved the item and popped it.
         assert q.stats.pops_that_transferred >= 4
         assert q.stats.moved == 5
         await until(lambda: _handoff_empty(client, q), timeout_s=1)
@@ -220,7 +220,7 @@ async def test_a_transfer_request_waits_for_the_caller_taking_from_the_buffer(cl
         ask = pump.ask_transfer(100)
         assert ask is not None
         # Nobody comes back: the buffer goes back within a round trip, and the request with it
-        # (the scheduler then transfers itself).
+        # (the transfer task then transfers itself).
         assert await asyncio.wait_for(ask, 2) is None
         assert not pump._buffer
 

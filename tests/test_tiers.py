@@ -77,7 +77,7 @@ async def tiered_items(client: Redis, q: DelayedQueue[Any]) -> dict[str, int]:
 
 async def test_far_items_wait_in_buckets_and_come_out_on_time_in_due_order(client: Redis, make_tiered: Any) -> None:
     q = make_tiered(codec="str")
-    async with q:  # open first: a new bucket, announced on the channel, wakes the scheduler
+    async with q:  # open first: a new bucket, announced on the channel, wakes the transfer task
         delays = [0.3, 0.6, 2.4, 2.9, 3.1, 3.6, 4.2]
         dues = await q.offer_many([(f"d{d}", d) for d in delays])
         keyed = await q.offer("keyed", 3.3, key="k")  # between them, never tiered

@@ -251,7 +251,7 @@ async def test_receive_and_ack_over_tls(tls_server: ThrowawayServer, tls_client:
 
 async def test_a_waiting_taker_is_woken_by_the_channel_over_tls(
         tls_server: ThrowawayServer, tls_client: Callable[..., Redis], request: pytest.FixtureRequest) -> None:
-    # The producer is another client with no scheduler of its own, and the consumer's safety poll is
+    # The producer is another client with no transfer task of its own, and the consumer's safety poll is
     # 300 s away: only the offer's message on the channel (over the consumer's TLS pub/sub
     # connection) can arm the consumer's timer for the item's due time.
     name = _name(request)

@@ -18,8 +18,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.urls import redact
 from .._redis.connections import AnyRedis
+from .._util.urls import redact
 
 __all__ = ["CONNECT_TIMEOUT_S", "SOCKET_TIMEOUT_S", "BadInput", "CannotConnect", "Target", "connect"]
 

@@ -38,7 +38,7 @@ class QueueRow:
 @contextlib.asynccontextmanager
 async def with_queue(client: AnyRedis, name: str, codec: str = "bytes",
                      shards: int | None = None) -> AsyncIterator[DelayedQueue[Any]]:
-    """A queue object on ``client``, never opened (no subscription, no scheduler: a command or a page
+    """A queue object on ``client``, never opened (no subscription, no transfer task: a command or a page
     only reads and writes), closed on exit; a sharded queue's with the shard count recorded under its name, so
     every command covers all its shards (``shards``: that count when the caller knows it, else
     :func:`recorded_shards` reads it). ``codec`` only matters where items are decoded or encoded."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 
-from .._core.checks import count, positive
 from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
+from .._util.checks import count, positive
 
 __all__ = ["PAUSED_RECHECK_S", "Controls", "hold_s"]
 

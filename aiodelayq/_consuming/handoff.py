@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._redis.retry import resend_within, retry_until_done
 from .._scripts import QueueScripts
+from .._util.tasks import TaskOwner, wait_through_cancellation
 from ..exceptions import BackendError
 
 __all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop", "Popped"]
@@ -96,7 +96,7 @@ class Handoff:
     async def pop(self, count: int, transfer: int) -> Popped:
         """POP up to ``count`` items into the hand-off, forgetting the pops all handed out (see
         :meth:`take_done`) and transferring up to ``|transfer|`` elements first (0: none; negative: with
-        lateness, see ``_core.observe.transfer_limit``). The pop is unfinished from the start: a flush
+        lateness, see ``_util.observe.transfer_limit``). The pop is unfinished from the start: a flush
         meanwhile sends FINISH '*'. After a lost reply (or a failure before sending) it is resent
         with the same id, which returns the same items without transferring again, for up to
         ``_RESEND_HORIZON_S``.

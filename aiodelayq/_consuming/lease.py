@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
-from .._core.tasks import keep
+from .._util.tasks import keep
 from ..exceptions import BackendError, DelayedQueueError
 
 __all__ = ["Lease"]

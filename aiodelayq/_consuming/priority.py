@@ -16,12 +16,12 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from .._core.tasks import wait_through_cancellation
 from .._options import WorkerOptions
+from .._util.tasks import wait_through_cancellation
 from ..exceptions import ConfigurationError
 from .messages import Message
-from .worker import Worker
 from .worker_fetch import Source
+from .worker_slots import Worker
 
 __all__ = ["Prioritized"]
 

@@ -13,11 +13,11 @@ import asyncio
 import logging
 from typing import Any
 
-from .._core.tasks import TaskOwner
 from .._redis.backoff import Backoff
 from .._redis.client_facts import server_ms_at
 from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
+from .._util.tasks import TaskOwner
 from .._wire.codec import Codec, decode_item
 from .._wire.elements import ITEM_MARK, Unwrapped, pack_times, parse_schedule, unwrap
 from .._wire.recurrence import cron_times

@@ -25,12 +25,12 @@ import os
 from collections.abc import Coroutine
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from .._core.observe import Events
-from .._core.tasks import TaskOwner, run_through_cancellation
-from .._core.tracing import tracer
 from .._options import QueueOptions
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
+from .._util.observe import Events
+from .._util.tasks import TaskOwner, run_through_cancellation
+from .._util.tracing import tracer
 from .._wire.codec import decode_item
 from .._wire.elements import ITEM_MARK, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
@@ -63,7 +63,7 @@ class ReliableConsumer(Generic[T]):
         self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.resolved_codec, events
         self._tasks, self._refill = tasks, refill
         self._call_timeout_s = options.call_timeout_s
-        # Longest a waiting receiver sleeps without a wake-up (the scheduler's transfers wake it
+        # Longest a waiting receiver sleeps without a wake-up (the transfer task's transfers wake it
         # sooner): the queue's safety poll, which bounds every other missed wake-up too.
         self._recheck_s = options.safety_poll_s
         self.settler = Settler(scripts, tasks, max_deliveries=options.max_deliveries, events=events)

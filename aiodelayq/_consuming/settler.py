@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._core.observe import Events
-from .._core.tasks import TaskOwner
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
+from .._util.observe import Events
+from .._util.tasks import TaskOwner
 from ..exceptions import BackendError
 
 __all__ = ["Settle", "SettleMode", "Settler"]

@@ -6,7 +6,7 @@ exhaust redis-py's default pool), cannot span cluster slots, and a stall longer 
 timeout desynchronised the connection. The pump pops without blocking, when something says items
 may be there: a waiter arrived (unless a pop came back short less than ``DRAINED_FOR_S`` ago and
 nothing announced items since: then the list was empty and the next transfer serves the waiter),
-this process's scheduler ran a transfer (its own, or a no-op because another process moved the
+this process's transfer task ran a transfer (its own, or a no-op because another process moved the
 items at the same due time), a returned item was announced on the channel, or the last pop came
 back full. Pops share the client's few transfer slots, so a client's
 connections do not grow with the number of queues. The pump's phases (idle, popping, held by the
@@ -29,13 +29,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .._core.observe import Events
-from .._core.tasks import TaskOwner, wait_event
-from .._core.tracing import tracer
 from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
 from .._scripts import QueueScripts
 from .._scripts.foreign_keys import refusal_advice
+from .._util.observe import Events
+from .._util.tasks import TaskOwner, wait_event
+from .._util.tracing import tracer
 from ..exceptions import BackendError, DecodeError
 from .handoff import Handoff, Pop
 from .prefetch import PrefetchBuffer
@@ -104,7 +104,7 @@ class TakePump:
         self._handoff = Handoff(scripts, tasks, slots=slots,
                                 hold_s=lambda: min(_DONE_HOLD_MAX_S, self._prefetch.hold_s * rotation),
                                 closing=lambda: self._closed is not None)
-        # The scheduler's request that the next POP transfer first (see ask_transfer).
+        # The transfer task's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._closed: BaseException | None = None  # closing: what callers get
         self._flush_deadline: float | None = None
@@ -138,7 +138,7 @@ class TakePump:
     def idle(self) -> bool:
         """Whether a pop now would most likely find nothing, or not be sent yet: the last pop came
         back short and nothing announced items since, or the pump waits out a failed pop's backoff
-        (never once closing: a look then raises the closing error; nor while the scheduler waits for
+        (never once closing: a look then raises the closing error; nor while the transfer task waits for
         this pump's next POP to transfer)."""
         return self._closed is None and not self._buffer and self._transfer_ask is None and (
             self._phase is Phase.BACKING_OFF or self._outlook.drained)
@@ -226,9 +226,9 @@ class TakePump:
             self._handoff.maybe_finish(pop)
 
     def _buffer_emptied(self) -> None:
-        """A caller took the last prefetched items while the scheduler's transfer request waits for
+        """A caller took the last prefetched items while the transfer task's transfer request waits for
         the buffer's taker (see ask_transfer): unless that caller (or another) waits within the hold,
-        the pump answers it then, and the scheduler transfers itself. A caller that takes from
+        the pump answers it then, and the transfer task transfers itself. A caller that takes from
         several pumps in turn (a sharded queue) may not come back to this one."""
         asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
 
@@ -242,9 +242,9 @@ class TakePump:
 
     def _leave(self, waiter: Waiter) -> None:
         """A caller stops waiting: items already handed to it go to the next waiters or back."""
-        self._hand_out(self._waiters.leave(waiter))
+        self._give_to_waiters(self._waiters.leave(waiter))
 
-    def _hand_out(self, entries: list[Entry]) -> None:
+    def _give_to_waiters(self, entries: list[Entry]) -> None:
         """Give ``entries`` to waiters in FIFO order; what nobody takes waits in the prefetch buffer
         for at most one round trip (goes back to the list at once when closing)."""
         left = self._waiters.serve(entries)
@@ -278,13 +278,13 @@ class TakePump:
         self.notify()
 
     def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
-        """The scheduler would transfer now. If callers are waiting, or one is still taking from the
+        """The transfer task would transfer now. If callers are waiting, or one is still taking from the
         prefetch buffer (it will wait within about a round trip: the buffer is held no longer), the
         next POP transfers first (up to ``|limit|`` elements; negative: its reply also carries the
         lateness of what moved, see POP's ARGV[4]): one round trip instead of a TRANSFER and then a
         POP. Returns a future of ``(sent, received, transfer reply)`` (loop times of the
         call; the reply is ``None`` when the POP was a resend that did not transfer) or of ``None``
-        when the pump did not do it (the scheduler then transfers itself); ``None`` at once when
+        when the pump did not do it (the transfer task then transfers itself); ``None`` at once when
         nobody waits."""
         if (self._closed is not None or self._phase is Phase.BACKING_OFF or self._outlook.held_until is not None
                 or self._transfer_ask is not None or not (self._waiters.wanted() or self._buffer)):
@@ -295,7 +295,7 @@ class TakePump:
         return future
 
     def _answer_ask(self) -> None:
-        """The pump will not transfer for the scheduler: it transfers itself."""
+        """The pump will not transfer for the transfer task: it transfers itself."""
         ask, self._transfer_ask = self._transfer_ask, None
         if ask is not None:
             _resolve(ask[1], None)
@@ -340,7 +340,7 @@ class TakePump:
                 if phase is Phase.POP:
                     await self._pop(wanted, backoff)
                 elif phase is Phase.SERVE:
-                    self._hand_out(self._buffer.take(len(self._buffer)))
+                    self._give_to_waiters(self._buffer.take(len(self._buffer)))
                 else:
                     await self._sleep(phase is Phase.HELD)
         except asyncio.CancelledError:
@@ -356,14 +356,14 @@ class TakePump:
     async def _sleep(self, held: bool) -> None:
         """IDLE: wait for a wake-up; ``held`` (HELD): for the end of the controls' hold at most."""
         if held or not self._buffer:
-            self._answer_ask()  # a hold, or nobody left to take: the scheduler transfers itself
+            self._answer_ask()  # a hold, or nobody left to take: the transfer task transfers itself
         if held:
             self._waiters.end_once()  # poll(): its one attempt was refused
         self._wake.clear()
         await (wait_event(self._wake, self.held_s()) if held else self._wake.wait())
 
     async def _pop(self, wanted: int, backoff: Backoff) -> None:
-        """POP: one pop for ``wanted`` items (and a prefetch), transferring first if the scheduler
+        """POP: one pop for ``wanted`` items (and a prefetch), transferring first if the transfer task
         asked; its items go to the waiters, then to the prefetch buffer."""
         loop = asyncio.get_running_loop()
         self._outlook.popping()
@@ -375,7 +375,7 @@ class TakePump:
             sent = loop.time()
             pop, moved, hold, expired, raws = await self._handoff.pop(count, limit)
         except BaseException as exc:
-            if ask is not None:  # the scheduler transfers itself (and reports its own failure)
+            if ask is not None:  # the transfer task transfers itself (and reports its own failure)
                 _resolve(ask, None)
             if not isinstance(exc, BackendError):
                 raise
@@ -410,7 +410,7 @@ class TakePump:
         advice = await refusal_advice(self._scripts, exc) if backoff.level(exc) >= logging.ERROR else ""
         backoff.report(exc, delay, advice=advice)
         self._waiters.end_once()
-        self._answer_ask()  # the scheduler does not wait out our backoff
+        self._answer_ask()  # the transfer task does not wait out our backoff
         self._phase = Phase.BACKING_OFF
         await asyncio.sleep(delay)
         self._outlook.maybe_ready = True
@@ -433,7 +433,7 @@ class TakePump:
         if len(entries) < len(raws):
             # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
             self._events.dead_lettered(len(raws) - len(entries), "undecodable")
-        self._hand_out(entries)
+        self._give_to_waiters(entries)
         self._handoff.maybe_finish(pop)
 
 

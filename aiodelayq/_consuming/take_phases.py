@@ -3,7 +3,7 @@
 The pump (:class:`~aiodelayq._consuming.take.TakePump`) is in one phase at a time; its loop asks
 :meth:`Outlook.next_phase` for the next one after every step::
 
-    IDLE ──(a wake-up: a waiter, a transfer, items given back, the scheduler's ask)──► POP
+    IDLE ──(a wake-up: a waiter, a transfer, items given back, the transfer task's ask)──► POP
     POP ──(full: more may be there)──► POP          POP ──(short: the list is empty)──► IDLE
     POP ──(the controls refused)──► HELD ──(the hold is over)──► POP
     POP ──(failed, transient)──► BACKING_OFF ──(the backoff is over)──► POP
@@ -36,7 +36,7 @@ class Phase(enum.Enum):
 
     IDLE = "idle"  # nobody waits, or nothing may be in the list: wait for a wake-up
     SERVE = "serve"  # callers wait while prefetched items are kept: hand the items out
-    POP = "pop"  # pop for the waiters (transferring first if the scheduler asked)
+    POP = "pop"  # pop for the waiters (transferring first if the transfer task asked)
     HELD = "held"  # the queue's controls refused the last POP: wait out their hold
     BACKING_OFF = "backing off"  # the last POP failed: wait out the backoff
 
@@ -60,7 +60,7 @@ class Outlook:
 
     def next_phase(self, wanted: int, buffered: bool, asked: bool, now: float) -> Phase:
         """The pump's next phase: ``wanted`` items are waited for, prefetched items are kept
-        (``buffered``), the scheduler asked for a transfer (``asked``); ``now``: loop time."""
+        (``buffered``), the transfer task asked for a transfer (``asked``); ``now``: loop time."""
         if wanted and buffered:  # not expected: callers take from the buffer first
             return Phase.SERVE
         if wanted == 0 or not (self.maybe_ready or asked):

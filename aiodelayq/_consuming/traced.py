@@ -1,5 +1,5 @@
 """The ``receive`` span of a ``take`` or ``receive`` call that returned items (while an
-OpenTelemetry SDK is set up, see ``_core/tracing.py``), for the plain and the sharded consumers alike.
+OpenTelemetry SDK is set up, see ``_util/tracing.py``), for the plain and the sharded consumers alike.
 A caller passes the call itself, made untraced: ``if traced and (found := tracer()) is not None:
 return await traced_take(found, name, self.get(..., with_headers=True, traced=False), with_headers)``.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._core.tracing import now_ns, receive_span
+from .._util.tracing import now_ns, receive_span
 from .messages import Message
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ import collections
 from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._core.tasks import wait_event
 from .._redis.backoff import Backoff
+from .._util.tasks import wait_event
 from ..exceptions import AccessDeniedError, BackendError, QueueClosedError, WrongNodeError
 from .messages import Message
 from .worker_outcomes import Outcomes

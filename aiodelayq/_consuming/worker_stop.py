@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Collection, Mapping
 from typing import Any, Generic, TypeVar
 
-from .._core.tasks import run_through_cancellation
+from .._util.tasks import run_through_cancellation
 from .messages import Message
 from .worker_outcomes import Outcomes, WorkerStats, is_last
 

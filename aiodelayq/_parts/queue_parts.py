@@ -7,16 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._consuming.controls import Controls
-from .._core.observe import Events
 from .._options import QueueOptions
 from .._producing.dead_letters import DeadLetters
 from .._producing.keyed import KeyedItems
-from .._producing.pending import PendingView
+from .._producing.pending import QueueContents
 from .._producing.producer import Producer
 from .._producing.recurring import Schedules
 from .._redis.connections import AnyRedis
 from .._runtime.lifecycle import Lifecycle
 from .._scripts import QueueScripts
+from .._util.observe import Events
 from .._wire.key_names import QueueKeys
 
 __all__ = ["QueueParts"]
@@ -30,7 +30,7 @@ class QueueParts:
     scripts: QueueScripts
     events: Events
     producer: Producer
-    pending: PendingView
+    pending: QueueContents
     keyed: KeyedItems
     dead: DeadLetters
     controls: Controls
@@ -52,6 +52,6 @@ class QueueParts:
         events = Events(keys.destination)
         producer = Producer(scripts, o, events)
         codec = o.resolved_codec
-        return cls(keys, scripts, events, producer, PendingView(scripts, codec), KeyedItems(scripts, codec),
+        return cls(keys, scripts, events, producer, QueueContents(scripts, codec), KeyedItems(scripts, codec),
                    DeadLetters(scripts, codec, o.kind), Controls(scripts), Schedules(scripts, o),
                    Lifecycle(scripts, o, events, on_new_loop=producer.rebind, rotation=rotation))

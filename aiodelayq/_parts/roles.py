@@ -6,7 +6,7 @@ shards' (``_sharding/sharded.py``); the facade names only these types.
 role               ordinary queue                              sharded queue
 =================  ==========================================  =======================================
 :class:`Producing` ``_producing/producer.py`` ``Producer``     ``_sharding/offers.py``
-:class:`Contents`  ``_producing/pending.py`` ``PendingView``   ``_sharding/pending.py``
+:class:`Contents`  ``_producing/pending.py`` ``QueueContents``   ``_sharding/pending.py``
 :class:`KeyedCalls` ``_producing/keyed.py`` ``KeyedItems``     ``_sharding/keyed.py``
 :class:`Recurring` ``_producing/recurring.py`` ``Schedules``   ``_sharding/keyed.py``
 :class:`DeadLetterCalls` ``_producing/dead_letters.py``        ``_sharding/dead_letters.py``

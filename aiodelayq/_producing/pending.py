@@ -34,7 +34,7 @@ from .._wire.codec import Codec, decode_item, decode_stored, encode_item
 from .._wire.elements import ITEM_MAGIC, unwrap, wrap
 from ..exceptions import ConfigurationError, DecodeError
 
-__all__ = ["MAX_PEEK", "PendingItem", "PendingView", "QueueCounts"]
+__all__ = ["MAX_PEEK", "PendingItem", "QueueContents", "QueueCounts"]
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class PendingItem(Generic[T]):
     expires_at_ms: int | None = None
     recurring: bool = False
 
-class PendingView:
+class QueueContents:
     """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
 
     Attributes:
@@ -124,7 +124,7 @@ class PendingView:
         self.page_size = page_size
 
     def __repr__(self) -> str:
-        return f"<PendingView {self._keys.destination!r}>"
+        return f"<QueueContents {self._keys.destination!r}>"
 
     async def _call(self, *args: Any, what: str) -> Any:
         """A read, or ``UNLINK``: resent after a transient failure within ``call_timeout_s``. args[1] is

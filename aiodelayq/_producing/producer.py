@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-from .._core.observe import Events
-from .._core.tasks import gather_all, keep
-from .._core.tracing import send_span, tracer, with_context
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for, server_ms_at
 from .._redis.eviction import check_eviction_policy
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
+from .._util.observe import Events
+from .._util.tasks import gather_all, keep
+from .._util.tracing import send_span, tracer, with_context
 from .._wire.codec import JsonCodec, MsgpackCodec, StrCodec, encode_item
 from .._wire.delays import delay_to_ms, positive_ms
 from .._wire.elements import (

@@ -41,7 +41,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from .._core.tasks import keep
+from .._util.tasks import keep
 from .._wire.key_names import QueueKeys
 from ..exceptions import AccessDeniedError, BackendError, CallTimeoutError, ShardCountError, WrongNodeError
 from .acl import acl_literal

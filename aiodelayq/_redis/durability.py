@@ -33,7 +33,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._core import checks
+from .._util import checks
 from ..exceptions import AccessDeniedError, BackendError, ConfigurationError, NotReplicatedError
 from .connections import AnyRedis, Script, call, run_script
 

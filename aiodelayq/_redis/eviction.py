@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .._core.tasks import keep
+from .._util.tasks import keep
 from ..exceptions import BackendError
 from .client_facts import facts_for
 from .connections import AnyRedis

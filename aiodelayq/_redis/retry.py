@@ -9,7 +9,7 @@
   cancelled receive): tried again after any non-permanent failure, refusals included (memory may be
   freed), until it succeeds, a deadline passes or the owner stops.
 
-Both, and the background loops driven by events rather than by one call (the scheduler's transfers,
+Both, and the background loops driven by events rather than by one call (the transfer task's transfers,
 the pump's pops, the subscriber's reconnects), pace themselves with a :class:`~.backoff.Backoff`.
 """
 

@@ -1,12 +1,12 @@
 """The registry of what open queues share, kept weakly by event loop and client:
 
 - :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
-  pub/sub subscriber, one refcounted transfer scheduler per queue name, the shared safety poll (a
+  pub/sub subscriber, one refcounted transfer task per queue name, the shared safety poll (a
   single server), and the slots that cap the client's concurrent background calls. Their tasks have
-  one owner, the runtime's :class:`~aiodelayq._core.tasks.TaskOwner`, closed with the last queue.
+  one owner, the runtime's :class:`~aiodelayq._util.tasks.TaskOwner`, closed with the last queue.
 
 No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
-and each scheduler's start (subscribe + first transfer) is a future every opener awaits with its
+and each transfer task's start (subscribe + first transfer) is a future every opener awaits with its
 own deadline, so a close never waits for another queue's open, even during a server stall.
 
 A runtime's first start sends one ``PING`` (shared by the queues that open with it) so that
@@ -28,22 +28,22 @@ from dataclasses import dataclass
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from .._core.tasks import TaskOwner, stop_task
 from .._redis.cluster import is_cluster
 from .._redis.connections import AnyRedis, call
 from .._scripts import QueueScripts
+from .._util.tasks import TaskOwner, stop_task
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError
 from .safety_poll import SafetyPoll
-from .scheduler import TransferScheduler
 from .subscriber import Subscriber
+from .transfer_task import TransferTask
 
 __all__ = [
     "CLUSTER_TRANSFER_SLOTS",
     "TRANSFER_SLOTS",
     "ClientRuntime",
-    "acquire_scheduler",
-    "release_scheduler",
+    "acquire_transfer_task",
+    "release_transfer_task",
     "runtime_for",
 ]
 
@@ -64,7 +64,7 @@ _PASSING = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
 
 @dataclass(eq=False)
 class _Entry:
-    scheduler: TransferScheduler
+    transfer_task: TransferTask
     refs: int
     ready: asyncio.Task[None]
 
@@ -78,7 +78,7 @@ class ClientRuntime:
         self.subscriber = Subscriber(client, self.tasks)
         self.entries: dict[str, _Entry] = {}
         self.transfer_slots = asyncio.Semaphore(CLUSTER_TRANSFER_SLOTS if is_cluster(client) else TRANSFER_SLOTS)
-        # A single server's queues are polled together; a cluster's each by its own scheduler.
+        # A single server's queues are polled together; a cluster's each by its own transfer task.
         self.safety_poll = (None if isinstance(client, RedisCluster) else
                             SafetyPoll(client, self.tasks, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
         # The first start's PING (see the module docstring): the server's refusal, or None.
@@ -87,10 +87,10 @@ class ClientRuntime:
     def __repr__(self) -> str:
         return f"<ClientRuntime queues={len(self.entries)} subscriber={self.subscriber!r} tasks={self.tasks!r}>"
 
-    def scheduler(self, name: str) -> TransferScheduler | None:
-        """The running scheduler of queue ``name``, if one is open here."""
+    def transfer_task(self, name: str) -> TransferTask | None:
+        """The running transfer task of queue ``name``, if one is open here."""
         entry = self.entries.get(name)
-        return entry.scheduler if entry else None
+        return entry.transfer_task if entry else None
 
 
 # Weak in the loop and the client; a runtime exists only while one of its queues is open (its value
@@ -134,11 +134,11 @@ def _cannot_connect(exc: BackendError) -> str | None:
     return None
 
 
-async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler, timeout_s: float,
+async def _start(runtime: ClientRuntime, keys: QueueKeys, transfer_task: TransferTask, timeout_s: float,
                  call_timeout_s: float) -> None:
     """Check once per runtime that the server takes the client (raises its refusal at once), then
     subscribe and transfer once, then let the safety poll look at the queue. Until then the
-    subscriber and the scheduler log their failures at DEBUG only: the opener reports them."""
+    subscriber and the transfer task log their failures at DEBUG only: the opener reports them."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     if runtime.refusal is None:
@@ -149,28 +149,28 @@ async def _start(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferSch
     refused = None if probe.cancelled() else probe.result()  # cancelled: the runtime is closing
     if refused is not None:
         raise BackendError(f"opening {keys.destination!r} failed at once: {refused}") from refused
-    scheduler.start()
-    if not await runtime.subscriber.add(keys.channel, scheduler, timeout_s):
+    transfer_task.start()
+    if not await runtime.subscriber.add(keys.channel, transfer_task, timeout_s):
         raise BackendError(f"could not subscribe to {keys.channel!r} within {timeout_s} s: "
                            f"{runtime.subscriber.last_error or 'no confirmation'}")
-    if not await scheduler.wait_transferred(max(0.0, deadline - loop.time())):
+    if not await transfer_task.wait_transferred(max(0.0, deadline - loop.time())):
         raise BackendError(f"first transfer of {keys.destination!r} failed: "
-                           f"{scheduler.stats.last_error or 'timed out'}")
+                           f"{transfer_task.stats.last_error or 'timed out'}")
     if runtime.safety_poll is not None:
-        runtime.safety_poll.add(scheduler)
+        runtime.safety_poll.add(transfer_task)
 
 
-def _progress(runtime: ClientRuntime, keys: QueueKeys, scheduler: TransferScheduler) -> str:
+def _progress(runtime: ClientRuntime, keys: QueueKeys, transfer_task: TransferTask) -> str:
     """What an opening that ran out of time still waits for, and the last failure in its way."""
     if not runtime.subscriber.subscribed(keys.channel):
         return f"not subscribed to {keys.channel!r} ({runtime.subscriber.last_error or 'no confirmation'})"
-    return f"no transfer succeeded ({scheduler.stats.last_error or 'none finished'})"
+    return f"no transfer succeeded ({transfer_task.stats.last_error or 'none finished'})"
 
 
-async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
+async def acquire_transfer_task(client: AnyRedis, keys: QueueKeys, *, batch: int, safety_poll_s: float,
                             open_timeout_s: float, call_timeout_s: float,
-                            lag_warning_s: float | None = None) -> TransferScheduler:
-    """Start (or share) the scheduler of ``keys`` on ``client``; returns once subscribed and
+                            lag_warning_s: float | None = None) -> TransferTask:
+    """Start (or share) the transfer task of ``keys`` on ``client``; returns once subscribed and
     transferred once. A cancelled caller drops its reference.
 
     Raises:
@@ -185,27 +185,27 @@ async def acquire_scheduler(client: AnyRedis, keys: QueueKeys, *, batch: int, sa
         runtime = per_loop[client] = ClientRuntime(client, call_timeout_s=call_timeout_s)
     entry = runtime.entries.get(keys.destination)
     if entry is None:
-        scheduler = TransferScheduler(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
+        transfer_task = TransferTask(QueueScripts(client, keys, call_timeout_s=call_timeout_s), runtime.tasks,
                                       batch=batch, safety_poll_s=safety_poll_s, slots=runtime.transfer_slots,
                                       shared_poll=runtime.safety_poll is not None, lag_warning_s=lag_warning_s)
-        ready = runtime.tasks.spawn(_start(runtime, keys, scheduler, open_timeout_s, call_timeout_s),
+        ready = runtime.tasks.spawn(_start(runtime, keys, transfer_task, open_timeout_s, call_timeout_s),
                                     name=f"aiodelayq-open:{keys.destination}", quiet=True)
-        entry = runtime.entries[keys.destination] = _Entry(scheduler, 0, ready)
+        entry = runtime.entries[keys.destination] = _Entry(transfer_task, 0, ready)
     entry.refs += 1
     try:
         done, _ = await asyncio.wait({entry.ready}, timeout=open_timeout_s)
         if not done:
             raise BackendError(f"opening {keys.destination!r} did not finish within {open_timeout_s} s: "
-                               f"{_progress(runtime, keys, entry.scheduler)}")
+                               f"{_progress(runtime, keys, entry.transfer_task)}")
         entry.ready.result()  # its failure: raised here, to every opener, and reported by them alone
     except BaseException:
-        await release_scheduler(client, keys, timeout_s=1.0)
+        await release_transfer_task(client, keys, timeout_s=1.0)
         raise
-    return entry.scheduler
+    return entry.transfer_task
 
 
-async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float) -> None:
-    """Drop one reference; the last one stops the scheduler (and the subscriber if idle), within
+async def release_transfer_task(client: AnyRedis, keys: QueueKeys, timeout_s: float) -> None:
+    """Drop one reference; the last one stops the transfer task (and the subscriber if idle), within
     ``timeout_s``."""
     runtime = runtime_for(client)
     entry = runtime.entries.get(keys.destination) if runtime else None
@@ -226,15 +226,15 @@ async def release_scheduler(client: AnyRedis, keys: QueueKeys, timeout_s: float)
     else:
         runtime.subscriber.remove(keys.channel)
     if runtime.safety_poll is not None:
-        runtime.safety_poll.discard(entry.scheduler)
+        runtime.safety_poll.discard(entry.transfer_task)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    if entry.ready.done():  # its outcome went to its openers (acquire_scheduler raised a failure)
+    if entry.ready.done():  # its outcome went to its openers (acquire_transfer_task raised a failure)
         if not entry.ready.cancelled() and entry.ready.exception() is not None:
             log.debug("opening of %r failed: %s", keys.destination, entry.ready.exception())
     else:
         await stop_task(entry.ready, max(0.0, deadline - loop.time()))
-    await entry.scheduler.aclose(max(0.0, deadline - loop.time()))
+    await entry.transfer_task.aclose(max(0.0, deadline - loop.time()))
     if last:  # the subscriber and the safety poll first (they release their connections), then the rest
         if runtime.safety_poll is not None:
             await runtime.safety_poll.aclose(max(0.0, deadline - loop.time()))

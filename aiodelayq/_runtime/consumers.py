@@ -1,8 +1,8 @@
-"""The consumers of one open queue object, as its transfer scheduler sees them.
+"""The consumers of one open queue object, as its transfer task sees them.
 
-A scheduler is shared by the queue objects of one client and name; each open one attaches its
+A transfer task is shared by the queue objects of one client and name; each open one attaches its
 :class:`QueueConsumers` (``lifecycle.py`` does, when the queue opens, and detaches them when it
-closes). After a transfer, the scheduler tells each what it did (:meth:`QueueConsumers.transferred`);
+closes). After a transfer, the transfer task tells each what it did (:meth:`QueueConsumers.transferred`);
 before one, it offers the transfer to a take pump with waiting callers, whose next POP moves the due
 items and pops them in one round trip (:meth:`QueueConsumers.transfer_in_pop`).
 """

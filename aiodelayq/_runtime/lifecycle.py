@@ -1,8 +1,8 @@
 """The life of one queue object: its event loop, the open/close state machine, and what an open queue
-owns (a share of the transfer scheduler, the take pump, the reliable consumer) and counts.
+owns (a share of the transfer task, the take pump, the reliable consumer) and counts.
 
 The queue object's background tasks (its opening, the pump's pops and finishes, settles, undone
-receives) have one owner, a :class:`~aiodelayq._core.tasks.TaskOwner`; the close ends with it.
+receives) have one owner, a :class:`~aiodelayq._util.tasks.TaskOwner`; the close ends with it.
 
 States: ``new`` -> ``opening`` -> ``open`` -> ``closing`` -> ``closed``; a failed or abandoned
 opening goes back to ``new``. A queue is opened at most once.
@@ -20,15 +20,15 @@ from typing import Any, Literal, Protocol
 from .._consuming.refill import CronRefill
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
-from .._core.observe import Events
-from .._core.tasks import TaskOwner, wait_through_cancellation
 from .._options import QueueOptions
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
+from .._util.observe import Events
+from .._util.tasks import TaskOwner, wait_through_cancellation
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
-from .client_runtime import acquire_scheduler, release_scheduler
+from .client_runtime import acquire_transfer_task, release_transfer_task
 from .consumers import QueueConsumers
-from .scheduler import TransferScheduler
+from .transfer_task import TransferTask
 
 __all__ = ["Check", "Lifecycle", "QueueStats"]
 
@@ -44,11 +44,11 @@ State = Literal["new", "opening", "open", "closing", "closed"]
 @dataclass(frozen=True)
 class QueueStats:
     """Counters of one queue object in this process: a snapshot of the events it reported (those of
-    the transfer scheduler it shares with the queue objects of the same client and name included),
+    the transfer task it shares with the queue objects of the same client and name included),
     the same events the metrics sink gets.
 
     Attributes:
-        transfers: transfer script runs by this process's scheduler for the queue.
+        transfers: transfer script runs by this process's transfer task for the queue.
         moved: items this process moved from pending to the destination list.
         dead_lettered: malformed pending elements moved to the dead-letter list.
         undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
@@ -69,7 +69,7 @@ class QueueStats:
         offered: items written by this object's offer calls.
         delivered: items and messages handed to callers.
         pops: POP calls that returned items; empty_pops: those that found none and transferred
-            nothing; pops_that_transferred: those that ran the scheduler's transfer first.
+            nothing; pops_that_transferred: those that ran the transfer task's transfer first.
         receives: RECEIVE calls that returned messages; settle_calls: SETTLE calls.
     """
 
@@ -93,9 +93,9 @@ class QueueStats:
     expired: int = 0
 
     @classmethod
-    def of(cls, own: Events, scheduler: Events | None) -> QueueStats:
-        """The stats of a queue object's events and its scheduler's (``None``: never opened)."""
-        mine, shared = own.counts, scheduler.counts if scheduler is not None else Counter[str]()
+    def of(cls, own: Events, transfer_task: Events | None) -> QueueStats:
+        """The stats of a queue object's events and its transfer task's (``None``: never opened)."""
+        mine, shared = own.counts, transfer_task.counts if transfer_task is not None else Counter[str]()
         return cls(transfers=shared["transfers"], moved=shared["moved"],
                    dead_lettered=shared["dead_lettered:malformed"], undecodable=mine["undecodable"],
                    transfer_errors=shared["transfer_errors"], returned=mine["returned"],
@@ -137,7 +137,7 @@ class Lifecycle:
         self._opening: asyncio.Task[None] | None = None
         self._openers = 0
         self._close_task: asyncio.Task[None] | None = None
-        self._scheduler: TransferScheduler | None = None
+        self._transfer_task: TransferTask | None = None
         self._pump: TakePump | None = None
         self._reliable: ReliableConsumer[Any] | None = None
         self._consumers: QueueConsumers | None = None
@@ -196,9 +196,9 @@ class Lifecycle:
         return self._reliable
 
     def stats(self) -> QueueStats:
-        """A snapshot of the counters of this queue object's events (and of its scheduler's)."""
-        scheduler = self._scheduler
-        return QueueStats.of(self._events, scheduler.events if scheduler is not None else None)
+        """A snapshot of the counters of this queue object's events (and of its transfer task's)."""
+        transfer_task = self._transfer_task
+        return QueueStats.of(self._events, transfer_task.events if transfer_task is not None else None)
 
     async def open(self) -> None:
         """Open once; concurrent openers share the opening task, which the last one to leave cancels
@@ -236,7 +236,7 @@ class Lifecycle:
             check_eviction_policy(self._client)
             if self._check is not None:
                 await self._check.ensure()
-            scheduler = await acquire_scheduler(
+            transfer_task = await acquire_transfer_task(
                 self._client, keys, batch=o.transfer_batch, safety_poll_s=o.safety_poll_s,
                 open_timeout_s=o.open_timeout_s, call_timeout_s=o.call_timeout_s, lag_warning_s=o.lag_warning_s)
         except BaseException:
@@ -245,14 +245,14 @@ class Lifecycle:
             self._opening = None
             raise
         if self.state != "opening":  # aclose() ran while we were opening
-            await release_scheduler(self._client, keys, o.close_timeout_s)
+            await release_transfer_task(self._client, keys, o.close_timeout_s)
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
-        self._scheduler = scheduler
+        self._transfer_task = transfer_task
         self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.resolved_codec),
-                              slots=scheduler.slots, events=self._events, rotation=self._rotation)
+                              slots=transfer_task.slots, events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
         self._consumers = QueueConsumers(self._pump, self._reliable)
-        scheduler.attach(self._consumers)
+        transfer_task.attach(self._consumers)
         self.state = "open"
         log.info("queue %r opened (subscribed, first transfer done)", keys.destination)
 
@@ -281,7 +281,7 @@ class Lifecycle:
             except asyncio.CancelledError:
                 cancelled = True
             if was_open:
-                await release_scheduler(self._client, self._keys, max(0.0, deadline - loop.time()))
+                await release_transfer_task(self._client, self._keys, max(0.0, deadline - loop.time()))
             if cancelled:
                 raise asyncio.CancelledError
         finally:
@@ -294,9 +294,9 @@ class Lifecycle:
         (loop time): the close deadline less STOP_RESERVE_S, which is left for stopping the tasks by
         cancellation (that needs no server, only a few loop turns). Waits through a forced
         shutdown's cancellations; returns whether one arrived (the caller raises it)."""
-        scheduler, pump, reliable = self._scheduler, self._pump, self._reliable
-        if scheduler is not None and self._consumers is not None:
-            scheduler.detach(self._consumers)
+        transfer_task, pump, reliable = self._transfer_task, self._pump, self._reliable
+        if transfer_task is not None and self._consumers is not None:
+            transfer_task.detach(self._consumers)
         loop = asyncio.get_running_loop()
         name = self._keys.destination
         settling: set[asyncio.Task[None]] = set()

@@ -1,6 +1,6 @@
 """The safety poll of a single-server client's open queues: one pipelined read for many queues.
 
-A queue's scheduler is woken by published due times, its own "next due" timers and its hand-off
+A queue's transfer task is woken by published due times, its own "next due" timers and its hand-off
 leases. The safety poll covers what none of those announces: a publish that never arrived, items a
 process or Redisson moved to the destination while this one's consumers wait, a lease taken by
 another process that died. Each queue is looked at within ``safety_poll_s`` of its last transfer.
@@ -12,8 +12,8 @@ write of plain read commands per ``_CHUNK`` queues. Only a queue with something 
 bucket to promote), an expired lease or ready items is acted on; an idle queue costs four O(1)
 reads per period instead of a script call. A round takes every queue whose look is due
 within a fifth of its period, so the reads of many queues go in a few full writes. A cluster's
-queues live on many nodes, so there each scheduler polls by itself with a transfer
-(``TransferScheduler(shared_poll=False)``).
+queues live on many nodes, so there each transfer task polls by itself with a transfer
+(``TransferTask(shared_poll=False)``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .._core.tasks import TaskOwner, wait_event
 from .._redis.backoff import Backoff
 from .._redis.connections import call_pipelined, classify, is_permanent
+from .._util.tasks import TaskOwner, wait_event
 from ..exceptions import BackendError
-from .scheduler import TransferScheduler
+from .transfer_task import TransferTask
 
 __all__ = ["SafetyPoll"]
 
@@ -41,14 +41,14 @@ _EARLY = 0.2
 
 
 class SafetyPoll:
-    """One task per client and event loop that looks at every registered scheduler's queue when
+    """One task per client and event loop that looks at every registered transfer task's queue when
     its ``poll_at`` (loop time) comes (see the module docstring)."""
 
     def __init__(self, client: Redis, tasks: TaskOwner, *, slots: asyncio.Semaphore, call_timeout_s: float) -> None:
         self._client = client
         self._slots = slots
         self._call_timeout_s = call_timeout_s
-        self._schedulers: set[TransferScheduler] = set()
+        self._schedulers: set[TransferTask] = set()
         self._changed = asyncio.Event()
         self._task = tasks.supervise("aiodelayq-safety-poll", self._run, restart_after_s=1.0,
                                     wanted=lambda: bool(self._schedulers))
@@ -57,15 +57,15 @@ class SafetyPoll:
     def __repr__(self) -> str:
         return f"<SafetyPoll queues={len(self._schedulers)} polls={self.polls} task={self._task!r}>"
 
-    def add(self, scheduler: TransferScheduler) -> None:
-        """Look at ``scheduler``'s queue from now on (the poll starts with its first queue)."""
-        self._schedulers.add(scheduler)
+    def add(self, transfer_task: TransferTask) -> None:
+        """Look at ``transfer_task``'s queue from now on (the poll starts with its first queue)."""
+        self._schedulers.add(transfer_task)
         self._changed.set()
         self._task.start()
 
-    def discard(self, scheduler: TransferScheduler) -> None:
-        """Stop looking at ``scheduler``'s queue."""
-        self._schedulers.discard(scheduler)
+    def discard(self, transfer_task: TransferTask) -> None:
+        """Stop looking at ``transfer_task``'s queue."""
+        self._schedulers.discard(transfer_task)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop polling (idempotent)."""
@@ -82,7 +82,7 @@ class SafetyPoll:
             if due:  # with them, the queues due within a fifth of their period: fewer, fuller reads
                 due = [s for s in self._schedulers if s.poll_at <= now + s.safety_poll_s * _EARLY]
             if not due:
-                # poll_at only moves later for a registered scheduler; a new one may come sooner.
+                # poll_at only moves later for a registered transfer task; a new one may come sooner.
                 wake_at = min((s.poll_at for s in self._schedulers), default=math.inf)
                 await wait_event(self._changed, wake_at - now)
                 continue
@@ -94,10 +94,10 @@ class SafetyPoll:
                 continue
             backoff.succeeded()
 
-    async def _poll(self, schedulers: list[TransferScheduler]) -> None:
+    async def _poll(self, transfer_tasks: list[TransferTask]) -> None:
         loop = asyncio.get_running_loop()
         commands: list[tuple[Any, ...]] = [("TIME",)]
-        for s in schedulers:
+        for s in transfer_tasks:
             keys = s.keys
             commands += [("ZRANGE", keys.timeout_set, 0, 0, "WITHSCORES"),
                          ("ZRANGE", keys.tier_index, 0, 0, "WITHSCORES"),
@@ -105,10 +105,10 @@ class SafetyPoll:
                          ("LLEN", keys.destination)]
         async with self._slots:
             sent = loop.time()
-            replies = await call_pipelined(self._client, commands, what=f"safety poll of {len(schedulers)} queue(s)",
-                                           timeout_s=self._call_timeout_s)
+            replies = await call_pipelined(self._client, commands, timeout_s=self._call_timeout_s,
+                                           what=f"safety poll of {len(transfer_tasks)} queue(s)")
             received = loop.time()
-        what = f"safety poll of {len(schedulers)} queue(s)"
+        what = f"safety poll of {len(transfer_tasks)} queue(s)"
         for reply in replies:
             if isinstance(reply, ResponseError) and is_permanent(classify(what, reply, sent=True)):
                 raise classify(what, reply, sent=True)  # a missing permission: logged at WARNING
@@ -118,7 +118,7 @@ class SafetyPoll:
         seconds, micros = time_reply
         anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
         self.polls += 1
-        for index, s in enumerate(schedulers):
+        for index, s in enumerate(transfer_tasks):
             head, tier, lease, ready = replies[1 + 4 * index:5 + 4 * index]
             if s not in self._schedulers:
                 continue  # closed meanwhile

@@ -10,10 +10,10 @@ from typing import Any, Protocol, cast
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from .._core.tasks import TaskOwner, detached, stop_task, timeout
 from .._redis.backoff import Backoff
 from .._redis.cluster import mark_stale
 from .._redis.connections import AnyRedis, classify, is_permanent
+from .._util.tasks import TaskOwner, detached, stop_task, timeout
 from ..exceptions import BackendError
 
 __all__ = ["ChannelListener", "Subscriber"]
@@ -22,7 +22,7 @@ log = logging.getLogger("aiodelayq")
 
 
 class ChannelListener(Protocol):
-    """What a transfer scheduler exposes to the subscriber."""
+    """What a transfer task exposes to the subscriber."""
 
     def on_subscribed(self) -> None:
         """The channel was (re)subscribed: run a compensating transfer."""
@@ -38,7 +38,7 @@ class Subscriber:
     reconnect after an error) calls the listener's ``on_subscribed``, which is Redisson's
     "transfer on subscribe" compensation. The reader pings an idle connection every
     ``ping_interval_s`` and reconnects when the server stops answering, so a half-open connection
-    cannot silence a queue for long (the schedulers' safety poll covers the gap).
+    cannot silence a queue for long (the transfer tasks' safety poll covers the gap).
     """
 
     def __init__(self, client: AnyRedis, tasks: TaskOwner, *, ping_interval_s: float = 30.0) -> None:
@@ -172,7 +172,7 @@ class Subscriber:
                     self._pubsub = pubsub
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
-                # Connected and subscribed: each channel's confirmation then runs its scheduler's
+                # Connected and subscribed: each channel's confirmation then runs its transfer task's
                 # compensating transfer, and the next loss starts a fresh streak.
                 backoff.succeeded()
                 await self._read(pubsub)
@@ -268,7 +268,7 @@ _MAX_DUE_MS = 2**53
 
 def _parse_due(data: object) -> int | None:
     # Redisson publishes the due time with LongCodec (decimal text). Anything else, or a number no
-    # due time can be, just wakes the scheduler, whose transfer then reads the true head.
+    # due time can be, just wakes the transfer task, whose transfer then reads the true head.
     try:
         due = int(data) if isinstance(data, (bytes, str)) and len(data) <= 20 else None
     except ValueError:

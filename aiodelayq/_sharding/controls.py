@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from .._consuming.controls import Controls
-from .._core.checks import count, positive
+from .._util.checks import count, positive
 from .fanout import on_every
 
 __all__ = ["ShardedControls"]

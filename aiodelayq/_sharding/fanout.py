@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from .._core.tasks import gather_all
+from .._util.tasks import gather_all
 
 __all__ = ["on_every"]
 

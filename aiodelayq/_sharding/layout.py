@@ -9,12 +9,12 @@ from __future__ import annotations
 import random
 import zlib
 
-from .._core.checks import count
+from .._util.checks import count
 from ..exceptions import InvalidNameError
 
 __all__ = ["MAX_SHARDS", "Rotation", "check_shards", "shard_of"]
 
-# Most shards a queue may have: each one is a transfer scheduler and a subscribed channel per
+# Most shards a queue may have: each one is a transfer task and a subscribed channel per
 # consuming process.
 MAX_SHARDS = 1024
 

@@ -2,7 +2,7 @@
 
 Every call of the object first binds the shards to the running event loop and runs the object's
 shard count check (:mod:`.record`, which places the shards as the name records) until it passed
-once. ``open()`` checks, then opens the K shards at once (K transfer schedulers, their channels on
+once. ``open()`` checks, then opens the K shards at once (K transfer tasks, their channels on
 the client's one pub/sub connection): a failed shard leaves the others open, and the next
 ``open()`` opens the rest. ``aclose()`` closes the K
 shards at once, each within ``close_timeout_s``, so the whole close is bounded by it too.

@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from .._core.observe import Events
-from .._core.tasks import gather_all
 from .._options import QueueOptions
 from .._producing.keyed import check_key
 from .._producing.producer import Producer
 from .._scripts import QueueScripts
+from .._util.observe import Events
+from .._util.tasks import gather_all
 from .._wire.elements import Fragment
 from .layout import Rotation, shard_of
 

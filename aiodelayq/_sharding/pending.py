@@ -13,33 +13,33 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._producing.pending import MAX_PEEK, PendingItem, PendingView, QueueCounts
+from .._producing.pending import MAX_PEEK, PendingItem, QueueContents, QueueCounts
 from ..exceptions import ConfigurationError
 from .fanout import on_every
 
-__all__ = ["ShardedPending", "sum_counts"]
+__all__ = ["ShardedContents", "sum_counts"]
 
 
-class ShardedPending:
+class ShardedContents:
     """``size``/``counts``/``peek``/... of a sharded queue object over its shards' pending views."""
 
-    def __init__(self, shards: Sequence[PendingView]) -> None:
+    def __init__(self, shards: Sequence[QueueContents]) -> None:
         self._shards = shards
 
     def __repr__(self) -> str:
-        return f"<ShardedPending shards={len(self._shards)}>"
+        return f"<ShardedContents shards={len(self._shards)}>"
 
     async def size(self) -> int:
         """Pending elements of every shard."""
-        return sum(await on_every(self._shards, PendingView.size))
+        return sum(await on_every(self._shards, QueueContents.size))
 
     async def ready_size(self) -> int:
         """Due items waiting in every shard's destination list."""
-        return sum(await on_every(self._shards, PendingView.ready_size))
+        return sum(await on_every(self._shards, QueueContents.ready_size))
 
     async def counts(self) -> QueueCounts:
         """Every shard's counts (each one atomic call), as one queue's (:func:`sum_counts`)."""
-        return sum_counts(await on_every(self._shards, PendingView.counts))
+        return sum_counts(await on_every(self._shards, QueueContents.counts))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending items of all shards, soonest first.
@@ -58,7 +58,7 @@ class ShardedPending:
 
     async def read_all(self) -> list[Any]:
         """Every shard's pending items, each shard's in due order, shard after shard."""
-        return [item for items in await on_every(self._shards, PendingView.read_all) for item in items]
+        return [item for items in await on_every(self._shards, QueueContents.read_all) for item in items]
 
     async def remove(self, items: Iterable[Any], *, first_only: bool) -> int:
         """Remove elements matching ``items``: with ``first_only``, one (shard after shard, until one
@@ -74,7 +74,7 @@ class ShardedPending:
 
     async def clear(self) -> None:
         """Drop every shard's pending elements."""
-        await on_every(self._shards, PendingView.clear)
+        await on_every(self._shards, QueueContents.clear)
 
 
 def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:

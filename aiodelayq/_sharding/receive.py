@@ -27,8 +27,8 @@ from .._consuming.messages import Message
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.traced import traced_receive
 from .._consuming.wait_loop import Look, WaitLoop
-from .._core.tracing import tracer
 from .._redis.connections import is_permanent
+from .._util.tracing import tracer
 from ..exceptions import BackendError
 from .layout import Rotation
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .._core.tasks import keep
 from .._scripts import QueueScripts
+from .._util.tasks import keep
 from .._wire.placement import Placement, ShardRecord
 from ..exceptions import ShardCountError
 

@@ -8,11 +8,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .._core.observe import Events
 from .._options import QueueOptions
 from .._parts.queue_parts import QueueParts
 from .._redis.connections import AnyRedis
 from .._scripts import QueueScripts
+from .._util.observe import Events
 from .._wire.key_names import QueueKeys
 from .controls import ShardedControls
 from .dead_letters import ShardedDeadLetters
@@ -20,7 +20,7 @@ from .keyed import ShardedKeyed, ShardedSchedules
 from .layout import Rotation
 from .lifecycle import ShardedLifecycle
 from .offers import ShardedProducer
-from .pending import ShardedPending
+from .pending import ShardedContents
 from .record import ShardCount
 from .shard_set import ShardSet
 
@@ -33,7 +33,7 @@ class ShardedParts:
 
     placed: ShardSet
     producer: ShardedProducer
-    pending: ShardedPending
+    pending: ShardedContents
     keyed: ShardedKeyed
     dead: ShardedDeadLetters
     controls: ShardedControls
@@ -60,7 +60,7 @@ class ShardedParts:
         # The count check may be the first call of an opening: bounded by the shorter of the two.
         count = ShardCount(scripts, shards, timeout_s=min(o.call_timeout_s, o.open_timeout_s), place=placed.place)
         life = ShardedLifecycle(keys.destination, placed.of(lambda p: p.life), count, recheck_s=o.safety_poll_s)
-        return cls(placed, producer, ShardedPending(placed.of(lambda p: p.pending)),
+        return cls(placed, producer, ShardedContents(placed.of(lambda p: p.pending)),
                    ShardedKeyed(placed.of(lambda p: p.keyed)), ShardedDeadLetters(placed.of(lambda p: p.dead)),
                    ShardedControls(placed.of(lambda p: p.controls)), ShardedSchedules(placed.of(lambda p: p.schedules)),
                    life)

@@ -20,7 +20,7 @@ from typing import Any
 from .._consuming.take import TakePump
 from .._consuming.traced import traced_take
 from .._consuming.wait_loop import Look, WaitLoop
-from .._core.tracing import tracer
+from .._util.tracing import tracer
 from .layout import Rotation
 
 __all__ = ["ShardedPump"]

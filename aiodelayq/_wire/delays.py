@@ -1,14 +1,14 @@
-"""Delays, timeouts and counts given by users: parsing, rounding and limits (pure functions)."""
+"""Delays as Redis takes them: a user's seconds or ``timedelta`` in whole milliseconds, rounded up,
+within their limits (pure functions; the other checks of user-given numbers: ``_util/checks.py``)."""
 
 from __future__ import annotations
 
 import math
 from datetime import timedelta
 
-from ..exceptions import ConfigurationError, InvalidDelayError
+from ..exceptions import InvalidDelayError
 
-__all__ = ["MAX_DELAY_MS", "MIN_VISIBILITY_TIMEOUT_S", "check_max_items", "check_timeout", "delay_to_ms",
-           "positive_ms", "visibility_ms"]
+__all__ = ["MAX_DELAY_MS", "MIN_VISIBILITY_TIMEOUT_S", "delay_to_ms", "positive_ms", "visibility_ms"]
 
 # Scores are doubles: keep due times exact integers (2**53 ms is ~285,000 years).
 MAX_DELAY_MS = 2**52
@@ -65,28 +65,6 @@ def positive_ms(value: float | timedelta, name: str) -> int:
     if ms == 0:
         raise InvalidDelayError(f"{name} must be more than 0 s, got {value!r}")
     return ms
-
-
-def check_timeout(timeout: float | None, label: str = "timeout") -> None:
-    """Accept ``None`` or a number of seconds >= 0.
-
-    Raises:
-        InvalidDelayError: anything else (negative, NaN, a bool, a string...).
-    """
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                or math.isnan(timeout) or timeout < 0):
-        raise InvalidDelayError(f"{label} must be None or seconds >= 0, got {timeout!r}")
-
-
-def check_max_items(max_items: object) -> int:
-    """Accept an ``int`` >= 1 (a batch size).
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
-        raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
-    return max_items
 
 
 def visibility_ms(visibility_timeout: float | timedelta) -> int:

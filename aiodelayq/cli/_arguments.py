@@ -42,7 +42,7 @@ def seconds(minimum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         import math
 
-        from .._core.checks import seconds_text
+        from .._util.checks import seconds_text
 
         try:
             value = float(text)

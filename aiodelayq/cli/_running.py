@@ -39,7 +39,7 @@ def run(work: Coroutine[Any, Any, T], *, sigterm_interrupts: bool = False) -> T:
     from redis.exceptions import RedisError
 
     from .._admin.connect import BadInput, CannotConnect
-    from .._core.tasks import run_interruptible
+    from .._util.tasks import run_interruptible
     from ..exceptions import BackendError, DelayedQueueError, InvalidNameError, WrongNodeError
 
     terminated: list[bool] = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
-from .._core.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
+from .._util.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -81,7 +81,7 @@ async def serve(url: str, exporter: Any) -> None:
     from redis.asyncio import Redis
 
     from aiodelayq import DelayedQueue
-    from aiodelayq._core.tracing import tracer
+    from aiodelayq._util.tracing import tracer
 
     client = Redis.from_url(url, decode_responses=False)  # the producer's
     consumer = Redis.from_url(url, decode_responses=False)

@@ -22,7 +22,7 @@ from aiodelayq import DelayedQueue
 
 async def run(bench: Bench) -> dict[str, Any]:
     """``lateness_rate`` items/s falling due for ``lateness_seconds`` s. A consumer process opens the queue
-    and takes: ours with ``take_many(1000)``, the reference with a ``BLPOP`` loop (its transfer scheduler
+    and takes: ours with ``take_many(1000)``, the reference with a ``BLPOP`` loop (its transfer task
     runs in that process too). This process produces: every 50 ms it offers every item whose target due
     time is within 0.5 s (ours: ``offer_many``; reference: a pipeline of offer scripts). Lateness = receipt
     time - due time, on the server clock for ours (due times are server ms; the offset between the clocks
@@ -150,7 +150,7 @@ async def _steady(bench: Bench, impl: str, rate: float, seconds: float, *, consu
 
 
 async def consume(url: str, name: str, impl: str, total: int, bound_s: float, vt_s: float) -> dict[str, Any]:
-    """(A consumer process.) Open the queue (ours) or start the reference scheduler, say ``ready``, then take
+    """(A consumer process.) Open the queue (ours) or start the reference transfer task, say ``ready``, then take
     until ``total`` items arrived or ``bound_s`` passed; ``ours_reliable``: ``async for msg in
     q.messages(vt_s): await msg.ack()`` until the parent sends ``stop`` (or ``bound_s`` passed). The ids and
     receipt times (local epoch ms), the queue's stats."""

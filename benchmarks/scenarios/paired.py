@@ -67,7 +67,7 @@ async def offer_many(bench: Bench) -> dict[str, Any]:
 async def e2e(bench: Bench) -> dict[str, Any]:
     """One process, two clients: a producer offers batches of 1000 items due at once (delay 0) while at
     most ``e2e_backlog`` are offered but not yet consumed; a consumer takes them (ours: ``take_many(1000)``
-    on an opened queue; reference: its transfer scheduler plus a ``BLPOP`` loop). msgs/s = items
+    on an opened queue; reference: its transfer task plus a ``BLPOP`` loop). msgs/s = items
     consumed during ``e2e_seconds`` / ``e2e_seconds``."""
     s = bench.sizes
 

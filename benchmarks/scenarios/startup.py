@@ -27,7 +27,7 @@ async def handle(item):
 """
 
 # The reference's consumer process: Redisson's design from redis-py (``reference.py``), started the way a
-# worker of it would start: its transfer scheduler and subscriber, then ``take()`` until the item comes.
+# worker of it would start: its transfer task and subscriber, then ``take()`` until the item comes.
 REFERENCE_TAKER = "import asyncio, sys; sys.path.insert(0, sys.argv[1]); import reference; " \
                   "asyncio.run(reference.take_one(*sys.argv[2:]))"
 
@@ -80,7 +80,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     - ours, ``aiodelayq worker startup_handler:handle`` (default options: reliable, concurrency 16) on a
       queue holding one item offered with delay 0 before the start: from starting the process to the
       handler's first item (its own clock), then SIGTERM; the reference, a process that imports redis-py
-      and ``reference.py``, starts Redisson's transfer scheduler and subscriber and ``take()``s the item.
+      and ``reference.py``, starts Redisson's transfer task and subscriber and ``take()``s the item.
 
     Medians; ratios of the imports and ``--help`` to ``import redis.asyncio``, of ours' first delivery to
     the reference's."""

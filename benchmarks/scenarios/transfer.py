@@ -21,7 +21,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     another client (its first transfer runs at open, then back to back) until ``ZCARD`` of the zset is 0.
     Reference: filled with pipelines of 1000 Redisson offer scripts, due times uniform over the minute
     before the fill (the list is in insertion order, the zset in due order: the element due next sits
-    anywhere in the list); timed from starting its scheduler until ``ZCARD`` is 0, or for at most
+    anywhere in the list); timed from starting its transfer task until ``ZCARD`` is 0, or for at most
     ``ref_bound_s`` seconds (then ``bounded``: the rate is moved / elapsed over that window). Worst
     single script time: ``SLOWLOG`` over the timed window."""
     s = bench.sizes

@@ -5,7 +5,7 @@ Everything here is asyncio's own: tasks, and deadlines with :func:`timeout` (``a
 the ``async-timeout`` package it came from on Pythons before 3.11.3, as redis-py does). A queue
 object's background tasks (its take pump, hand-off finishes, settles, undone receives) belong to
 one :class:`TaskOwner`; what a client's open queues share (the subscriber, the safety poll, the
-transfer schedulers) to another. Each owner is closed by one ``aclose(deadline)``.
+transfer tasks) to another. Each owner is closed by one ``aclose(deadline)``.
 
 Three helpers do what asyncio does not do by itself: leave a redis-py call behind instead of
 waiting for it (:func:`detached`), re-deliver a cancellation that redis-py swallowed (every stop

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from redis.backoff import EqualJitterBackoff
 
-from .._core.tasks import run_through_cancellation
-from .._core.tracing import process_span, tracer
 from .._options import WorkerOptions
+from .._util.tasks import run_through_cancellation
+from .._util.tracing import process_span, tracer
 from ..exceptions import ConfigurationError
 from .current import CURRENT_HEADERS, CURRENT_MESSAGE
 from .handler import check_handler

@@ -13,7 +13,7 @@ script also reads the due scores of what it moves (see ``_scripts/lua/transfer.l
 Events are called on the event loop's thread, with the queue's name (its destination list), after
 the Redis call they describe succeeded (``delivered``: when the caller gets the items; the take pump's
 ``undecodable`` dead letters: when decided, the FINISH that writes them follows). A sink must be
-quick and must not block: it runs inline in the transfer scheduler, the take pump and the settler. A
+quick and must not block: it runs inline in the transfer task, the take pump and the settler. A
 sink that raises is logged (ERROR, once per sink) and otherwise ignored: metrics never break
 delivery.
 """
@@ -35,7 +35,7 @@ class MetricsSink(Protocol):
     """What the queue reports, per queue name, counted per batch or call (``n`` items).
 
     Which calls report what: ``offered`` after an offer call wrote its items; ``moved`` after a
-    transfer (the scheduler's, or one run inside a consumer's pop) of this process; ``delivered`` when
+    transfer (the transfer task's, or one run inside a consumer's pop) of this process; ``delivered`` when
     ``take``/``take_many``/``poll``/``async for`` return items or ``receive``/``receive_many``/
     ``messages`` return messages; ``acked``/``nacked``/``dead_lettered`` when Redis confirmed the
     settle (written-behind acks included, once their call came back).
@@ -143,7 +143,7 @@ class _Guarded:
 
 class Hook:
     """The process's one sink slot. An object, not a module global, so that modules import it by
-    name (``from .._core.observe import hook``) and still see every :func:`install`.
+    name (``from .._util.observe import hook``) and still see every :func:`install`.
 
     Attributes:
         sink: the installed sink (guarded), or ``None``: nothing is reported and transfers do not
@@ -215,7 +215,7 @@ class InstalledOnce:
 
 
 class Events:
-    """The events of one queue object (or of the transfer scheduler the queue objects of one client
+    """The events of one queue object (or of the transfer task the queue objects of one client
     and name share), this process only: each is counted in :attr:`counts` and, for those the metrics
     know, passed on to the installed sink. A component reports an event here and nowhere else.
 

@@ -1,4 +1,4 @@
-"""The transfer scheduler: one per queue, client and event loop; moves due items with ``loop.call_at``."""
+"""The transfer task: one per queue, client and event loop; moves due items with ``loop.call_at``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.observe import Events, transfer_limit
-from .._core.tasks import TaskOwner, wait_event
 from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
 from .._scripts import QueueScripts
 from .._scripts.foreign_keys import refusal_advice
+from .._util.observe import Events, transfer_limit
+from .._util.tasks import TaskOwner, wait_event
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError, ShardCountError
 from .consumers import QueueConsumers
 
-__all__ = ["SchedulerStats", "TransferScheduler"]
+__all__ = ["TransferStats", "TransferTask"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -35,8 +35,8 @@ _TIMER_LEAD_S = 0.0005
 
 
 @dataclass
-class SchedulerStats:
-    """Counters of one transfer scheduler (this process only): a snapshot of its events.
+class TransferStats:
+    """Counters of one transfer task (this process only): a snapshot of its events.
 
     Attributes:
         transfers: transfer script calls that succeeded.
@@ -56,8 +56,9 @@ class SchedulerStats:
     last_error: str | None = field(default=None)
 
 
-class TransferScheduler:
-    """Runs the transfer script when the earliest pending item falls due.
+class TransferTask:
+    """Runs the transfer script when the earliest pending item falls due (Redisson's
+    ``QueueTransferTask``), in a task of its own.
 
     Two clocks, never mixed: due times are epoch milliseconds of the **Redis server** clock, timers
     are ``loop.time()``. Each transfer reply carries the server's ``TIME``, which anchors one clock
@@ -90,11 +91,11 @@ class TransferScheduler:
         # transfers fail (a cluster has no shared poll to read it).
         self._head_ms: float | None = None
         self._call_timeout_s = scripts.call_timeout_s
-        # Shared by the schedulers of one client: caps concurrent transfer calls (and so pooled
+        # Shared by the transfer tasks of one client: caps concurrent transfer calls (and so pooled
         # connections) when many queues wake at once.
         self._slots = slots
         self._loop = asyncio.get_running_loop()
-        # Whether the client's SafetyPoll looks at this queue (a single server); else this scheduler
+        # Whether the client's SafetyPoll looks at this queue (a single server); else this transfer task
         # arms its own safety timer (a cluster).
         self._shared_poll = shared_poll
         # Loop time by which the queue is looked at again, if nothing transfers before.
@@ -127,10 +128,10 @@ class TransferScheduler:
         self._consumers: list[QueueConsumers] = []
 
     @property
-    def stats(self) -> SchedulerStats:
-        """A snapshot of this scheduler's counters."""
+    def stats(self) -> TransferStats:
+        """A snapshot of this transfer task's counters."""
         counts = self.events.counts
-        return SchedulerStats(transfers=counts["transfers"], moved=counts["moved"],
+        return TransferStats(transfers=counts["transfers"], moved=counts["moved"],
                               dead_lettered=counts["dead_lettered:malformed"], errors=counts["transfer_errors"],
                               recovered=counts["recovered"], last_error=self._last_error)
 
@@ -150,7 +151,7 @@ class TransferScheduler:
         return self._slots
 
     def __repr__(self) -> str:
-        return (f"<TransferScheduler {self._keys.destination!r} transfers={self.stats.transfers} "
+        return (f"<TransferTask {self._keys.destination!r} transfers={self.stats.transfers} "
                 f"armed_at={self._timer_at:.3f} task={self._task!r}>")
 
     @property
@@ -398,7 +399,7 @@ class TransferScheduler:
             if future is None:
                 continue
             # The pump always answers (its POP is bounded; closing answers None); the bound here
-            # only guards the scheduler against a bug there.
+            # only guards the transfer task against a bug there.
             done, _ = await asyncio.wait({future}, timeout=self._call_timeout_s * 3)
             result: tuple[float, float, Any] | None = future.result() if done else None
             return result if result is not None and result[2] is not None else None

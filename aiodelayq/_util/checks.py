@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, InvalidDelayError
 
-__all__ = ["count", "positive", "seconds", "seconds_text"]
+__all__ = ["check_max_items", "check_timeout", "count", "positive", "seconds", "seconds_text"]
 
 
 def seconds_text(value: float) -> str:
@@ -68,3 +68,25 @@ def positive(name: str, value: object) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigurationError(f"{name} must be a finite number above 0, not {value!r}")
     return float(value)
+
+
+def check_timeout(timeout: float | None, label: str = "timeout") -> None:
+    """Accept ``None`` or a number of seconds >= 0.
+
+    Raises:
+        InvalidDelayError: anything else (negative, NaN, a bool, a string...).
+    """
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or math.isnan(timeout) or timeout < 0):
+        raise InvalidDelayError(f"{label} must be None or seconds >= 0, got {timeout!r}")
+
+
+def check_max_items(max_items: object) -> int:
+    """Accept an ``int`` >= 1 (a batch size).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
+        raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
+    return max_items
