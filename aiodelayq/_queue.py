@@ -2,35 +2,33 @@
 delegated to the part that fills its role (``_parts/roles.py``): offers to the producer, the pending
 side to the contents, ``take``/``poll`` to the take pump and ``receive`` to the reliable consumer of
 its lifecycle, which owns the queue's life. Those are one ordinary queue's parts
-(``_parts/queue_parts.py``), or for ``shards > 1`` composites over the shards' (``_sharding/``)."""
+(``_parts/queue_parts.py``), or for ``shards > 1`` composites over the shards' (``_sharding/``). The
+consuming calls are :class:`~aiodelayq._queue_consuming.ConsumingCalls`', the calls on what the queue
+holds :class:`~aiodelayq._queue_contents.ContentsCalls`'; this module has the rest."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.messages import Message
-from ._consuming.reliable import MessageIterator
 from ._consuming.worker_slots import Worker
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._parts.queue_parts import QueueParts
 from ._parts.roles import Parts
-from ._producing.dead_letters import DeadLetter
 from ._producing.keyed import Offered, Pending
-from ._producing.pending import PendingItem, QueueCounts
+from ._queue_consuming import ConsumingCalls
+from ._queue_contents import ContentsCalls
 from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import QueueStats
 from ._sharding.layout import check_shards
 from ._sharding.sharded import ShardedParts
-from ._util.checks import check_max_items, check_timeout
 from ._wire.codec import Codec
-from ._wire.delays import visibility_ms
 from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
 from .exceptions import ConfigurationError, QueueClosedError
@@ -41,7 +39,7 @@ T = TypeVar("T")
 _Q = TypeVar("_Q", bound="DelayedQueue[Any]")
 
 
-class DelayedQueue(AsyncResource, Generic[T]):
+class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
     """A delayed queue on Redis that shares keys and element format with Redisson's ``RDelayedQueue``.
 
     Producers (``offer``/``offer_many``) and the pending-side calls work without opening the queue.
@@ -384,49 +382,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         await self._life.enter()
         return cast("Pending[T] | None", await self._keyed.get(key))
 
-    # -- consuming -------------------------------------------------------------------------------
-
-    async def take(self) -> T:
-        """Wait for the next due item and return it. Cancellation-safe: a caller that gives up never
-        loses an item Redis already popped; it goes to the next caller or back to the list.
-
-        Raises:
-            QueueNotOpenError: the queue is not open.
-            QueueClosedError: the queue was closed while waiting.
-            AccessDeniedError: the user may not pop from the queue.
-        """
-        return cast(T, (await self._life.pump().get(None, 1))[0])
-
-    async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]:  # noqa: ASYNC109
-        """Wait for at least one due item and return up to ``max_items`` of them in one round trip, or
-        ``[]`` after ``timeout`` seconds (``None``: forever; 0: one pop attempt, no waiting).
-        Cancellation-safe like :meth:`take`. Raises as :meth:`take`, :class:`ConfigurationError` for
-        ``max_items`` < 1 and :class:`InvalidDelayError` for a negative or NaN timeout."""
-        pump = self._life.pump()
-        count = check_max_items(max_items)
-        check_timeout(timeout)
-        return cast(list[T], await pump.get(timeout, count))
-
-    async def take_with_headers(self) -> tuple[T, dict[str, str]]:
-        """As :meth:`take`, with the headers the item was offered with (``{}`` when none).
-        Raises as :meth:`take`."""
-        return cast("tuple[T, dict[str, str]]", (await self._life.pump().get(None, 1, with_headers=True))[0])
-
-    async def take_many_with_headers(self, max_items: int, timeout: float | None = None  # noqa: ASYNC109
-                                     ) -> list[tuple[T, dict[str, str]]]:
-        """As :meth:`take_many`, each item with its headers (``{}`` when none). Raises as :meth:`take_many`."""
-        pump = self._life.pump()
-        count = check_max_items(max_items)
-        check_timeout(timeout)
-        return cast("list[tuple[T, dict[str, str]]]", await pump.get(timeout, count, with_headers=True))
-
-    async def poll(self, timeout: float | None = None) -> T | None:  # noqa: ASYNC109 - public API
-        """Return a due item, or ``None`` if none arrives within ``timeout`` seconds (``None`` or 0:
-        one pop attempt, no waiting). Cancellation-safe like :meth:`take`; raises as :meth:`take_many`."""
-        pump = self._life.pump()
-        check_timeout(timeout)
-        items = await (pump.get(timeout, 1) if timeout else pump.get(None, 1, once=True))
-        return cast(T, items[0]) if items else None
+    # -- consuming: take, poll and receive are ConsumingCalls' (_queue_consuming.py) -------------
 
     def __aiter__(self) -> DelayedQueue[T]:
         """Iterate over due items (:meth:`take`) until the queue is closed."""
@@ -439,36 +395,6 @@ class DelayedQueue(AsyncResource, Generic[T]):
             return await self.take()
         except QueueClosedError:
             raise StopAsyncIteration from None
-
-    # -- reliable consumption (at-least-once) ----------------------------------------------------
-
-    async def receive(self, visibility_timeout: float, timeout: float | None = None) -> Message[T] | None:  # noqa: ASYNC109
-        """Wait for a due item and return it as a :class:`Message`, in flight until acked: one not
-        acked (or nacked) within ``visibility_timeout`` seconds is delivered again with
-        ``delivery_count`` + 1; past ``max_deliveries`` it goes to the dead-letter list. ``None``
-        after ``timeout`` seconds (``None``: wait forever).
-
-        Raises:
-            QueueNotOpenError, QueueClosedError: as :meth:`take`.
-            InvalidDelayError: a bad ``visibility_timeout`` or ``timeout``.
-            BackendError: the receive call failed.
-        """
-        messages = await self.receive_many(1, visibility_timeout, timeout)
-        return messages[0] if messages else None
-
-    async def receive_many(self, max_items: int, visibility_timeout: float,
-                           timeout: float | None = None) -> list[Message[T]]:  # noqa: ASYNC109
-        """Like :meth:`receive`, for up to ``max_items`` messages in one round trip; ``[]`` on timeout.
-        Raises as :meth:`receive`, and :class:`ConfigurationError` for ``max_items`` < 1."""
-        reliable = self._life.reliable()
-        count = check_max_items(max_items)
-        check_timeout(timeout)
-        return await reliable.receive_many(count, visibility_ms(visibility_timeout), timeout)
-
-    def messages(self, visibility_timeout: float) -> MessageIterator[T]:
-        """``async for msg in queue.messages(30.0)``: :meth:`receive` until the queue is closed (raises
-        as :meth:`receive`)."""
-        return MessageIterator(self._life.reliable(), visibility_ms(visibility_timeout))
 
     # -- a worker (see _consuming/worker_slots.py) -----------------------------------------------------------------
 
@@ -516,33 +442,7 @@ class DelayedQueue(AsyncResource, Generic[T]):
         async with self:
             await worker.run()
 
-    # -- the pending side (Redisson RDelayedQueue semantics; paged walks, see _producing/pending.py) ---------
-
-    async def size(self) -> int:
-        """Number of pending elements of every kind: the timeout zset's (``ZCARD``) and the tier's, in
-        one read (Redisson's ``size()`` counts its insertion-order list, without fast elements).
-
-        Raises:
-            BackendError: the call failed within ``call_timeout_s`` (resends included).
-        """
-        await self._life.enter()
-        return await self._pending.size()
-
-    async def ready_size(self) -> int:
-        """Number of due items waiting in the destination list."""
-        await self._life.enter()
-        return await self._pending.ready_size()
-
-    async def counts(self) -> QueueCounts:
-        """Pending, ready, in-flight and dead-letter counts and the earliest due time
-        (:class:`QueueCounts`), in one atomic read-only call: O(1) per count, O(log N) for the due
-        time; what the CLI's ``stats`` and the metrics' gauges read.
-
-        Raises:
-            BackendError: the call failed within ``call_timeout_s`` (resends included).
-        """
-        await self._life.enter()
-        return await self._pending.counts()
+    # -- what the queue holds and its dead letters: ContentsCalls' (_queue_contents.py) ------------
 
     # -- controls, for every consumer in every process (see _consuming/controls.py) -----------------
 
@@ -590,102 +490,3 @@ class DelayedQueue(AsyncResource, Generic[T]):
         """
         await self._life.enter()
         await self._controls.set_rate_limit(per_second, burst)
-
-    async def peek(self, limit: int = 20) -> list[PendingItem[T]]:
-        """The ``limit`` (1 to 1,000) soonest-due pending items, soonest first, with their due time
-        and key; an item the codec cannot decode has ``value`` ``None`` and its ``raw`` bytes (a
-        malformed element: ``malformed``). One read-only call, O(log N + limit). Tiered items
-        (``tier_after_s``) are merged in by due time from the first buckets that may hold one of the
-        ``limit`` soonest, reading at most 1,000 tiered items (a larger bucket is read from its
-        first offered).
-
-        Raises:
-            ConfigurationError: a bad ``limit``. BackendError: the call failed.
-        """
-        await self._life.enter()
-        return cast(list[PendingItem[T]], await self._pending.peek(limit))
-
-    async def contains(self, item: T) -> bool:
-        """Whether a pending element equals ``item`` (as encoded payload bytes). Walks in due order, then
-        the tier's buckets, at most 1,000 elements (256 KiB) per script call, until a match; read-only.
-
-        Raises:
-            BackendError: a page call failed (each bounded by ``call_timeout_s``, resends included).
-        """
-        await self._life.enter()
-        return await self._pending.contains(item)
-
-    async def read_all(self) -> list[T]:
-        """All pending items in due order (due time, then element bytes; fast elements due in the same
-        millisecond in their producer's order), then the tiered ones (``tier_after_s``) bucket by
-        bucket, each bucket in the order its items were offered; malformed ones skipped. Paged like
-        :meth:`contains`; not a snapshot: an item that changes during the walk (falls due, is
-        promoted from its bucket, is added or removed) may or may not be listed, none twice.
-
-        Raises:
-            DecodeError: a pending payload cannot be decoded by this queue's codec.
-            BackendError: as :meth:`contains`.
-        """
-        await self._life.enter()
-        return cast(list[T], await self._pending.read_all())
-
-    async def remove(self, item: T) -> bool:
-        """Cancel the first pending element equal to ``item`` in the order of :meth:`read_all`; ``True``
-        only if this call removed it. The page that finds it removes it in the same script call, and a
-        resent page answers as its first run did. Strict and legacy elements are also ``LREM``ed from
-        Redisson's list (O(list), Redisson's cost); fast ones cost O(log N), tiered ones an ``LREM``
-        from their bucket (O(bucket)).
-
-        Raises:
-            BackendError: a page call failed for good; ``maybe_applied`` says whether it may have
-                removed the element.
-        """
-        await self._life.enter()
-        return bool(await self._pending.remove([item], first_only=True))
-
-    async def remove_all(self, items: Iterable[T]) -> bool:
-        """Cancel every pending element equal to any of ``items`` in one paged walk; ``True`` if this
-        call removed any. Raises as :meth:`remove`."""
-        await self._life.enter()
-        return bool(await self._pending.remove(items, first_only=False))
-
-    async def clear(self) -> None:
-        """Drop every pending element (both pending keys, and the tier's buckets in calls of up to 500
-        buckets); the destination list is untouched.
-
-        Raises:
-            BackendError: a call failed within ``call_timeout_s`` (earlier calls' drops stay).
-        """
-        await self._life.enter()
-        await self._pending.clear()
-
-    # -- the dead-letter list (see _producing/dead_letters.py) ---------------------------------------------
-
-    async def dead_letters(self, limit: int | None = None) -> list[DeadLetter[T]]:
-        """The oldest ``limit`` entries of the dead-letter list (``None``: all), oldest first: each
-        with its ``value`` (or ``raw`` bytes when undecodable), ``reason``, ``delivery_count`` and
-        ``dead_at_ms``. An entry the library did not write reads as reason ``"malformed"``.
-
-        Raises:
-            ConfigurationError: a bad ``limit``. BackendError: the read failed.
-        """
-        await self._life.enter()
-        return cast(list[DeadLetter[T]], await self._dead.read(limit))
-
-    async def requeue_dead_letters(self, limit: int | None = None, delay: float | timedelta = 0) -> int:
-        """Put the oldest ``limit`` entries (``None``: all there now) back into the queue, due after
-        ``delay``, in their order; returns how many. Malformed entries (garbage elements, not
-        payloads) are skipped and move to the tail of the list. At most 500 entries per script call,
-        each applied once even when resent.
-
-        Raises:
-            ConfigurationError, InvalidDelayError: bad arguments. BackendError: a call failed (the
-                entries of earlier calls are requeued).
-        """
-        await self._life.enter()
-        return await self._dead.requeue(limit, delay)
-
-    async def purge_dead_letters(self) -> int:
-        """Delete the dead-letter list; returns how many entries it had. Raises ``BackendError``."""
-        await self._life.enter()
-        return await self._dead.purge()
