@@ -76,6 +76,9 @@ def lint(session: nox.Session) -> None:
 # wait seconds on purpose (timeouts, leases, promotions) and the topologies (clusters, sentinels,
 # failovers), plus the Java Redisson interop and a Cluster smoke test.
 QUICK_SELECTION = ("-m", "(not slow and not topology and not waits) or smoke")
+# The quick command's suite on two workers (pytest-xdist), each with its own servers, a module to a
+# worker: most tests wait on timers and the server, so two share the machine's cores well.
+TWO_WORKERS = ("-n", "2", "--dist", "loadfile")
 # What the other server kinds and Pythons run: also without the Java interop (one JVM per module and
 # build), the smoke test (the first kind ran both) and the tests marked once (a browser, Prometheus,
 # argument parsing: neither the server nor the Python version changes what they check).
@@ -93,7 +96,8 @@ def tests(session: nox.Session) -> None:
         return
     name, version = _server_kinds(session)[0]
     session.log(f"=== suite against {name} {version} (without slow and topology tests; Java, a cluster smoke) ===")
-    session.run("pytest", *VERBOSE, *(session.posargs or QUICK_SELECTION), env={"AIODELAYQ_SERVER_KIND": name})
+    selection = session.posargs or (*TWO_WORKERS, *QUICK_SELECTION)
+    session.run("pytest", *VERBOSE, *selection, env={"AIODELAYQ_SERVER_KIND": name})
 
 
 @nox.session
