@@ -235,40 +235,6 @@ async def _time_calls_reached(client: Redis, calls: int) -> bool:
     return await _time_calls(client) >= calls
 
 
-# A program whose coroutine is busy in Python code (a lock, arithmetic) and sends itself SIGINT from
-# there. Python 3.10's asyncio.run leaves SIGINT to the default handler, which raises
-# KeyboardInterrupt inside the coroutine right after os.kill: "cancelled" is never printed. The CLI's
-# runner (asyncio.run's behaviour from 3.11 on) cancels the coroutine at its next await instead, lets
-# it unwind, then raises KeyboardInterrupt.
-_SELF_INTERRUPTED = """
-import asyncio, os, signal
-from aiodelayq._util.tasks import run_interruptible
-
-async def work():
-    lock = asyncio.Lock()
-    try:
-        for n in range(1_000_000):
-            async with lock:
-                if n == 100:
-                    os.kill(os.getpid(), signal.SIGINT)
-                sum(range(100))
-            await asyncio.sleep(0)
-    except asyncio.CancelledError:
-        print("cancelled", flush=True)
-        raise
-
-try:
-    run_interruptible(work())
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-
-
-async def test_ctrl_c_cancels_the_command_then_interrupts_on_every_python() -> None:
-    run = await run_command([sys.executable, "-c", _SELF_INTERRUPTED])
-    assert (run.code, run.out, run.err) == (0, "cancelled\ninterrupted\n", "")
-
-
 # -- peek ------------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import weakref
 from typing import Any
 
@@ -556,3 +557,39 @@ async def test_closing_2000_queues_at_once_ends_quietly_and_loses_nothing(
         # Every pop was settled by the close; a pop cut off in flight leaves an empty tombstone (so
         # that it pops nothing should it still arrive), cleared when its lease ends.
         assert set((await client.hgetall(q.keys.handoff)).values()) <= {b""}
+
+
+# A program whose coroutine is busy in Python code (a lock, arithmetic) and sends itself SIGINT from
+# there. Python 3.10's asyncio.run leaves SIGINT to the default handler, which raises
+# KeyboardInterrupt inside the coroutine right after os.kill: "cancelled" is never printed. The CLI's
+# runner (asyncio.run's behaviour from 3.11 on) cancels the coroutine at its next await instead, lets
+# it unwind, then raises KeyboardInterrupt.
+_SELF_INTERRUPTED = """
+import asyncio, os, signal
+from aiodelayq._util.tasks import run_interruptible
+
+async def work():
+    lock = asyncio.Lock()
+    try:
+        for n in range(1_000_000):
+            async with lock:
+                if n == 100:
+                    os.kill(os.getpid(), signal.SIGINT)
+                sum(range(100))
+            await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        print("cancelled", flush=True)
+        raise
+
+try:
+    run_interruptible(work())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+async def test_ctrl_c_cancels_the_work_then_interrupts_on_every_python() -> None:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SELF_INTERRUPTED, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, out.decode(), err.decode()) == (0, "cancelled\ninterrupted\n", "")

@@ -32,8 +32,8 @@ if sys.version_info >= (3, 11, 3):
 else:  # asyncio.timeout's own origin; redis-py depends on it on these Pythons too
     from async_timeout import timeout as _timeout
 
-__all__ = ["Supervised", "TaskOwner", "detached", "gather_all", "keep", "run_interruptible", "run_through_cancellation",
-           "stop_task", "timeout", "wait_event", "wait_through_cancellation"]
+__all__ = ["Supervised", "TaskOwner", "cancel_on_signal", "detached", "gather_all", "keep", "run_interruptible",
+           "run_through_cancellation", "stop_task", "timeout", "wait_event", "wait_through_cancellation"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -327,28 +327,30 @@ def run_interruptible(work: Coroutine[Any, Any, T]) -> T:
     if (sys.version_info >= (3, 11) or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         return asyncio.run(work)
-    interrupted = False
-
-    async def main() -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-
-        def on_sigint() -> None:
-            nonlocal interrupted
-            interrupted = True
-            loop.remove_signal_handler(signal.SIGINT)  # the default handler again: a second Ctrl-C forces
-            task.cancel()
-
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-        try:
-            return await work
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
-
+    interrupted: list[bool] = []
     try:
-        return asyncio.run(main())
+        return asyncio.run(cancel_on_signal(work, signal.SIGINT, lambda: interrupted.append(True)))
     except asyncio.CancelledError:
         if interrupted:
             raise KeyboardInterrupt from None
         raise
+
+
+async def cancel_on_signal(work: Coroutine[Any, Any, T], signum: int, noted: Callable[[], None]) -> T:
+    """``await work`` in the current task; the signal ``signum`` calls ``noted()`` and cancels it, so it
+    unwinds as on any cancellation. The handler is removed then: a second signal has its default
+    effect (Ctrl-C twice forces)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_signal() -> None:
+        noted()
+        loop.remove_signal_handler(signum)
+        task.cancel()
+
+    loop.add_signal_handler(signum, on_signal)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signum)

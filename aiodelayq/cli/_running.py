@@ -34,17 +34,20 @@ def run(work: Coroutine[Any, Any, T], *, sigterm_interrupts: bool = False) -> T:
     Python; with ``sigterm_interrupts`` SIGTERM does the same); expected failures become one line and
     an exit code."""
     import asyncio
+    import signal
 
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError
 
     from .._admin.connect import BadInput, CannotConnect
-    from .._util.tasks import run_interruptible
+    from .._util.tasks import cancel_on_signal, run_interruptible
     from ..exceptions import BackendError, DelayedQueueError, InvalidNameError, WrongNodeError
 
     terminated: list[bool] = []
     try:
-        return run_interruptible(_interrupted_by_sigterm(work, terminated) if sigterm_interrupts else work)
+        # SIGTERM cancels the work as Ctrl-C does, so it unwinds the same way (a second: its default).
+        return run_interruptible(cancel_on_signal(work, signal.SIGTERM, lambda: terminated.append(True))
+                                 if sigterm_interrupts else work)
     except asyncio.CancelledError:
         if not terminated:
             raise
@@ -63,28 +66,6 @@ def run(work: Coroutine[Any, Any, T], *, sigterm_interrupts: bool = False) -> T:
         fail(str(exc), 1)
     except RedisError as exc:  # the CLI's own commands (TIME, SCAN): refused, e.g. by an ACL
         fail(f"redis error: {exc}", 1)
-
-
-async def _interrupted_by_sigterm(work: Coroutine[Any, Any, T], terminated: list[bool]) -> T:
-    """``await work``; SIGTERM cancels it (appending to ``terminated``) as Ctrl-C does, so it unwinds
-    the same way. A second SIGTERM has its default effect."""
-    import asyncio
-    import signal
-
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-
-    def on_sigterm() -> None:
-        terminated.append(True)
-        loop.remove_signal_handler(signal.SIGTERM)
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    try:
-        return await work
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def note_if_unknown(client: AnyRedis, name: str, target: Target) -> None:
