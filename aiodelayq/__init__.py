@@ -45,10 +45,11 @@ if TYPE_CHECKING:
     from ._consuming.reliable import MessageIterator
     from ._consuming.worker_outcomes import WorkerStats
     from ._consuming.worker_slots import Worker
+    from ._contents.contents import PendingItem
+    from ._contents.counts import QueueCounts
+    from ._contents.dead_letters import DeadLetter
     from ._options import WireFormat, WorkerOptions
-    from ._producing.dead_letters import DeadLetter
     from ._producing.keyed import Offered, Pending
-    from ._producing.pending import PendingItem, QueueCounts
     from ._queue import DelayedQueue
     from ._runtime.lifecycle import QueueStats
     from ._runtime.transfer_task import TransferStats
@@ -129,11 +130,11 @@ _LAZY = {
     "WireFormat": "._options",
     "ElementKind": "._wire.elements",
     "WorkerOptions": "._options",
-    "DeadLetter": "._producing.dead_letters",
+    "DeadLetter": "._contents.dead_letters",
     "Offered": "._producing.keyed",
     "Pending": "._producing.keyed",
-    "PendingItem": "._producing.pending",
-    "QueueCounts": "._producing.pending",
+    "PendingItem": "._contents.contents",
+    "QueueCounts": "._contents.counts",
     "DelayedQueue": "._queue",
     "QueueStats": "._runtime.lifecycle",
     "TransferStats": "._runtime.transfer_task",

@@ -8,9 +8,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Generic, TypeVar, cast
 
+from ._contents.contents import PendingItem
+from ._contents.counts import QueueCounts
+from ._contents.dead_letters import DeadLetter
 from ._parts.roles import Contents, DeadLetterCalls, Life
-from ._producing.dead_letters import DeadLetter
-from ._producing.pending import PendingItem, QueueCounts
 
 __all__ = ["ContentsCalls"]
 
@@ -120,7 +121,7 @@ class ContentsCalls(Generic[T]):
         await self._life.enter()
         await self._pending.clear()
 
-    # -- the dead-letter list (see _producing/dead_letters.py) ---------------------------------------------
+    # -- the dead-letter list (see _contents/dead_letters.py) ---------------------------------------------
 
     async def dead_letters(self, limit: int | None = None) -> list[DeadLetter[T]]:
         """The oldest ``limit`` entries of the dead-letter list (``None``: all), oldest first: each

@@ -26,7 +26,7 @@ try:
 except ImportError as exc:  # the core never imports this module: only users of the extra do
     raise ImportError("aiodelayq.prometheus needs prometheus-client: pip install 'aiodelayq[prometheus]'") from exc
 
-from ._producing.pending import QueueCounts
+from ._contents.counts import QueueCounts
 from ._util.asgi import ASGIApp, Receive, Scope, Send, answer_lifespan
 from ._util.observe import InstalledOnce
 

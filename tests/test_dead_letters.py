@@ -82,7 +82,7 @@ async def test_requeue_puts_entries_back_oldest_first_and_skips_malformed(client
 
 
 async def test_requeue_in_pages_keeps_order(client: Redis, make_queue: Any, monkeypatch: Any) -> None:
-    import aiodelayq._producing.dead_letters as dead
+    import aiodelayq._contents.dead_letters as dead
 
     monkeypatch.setattr(dead, "REQUEUE_PAGE", 7)
     q = make_queue(codec="json")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
-from .._producing.pending import QueueCounts
+from .._contents.counts import QueueCounts
 from .._queue import DelayedQueue
 from .._redis.connections import AnyRedis
 from .._redis.retry import call_idempotent

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._consuming.controls import Controls
+from .._contents.contents import QueueContents
+from .._contents.dead_letters import DeadLetters
 from .._options import QueueOptions
-from .._producing.dead_letters import DeadLetters
 from .._producing.keyed import KeyedItems
-from .._producing.pending import QueueContents
 from .._producing.producer import Producer
 from .._producing.recurring import Schedules
 from .._redis.connections import AnyRedis

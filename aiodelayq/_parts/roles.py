@@ -6,10 +6,10 @@ shards' (``_sharding/sharded.py``); the facade names only these types.
 role               ordinary queue                              sharded queue
 =================  ==========================================  =======================================
 :class:`Producing` ``_producing/producer.py`` ``Producer``     ``_sharding/offers.py``
-:class:`Contents`  ``_producing/pending.py`` ``QueueContents``   ``_sharding/pending.py``
+:class:`Contents`  ``_contents/contents.py`` ``QueueContents``   ``_sharding/contents.py``
 :class:`KeyedCalls` ``_producing/keyed.py`` ``KeyedItems``     ``_sharding/keyed.py``
 :class:`Recurring` ``_producing/recurring.py`` ``Schedules``   ``_sharding/keyed.py``
-:class:`DeadLetterCalls` ``_producing/dead_letters.py``        ``_sharding/dead_letters.py``
+:class:`DeadLetterCalls` ``_contents/dead_letters.py``        ``_sharding/dead_letters.py``
 :class:`ControlCalls` ``_consuming/controls.py``               ``_sharding/controls.py``
 :class:`Life`      ``_runtime/lifecycle.py`` ``Lifecycle``     ``_sharding/lifecycle.py``
 :class:`Taker`     ``_consuming/take.py`` ``TakePump``         ``_sharding/take.py``
@@ -24,9 +24,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from .._consuming.reliable import Receiver
-from .._producing.dead_letters import DeadLetter
+from .._contents.contents import PendingItem
+from .._contents.counts import QueueCounts
+from .._contents.dead_letters import DeadLetter
 from .._producing.keyed import Pending
-from .._producing.pending import PendingItem, QueueCounts
 from .._runtime.lifecycle import QueueStats, State
 from .._wire.key_names import QueueKeys
 

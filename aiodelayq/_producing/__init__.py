@@ -1,2 +1,2 @@
-"""The pending side: offers (``producer``, coalesced by ``batcher``), keyed items (``keyed``), walks and
-counts of what is pending (``pending``) and the dead-letter list (``dead_letters``)."""
+"""Writing items: offers (``producer``, coalesced by ``batcher``, sized by ``call_cost``), the calls
+on an item by its key (``keyed``) and recurring items (``recurring``)."""

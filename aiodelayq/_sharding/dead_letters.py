@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from .._producing.dead_letters import DeadLetter, DeadLetters
+from .._contents.dead_letters import DeadLetter, DeadLetters
 from .._wire.delays import delay_to_ms
 from ..exceptions import ConfigurationError
 from .fanout import on_every

@@ -14,13 +14,13 @@ from .._redis.connections import AnyRedis
 from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._wire.key_names import QueueKeys
+from .contents import ShardedContents
 from .controls import ShardedControls
 from .dead_letters import ShardedDeadLetters
 from .keyed import ShardedKeyed, ShardedSchedules
 from .layout import Rotation
 from .lifecycle import ShardedLifecycle
 from .offers import ShardedProducer
-from .pending import ShardedContents
 from .record import ShardCount
 from .shard_set import ShardSet
 

@@ -12,7 +12,7 @@ from ._running import on_queue, read_queue, run
 
 if TYPE_CHECKING:
     from .._admin.connect import Target
-    from .._producing.dead_letters import DeadLetter
+    from .._contents.dead_letters import DeadLetter
     from .._queue import DelayedQueue
 
 __all__ = ["list_dead_letters", "purge_dead_letters", "requeue_dead_letters"]

@@ -18,8 +18,9 @@ from rich.text import Text
 
 from .._admin.durations import format_duration
 from .._admin.reads import QueueRow
-from .._producing.dead_letters import DeadLetter
-from .._producing.pending import PendingItem, QueueCounts
+from .._contents.contents import PendingItem
+from .._contents.counts import QueueCounts
+from .._contents.dead_letters import DeadLetter
 from ._doctor import Finding
 
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",

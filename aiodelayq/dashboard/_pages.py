@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from .._admin.durations import format_duration
 from .._admin.reads import count_each, server_now_ms
 from .._admin.scan import scan_queues
-from .._producing.pending import QueueCounts
+from .._contents.counts import QueueCounts
 from .._redis.connections import AnyRedis
 from .._wire.key_names import QueueKeys
 from ..exceptions import BackendError

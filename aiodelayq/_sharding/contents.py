@@ -13,7 +13,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._producing.pending import MAX_PEEK, PendingItem, QueueContents, QueueCounts
+from .._contents.contents import MAX_PEEK, PendingItem, QueueContents
+from .._contents.counts import QueueCounts
 from ..exceptions import ConfigurationError
 from .fanout import on_every
 

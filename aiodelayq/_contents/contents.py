@@ -1,5 +1,5 @@
-"""The pending side: what is scheduled and not yet due (Redisson's ``RDelayedQueue`` read/cancel
-calls).
+"""What a queue holds, read and edited: sizes, counts, peeks, and the pending side's walks (Redisson's
+``RDelayedQueue`` read and remove calls).
 
 ``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset, then the tier's
 buckets (tiered pending), in pages, one short script call per page, so no call holds the server for
@@ -33,8 +33,9 @@ from .._scripts import PAGE_SIZE, BoundScript, QueueScripts
 from .._wire.codec import Codec, decode_item, decode_stored, encode_item
 from .._wire.elements import ITEM_MAGIC, unwrap, wrap
 from ..exceptions import ConfigurationError, DecodeError
+from .counts import QueueCounts
 
-__all__ = ["MAX_PEEK", "PendingItem", "QueueContents", "QueueCounts"]
+__all__ = ["MAX_PEEK", "PendingItem", "QueueContents"]
 
 T = TypeVar("T")
 
@@ -42,43 +43,6 @@ T = TypeVar("T")
 MAX_PEEK = 1000
 # Buckets one CLEAR call drops (lua/clear.lua).
 CLEAR_BUCKETS = 500
-
-
-@dataclass(frozen=True)
-class QueueCounts:
-    """How much a queue holds, read in one atomic script call (:meth:`DelayedQueue.counts`).
-
-    Attributes:
-        pending: scheduled items not yet due (every element kind, Java's included).
-        ready: due items waiting in the destination list.
-        in_flight: messages received by reliable consumers and not acked, including nacked ones
-            waiting for their redelivery (the in-flight zset holds both).
-        dead_letters: entries of the dead-letter list.
-        next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
-            ``None`` when nothing is pending.
-        paused: whether the queue's consumers are paused (:meth:`DelayedQueue.pause`).
-        rate_limit_per_s: the rate limit of its consumers together, items per second, or ``None``.
-        rate_burst: the most items the rate limit lets out at once, or ``None`` without one.
-        recurring: how many recurring items (:meth:`DelayedQueue.schedule`) the queue has.
-        lag_ms: how late the earliest due pending item is: the server clock minus its due time, ms,
-            read in the same call; 0 when no pending item is due. Items the transfer moved to the
-            destination list are not in it (``ready`` counts them). A lag that keeps growing means
-            no transfer runs (docs: Operating).
-        tiered: how many of the ``pending`` items wait in the tier's buckets (tiered pending,
-            ``tier_after_s``), not yet in the timeout zset.
-    """
-
-    pending: int
-    ready: int
-    in_flight: int
-    dead_letters: int
-    next_due_ms: int | None
-    paused: bool = False
-    rate_limit_per_s: float | None = None
-    rate_burst: int | None = None
-    recurring: int = 0
-    lag_ms: int = 0
-    tiered: int = 0
 
 
 @dataclass(frozen=True)
