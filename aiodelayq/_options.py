@@ -77,7 +77,7 @@ class QueueOptions:
     min_replicas: int = 0
     replication_timeout_s: float = 1.0
     wait_aof: bool = False
-    max_pending: int | None = None
+    capacity: int | None = None
     max_item_bytes: int | None = None
     lag_warning_s: float | None = 60.0
     tier_after_s: float | None = None
@@ -91,8 +91,8 @@ class QueueOptions:
             checks.count("max_deliveries", self.max_deliveries, minimum=1)
         checks.count("transfer_batch", self.transfer_batch, minimum=1, maximum=10_000)
         checks.count("max_call_bytes", self.max_call_bytes, minimum=1024)
-        if self.max_pending is not None:
-            checks.count("max_pending", self.max_pending, minimum=1)
+        if self.capacity is not None:
+            checks.count("capacity", self.capacity, minimum=1)
         if self.max_item_bytes is not None:
             checks.count("max_item_bytes", self.max_item_bytes, minimum=1)
         if self.lag_warning_s is not None:

@@ -79,7 +79,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
         replication_timeout_s: how long a durable write waits for its replicas, seconds.
         wait_aof: durable writes also wait for the AOF fsync (``WAITAOF``: Redis/Valkey >= 7.2 with
             ``appendonly yes``) of the primary and of ``min_replicas`` replicas.
-        max_pending: the most items the queue may hold, pending + ready (``None``: no limit): an
+        capacity: the most items the queue may hold, pending + ready (``None``: no limit): an
             offer beyond it raises :class:`QueueFullError` and writes nothing, checked atomically
             by the offer script; an ``offer_many`` then goes in one call, all or nothing.
         max_item_bytes: the largest item (bytes) an offer or a schedule takes, as the queue stores it:
@@ -104,7 +104,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
             slots (with the default slot map and K a multiple of the primaries, K / primaries shards on
             each), so one queue can use every primary of a cluster: a keyed item goes to shard
             ``crc32(key) % K``, unkeyed ones in turn; consumers take from every shard. Due order holds
-            within a shard only, ``offer_many`` is atomic per shard, ``max_pending`` and a rate limit
+            within a shard only, ``offer_many`` is atomic per shard, ``capacity`` and a rate limit
             are split over the shards (docs: "Deployments: When to shard"). The count is fixed for the
             queue's life: the first user records it in Redis (with where the shards are, which every
             later object follows), and a sharded object with another count is refused with
@@ -124,7 +124,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
                  transfer_batch: int = 500,
                  safety_poll_s: float = 5.0, open_timeout_s: float = 10.0, close_timeout_s: float = 5.0,
                  call_timeout_s: float = 5.0, max_call_bytes: int = 1_000_000, min_replicas: int = 0,
-                 replication_timeout_s: float = 1.0, wait_aof: bool = False, max_pending: int | None = None,
+                 replication_timeout_s: float = 1.0, wait_aof: bool = False, capacity: int | None = None,
                  max_item_bytes: int | None = None, lag_warning_s: float | None = 60.0,
                  tier_after_s: float | None = None, shards: int = 1) -> None:
         self._keys = keys = QueueKeys.for_name(name, cluster=is_cluster(client))
@@ -294,7 +294,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
             EncodeError: the codec cannot encode ``item``; nothing is written.
             ItemTooLargeError: the item, with its headers and envelope, is over ``max_item_bytes``;
                 nothing is written.
-            QueueFullError: the queue holds ``max_pending`` items (pending + ready); nothing is written.
+            QueueFullError: the queue holds ``capacity`` items (pending + ready); nothing is written.
             CallTimeoutError: no answer within ``call_timeout_s`` (see ``maybe_applied``).
             AccessDeniedError: the user may not write the queue's keys.
             BackendError: any other Redis failure (see ``maybe_applied``).
@@ -313,7 +313,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
         :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,
         the second finds it pending (or replaces it). Every item is checked first (one bad one
         writes nothing); with more than one call, a failure can leave others written. Under
-        ``max_pending`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
+        ``capacity`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
         item, parallel to ``keys``; ``expires``: one value for every item, or one (or ``None``) per
         item. Raises as :meth:`offer`."""
         await self._life.enter()

@@ -93,7 +93,7 @@ class ItemTooLargeError(DelayedQueueError, ValueError):
 
 
 class QueueFullError(DelayedQueueError):
-    """The offer would take the queue's pending + ready items beyond its ``max_pending``; nothing of
+    """The offer would take the queue's pending + ready items beyond its ``capacity``; nothing of
     its call was written (each item of ``offer_many`` alike: the call is all or nothing).
 
     Attributes:

@@ -385,7 +385,7 @@ async def test_one_big_offer_does_not_fail_small_ones(own_server: Any, make_clie
     assert await q.size() == 34
 
 
-# -- size limits: max_item_bytes, max_pending ---------------------------------------------------------
+# -- size limits: max_item_bytes, capacity ---------------------------------------------------------
 
 
 async def test_an_item_over_max_item_bytes_is_refused_before_anything_is_written(client: Redis,
@@ -420,11 +420,11 @@ async def test_max_item_bytes_bounds_the_headers_and_envelope_too(client: Redis,
 
 
 async def test_max_pending_counts_pending_and_ready_and_refuses_whole_calls(client: Redis, make_queue: Any) -> None:
-    q: DelayedQueue[int] = make_queue(max_pending=10)
+    q: DelayedQueue[int] = make_queue(capacity=10)
     await q.offer_many([(i, 0) for i in range(4)])
     await client.rpush(q.keys.destination, b"5")  # ready items count too, whoever pushed them
     await q.offer_many([(i, 60) for i in range(4)])
-    with pytest.raises(QueueFullError, match="max_pending=10, room for 1 more") as refused:
+    with pytest.raises(QueueFullError, match="capacity=10, room for 1 more") as refused:
         await q.offer_many([(i, 60) for i in range(2)])  # all or nothing
     assert refused.value.room == 1
     assert await client.zcard(q.keys.timeout_set) + await client.llen(q.keys.destination) == 9
@@ -439,7 +439,7 @@ async def test_max_pending_counts_pending_and_ready_and_refuses_whole_calls(clie
 async def test_max_pending_lets_a_key_replace_or_keep_its_item_but_refuses_a_new_key(client: Redis,
                                                                                      make_queue: Any) -> None:
     for strict in (False, True):
-        q: DelayedQueue[str] = make_queue(name=f"limits-{strict}", codec="str", strict=strict, max_pending=2)
+        q: DelayedQueue[str] = make_queue(name=f"limits-{strict}", codec="str", strict=strict, capacity=2)
         assert (await q.offer("a", 60, key="a")).added
         assert (await q.offer("b", 60, key="b")).added
         assert (await q.offer("a2", 60, key="a", replace=True)).replaced  # takes no room
@@ -458,7 +458,7 @@ async def test_max_pending_lets_a_key_replace_or_keep_its_item_but_refuses_a_new
 async def test_concurrent_producers_cannot_overshoot_max_pending(client: Redis, make_client: Any,
                                                                  make_queue: Any) -> None:
     limit, producers, each = 75, 4, 50
-    queues = [make_queue(max_pending=limit, redis=make_client()) for _ in range(producers)]
+    queues = [make_queue(capacity=limit, redis=make_client()) for _ in range(producers)]
 
     async def offer(q: DelayedQueue[int], i: int) -> bool:
         try:
@@ -476,7 +476,7 @@ async def test_concurrent_producers_cannot_overshoot_max_pending(client: Redis, 
 
 
 async def test_under_max_pending_an_offer_many_is_one_call_all_or_nothing(client: Redis, make_queue: Any) -> None:
-    q: DelayedQueue[int] = make_queue(max_pending=2000, max_call_bytes=1024)  # would be many calls otherwise
+    q: DelayedQueue[int] = make_queue(capacity=2000, max_call_bytes=1024)  # would be many calls otherwise
     with pytest.raises(QueueFullError):
         await q.offer_many([(i, 60) for i in range(2001)])
     assert await client.zcard(q.keys.timeout_set) == 0
@@ -484,7 +484,7 @@ async def test_under_max_pending_an_offer_many_is_one_call_all_or_nothing(client
     assert await client.zcard(q.keys.timeout_set) == 1500
 
 
-@pytest.mark.parametrize(("option", "value"), [("max_pending", 0), ("max_pending", True), ("max_pending", 1.5),
+@pytest.mark.parametrize(("option", "value"), [("capacity", 0), ("capacity", True), ("capacity", 1.5),
                                                ("max_item_bytes", 0), ("max_item_bytes", "1k")])
 def test_a_bad_size_limit_names_its_option(client: Redis, option: str, value: Any) -> None:
     with pytest.raises(ConfigurationError, match=option):

@@ -453,7 +453,7 @@ async def _script_calls(r: Redis) -> int:
 
 
 async def test_max_pending_is_split_over_the_shards(sharded: Queues) -> None:
-    q = sharded(shards=2, max_pending=4)  # two items per shard
+    q = sharded(shards=2, capacity=4)  # two items per shard
     keys = _keys_for(0, 2, 3)
     await q.offer("a", 60, key=keys[0])
     await q.offer("b", 60, key=keys[1])

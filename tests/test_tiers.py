@@ -165,7 +165,7 @@ async def test_clear_drops_many_buckets_over_several_calls(client: Redis, make_t
 
 
 async def test_max_pending_counts_tiered_items(client: Redis, make_tiered: Any) -> None:
-    q = make_tiered(codec="str", max_pending=5)
+    q = make_tiered(codec="str", capacity=5)
     await q.offer_many([(f"f{i}", 3600 + i) for i in range(4)])
     assert await tiered_count(client, q) == 4
     await q.offer("near", 10)
@@ -260,7 +260,7 @@ async def test_the_minimal_acl_user_offers_promotes_and_reads_tiered_items(acl_c
     version = tuple(int(x) for x in server_version(redis_server.kind.binary).split(".")[:2])
     rules = ["on", ">secret", *minimal_acl_rules("orders", waitaof=version >= (7, 2))]
     client = await acl_client("tier-user", "secret", rules)
-    q = make_tiered("orders", redis=client, codec="str", max_pending=100)
+    q = make_tiered("orders", redis=client, codec="str", capacity=100)
     dues = await q.offer_many([(f"far{i}", 2.5 + 0.1 * i) for i in range(3)])
     await q.offer_many([("later", 3600), ("gone", 3600), ("also-gone", 7200)])
     assert (await q.counts()).tiered == 6

@@ -1,4 +1,4 @@
-"""The callers waiting on one take pump, in arrival order: each gets at most its capacity of the
+"""The callers waiting on one take pump, in arrival order: each gets at most its max_items of the
 items a pop brought, first come first served."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ Entry = tuple[Pop, int, Any]
 @dataclass(eq=False)
 class Waiter:
     future: asyncio.Future[list[Entry]]
-    capacity: int
+    max_items: int
     once: bool  # poll without waiting: one pop attempt, then [] if nothing came
 
 
@@ -31,7 +31,7 @@ class Waiters(collections.deque[Waiter]):
         """How many items the callers still waiting want."""
         while self and self[0].future.done():
             self.popleft()
-        return sum(w.capacity for w in self if not w.future.done())
+        return sum(w.max_items for w in self if not w.future.done())
 
     def serve(self, entries: list[Entry]) -> list[Entry]:
         """Give ``entries`` to the waiters in FIFO order; returns what nobody took."""
@@ -40,8 +40,8 @@ class Waiters(collections.deque[Waiter]):
             waiter = self.popleft()
             if waiter.future.done():
                 continue
-            waiter.future.set_result(entries[start:start + waiter.capacity])
-            start += waiter.capacity
+            waiter.future.set_result(entries[start:start + waiter.max_items])
+            start += waiter.max_items
         return entries[start:]
 
     def leave(self, waiter: Waiter) -> list[Entry]:

@@ -66,7 +66,7 @@ class Producer:
         self._send_many: SendMany = send_many or self.send_many
         self._codec, self._kind = options.resolved_codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
-        self._max_pending, self._max_item_bytes = options.max_pending, options.max_item_bytes
+        self._capacity, self._max_item_bytes = options.capacity, options.max_item_bytes
         self._tier_after_ms = options.tier_after_ms
         self._facts = facts_for(scripts.client)  # looked up once: every offer reads it
         # Only payloads of these codecs never start with an item envelope's marker (see _wire/elements.py).
@@ -144,20 +144,20 @@ class Producer:
     async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
         """Packed items (:meth:`prepare`'s, with their OFFER entries or ``None``) of an ``offer_many``
         issued at loop time ``issued``, in calls of at most :class:`CallCost`'s items and
-        ``max_call_bytes`` bytes (one call under ``max_pending``), all sent at once; their due times
+        ``max_call_bytes`` bytes (one call under ``capacity``), all sent at once; their due times
         in order (:class:`Offered` with entries). When one call fails, the others are still awaited,
         then the first failure is raised.
 
         Raises:
-            QueueFullError: under ``max_pending``, the call was refused (nothing written).
+            QueueFullError: under ``capacity``, the call was refused (nothing written).
             BackendError: a call failed (``maybe_applied``).
         """
         chunks: list[list[int]] = [[]]  # indexes into fragments
         size, most = 0, self._cost.max_items
         for i, fragment in enumerate(fragments):
             size_of = fragment_size(fragment)
-            # Under max_pending one call, all or nothing: no other producer's items between the calls.
-            if chunks[-1] and self._max_pending is None and (
+            # Under capacity one call, all or nothing: no other producer's items between the calls.
+            if chunks[-1] and self._capacity is None and (
                     len(chunks[-1]) >= most or size + size_of > self._max_call_bytes):
                 chunks.append([])
                 size = 0
@@ -222,7 +222,7 @@ class Producer:
                     each: bool) -> list[Any]:
         """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
         reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``).
-        Under ``max_pending``, ``each``: the items are admitted one by one, a refused one's result is
+        Under ``capacity``, ``each``: the items are admitted one by one, a refused one's result is
         a :class:`QueueFullError` (coalesced offers of different callers); else all or nothing.
 
         Raises:
@@ -230,7 +230,7 @@ class Producer:
         """
         k = self._keys
         clock = self._facts.clock
-        limit = f"{'' if self._max_pending is None else self._max_pending}{'e' if each else 'a'}"
+        limit = f"{'' if self._capacity is None else self._capacity}{'e' if each else 'a'}"
         args = [os.urandom(16), clock.issue_arg(issued),
                 *offer_args(self._kind, fragments, entries, limit, self._tier_after_ms)]
         loop = asyncio.get_running_loop()
@@ -289,7 +289,7 @@ class Producer:
 
     def _full(self, room: int, count: int) -> QueueFullError:
         what = "the item" if count == 1 else f"{count} items"
-        return QueueFullError(f"queue {self._keys.destination!r} is full (max_pending={self._max_pending}, room for "
+        return QueueFullError(f"queue {self._keys.destination!r} is full (capacity={self._capacity}, room for "
                               f"{max(0, room)} more): {what} not written", room=max(0, room))
 
     def _scheduled(self, key: str, count: int) -> ScheduledKeyError:

@@ -3,7 +3,7 @@
 ``offer`` goes to one shard: its batcher coalesces the concurrent offers of that shard. ``offer_many``
 checks and packs every item first (one bad item writes nothing), as an ordinary queue does, then
 splits them by shard and sends each shard its part concurrently, as that shard's ``offer_many``
-would (atomic per call; under ``max_pending`` one call per shard, all or nothing). The whole list is
+would (atomic per call; under ``capacity`` one call per shard, all or nothing). The whole list is
 not atomic: a failure of one shard's call can leave the other shards' items written (the first
 failure is raised once every shard's call has ended).
 """

@@ -47,11 +47,11 @@ class ShardedParts:
     @classmethod
     def build(cls, client: AnyRedis, keys: QueueKeys, options: QueueOptions, shards: int) -> ShardedParts:
         """The ``shards`` shards of the queue whose own keys are ``keys`` (they hold only the recorded
-        shards), with ``options``; ``max_pending`` is split over the shards (each holds at most
-        ``ceil(max_pending / shards)`` items)."""
+        shards), with ``options``; ``capacity`` is split over the shards (each holds at most
+        ``ceil(capacity / shards)`` items)."""
         o = options
-        if o.max_pending is not None:
-            o = dataclasses.replace(o, max_pending=math.ceil(o.max_pending / shards))
+        if o.capacity is not None:
+            o = dataclasses.replace(o, capacity=math.ceil(o.capacity / shards))
         placed = ShardSet(keys.destination, shards,
                           lambda name: QueueParts.build(client, QueueKeys.for_name(name), o, rotation=shards))
         scripts = QueueScripts(client, keys, call_timeout_s=o.call_timeout_s, durability=o.durability)

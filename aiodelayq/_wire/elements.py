@@ -188,7 +188,7 @@ def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes
                tier_after_ms: int | None = None) -> list[bytes | int | str]:
     """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind``, their key
     ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_producing/producer.py``), the
-    ``max_pending`` ``limit`` (``""``: none; see ``lua/offer.lua``) and, for fast elements, the
+    ``capacity`` ``limit`` (``""``: none; see ``lua/offer.lua``) and, for fast elements, the
     tier's horizon ``tier_after_ms`` (``None``: nothing is tiered) and the width of its buckets."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
                                         + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))

@@ -8,7 +8,7 @@
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
 -- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
 -- element of a keyed item carries its key's tag.
--- ARGV[5] max_pending, the most items the queue may hold, pending (tiered included) + ready ('' for
+-- ARGV[5] capacity, the most items the queue may hold, pending (tiered included) + ready ('' for
 -- no limit), then how the call's items are refused: 'a' (all or nothing: a call whose new items do
 -- not all fit writes nothing and returns {false, now, room}; one with the key of a recurring
 -- schedule writes nothing and returns {false, now, 'scheduled', that key}) or 'e' (coalesced
@@ -53,7 +53,7 @@ local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
--- The items this call may add under max_pending (nil: no limit), and whether they are admitted one by one.
+-- The items this call may add under capacity (nil: no limit), and whether they are admitted one by one.
 local room, each, cap = nil, string.sub(ARGV[5], -1) == 'e', string.match(ARGV[5], '^%d+')
 if cap then
   room = tonumber(cap) - redis.call('zcard', K.timeout_set) - redis.call('llen', K.destination)
@@ -63,7 +63,7 @@ local added = 0
 local letters, kept = {}, {}
 -- Whether the outcome has a letter per item: a call with keys, or one whose items are admitted one by one.
 local spelled = keys ~= nil or (each and room ~= nil)
--- Admit one more new item under max_pending: true ('a' in the outcome when it has letters), or
+-- Admit one more new item under capacity: true ('a' in the outcome when it has letters), or
 -- false when the queue is full ('f').
 local function admit()
   if room ~= nil and added >= room then
