@@ -320,7 +320,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
                                                headers, expires)
 
-    # -- recurring items (see _producing/recurring.py) --------------------------------------------------
+    # -- recurring items (see _recurring/schedules.py) --------------------------------------------------
 
     async def schedule(self, key: str, item: T, *, every: float | timedelta | None = None, cron: str | None = None,
                        tz: str | None = None, headers: Mapping[str, str] | None = None) -> int:

@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodelayq._redis",),
     ("aiodelayq._scripts",),
     ("aiodelayq._options",),
+    ("aiodelayq._recurring",),
     ("aiodelayq._producing", "aiodelayq._consuming", "aiodelayq._contents"),
     ("aiodelayq._runtime",),
     ("aiodelayq._parts",),

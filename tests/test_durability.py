@@ -15,9 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, NotReplicatedError, current_message
-from aiodelayq._producing.keyed import key_tag
 from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts import QueueScripts
+from aiodelayq._wire.item_keys import key_tag
 from aiodelayq.testing import ThrowawayServer, server_version
 from aiodelayq.testing.topologies import replicate
 from tests.faults import debug_args, stall_server

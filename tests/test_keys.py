@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import InvalidKeyError, Offered, Pending
-from aiodelayq._producing.keyed import key_tag
+from aiodelayq._wire.item_keys import key_tag
 from tests.helpers import server_ms
 
 

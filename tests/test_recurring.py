@@ -17,8 +17,8 @@ import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, ScheduledKeyError
-from aiodelayq._consuming.refill import CronRefill
-from aiodelayq._wire import recurrence
+from aiodelayq._recurring import cron as recurrence
+from aiodelayq._recurring.refill import CronRefill
 from aiodelayq._wire.elements import parse_schedule, wrap
 from aiodelayq.cli._render import pending_json
 from tests.helpers import server_ms, server_past, until

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from .._options import QueueOptions
+from .._recurring.refill import CronRefill
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
 from .._util.observe import Events
@@ -37,7 +38,6 @@ from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
 from .messages import Message
 from .prefetch import PrefetchBuffer
-from .refill import CronRefill
 from .settler import Settle, Settler
 from .traced import traced_receive
 from .wait_loop import WaitLoop

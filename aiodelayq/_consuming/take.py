@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
+from .._recurring.refill import RESYNC
 from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
 from .._scripts import QueueScripts
@@ -36,6 +37,7 @@ from .._scripts.foreign_keys import refusal_advice
 from .._util.observe import Events
 from .._util.tasks import TaskOwner, wait_event
 from .._util.tracing import tracer
+from .._wire.codec import Headed
 from ..exceptions import BackendError, DecodeError
 from .handoff import Handoff, Pop
 from .prefetch import PrefetchBuffer
@@ -43,10 +45,7 @@ from .take_phases import Outlook, Phase
 from .take_waiters import Entry, Waiter, Waiters
 from .traced import traced_take
 
-__all__ = ["RESYNC", "Headed", "TakePump"]
-
-RESYNC = object()
-"""What ``decode`` returns for a stalled recurring item's resync: settled as taken, handed to nobody."""
+__all__ = ["TakePump"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -58,12 +57,6 @@ _SHUTDOWN_FLUSH_S = 0.5
 _DONE_HOLD_MAX_S = 0.25
 
 
-class Headed(NamedTuple):
-    """A decoded item that came with headers (what the pump holds for it; a bare item is held as
-    itself, so the common case costs nothing more)."""
-
-    value: Any
-    headers: dict[str, str]
 
 
 def _value(taken: Any) -> Any:

@@ -12,7 +12,7 @@ from .._contents.dead_letters import DeadLetters
 from .._options import QueueOptions
 from .._producing.keyed import KeyedItems
 from .._producing.producer import Producer
-from .._producing.recurring import Schedules
+from .._recurring.schedules import Schedules
 from .._redis.connections import AnyRedis
 from .._runtime.lifecycle import Lifecycle
 from .._scripts import QueueScripts

@@ -8,7 +8,7 @@ role               ordinary queue                              sharded queue
 :class:`Producing` ``_producing/producer.py`` ``Producer``     ``_sharding/offers.py``
 :class:`Contents`  ``_contents/contents.py`` ``QueueContents``   ``_sharding/contents.py``
 :class:`KeyedCalls` ``_producing/keyed.py`` ``KeyedItems``     ``_sharding/keyed.py``
-:class:`Recurring` ``_producing/recurring.py`` ``Schedules``   ``_sharding/keyed.py``
+:class:`Recurring` ``_recurring/schedules.py`` ``Schedules``   ``_sharding/keyed.py``
 :class:`DeadLetterCalls` ``_contents/dead_letters.py``        ``_sharding/dead_letters.py``
 :class:`ControlCalls` ``_consuming/controls.py``               ``_sharding/controls.py``
 :class:`Life`      ``_runtime/lifecycle.py`` ``Lifecycle``     ``_sharding/lifecycle.py``

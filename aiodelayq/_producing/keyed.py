@@ -13,7 +13,6 @@ after a lost reply answers as the first run did.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,13 +23,12 @@ from .._scripts import BoundScript, QueueScripts
 from .._wire.codec import Codec, decode_item
 from .._wire.delays import delay_to_ms
 from .._wire.elements import unwrap
-from ..exceptions import InvalidKeyError
+from .._wire.item_keys import check_key, key_tag
 
-__all__ = ["MAX_KEY_BYTES", "KeyedItems", "Offered", "Pending", "check_key", "key_tag", "parse_outcome"]
+__all__ = ["KeyedItems", "Offered", "Pending", "parse_outcome"]
 
 T = TypeVar("T")
 
-MAX_KEY_BYTES = 1024
 
 
 class Offered(int):
@@ -81,31 +79,6 @@ class Pending(Generic[T]):
     headers: dict[str, str] = field(default_factory=dict)
     expires_at_ms: int | None = None
     recurring: bool = False
-
-
-def check_key(key: object) -> bytes:
-    """The UTF-8 bytes of a valid key.
-
-    Raises:
-        InvalidKeyError: not a non-empty ``str`` of at most ``MAX_KEY_BYTES`` UTF-8 bytes.
-    """
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"key must be a str, not {type(key).__name__}")
-    try:
-        raw = key.encode()
-    except UnicodeEncodeError as exc:  # lone surrogates
-        raise InvalidKeyError(f"key is not valid UTF-8: {exc}") from exc
-    if not raw or len(raw) > MAX_KEY_BYTES:
-        raise InvalidKeyError(f"key must be 1..{MAX_KEY_BYTES} UTF-8 bytes, got {len(raw)}")
-    return raw
-
-
-def key_tag(raw_key: bytes) -> bytes:
-    """The 8-byte tag of a key: its index field, carried in the id of its element; the first 8 bytes
-    of its SHA-1 with the top bit set (the random bytes of unkeyed elements have it clear, so a
-    transfer knows which moved elements own an index field)."""
-    digest = hashlib.sha1(raw_key).digest()
-    return bytes((digest[0] | 0x80,)) + digest[1:8]
 
 
 def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:

@@ -20,6 +20,7 @@ from .._redis.client_facts import facts_for, server_ms_at
 from .._redis.eviction import check_eviction_policy
 from .._redis.retry import resend_within
 from .._scripts import QueueScripts
+from .._util.checks import check_item_bytes
 from .._util.observe import Events
 from .._util.tasks import gather_all, keep
 from .._util.tracing import send_span, tracer, with_context
@@ -36,17 +37,17 @@ from .._wire.elements import (
     pack_headers,
     wrap,
 )
+from .._wire.item_keys import check_key, key_tag
 from ..exceptions import (
     InvalidDelayError,
     InvalidHeadersError,
     InvalidKeyError,
-    ItemTooLargeError,
     QueueFullError,
     ScheduledKeyError,
 )
 from .batcher import OfferBatcher
 from .call_cost import CallCost
-from .keyed import Offered, check_key, key_tag, parse_outcome
+from .keyed import Offered, parse_outcome
 
 __all__ = ["Producer", "SendMany", "check_item_bytes"]
 
@@ -315,22 +316,6 @@ class Producer:
             what="an offer's first call on this client, reading the server's native long size,")
         fmt = self._facts.long_format = long_format(one)
         return fmt
-
-
-def check_item_bytes(max_item_bytes: int | None, payloads: Sequence[bytes]) -> None:
-    """Refuse the first of ``payloads`` longer than ``max_item_bytes`` (``None``: no limit): each as the
-    queue stores it, the codec's bytes in their item envelope with the headers, expiry and schedule key.
-
-    Raises:
-        ItemTooLargeError: one is longer (nothing was written).
-    """
-    if max_item_bytes is None:
-        return
-    for index, payload in enumerate(payloads):
-        if len(payload) > max_item_bytes:
-            which = "the item" if len(payloads) == 1 else f"item {index}"
-            raise ItemTooLargeError(f"{which} is {len(payload)} bytes as stored (encoded, with its headers and "
-                                    f"envelope), over max_item_bytes={max_item_bytes}; nothing was written")
 
 
 def _per_item(given: Any, count: int, option: str, check: Callable[[Any, str], Any], error: type[Exception], *,

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .._consuming.refill import CronRefill
 from .._consuming.reliable import ReliableConsumer
 from .._consuming.take import TakePump
 from .._options import QueueOptions
+from .._recurring.refill import CronRefill
 from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
 from .._util.observe import Events

@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from .._producing.keyed import KeyedItems, Pending, check_key
-from .._producing.recurring import Schedules
+from .._producing.keyed import KeyedItems, Pending
+from .._recurring.schedules import Schedules
+from .._wire.item_keys import check_key
 from .layout import shard_of
 
 __all__ = ["ShardedKeyed", "ShardedSchedules"]

@@ -15,12 +15,12 @@ from datetime import timedelta
 from typing import Any
 
 from .._options import QueueOptions
-from .._producing.keyed import check_key
 from .._producing.producer import Producer
 from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import gather_all
 from .._wire.elements import Fragment
+from .._wire.item_keys import check_key
 from .layout import Rotation, shard_of
 
 __all__ = ["ShardedProducer"]

@@ -10,11 +10,12 @@ Redis are whole milliseconds, rounded up (``_wire/delays.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import timedelta
 
-from ..exceptions import ConfigurationError, InvalidDelayError
+from ..exceptions import ConfigurationError, InvalidDelayError, ItemTooLargeError
 
-__all__ = ["check_max_items", "check_timeout", "count", "positive", "seconds", "seconds_text"]
+__all__ = ["check_item_bytes", "check_max_items", "check_timeout", "count", "positive", "seconds", "seconds_text"]
 
 
 def seconds_text(value: float) -> str:
@@ -90,3 +91,19 @@ def check_max_items(max_items: object) -> int:
     if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
         raise ConfigurationError(f"max_items must be an int >= 1, got {max_items!r}")
     return max_items
+
+
+def check_item_bytes(max_item_bytes: int | None, payloads: Sequence[bytes]) -> None:
+    """Refuse the first of ``payloads`` longer than ``max_item_bytes`` (``None``: no limit): each as the
+    queue stores it, the codec's bytes in their item envelope with the headers, expiry and schedule key.
+
+    Raises:
+        ItemTooLargeError: one is longer (nothing was written).
+    """
+    if max_item_bytes is None:
+        return
+    for index, payload in enumerate(payloads):
+        if len(payload) > max_item_bytes:
+            which = "the item" if len(payloads) == 1 else f"item {index}"
+            raise ItemTooLargeError(f"{which} is {len(payload)} bytes as stored (encoded, with its headers and "
+                                    f"envelope), over max_item_bytes={max_item_bytes}; nothing was written")

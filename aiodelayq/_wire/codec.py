@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..exceptions import ConfigurationError, DecodeError, EncodeError
 from .elements import ITEM_MARK, unwrap
@@ -144,3 +144,11 @@ def decode_item(codec: Codec, data: bytes) -> Any:
 def decode_stored(codec: Codec, data: bytes) -> Any:
     """The item stored as ``data`` (a bare payload, or an item envelope); raises as :func:`decode_item`."""
     return decode_item(codec, data if data[:1] != ITEM_MARK else unwrap(data).payload)
+
+
+class Headed(NamedTuple):
+    """A decoded item that came with headers (what the pump holds for it; a bare item is held as
+    itself, so the common case costs nothing more)."""
+
+    value: Any
+    headers: dict[str, str]

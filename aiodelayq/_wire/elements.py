@@ -272,7 +272,7 @@ _CLEAR_TOP_BIT = bytes(b & 0x7F for b in range(256))
 
 def _random_or_tags(count: int, tags: list[bytes | None] | None) -> list[bytes]:
     """8 bytes per item: its key tag where ``tags`` has one, else random with the top bit clear (a
-    key tag has it set: see ``_producing.keyed.key_tag``)."""
+    key tag has it set: see ``_wire.item_keys.key_tag``)."""
     buffer = bytearray(os.urandom(8 * count))  # one syscall for the whole batch
     buffer[0::8] = buffer[0::8].translate(_CLEAR_TOP_BIT)
     randomness = bytes(buffer)

@@ -23,8 +23,8 @@ from redis.exceptions import RedisError, ResponseError
 from .._admin.durations import format_duration
 from .._admin.reads import recorded_shards, server_now_ms, with_queue
 from .._options import check_client
-from .._producing.keyed import check_key
 from .._queue import DelayedQueue
+from .._wire.item_keys import check_key
 from .._wire.key_names import QueueKeys
 from ..exceptions import (
     AccessDeniedError,

@@ -1,6 +1,6 @@
 -- defines: schedule_record read_schedule add_occurrence recur_next recur_advance REFILL_BELOW RESYNC_MS
 -- uses: lib/index.lua lib/item.lua lib/parse.lua
--- Recurring items (aiodelayq/_producing/recurring.py). The schedules hash maps a schedule's key to
+-- Recurring items (aiodelayq/_recurring/schedules.py). The schedules hash maps a schedule's key to
 -- its record: '>I4' number of its current occurrence | '>B' 1 when its cron times ran out before
 -- the next occurrence could be scheduled (stalled), else 0 | '>d' every ms (0: a cron schedule) |
 -- '>d' anchor ms (every: occurrences are due at anchor + k * every) | '>I2' length of its key index

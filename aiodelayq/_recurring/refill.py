@@ -1,4 +1,4 @@
-"""Consumers list more due times of cron schedules (see ``_producing/recurring.py``).
+"""Consumers list more due times of cron schedules (see ``_recurring/schedules.py``).
 
 The script that hands out an occurrence of a cron schedule with few listed times left flags it;
 the consumer that gets it reads the record, computes the next times with croniter and appends them
@@ -18,13 +18,15 @@ from .._redis.client_facts import server_ms_at
 from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._util.tasks import TaskOwner
-from .._wire.codec import Codec, decode_item
+from .._wire.codec import Codec, Headed, decode_item
 from .._wire.elements import ITEM_MARK, Unwrapped, pack_times, parse_schedule, unwrap
-from .._wire.recurrence import cron_times
 from ..exceptions import BackendError, ConfigurationError
-from .take import RESYNC, Headed
+from .cron import cron_times
 
 __all__ = ["CronRefill"]
+
+RESYNC = object()
+"""What ``decode`` returns for a stalled recurring item's resync: settled as taken, handed to nobody."""
 
 log = logging.getLogger("aiodelayq")
 

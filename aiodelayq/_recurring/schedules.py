@@ -8,7 +8,7 @@ redelivery) continues nothing. ``cancel(key)`` removes the pending occurrence an
 
 A cron schedule's due times are computed here and by consumers, with croniter (the extra
 ``aiodelayq[cron]``): the record lists the next ``CRON_LISTED``, and a consumer handed an
-occurrence of a schedule with few left lists more (``_consuming/refill.py``).
+occurrence of a schedule with few left lists more (``_recurring/refill.py``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 from .._options import QueueOptions
 from .._redis.client_facts import facts_for, server_ms_at
 from .._scripts import QueueScripts
+from .._util.checks import check_item_bytes
 from .._wire.codec import encode_item
 from .._wire.delays import positive_ms
 from .._wire.elements import pack_headers, pack_times, wrap
-from .._wire.recurrence import cron_spec, cron_times
+from .._wire.item_keys import check_key, key_tag
 from ..exceptions import ConfigurationError
-from .keyed import check_key, key_tag
-from .producer import check_item_bytes
+from .cron import cron_spec, cron_times
 
 __all__ = ["Schedules"]
 

@@ -1,0 +1,37 @@
+"""An item's key (``offer(..., key=...)``, ``schedule(key, ...)``): its check, and its tag, the
+index field the element's id carries."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..exceptions import InvalidKeyError
+
+__all__ = ["MAX_KEY_BYTES", "check_key", "key_tag"]
+
+MAX_KEY_BYTES = 1024
+
+
+def check_key(key: object) -> bytes:
+    """The UTF-8 bytes of a valid key.
+
+    Raises:
+        InvalidKeyError: not a non-empty ``str`` of at most ``MAX_KEY_BYTES`` UTF-8 bytes.
+    """
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"key must be a str, not {type(key).__name__}")
+    try:
+        raw = key.encode()
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise InvalidKeyError(f"key is not valid UTF-8: {exc}") from exc
+    if not raw or len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"key must be 1..{MAX_KEY_BYTES} UTF-8 bytes, got {len(raw)}")
+    return raw
+
+
+def key_tag(raw_key: bytes) -> bytes:
+    """The 8-byte tag of a key: its index field, carried in the id of its element; the first 8 bytes
+    of its SHA-1 with the top bit set (the random bytes of unkeyed elements have it clear, so a
+    transfer knows which moved elements own an index field)."""
+    digest = hashlib.sha1(raw_key).digest()
+    return bytes((digest[0] | 0x80,)) + digest[1:8]
