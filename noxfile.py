@@ -178,7 +178,7 @@ ASYNCIO_MODULES = tuple(f"tests/test_{m}.py" for m in (
 # queue, the model-based test) run the same scripts through these calls.
 VERSION_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "acl", "controls", "dead_letters", "doctor", "durability", "faults", "headers", "keys", "lifecycle", "offer",
-    "outages", "pending", "priority", "recurring", "reliable", "scheduling", "take", "tiers", "tls"))
+    "outages", "pending", "priority", "recurring", "reliable", "scheduling", "take", "tiers"))
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "offer", "names_and_options", "scheduling", "take", "reliable", "keys", "pending", "dead_letters", "redisson",
     "lifecycle", "faults", "worker", "metrics", "web", "controls", "headers", "recurring", "priority", "tiers"))

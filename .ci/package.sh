@@ -31,9 +31,13 @@ import pathlib
 import sys
 
 import aiodelayq
+import aiodelayq._admin
 import aiodelayq._consuming
-import aiodelayq._util
+import aiodelayq._contents
+import aiodelayq._parts
 import aiodelayq._producing
+import aiodelayq._recurring
+import aiodelayq._util
 import aiodelayq._redis
 import aiodelayq._runtime
 import aiodelayq._wire

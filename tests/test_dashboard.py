@@ -40,8 +40,8 @@ from aiodelayq.dashboard._http import CSRF_COOKIE, CSRF_FIELD
 from aiodelayq.dashboard._http import Request as HttpRequest
 from tests.helpers import free_socket, until
 
-# Run with the first server kind only: pages and HTTP over the queue's calls, which the other
-# modules run on every server kind.
+# Run with the first server kind only: pages and HTTP over the queue's calls, which the modules of
+# those calls run on every server kind.
 pytestmark = pytest.mark.once
 
 BROWSER_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -36,8 +36,8 @@ from aiodelayq._wire.elements import DeadReason
 from aiodelayq.testing import find_server_kinds
 from tests.faults import REPO_ROOT
 
-# Run with the first server kind only: the docs' examples and links; the calls they make are the other
-# modules' on every server kind.
+# Run with the first server kind only: the docs' examples and links; the calls they make run on every
+# server kind in their own modules.
 pytestmark = pytest.mark.once
 
 DOCS = REPO_ROOT / "docs"

@@ -593,3 +593,33 @@ async def test_ctrl_c_cancels_the_work_then_interrupts_on_every_python() -> None
                                                 stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert (proc.returncode, out.decode(), err.decode()) == (0, "cancelled\ninterrupted\n", "")
+
+
+_SELF_TERMINATED = """
+import asyncio, os, signal
+from aiodelayq._util.tasks import cancel_on_signal, run_interruptible
+
+terminated = []
+
+async def work():
+    try:
+        await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        print("cancelled", flush=True)
+        raise
+
+try:
+    run_interruptible(cancel_on_signal(work(), signal.SIGTERM, lambda: terminated.append(True)))
+except asyncio.CancelledError:
+    print("terminated" if terminated else "cancelled by something else", flush=True)
+"""
+
+
+async def test_sigterm_cancels_the_work_inside_the_ctrl_c_runner_on_every_python() -> None:
+    # The command line's watch: SIGTERM unwinds the work as Ctrl-C does, inside the runner above.
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SELF_TERMINATED, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, out.decode(), err.decode()) == (0, "cancelled\nterminated\n", "")
