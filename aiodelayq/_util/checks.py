@@ -1,10 +1,7 @@
 """The one validator of user-given numbers: every message names the option.
 
-The rule for durations, everywhere in the library: a duration is a number of seconds (an ``int`` or
-a ``float``, never a ``bool``) or a :class:`datetime.timedelta`, finite. Option names carry the unit
-(``call_timeout_s``, ``visibility_timeout_s``); the arguments of the queue's own calls keep their
-short names (``offer(item, delay)``, ``receive(visibility_timeout, timeout)``). Durations sent to
-Redis are whole milliseconds, rounded up (``_wire/delays.py``).
+A duration is finite seconds (``int``/``float``, never ``bool``) or a :class:`datetime.timedelta`;
+option names carry the unit (``call_timeout_s``).
 """
 
 from __future__ import annotations
@@ -94,8 +91,8 @@ def check_max_items(max_items: object) -> int:
 
 
 def check_item_bytes(max_item_bytes: int | None, payloads: Sequence[bytes]) -> None:
-    """Refuse the first of ``payloads`` longer than ``max_item_bytes`` (``None``: no limit): each as the
-    queue stores it, the codec's bytes in their item envelope with the headers, expiry and schedule key.
+    """Refuse the first of ``payloads`` (as stored, in their envelope) longer than ``max_item_bytes``
+    (``None``: no limit).
 
     Raises:
         ItemTooLargeError: one is longer (nothing was written).
