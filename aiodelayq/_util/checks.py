@@ -21,12 +21,8 @@ def seconds_text(value: float) -> str:
 
 
 def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: bool = False) -> float:
-    """``value`` as seconds: a number or a ``timedelta``, finite, at least ``minimum_s`` (strictly
-    above it with ``above_minimum``).
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as finite seconds (a number or a ``timedelta``), at least ``minimum_s`` (strictly above
+    it with ``above_minimum``); else a ConfigurationError."""
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -42,11 +38,7 @@ def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: 
 
 
 def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` (never a ``bool``) from ``minimum`` to ``maximum``.
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as an ``int`` (never a ``bool``) from ``minimum`` to ``maximum``; else a ConfigurationError."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigurationError(f"{name} must be an int, not {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -56,11 +48,7 @@ def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = N
 
 
 def positive(name: str, value: object) -> float:
-    """``value`` as a finite number above 0 (an ``int`` or ``float``, never a ``bool``), e.g. a rate.
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as a finite number above 0 (never a ``bool``), e.g. a rate; else a ConfigurationError."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigurationError(f"{name} must be a number (int or float), not {value!r}")
     if not math.isfinite(value) or value <= 0:

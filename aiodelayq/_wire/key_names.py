@@ -28,34 +28,33 @@ def prefix_name(prefix: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The Redis keys and channel of the delayed queue whose destination list is ``name``.
+    """The Redis keys and channel of the delayed queue whose destination list is ``name``; all but
+    the first four are aiodelayq's own. Times are epoch ms.
 
     Attributes:
         destination: list of due payloads (Redisson: the queue's raw name; its consumers ``BLPOP`` it).
-        timeout_set: zset of pending packed elements scored by due time in epoch milliseconds.
+        timeout_set: zset of pending packed elements scored by due time.
         delay_list: list of the same packed elements in insertion order.
-        channel: pub/sub channel carrying a new earliest due time (epoch ms, decimal text).
-        dead_letter: list of raw entries that could not be delivered (aiodelayq only).
-        in_flight: zset of received, unacknowledged messages scored by visibility deadline (epoch
-            ms); aiodelayq's reliable consumption only.
+        channel: pub/sub channel carrying a new earliest due time (decimal text).
+        dead_letter: list of raw entries that could not be delivered.
+        in_flight: zset of received, unacknowledged messages scored by visibility deadline.
         handoff: hash of items popped for a ``take()`` and not yet handed to a caller, by pop call
-            id (aiodelayq only); an entry whose lease ran out goes back to the destination.
-        handoff_leases: zset of those pop call ids scored by lease deadline (epoch ms).
-        calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
-            the dedupe window is not applied twice (aiodelayq only).
+            id; an entry whose lease ran out goes back to the destination.
+        handoff_leases: zset of those pop call ids scored by lease deadline.
+        calls: zset of recent call ids scored by their first run: a resent call within the dedupe
+            window is not applied twice.
         call_replies: hash of the replies of those calls that a resend must repeat.
-        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the key's
+        key_index: hash of the keys of pending keyed items: field = the key's
             tag (``_wire/item_keys.py``), value = version byte 0x01 + the key and its pending
             element. Entries whose element is no longer pending are stale: ignored, then removed.
-        controls: hash of the queue's controls, shared by every process (aiodelayq only):
+        controls: hash of the queue's controls, shared by every process:
             ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
             token bucket: items per second, its size, its level at ``at``, server ms).
-        schedules: hash of the queue's recurring items (aiodelayq only): field = the key, value =
+        schedules: hash of the queue's recurring items: field = the key, value =
             its record (``lua/lib/recur.lua``).
-        tier_index: zset of the tier's buckets (aiodelayq only): member = a bucket's start (epoch
-            ms), score = when it is promoted into the timeout zset (its start minus its width).
-        tier_count: string, the number of items the tier's buckets hold (aiodelayq only); absent
-            when none.
+        tier_index: zset of the tier's buckets: member = a bucket's start, score = when it is
+            promoted into the timeout zset (its start minus its width).
+        tier_count: string, the number of items the tier's buckets hold; absent when none.
     """
 
     destination: str
