@@ -265,7 +265,8 @@ async def wait_through_cancellation(futures: set[asyncio.Future[Any]], timeout_s
 
 async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s: float) -> bool:
     """:func:`wait_through_cancellation` of a ``make()`` task, started again while time remains if a
-    forced shutdown cancelled it (even before its first step); cancelled at the bound.
+    forced shutdown cancelled it (even before its first step); cancelled at the bound. Returns whether
+    this task was cancelled meanwhile (the caller raises it).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
