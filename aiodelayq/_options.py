@@ -1,6 +1,4 @@
-"""Options objects, one per concern, each checked once when made (messages name the option; the rule
-for durations is in ``_util/checks.py``): :class:`QueueOptions` (a :class:`~aiodelayq.DelayedQueue`'s)
-and :class:`WorkerOptions` (a worker's, whichever way it is started)."""
+"""Options objects, one per concern, each checked once when made."""
 
 from __future__ import annotations
 
@@ -55,10 +53,8 @@ def check_client(client: object) -> AnyRedis:
 
 @dataclass(frozen=True, kw_only=True)
 class QueueOptions:
-    """A queue's options, each declared once here (name, type, default) and checked when made (see
-    :class:`~aiodelayq.DelayedQueue` for their meaning; seconds in ``*_s``). ``DelayedQueue`` takes
-    the same keywords, spelt out for editors (a test keeps the two alike), and makes one of these
-    from them (:meth:`of`). What the calls derive from them is below the fields.
+    """A queue's options, declared once here and checked when made (meaning: :class:`~aiodelayq.DelayedQueue`,
+    which spells out the same keywords; a test keeps the two alike).
 
     Raises:
         ConfigurationError: the first bad option, named.
@@ -142,10 +138,8 @@ class QueueOptions:
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """How a worker runs a handler on a queue's items: one set of options, declared and checked here,
-    for every way a worker starts (:meth:`DelayedQueue.consume`, :meth:`DelayedQueue.worker`,
-    :meth:`Queues.add_worker`, :func:`aiodelayq.worker.run_worker` and ``aiodelayq worker``, each
-    taking these names, with these defaults, as keywords or flags: a test keeps them alike).
+    """How a worker runs a handler on a queue's items, for every way a worker starts (each entry point
+    takes these names and defaults; a test keeps them alike).
 
     Attributes:
         concurrency: handlers running at once (an ``int`` >= 1).
@@ -155,9 +149,9 @@ class WorkerOptions:
             once (``take_many``: a failure is logged with the item, which is gone).
         drain_timeout_s: on :meth:`Worker.stop`, seconds running handlers get to finish before they
             are cut off and their messages handed back (0: at once).
-        retry_backoff: the delay before a failed message is delivered again, from its delivery count
-            (at most 64, so that no backoff overflows) (a redis-py backoff; ``None``:
-            ``EqualJitterBackoff(cap=300, base=1)``).
+        retry_backoff: a redis-py backoff giving the delay before a failed message is delivered
+            again, from its delivery count (capped at 64 against overflow); ``None``:
+            ``EqualJitterBackoff(cap=300, base=1)``.
 
     Raises:
         ConfigurationError: a bad option, named.
@@ -171,8 +165,7 @@ class WorkerOptions:
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> WorkerOptions:
-        """The options among ``arguments`` (an entry point's ``locals()``): each field's value by its
-        name, its default when the entry point does not take it."""
+        """The options among ``arguments`` (an entry point's ``locals()``), defaults for the others."""
         return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
 
     def __post_init__(self) -> None:

@@ -1,6 +1,4 @@
-"""The exception tree of aiodelayq: everything the library raises on purpose derives from
-:class:`DelayedQueueError`; input errors are also :class:`ValueError`/:class:`TypeError` so
-callers that catch the builtin kinds keep working."""
+"""The exception tree: everything aiodelayq raises on purpose derives from :class:`DelayedQueueError`."""
 
 from __future__ import annotations
 
@@ -38,9 +36,8 @@ class InvalidDelayError(DelayedQueueError, ValueError):
 
 
 class InvalidNameError(DelayedQueueError, ValueError):
-    """An empty or non-``str`` queue name; on a Redis Cluster, a name whose keys do not all hash to one
-    slot (a ``{`` that opens no hash tag, as in ``a{``, ``{}`` or ``x{}y``); a sharded queue's name with
-    a brace. Raised where the queue object is made: nothing was written."""
+    """An empty or non-``str`` queue name; on a Redis Cluster, one whose keys span slots; a sharded
+    queue's name with a brace. Raised where the queue object is made: nothing was written."""
 
 
 class InvalidKeyError(DelayedQueueError, ValueError):
@@ -49,10 +46,8 @@ class InvalidKeyError(DelayedQueueError, ValueError):
 
 
 class ScheduledKeyError(InvalidKeyError):
-    """An offer of an item with the key of a recurring schedule (``schedule()``): the key is the
-    schedule's, whose one occurrence it names, so no other item takes it. ``cancel(key)`` ends the
-    schedule; ``schedule(key, ...)`` replaces it. Nothing of the call was written (of coalesced
-    ``offer()`` calls, only this one was refused).
+    """An offer with the key of a recurring schedule (``schedule()``); ``cancel(key)`` ends the
+    schedule. Nothing of the call was written (of coalesced ``offer()`` calls, only this one was refused).
 
     Attributes:
         key: the schedule's key.
@@ -94,7 +89,7 @@ class ItemTooLargeError(DelayedQueueError, ValueError):
 
 class QueueFullError(DelayedQueueError):
     """The offer would take the queue's pending + ready items beyond its ``capacity``; nothing of
-    its call was written (each item of ``offer_many`` alike: the call is all or nothing).
+    its call was written (``offer_many`` is all or nothing).
 
     Attributes:
         room: how many more items the queue had room for when the offer was refused (0 or more).
@@ -106,11 +101,8 @@ class QueueFullError(DelayedQueueError):
 
 
 class QueueNotOpenError(DelayedQueueError):
-    """A consuming call (``take``/``poll``/iteration) on a queue that was not opened.
-
-    Consuming needs a transfer task somewhere; open the queue with ``async with queue:``
-    (or ``await queue.open()``) in the consuming process.
-    """
+    """A consuming call (``take``/``poll``/iteration) on a queue that was not opened
+    (``async with queue:`` or ``await queue.open()``)."""
 
 
 class QueueClosedError(QueueNotOpenError):
@@ -136,10 +128,9 @@ class CallTimeoutError(BackendError, TimeoutError):
 
 
 class NotReplicatedError(BackendError):
-    """A durable write (a queue with ``min_replicas`` or ``wait_aof``) ran on the primary, but not as
-    many replicas as asked (or not the AOF fsync) confirmed it within ``replication_timeout_s``. It
-    exists on the primary and will most likely reach the replicas, but until it has, a failover can
-    lose it: the caller decides (retry later, alert, accept). ``maybe_applied`` is always ``True``.
+    """A durable write (``min_replicas`` or ``wait_aof``) ran on the primary, but fewer replicas (or
+    AOF fsyncs) than asked confirmed it within ``replication_timeout_s``: a failover can still lose it.
+    ``maybe_applied`` is always ``True``.
 
     Attributes:
         replicas: how many replicas confirmed it (``WAIT``'s reply; with ``wait_aof``, replicas that
@@ -155,12 +146,12 @@ class NotReplicatedError(BackendError):
 
 class AccessDeniedError(BackendError, PermissionError):
     """The Redis user may not run a command or touch a key the queue needs (``NOPERM``, ``NOAUTH``,
-    ``WRONGPASS``). Permanent: never retried. The docs list the minimal ACL."""
+    ``WRONGPASS``). Never retried."""
 
 
 class WrongNodeError(BackendError):
-    """A plain client reached a cluster node that does not own the queue's slot (``MOVED``/``ASK``).
-    Permanent: use a ``redis.asyncio.RedisCluster`` client (which follows them)."""
+    """A plain client reached a cluster node that does not own the queue's slot (``MOVED``/``ASK``);
+    use a ``redis.asyncio.RedisCluster`` client."""
 
 
 class ConfigurationError(DelayedQueueError, ValueError):
@@ -173,11 +164,9 @@ class WrongEventLoopError(ConfigurationError):
 
 
 class ShardCountError(ConfigurationError):
-    """A queue object whose ``shards`` differs from the shard count its name has in Redis. A sharded
-    queue's first user records its count under the name, and the count is fixed for the queue's life
-    (changing it would move keys to other shards); a name that holds an ordinary queue counts as 1.
-    Raised by a sharded object's first call (or ``open()``), and by every call after; by an ordinary
-    object's offers and ``open()`` on a sharded name. Nothing was written.
+    """A queue object whose ``shards`` differs from the shard count recorded under its name (fixed for
+    the queue's life; an ordinary queue counts as 1). Raised by the first call or ``open()`` and every
+    call after; nothing was written.
 
     Attributes:
         recorded: the name's shard count in Redis (1: an ordinary queue).
@@ -191,8 +180,7 @@ class ShardCountError(ConfigurationError):
 
     @classmethod
     def refusing(cls, subject: str, *, recorded: int, wanted: int) -> ShardCountError:
-        """The error of ``subject`` (the queue, or the call refused) for a queue object made with
-        ``shards=wanted`` on a name whose recorded count is ``recorded``."""
+        """The error of ``subject`` (the queue, or the call refused)."""
         if recorded == 1:
             message = (f"{subject} holds an ordinary (unsharded) queue: shards={wanted} refused (a queue's shard "
                        "count is fixed for its life: drain it and delete its keys first, or use another name)")

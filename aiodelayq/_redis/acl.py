@@ -73,11 +73,8 @@ def minimal_acl_rules(name: str, *, waitaof: bool = False, shards: int = 1,
                       placement: Placement = "spaced") -> list[str]:
     """The ``ACL SETUSER`` rules (after the user name, ``on`` and the password) of a user that may
     produce and consume the queue ``name``: its keys, its channel, and :data:`MINIMAL_COMMANDS`
-    (with :data:`WAITAOF_COMMANDS` when ``waitaof``). A sharded queue (``shards`` > 1): the keys of
-    its name, which hold the shard count and which an ordinary queue object's refused OFFER or
-    TRANSFER declares (no channel permission: nothing is published there), then each shard's keys
-    and channel, the shards placed as ``placement`` (what the name records: ``spaced`` for a name
-    a sharded queue records now)."""
+    (with :data:`WAITAOF_COMMANDS` when ``waitaof``). A sharded queue also needs its name's keys
+    (they hold the shard count; no channel: nothing is published there), then each shard's."""
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     if shards == 1:
         patterns = _queue_patterns(name, channel=True)
@@ -106,9 +103,8 @@ def acl_literal(text: str) -> str:
 
 
 def acl_probes(keys: QueueKeys, *, waitaof: bool = False) -> list[tuple[str, tuple[str, ...]]]:
-    """``(what, call)`` pairs for ``ACL DRYRUN user *call``: one per command of the minimal ACL on a
-    key of the queue, then one per key of the queue (an ``EVALSHA`` that declares it), a bucket
-    list of the tier (:meth:`~aiodelayq._wire.key_names.QueueKeys.tier_bucket`) among them."""
+    """``(what, call)`` pairs for ``ACL DRYRUN user *call``: one per command of the minimal ACL, then
+    one ``EVALSHA`` declaring each key of the queue (a tier bucket among them)."""
     fields: dict[str, str] = {**asdict(keys), "tier_bucket": keys.tier_bucket(0)}
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     probes = [(command, tuple(arg.format(**fields) for arg in _PROBES[command])) for command in commands]

@@ -1,24 +1,12 @@
-"""The backoff of a loop that tries again after Redis failures, and what its log says, for as long
-as the failures last.
+"""The backoff of a loop that tries again after Redis failures, and what its log says while they last.
 
-Every background loop (the transfer, the safety poll, the pub/sub reader, the take pump's pops, the
-cron refills, the worker's fetcher) and the retry loops of ``retry.py`` pace themselves with one
-:class:`Backoff`: full jitter from 50 ms, doubling up to 2 s, so a restarted server is found within
-about 2 s and a down one sees at most a few commands a second. The count of failures grows without
-bound (a streak of hours), the pause never does.
+Every retrying loop paces itself with one :class:`Backoff`, so a restarted server is found within
+about 2 s and a down one sees at most a few commands a second.
 
-What the log says about one streak of failures (a loop's failures until its next success):
-
-- a failure that a reconnect usually mends (a connection the server closed, a lost reply) is DEBUG
-  when it is the first of its streak: one such failure is no incident;
-- the streak's first other failure is one WARNING line; then, while it lasts, one WARNING line every
-  :data:`SUMMARY_EVERY_S` ("still failing after N attempts over T: the last error");
-- a refusal the server repeats to every try (a key of another type, a missing permission, out of
-  memory, a read-only replica, a script error) is an ERROR line at most once every
-  :data:`REFUSAL_EVERY_S`, with what to do when the caller knows it;
-- the success that ends a streak that was logged above DEBUG is one INFO line.
-
-No line carries a traceback: these are the server's failures, not the library's.
+The log of one streak of failures (until the next success): a first failure a reconnect usually mends
+is DEBUG; another first failure is one WARNING, then one every :data:`SUMMARY_EVERY_S`; a refusal the
+server repeats to every try is ERROR at most every :data:`REFUSAL_EVERY_S`; the success ending a
+streak logged above DEBUG is one INFO. No tracebacks: these are the server's failures.
 """
 
 from __future__ import annotations
@@ -43,25 +31,22 @@ RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
 SUMMARY_EVERY_S = 300.0
 # A refusal the server repeats is logged at ERROR at most this often (seconds).
 REFUSAL_EVERY_S = 60.0
-# The failure count given to RETRY_BACKOFF: 2**n grows past what a float holds near n = 1,024, and
-# past 32 doublings every pause is the cap anyway.
+# 2**n overflows a float near n = 1,024; past 32 doublings every pause is the cap anyway.
 _MAX_DOUBLINGS = 32
 # Error replies that say "not now" rather than "never": retried at the same pace, logged as outages.
 _TRANSIENT_REPLIES = ("BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 
 
 def may_resend(exc: BaseException) -> bool:
-    """Whether a failed call may be tried again: not refused by the server, not permanent, and not
-    a durable write that ran but was not confirmed in time (it waited ``replication_timeout_s``
-    already: the caller decides)."""
+    """Whether a failed call may be tried again: not refused, not permanent, and not an unconfirmed
+    durable write (it waited ``replication_timeout_s`` already: the caller decides)."""
     return (not is_permanent(exc) and not isinstance(exc.__cause__, ResponseError)
             and not isinstance(exc, NotReplicatedError))
 
 
 def is_refusal(exc: BaseException) -> bool:
-    """Whether the server refused the call in a way it repeats to every try until someone acts: a
-    permanent error (permission, wrong node, shard count) or an error reply other than "busy, try
-    again" (``WRONGTYPE``, ``OOM``, ``READONLY``, a script error)."""
+    """Whether the server refused the call in a way it repeats to every try until someone acts (a
+    permanent error, or an error reply other than "busy, try again")."""
     if is_permanent(exc):
         return True
     cause = exc.__cause__

@@ -1,6 +1,4 @@
-"""What the library learns once per client (kept weakly by client): the server's native long layout
-(asked once), whether the eviction policy was checked, the insertion stamps of fast elements, and the
-estimate of the server's clock that producers send as the issue time of offers."""
+"""What the library learns once per client, kept weakly by client."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class ClientFacts:
         long_format_ask: the request in flight, shared by concurrent first producers.
         eviction_checked: whether the ``maxmemory-policy`` check was started.
         stamps: insertion stamps of this client's fast elements.
-        clock: the estimate of the server's clock that producers send as the issue time of offers
-            (one server per plain client; see ``_wire/clock.py``).
+        clock: the estimate of the server's clock (``_wire/clock.py``).
     """
 
     long_format: str | None = None

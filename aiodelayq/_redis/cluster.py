@@ -1,23 +1,13 @@
 """Redis Cluster: which node a call goes to, and the cluster's answers it follows.
 
-All keys of a queue share one hash tag, so every call of a queue goes to the primary of one slot
-(``route``: any key of the queue). The library sends its own commands (see ``_redis/connections.py``), so
-it follows the cluster itself, with this resend policy:
+The library sends its own commands (``_redis/connections.py``), so it follows the cluster itself:
 
-- ``MOVED``: the node did not run the command and no longer serves the slot (a migration ended, a
-  failover happened). The slot map is updated from the answer and the command goes to the new
-  node. Safe: nothing ran.
-- ``ASK``: the slot is being migrated and the keys are on the target already. ``ASKING`` and the
-  command go to the target on one connection. Safe: the source ran nothing.
-- ``TRYAGAIN`` (a migration split the queue's keys between two nodes: they move one by one) and
-  ``CLUSTERDOWN`` (a failover in progress): nothing ran; the command is sent again after a pause.
-- A connection error or a timeout: the outcome is unknown, so nothing is resent here (the caller's
-  policy decides, as on a single server), and the client's slot map is read again before its next
-  call (the node may be gone for good: a failover).
+- ``MOVED``, ``ASK`` (``ASKING`` and the command on one connection), ``TRYAGAIN``, ``CLUSTERDOWN``
+  (after a pause): nothing ran, so the command goes again.
+- A connection error or a timeout: the outcome is unknown, so nothing is resent here (the caller
+  decides), and the slot map is read again before the next call (a failover).
 
-Redirections and pauses are bounded by ``_MAX_ATTEMPTS`` and by the caller's deadline, which
-covers the whole exchange. Connections are the cluster client's own, per node (``ClusterNode``):
-a call holds one for one exchange, as on a single server.
+Bounded by ``_MAX_ATTEMPTS`` and the caller's deadline, which covers the whole exchange.
 """
 
 from __future__ import annotations
@@ -92,12 +82,9 @@ def mark_stale(client: RedisCluster) -> None:
 
 async def cluster_exchange(client: RedisCluster, args: Sequence[Any], route: Any, sent: list[bool],
                            then: Sequence[Any] | None = None, *, node: ClusterNode | None = None) -> Any:
-    """Send ``args`` to the node serving ``route``'s slot (any node when ``route`` is None; ``node``
-    when given, as it is) and return the reply, following MOVED/ASK/TRYAGAIN/CLUSTERDOWN. ``then``:
-    a command sent on the same connection once the first succeeded (``WAIT``); the reply is then
-    the pair of replies, the second possibly a ``ResponseError`` (returned, not raised: the first
-    command ran). A ``NOSCRIPT`` error carries the node that gave it (``.node``). ``sent[0]`` is
-    true while a send may have reached a node that could run it."""
+    """Send ``args`` to the node serving ``route``'s slot (or to ``node``) and return the reply (with
+    ``then``: as :func:`~.connections.call`). A ``NOSCRIPT`` error carries its ``.node``. ``sent[0]``
+    is true while a send may have reached a node that could run it."""
     await _ready(client)
     if node is not None:
         return await _send(node, args, sent, asking=False, then=then)

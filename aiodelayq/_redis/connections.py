@@ -3,22 +3,15 @@
 redis-py's defaults break delivery guarantees in three ways, so library calls bypass
 ``Redis.execute_command`` and ``Script.__call__``:
 
-- **Resends.** redis-py retries a command whose connection failed, even when the server had already
-  applied it and only the reply was lost. A resent pop loses items, a resent offer delivers twice.
-  Here nothing is resent behind the caller's back; the callers resend only calls that carry a call
-  id the scripts deduplicate (see ``_scripts/``), or that are idempotent.
-- **Half-read connections.** ``read_response(timeout=...)`` returns ``None`` on timeout and keeps
-  the connection, so the late reply answers the next command (redis/redis-py#2624). Here a call
-  that times out, fails or is cancelled always drops its connection before it goes back to the
-  pool.
-- **Connections the server closed while idle.** The server's ``timeout``, ``CLIENT KILL`` or a proxy's
-  idle cut closes a pooled connection that nobody uses. redis-py 8.1's pool hands such a connection
-  out (redis/redis-py#4252), so every exchange checks the connection it took first and reconnects a
-  closed or dirty one before sending: nothing was sent on it, so no call's outcome is in doubt.
-- **Swallowed cancellations.** redis-py code can swallow a ``CancelledError`` that lands inside it
-  (redis/redis-py#2028, #2551). Here the exchange runs in a child task that the caller awaits with
-  ``asyncio.wait``, which never swallows the caller's cancellation; the child is then cancelled and
-  its connection dropped.
+- **Resends.** redis-py resends a command whose reply was lost (a resent pop loses items, a resent
+  offer delivers twice). Here nothing is resent behind the caller's back; callers resend only calls
+  with a call id the scripts deduplicate, or idempotent ones.
+- **Half-read connections.** On timeout redis-py keeps the connection, so the late reply answers the
+  next command (redis/redis-py#2624). Here a call that times out, fails or is cancelled drops it.
+- **Connections closed while idle** are handed out by redis-py 8.1's pool (redis/redis-py#4252):
+  each exchange reconnects a closed or dirty one before sending (nothing sent, nothing in doubt).
+- **Swallowed cancellations** (redis/redis-py#2028, #2551): the exchange runs in a child task that
+  the caller awaits with ``asyncio.wait``, which never swallows the caller's cancellation.
 """
 
 from __future__ import annotations
@@ -55,12 +48,8 @@ AnyRedis: TypeAlias = Redis | RedisCluster
 """The clients the library takes: a single server (or Sentinel-managed primary) or a cluster."""
 
 class Script:
-    """A Lua script: its text and SHA1, shared by every client of the process.
-
-    Run with :func:`run_script`: ``EVALSHA``, and on ``NOSCRIPT`` a ``SCRIPT LOAD`` and one more
-    ``EVALSHA`` (safe: ``NOSCRIPT`` means nothing ran). Nothing is kept per client, so a client
-    handed to a queue can be garbage collected with it.
-    """
+    """A Lua script: its text and SHA1, shared by every client of the process (nothing is kept per
+    client, so a client can be garbage collected with its queue)."""
 
     def __init__(self, name: str, text: str | Callable[[], str]) -> None:
         self.name = name
@@ -87,13 +76,9 @@ def is_permanent(exc: BaseException) -> bool:
 
 
 def classify(what: str, exc: BaseException, *, sent: bool, channels: Sequence[str] = ()) -> BackendError:
-    """Turn a redis-py or OS error into the library's error for ``what``.
-
-    ``sent`` says whether the command may have reached the server: then a connection failure or a
-    timeout leaves its outcome unknown (``maybe_applied``). ``channels``: the pub/sub channels the
-    command used; a refused channel permission names them (the server's text does not) and the
-    ACL rule that grants each.
-    """
+    """Turn a redis-py or OS error into the library's error for ``what``; ``sent``: the command may
+    have reached the server (``maybe_applied`` on a connection failure or timeout); ``channels``: the
+    pub/sub channels it used, named on a refusal (the server's text does not)."""
     if isinstance(exc, BackendError):
         return exc
     text = str(exc)
@@ -118,8 +103,7 @@ def classify(what: str, exc: BaseException, *, sent: bool, channels: Sequence[st
 
 
 def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
-    """The ``ssl`` error among ``exc``'s causes that refused a certificate (the server's, by this
-    client's checks; or this client's, when the server's alert arrives before it closes), if any."""
+    """The ``ssl`` error among ``exc``'s causes that refused a certificate (either side's), if any."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -139,9 +123,8 @@ def _sharded_name(what: str, text: str) -> ShardCountError:
 
 
 def channel_denied(what: str, channels: Sequence[str], text: str) -> AccessDeniedError:
-    """The error of a refused pub/sub channel permission (``text``: the server's words) for ``what``
-    on one of ``channels``: it names them and the ACL rule (``&channel``, globs escaped) that grants
-    each, as the minimal ACL of ``_redis/acl.py`` does."""
+    """The error of a refused pub/sub channel permission (``text``: the server's words), naming
+    ``channels`` and the ACL rule that grants each (as ``_redis/acl.py``)."""
     rules = " ".join(f"&{acl_literal(channel)}" for channel in channels)
     how = f"(ACL SETUSER <user> {rules}; the Deployments page of the docs shows the minimal ACL)"
     if len(channels) == 1:
@@ -162,9 +145,7 @@ def _denied(text: str) -> bool:
 
 
 def _about_channel(text: str) -> bool:
-    """Whether a refusal concerns a pub/sub channel ("No permissions to access a channel", "...one of
-    the channels used as arguments", a script's "can't publish to the channel ...") rather than a
-    command, a key or the login."""
+    """Whether a refusal concerns a pub/sub channel rather than a command, a key or the login."""
     return "channel" in text.lower()
 
 
@@ -241,9 +222,8 @@ async def call(client: AnyRedis, *args: Any, what: str, timeout_s: float, route:
 
 async def call_pipelined(client: Redis, commands: Sequence[Sequence[Any]], *, what: str,
                          timeout_s: float) -> list[Any]:
-    """Send ``commands`` (two or more) to a single server in one write on one connection and return
-    their replies in order, an error reply as its ``ResponseError`` (returned, not raised), within
-    ``timeout_s`` seconds. Never resent; not for a cluster, whose keys live on several nodes.
+    """Send ``commands`` to a single server (not a cluster) in one write and return their replies in
+    order, an error reply as its ``ResponseError`` (returned), within ``timeout_s`` seconds. Never resent.
 
     Raises: as :func:`call`.
     """

@@ -1,27 +1,13 @@
 """Durable writes: a write that must not be lost waits until replicas (and optionally the AOF) have it.
 
-Redis replicates asynchronously: a write the primary acknowledged is lost if the primary fails
-before a replica received it, and a failover then promotes a replica without it. With
-``min_replicas`` > 0 (or ``wait_aof``), the writes that must survive (offers, cancel/reschedule,
-requeued dead letters, a reliable consumer's receive and settle) are followed, on the same
-connection, by ``WAIT min_replicas timeout_ms`` (or ``WAITAOF 1 min_replicas timeout_ms``), and the
-call returns only once that many replicas confirmed; otherwise it raises
-:class:`~aiodelayq.NotReplicatedError`. A reliable consumer's ``ack()`` is then confirmed too (its
-caller waits for the SETTLE call and its confirmation) unless it asks to be written behind
-(``ack(confirm=False)``, see ``_consuming/settler.py``).
+With ``min_replicas`` > 0 (or ``wait_aof``), the writes that must survive are followed, on the same
+connection, by ``WAIT`` (or ``WAITAOF``); the call raises :class:`~aiodelayq.NotReplicatedError`
+unless enough replicas confirm. This does not make Redis strongly consistent: a failover that
+promotes a replica without the write still loses it.
 
-What this does and does not promise, in the words Redis uses for ``WAIT``: it does not make Redis
-strongly consistent. A confirmed write is on the primary and on at least ``min_replicas`` replicas
-(in their memory; on disk too with ``wait_aof``, if they run with ``appendonly yes``); a failover
-that promotes one of those replicas keeps it, and Sentinel and Cluster promote the most up to date
-replica they can reach. A failover that promotes a replica without it (all the confirming replicas
-lost too, or a promotion forced by hand) can still lose it. An unconfirmed write
-(``NotReplicatedError``) is not undone: it is on the primary and most likely on its way.
-
-A call resent after a lost reply is recognised by its call id and not applied twice; the resend
-then writes its call id again (``first_run`` in the scripts' prelude), so the ``WAIT`` after it,
-on a new connection, also covers the first run's writes (``WAIT`` counts from a connection's own
-last write).
+``WAIT`` counts from a connection's own last write, so a resend (recognised by its call id) writes
+its call id again (``first_run`` in the scripts' prelude): the ``WAIT`` on the new connection then
+also covers the first run's writes.
 """
 
 from __future__ import annotations
@@ -111,9 +97,8 @@ _accepted: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary(
 
 
 async def _probe(client: AnyRedis, durability: Durability, route: Any, timeout_s: float) -> None:
-    """Before a client's first durable write of a kind, check that the server runs its confirmation
-    command at all: a refused ``WAIT``/``WAITAOF`` would otherwise turn every write into an applied
-    but unconfirmed one. ``WAIT 0 0`` and ``WAITAOF 1 0 1`` on a fresh connection return at once."""
+    """Check once per client that the server runs the confirmation command: a refused one would turn
+    every write into an applied but unconfirmed one. These probes return at once."""
     name = "WAITAOF" if durability.aof else "WAIT"
     accepted = _accepted.setdefault(client, set())
     if name in accepted:

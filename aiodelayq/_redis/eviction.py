@@ -1,10 +1,7 @@
 """A one-time check per client: does the server's eviction policy put pending items at risk?
 
-With ``maxmemory`` reached, a policy other than ``noeviction`` lets Redis drop keys, and a queue's
-keys carry no TTL: ``allkeys-*`` policies may silently drop pending items, in-flight messages or the
-destination list. ``volatile-*`` policies only evict keys that have a TTL, so the queue's keys are
-safe from them. The check reads ``INFO memory`` (restricted users may lack ``INFO``: then nothing is
-checked and nothing is said above DEBUG) in the background, so it never delays an offer or an open.
+A queue's keys carry no TTL, so only ``allkeys-*`` policies can silently drop them. The check runs
+in the background (never delaying an offer or an open); a user without ``INFO`` skips it quietly.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """One exchange on one connection: commands written together, every reply read.
 
-A connection taken from a pool is checked first (:func:`reconnect_if_closed`): the server may have
-closed it while it sat idle.
-
-Shared by single-server calls (``_redis/connections.py``) and cluster calls (``_redis/cluster.py``). Every reply
-is read, error replies too, so a connection goes back to its pool in sync; anything else (a lost
-connection, a timeout, a cancellation) disconnects it first, so a late reply can never answer the
-next command (redis/redis-py#2624).
+Every reply is read, error replies too, so a connection goes back to its pool in sync; anything else
+(a lost connection, a timeout, a cancellation) disconnects it, so a late reply never answers the next
+command.
 """
 
 from __future__ import annotations
@@ -35,10 +31,8 @@ _HIREDIS_MAX_ARG = 65536
 
 
 def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
-    """The wire bytes of ``commands``. hiredis's packer (C) when every argument is small and the
-    client encodes text as UTF-8 (hiredis always does): redis-py's asyncio connection packs in
-    Python, several times slower, and packing is a large share of a reliable consumer's CPU (a
-    settle carries four arguments per message)."""
+    """The wire bytes of ``commands``: hiredis's packer when every argument is small and the client
+    encodes UTF-8 (as hiredis always does); redis-py's Python packer is several times slower."""
     if (_hiredis_pack is None or conn.encoder.encoding.lower().replace("-", "") != "utf8"
             or any(len(a) > _HIREDIS_MAX_ARG for c in commands for a in c if type(a) in (bytes, str))):
         return conn.pack_commands([tuple(c) for c in commands])
@@ -46,8 +40,8 @@ def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
 
 
 async def reconnect_if_closed(conn: Any) -> None:
-    """Disconnect ``conn``, just taken from a pool, if the server closed it (its stream is at its end)
-    or it holds unread bytes; the next send connects again. Run before anything is sent on it."""
+    """Disconnect ``conn``, just taken from a pool, if the server closed it or it holds unread bytes;
+    run before anything is sent on it."""
     if not conn.is_connected:
         return
     probe = getattr(conn, "can_read", None) or conn.can_read_destructive  # redis-py 8.0: the latter only
@@ -63,11 +57,9 @@ async def reconnect_if_closed(conn: Any) -> None:
 
 async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool],
                    then: Sequence[Any] | None = None) -> list[Any]:
-    """Write ``commands`` on ``conn`` in one go and return their replies in order; an error reply is
-    returned as its ``ResponseError``, not raised. ``then`` (``WAIT``) follows on the same connection
-    only if the last command succeeded (a ``WAIT`` after a refused command would block for nothing),
-    its reply appended. ``sent[0]`` is set before the write, after the connection is made: a call
-    that fails to connect (refused, a TLS handshake, AUTH) was never sent."""
+    """Write ``commands`` on ``conn`` in one go and return their replies in order (error replies
+    returned). ``then`` follows only if the last command succeeded (a ``WAIT`` after a refusal would
+    block for nothing). ``sent[0]`` is set after connecting: a call that fails to connect was never sent."""
     try:
         if not conn.is_connected:
             await conn.connect()
@@ -92,9 +84,8 @@ async def _read(conn: Any) -> Any:
 
 
 def result(replies: list[Any], then: Sequence[Any] | None) -> Any:
-    """The call's result from :func:`exchange`'s replies (the command's first): its error reply
-    raised; else its reply, or with ``then`` the pair of replies, the second returned as it came, an
-    error too (the command before it ran)."""
+    """The call's result from :func:`exchange`'s replies: the first's error raised; else its reply, or
+    with ``then`` the pair (the second as it came, an error too)."""
     if isinstance(replies[0], ResponseError):
         raise replies[0]
     return replies[0] if then is None else (replies[0], replies[1])

@@ -1,16 +1,10 @@
 """Retry policy: the backoff, and the one retry loop behind both ways the library tries again.
 
-- :func:`resend_within` (a caller waits): a call is resent only after a failure that may be transient
-  (a dropped connection, a timeout), never after the server refused it (an error reply: OOM, a script
-  error) or a permanent error (permission, wrong node), and only while the caller's bound lasts. The
-  callers make a resend harmless (call ids, or the resend flag): see docs/design.md, "Connections and
-  resends".
-- :func:`retry_until_done` (background cleanup of idempotent calls: FINISH of a pop, RELEASE_CALL of a
-  cancelled receive): tried again after any non-permanent failure, refusals included (memory may be
-  freed), until it succeeds, a deadline passes or the owner stops.
-
-Both, and the background loops driven by events rather than by one call (the transfer task's transfers,
-the pump's pops, the subscriber's reconnects), pace themselves with a :class:`~.backoff.Backoff`.
+- :func:`resend_within` (a caller waits): resent only after a transient failure (dropped connection,
+  timeout), never after a refusal or a permanent error, within the caller's bound. Callers make a
+  resend harmless (docs/design.md, "Connections and resends").
+- :func:`retry_until_done` (background cleanup of idempotent calls): retried after any non-permanent
+  failure, refusals included (memory may be freed), until done, a deadline or the owner stops.
 """
 
 from __future__ import annotations
@@ -63,9 +57,8 @@ async def resend_within(attempt: Callable[[float, bool], Awaitable[T]], *, timeo
 
 async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
                         timeout_s: float, what: str, durability: Durability | None = None) -> Any:
-    """:func:`resend_within` of one script call whose resend is harmless with the same arguments
-    (it is read-only, idempotent, or carries a call id among ``args``); with ``durability``, a
-    durable write (:func:`run_durable`).
+    """:func:`resend_within` of one script call whose resend is harmless (read-only, idempotent, or
+    with a call id in ``args``); with ``durability``, a durable write (:func:`run_durable`).
 
     Raises: as :func:`resend_within`; NotReplicatedError when it ran but was not confirmed.
     """
@@ -77,9 +70,8 @@ async def resend_script(client: AnyRedis, script: Script, keys: Sequence[Any], a
 
 
 async def call_idempotent(client: AnyRedis, *args: Any, what: str, timeout_s: float, route: Any = None) -> Any:
-    """:func:`resend_within` of one command whose resend is harmless (a read, or ``UNLINK``): sent
-    again on a fresh connection after a transient failure, all within ``timeout_s`` seconds.
-    ``route``: a key it touches (a cluster sends it to that key's primary).
+    """:func:`resend_within` of one command whose resend is harmless (a read, or ``UNLINK``), within
+    ``timeout_s`` seconds. ``route``: a key it touches (a cluster sends it to that key's primary).
 
     Raises: as :func:`resend_within`.
     """
@@ -90,9 +82,8 @@ async def call_idempotent(client: AnyRedis, *args: Any, what: str, timeout_s: fl
 
 async def retry_until_done(attempt: Callable[[float], Awaitable[T]], *, per_try_s: float,
                            deadline: float = math.inf, stopped: Callable[[], bool] = lambda: False) -> T:
-    """Run ``attempt(timeout_s)`` (an idempotent call, each try bounded by ``per_try_s`` seconds)
-    until it succeeds, with backoff between tries, until ``deadline`` (loop time; default: forever)
-    or until ``stopped()``.
+    """Run the idempotent ``attempt(timeout_s)`` (each try bounded by ``per_try_s`` seconds) until it
+    succeeds, ``deadline`` (loop time) passes or ``stopped()``.
 
     Raises:
         BackendError: a permanent failure, or the last failure once the deadline passed or the owner

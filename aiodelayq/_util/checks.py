@@ -1,10 +1,7 @@
 """The one validator of user-given numbers: every message names the option.
 
-The rule for durations, everywhere in the library: a duration is a number of seconds (an ``int`` or
-a ``float``, never a ``bool``) or a :class:`datetime.timedelta`, finite. Option names carry the unit
-(``call_timeout_s``, ``visibility_timeout_s``); the arguments of the queue's own calls keep their
-short names (``offer(item, delay)``, ``receive(visibility_timeout, timeout)``). Durations sent to
-Redis are whole milliseconds, rounded up (``_wire/delays.py``).
+A duration is finite seconds (``int``/``float``, never ``bool``) or a :class:`datetime.timedelta`;
+option names carry the unit (``call_timeout_s``).
 """
 
 from __future__ import annotations
@@ -24,12 +21,8 @@ def seconds_text(value: float) -> str:
 
 
 def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: bool = False) -> float:
-    """``value`` as seconds: a number or a ``timedelta``, finite, at least ``minimum_s`` (strictly
-    above it with ``above_minimum``).
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as finite seconds (a number or a ``timedelta``), at least ``minimum_s`` (strictly above
+    it with ``above_minimum``); else a ConfigurationError."""
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -45,11 +38,7 @@ def seconds(name: str, value: object, *, minimum_s: float = 0.0, above_minimum: 
 
 
 def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` (never a ``bool``) from ``minimum`` to ``maximum``.
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as an ``int`` (never a ``bool``) from ``minimum`` to ``maximum``; else a ConfigurationError."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigurationError(f"{name} must be an int, not {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -59,11 +48,7 @@ def count(name: str, value: object, *, minimum: int = 1, maximum: int | None = N
 
 
 def positive(name: str, value: object) -> float:
-    """``value`` as a finite number above 0 (an ``int`` or ``float``, never a ``bool``), e.g. a rate.
-
-    Raises:
-        ConfigurationError: anything else, naming ``name``.
-    """
+    """``value`` as a finite number above 0 (never a ``bool``), e.g. a rate; else a ConfigurationError."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigurationError(f"{name} must be a number (int or float), not {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -94,8 +79,8 @@ def check_max_items(max_items: object) -> int:
 
 
 def check_item_bytes(max_item_bytes: int | None, payloads: Sequence[bytes]) -> None:
-    """Refuse the first of ``payloads`` longer than ``max_item_bytes`` (``None``: no limit): each as the
-    queue stores it, the codec's bytes in their item envelope with the headers, expiry and schedule key.
+    """Refuse the first of ``payloads`` (as stored, in their envelope) longer than ``max_item_bytes``
+    (``None``: no limit).
 
     Raises:
         ItemTooLargeError: one is longer (nothing was written).

@@ -1,21 +1,12 @@
 """Events and counters: every event of a queue is reported once, to its :class:`Events`, which counts
-it (what ``queue.stats`` shows) and passes it on to the metrics hook, so the two never disagree.
+it (``queue.stats``) and passes it on to the one process-wide metrics sink, so the two never disagree.
 
-The metrics hook is one optional, process-wide sink.
+Free when unused: reporters read ``hook.sink`` once per batch or call, never per item; only with a
+sink does the transfer script read the due scores for lateness (:func:`transfer_limit`).
 
-Zero dependencies, and free when unused: ``hook.sink`` is ``None`` by default and every place that
-reports reads it once per batch or call (``if hook.sink is not None: ...``), never per item. The only
-extra work a sink causes in Redis is the lateness of moved items: with a sink installed the transfer
-script also reads the due scores of what it moves (see ``_scripts/lua/transfer.lua``, and
-:func:`transfer_limit`). ``aiodelayq.prometheus`` is the ready-made sink; anything that implements
-:class:`MetricsSink` can be installed instead (e.g. a StatsD or OpenTelemetry bridge).
-
-Events are called on the event loop's thread, with the queue's name (its destination list), after
-the Redis call they describe succeeded (``delivered``: when the caller gets the items; the take pump's
-``undecodable`` dead letters: when decided, the FINISH that writes them follows). A sink must be
-quick and must not block: it runs inline in the transfer task, the take pump and the settler. A
-sink that raises is logged (ERROR, once per sink) and otherwise ignored: metrics never break
-delivery.
+Events run on the loop's thread after the Redis call they describe succeeded. A sink runs inline in
+the transfer task, the take pump and the settler, so it must not block; one that raises is logged
+once and ignored: metrics never break delivery.
 """
 
 from __future__ import annotations
@@ -32,24 +23,16 @@ log = logging.getLogger("aiodelayq")
 
 
 class MetricsSink(Protocol):
-    """What the queue reports, per queue name, counted per batch or call (``n`` items).
-
-    Which calls report what: ``offered`` after an offer call wrote its items; ``moved`` after a
-    transfer (the transfer task's, or one run inside a consumer's pop) of this process; ``delivered`` when
-    ``take``/``take_many``/``poll``/``async for`` return items or ``receive``/``receive_many``/
-    ``messages`` return messages; ``acked``/``nacked``/``dead_lettered`` when Redis confirmed the
-    settle (written-behind acks included, once their call came back).
-    """
+    """What the queue reports, per queue name, counted per batch or call (``n`` items), after Redis
+    confirmed the call (written-behind acks once their call came back)."""
 
     def offered(self, queue: str, n: int) -> None:
         """``n`` items were written to the pending side by one offer call (a keyed offer that found
         its key pending and changed nothing is not counted)."""
 
     def moved(self, queue: str, n: int, lateness_ms: Sequence[float]) -> None:
-        """One transfer moved ``n`` due items to the destination list; ``lateness_ms`` has one entry per
-        moved item: the transfer's server time minus the item's due time, in milliseconds (>= 0,
-        sub-millisecond resolution). Empty when the transfer ran without lateness (the sink was
-        installed while the call was in flight)."""
+        """One transfer moved ``n`` due items; ``lateness_ms``: per item, server time minus due time
+        (ms, >= 0), or empty when the sink was installed while the call was in flight."""
 
     def delivered(self, queue: str, n: int) -> None:
         """A consumer call returned ``n`` items (plain) or messages (reliable)."""
@@ -61,24 +44,18 @@ class MetricsSink(Protocol):
         """``n`` acks were applied (one SETTLE call)."""
 
     def nacked(self, queue: str, n: int) -> None:
-        """``n`` nacks were applied (one SETTLE call), ``nack(dead_letter=True)`` and nacks of a last
-        delivery (which dead-letter) included."""
+        """``n`` nacks were applied (one SETTLE call), dead-lettering ones included."""
 
     def dead_lettered(self, queue: str, n: int, reason: str) -> None:
-        """``n`` entries were written to the dead-letter list for ``reason``: ``malformed`` (a pending
-        element that is not a valid element, found by a transfer, or an in-flight entry that is not
-        a message, found by a receive), ``max_deliveries`` (a message out of deliveries, at a receive
-        or at a nack of its last delivery), ``nacked`` (``nack(dead_letter=True)``), ``undecodable`` (a
-        payload the codec cannot decode) or ``expired`` (an item past its expiry when due for a
-        delivery)."""
+        """``n`` entries were dead-lettered for ``reason``: ``malformed``, ``max_deliveries``,
+        ``nacked``, ``undecodable`` or ``expired``."""
 
     def transfer_error(self, queue: str) -> None:
         """A transfer call failed (it is retried with backoff)."""
 
 
 class _Guarded:
-    """Forwards to the installed sink; an exception there is logged once and swallowed (it is the
-    metrics' bug, never the queue's: delivery goes on)."""
+    """Forwards to the installed sink; an exception there is logged once and swallowed."""
 
     __slots__ = ("_reported", "inner")
 
@@ -142,12 +119,11 @@ class _Guarded:
 
 
 class Hook:
-    """The process's one sink slot. An object, not a module global, so that modules import it by
-    name (``from .._util.observe import hook``) and still see every :func:`install`.
+    """The process's one sink slot: an object, so modules that import ``hook`` by name see every
+    :func:`install`.
 
     Attributes:
-        sink: the installed sink (guarded), or ``None``: nothing is reported and transfers do not
-            measure lateness.
+        sink: the installed sink (guarded), or ``None``.
     """
 
     __slots__ = ("sink",)
@@ -171,8 +147,7 @@ def install(new: MetricsSink) -> MetricsSink | None:
 
 
 def uninstall(expected: MetricsSink | None = None) -> None:
-    """Stop reporting. With ``expected``, only if that sink is the installed one (so a component
-    never removes a sink someone else installed after it)."""
+    """Stop reporting; with ``expected``, only if that sink is the installed one."""
     if expected is None or installed() is expected:
         hook.sink = None
 
@@ -215,9 +190,8 @@ class InstalledOnce:
 
 
 class Events:
-    """The events of one queue object (or of the transfer task the queue objects of one client
-    and name share), this process only: each is counted in :attr:`counts` and, for those the metrics
-    know, passed on to the installed sink. A component reports an event here and nowhere else.
+    """The events of one queue object (or of a shared transfer task), this process only: counted in
+    :attr:`counts` and passed on to the installed sink.
 
     Attributes:
         queue: the queue's name (its destination list).
@@ -296,8 +270,6 @@ class Events:
 
 
 def transfer_limit(batch: int) -> int:
-    """The limit argument of a transfer script call (TRANSFER ``ARGV[1]``, POP ``ARGV[4]``) for at most
-    ``batch`` elements: negative when a sink is installed, which makes the script also return each
-    moved item's lateness (it then reads the due scores: ``WITHSCORES``); ``batch`` as is otherwise,
-    so without a sink the call is exactly what it was."""
+    """The limit argument of a transfer script call for at most ``batch`` elements: negative when a
+    sink is installed, which makes the script also return each moved item's lateness."""
     return batch if hook.sink is None else -batch

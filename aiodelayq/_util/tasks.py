@@ -1,16 +1,10 @@
 """Background tasks: one owner for each set of them, stopped within one deadline, and the
 caller's cancellation never swallowed.
 
-Everything here is asyncio's own: tasks, and deadlines with :func:`timeout` (``asyncio.timeout``, or
-the ``async-timeout`` package it came from on Pythons before 3.11.3, as redis-py does). A queue
-object's background tasks (its take pump, hand-off finishes, settles, undone receives) belong to
-one :class:`TaskOwner`; what a client's open queues share (the subscriber, the safety poll, the
-transfer tasks) to another. Each owner is closed by one ``aclose(deadline)``.
+A queue object's tasks belong to one :class:`TaskOwner`; what a client's open queues share to another.
 
-Three helpers do what asyncio does not do by itself: leave a redis-py call behind instead of
-waiting for it (:func:`detached`), re-deliver a cancellation that redis-py swallowed (every stop
-here), and keep bounded cleanup going when ``asyncio.run`` cancels every task at shutdown
-(:func:`wait_through_cancellation`, :func:`run_through_cancellation`).
+redis-py can swallow a cancellation that lands inside a command (redis/redis-py#2028, #2551): every
+stop here re-delivers it, and :func:`detached` leaves the call behind instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -42,9 +36,8 @@ T = TypeVar("T")
 
 
 def timeout(timeout_s: float | None) -> Any:
-    """``async with timeout(s):`` cancels its block after ``timeout_s`` seconds (``None`` or
-    ``math.inf``: never) and raises ``asyncio.TimeoutError`` from it; a cancellation from outside
-    propagates as itself."""
+    """``async with timeout(s):`` cancels its block after ``timeout_s`` seconds (``None``/``inf``:
+    never) and raises ``asyncio.TimeoutError``."""
     return _timeout(None if timeout_s is None or math.isinf(timeout_s) else max(0.0, timeout_s))
 
 
@@ -70,14 +63,10 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
 
 
 async def _stop_all(tasks: Callable[[], set[asyncio.Task[Any]]], deadline: float) -> tuple[bool, bool]:
-    """Cancel the tasks ``tasks()`` names until none is left or ``deadline`` (loop time) has passed,
-    with at least one loop turn; returns (all ended, this task was cancelled meanwhile).
-
-    redis-py can swallow a cancellation that lands inside a command (redis/redis-py#2028, #2551):
-    the cancellation is delivered again every few ms until the task really ends. ``asyncio.wait``
-    does not raise the children's ``CancelledError``, so one caught here is the caller's own: it is
-    noted and the wait goes on (bounded), so a forced shutdown does not cut the stop short.
-    """
+    """Cancel ``tasks()`` every few ms (redis-py may swallow one) until none is left or ``deadline``
+    (loop time) passed, at least one loop turn; returns (all ended, this task was cancelled).
+    A ``CancelledError`` here is the caller's own (``asyncio.wait`` does not raise the children's):
+    noted, and the bounded stop goes on."""
     loop = asyncio.get_running_loop()
     cancelled, turns = False, 0
     while True:
@@ -94,9 +83,8 @@ async def _stop_all(tasks: Callable[[], set[asyncio.Task[Any]]], deadline: float
 
 
 async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report: bool = True) -> bool:
-    """Cancel ``task`` and wait up to ``timeout_s`` for it to finish; return whether it finished.
-    A failure of the task is logged; so is overrunning the bound, if ``report``. A cancellation of
-    the caller meanwhile is raised once the bounded stop is over."""
+    """Cancel ``task`` and wait up to ``timeout_s`` for it; return whether it finished. Its failure
+    is logged (an overrun too, if ``report``); the caller's cancellation is raised after the stop."""
     if task is None:
         return True
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -112,13 +100,10 @@ async def stop_task(task: asyncio.Task[Any] | None, timeout_s: float, *, report:
 
 
 class TaskOwner:
-    """The one owner of a set of background tasks (a queue object's, or what a client's open queues
-    share): every task is started by :meth:`spawn` (or by a :class:`Supervised` of :meth:`supervise`),
-    held until it ends (asyncio itself keeps only weak references), its failure logged unless it is
-    a :class:`BackendError` its own code reports, and stopped by :meth:`aclose` within one deadline.
+    """The one owner of a set of background tasks: holds each until it ends (asyncio keeps only weak
+    references), logs failures other than :class:`BackendError`, stops them in :meth:`aclose`.
 
-    A task spawned after :meth:`aclose` still runs, held, to its own end: only work that a caller
-    awaits starts then (a settle of a message acked after its queue closed).
+    A task spawned after :meth:`aclose` still runs to its end: only awaited work starts then.
     """
 
     def __init__(self, name: str) -> None:
@@ -157,9 +142,8 @@ class TaskOwner:
             log.error("background task %s of %s failed", task.get_name(), self.name, exc_info=exc)
 
     async def aclose(self, deadline: float) -> bool:
-        """Stop every task still running by ``deadline`` (loop time; at least one loop turn) and
-        return whether all ended; those that did not are logged. Idempotent. A cancellation of the
-        caller meanwhile (a forced shutdown) does not cut the stop short: it is raised after it."""
+        """Stop every task by ``deadline`` (loop time) and return whether all ended. Idempotent; the
+        caller's cancellation (a forced shutdown) is raised after the stop."""
         self.closed = True
         ended, cancelled = await _stop_all(lambda: self._tasks, deadline)
         if not ended:
@@ -170,17 +154,13 @@ class TaskOwner:
         return ended
 
 
-# Calls nobody awaits to the end (exchanges whose caller left, detached redis-py calls, one-time
-# checks): asyncio keeps only weak references to tasks, so they are held here until they end. Each
-# is one call, bounded by its connection's timeouts; background work has a TaskOwner instead.
+# One-call tasks nobody awaits to the end, held until they end; each is bounded by its connection's timeouts.
 _detached: set[asyncio.Future[Any]] = set()
 
 
 def _forget(task: asyncio.Future[Any], *, quiet: bool) -> None:
     _detached.discard(task)
-    # Whoever still waits gets the outcome; for an abandoned task it is retrieved here, so asyncio
-    # does not log "exception was never retrieved" for an answer nobody wanted any more. A failure
-    # that is not a Redis failure the library reports (BackendError) is a bug: logged.
+    # Retrieved here, so asyncio does not log "exception was never retrieved" for an abandoned task.
     if task.cancelled():
         return
     exc = task.exception()
@@ -189,29 +169,22 @@ def _forget(task: asyncio.Future[Any], *, quiet: bool) -> None:
 
 
 def keep(task: asyncio.Future[T], *, quiet: bool = False) -> asyncio.Future[T]:
-    """Hold a strong reference to the one-call ``task`` until it ends; returns it. Its failures
-    other than :class:`BackendError` are logged as bugs unless ``quiet`` (raw redis-py calls, whose
-    errors their caller classifies, or which nobody waits for any more)."""
+    """Hold ``task`` until it ends; returns it. Failures other than :class:`BackendError` are logged
+    unless ``quiet`` (raw redis-py calls, whose caller classifies errors)."""
     _detached.add(task)
     task.add_done_callback(functools.partial(_forget, quiet=quiet))
     return task
 
 
 async def detached(work: Awaitable[T]) -> T:
-    """Await ``work`` in a task of its own, so the caller's cancellation always propagates.
-
-    redis-py can swallow a ``CancelledError`` that lands inside a command (redis/redis-py#2028,
-    #2551); here the caller stops waiting at once and the command completes in the background
-    (bounded by the connection's own timeouts), leaving its connection in a clean state.
-    """
+    """Await ``work`` in a task of its own, so the caller's cancellation always propagates; the
+    command completes in the background, leaving its connection clean."""
     return await asyncio.shield(keep(asyncio.ensure_future(work), quiet=True))
 
 
 class Supervised:
-    """One background task of a :class:`TaskOwner` whose body only ends by cancellation: if it dies
-    of anything else (a bug), the error is logged and the body started again after
-    ``restart_after_s``, while ``wanted()`` says it is still needed and the owner is not closed.
-    :meth:`stop` ends it for good.
+    """A :class:`TaskOwner`'s task whose body only ends by cancellation: if it dies of a bug, it is
+    logged and restarted after ``restart_after_s`` while ``wanted()`` and the owner is open.
 
     Attributes:
         crashes: how many times the body died of an error and was restarted (shown in ``repr``).
@@ -272,13 +245,9 @@ class Supervised:
 
 
 async def wait_through_cancellation(futures: set[asyncio.Future[Any]], timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``futures`` even if this task is cancelled meanwhile:
-    bounded cleanup that must not be cut short (returning popped items, undoing a receive).
-
-    A forced shutdown cancels a task that is already cancelling (``asyncio.run`` cancels every task,
-    after the caller's own cancel): without this, the cleanup it started would be abandoned and
-    destroyed with the loop. The cancellation is never swallowed: the return value says whether one
-    arrived, and the caller raises it once the bounded wait is over.
+    """Wait up to ``timeout_s`` seconds for ``futures`` even if this task is cancelled meanwhile, so
+    a forced shutdown (``asyncio.run`` cancels every task) does not abandon cleanup. Returns whether
+    a cancellation arrived: the caller raises it after the wait.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -295,10 +264,9 @@ async def wait_through_cancellation(futures: set[asyncio.Future[Any]], timeout_s
 
 
 async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s: float) -> bool:
-    """Run ``make()`` as a task and wait for it through cancellations, for at most ``timeout_s``;
-    if a forced shutdown cancelled that task (even before its first step, when its own handlers
-    cannot run), start it again while time remains. Returns whether this task was cancelled
-    meanwhile (the caller raises it); the work is cancelled if it is still running at the bound.
+    """:func:`wait_through_cancellation` of a ``make()`` task, started again while time remains if a
+    forced shutdown cancelled it (even before its first step); cancelled at the bound. Returns whether
+    this task was cancelled meanwhile (the caller raises it).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -316,13 +284,9 @@ async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s
 
 
 def run_interruptible(work: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(work)``, where Ctrl-C cancels ``work`` and, once it has unwound (its clients
-    closed), raises :class:`KeyboardInterrupt`; a second Ctrl-C interrupts at once. That is what
-    ``asyncio.run`` does from Python 3.11 on. On 3.10 it leaves SIGINT to Python's default handler,
-    which raises ``KeyboardInterrupt`` in whatever code runs at that instant: in the middle of a
-    redis-py read, or between making a coroutine and awaiting it (a lock's), and the shutdown then
-    prints those half-done tasks' errors. Only in the main thread with the default handler in place
-    (an ignored or replaced SIGINT stays as it is).
+    """``asyncio.run(work)``, where Ctrl-C cancels ``work`` and, once it has unwound, raises
+    :class:`KeyboardInterrupt` (a second Ctrl-C interrupts at once), as 3.11's ``asyncio.run`` does;
+    3.10's raises it mid-read. Only in the main thread with the default SIGINT handler.
     """
     if (sys.version_info >= (3, 11) or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -337,9 +301,8 @@ def run_interruptible(work: Coroutine[Any, Any, T]) -> T:
 
 
 async def cancel_on_signal(work: Coroutine[Any, Any, T], signum: int, noted: Callable[[], None]) -> T:
-    """``await work`` in the current task; the signal ``signum`` calls ``noted()`` and cancels it, so it
-    unwinds as on any cancellation. The handler is removed then: a second signal has its default
-    effect (Ctrl-C twice forces)."""
+    """``await work``; the signal ``signum`` calls ``noted()`` and cancels it, once (a second signal
+    has its default effect)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None

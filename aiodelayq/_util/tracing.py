@@ -1,18 +1,9 @@
 """OpenTelemetry traces, natively through ``opentelemetry-api`` (the ``otel`` extra).
 
-Spans follow the messaging semantic conventions: a PRODUCER span ``send <queue>`` per ``offer`` or
-``offer_many`` call, whose trace context (W3C ``traceparent``, through the global propagator) goes
-into every item's headers; a CLIENT span ``receive <queue>`` per ``take``/``receive`` call that
-returned items, linked to each item's producer context; a CONSUMER span ``process <queue>`` per item
-a worker's handler processes, the child of its producer's context and linked to it, current while
-the handler runs.
-
-Free when unused: nothing here imports ``opentelemetry``. :func:`tracer` looks for it in
-``sys.modules`` (a process that set a tracer provider has imported it) and returns ``None`` while
-no SDK provider is set, so without an SDK no span is made and no header is written: items are stored
-byte for byte as without tracing. The context goes into the headers only for a sampled span and for
-fast elements (the default): a queue that writes strict or legacy elements shares them with Java's
-consumers, which read the payload bare.
+Spans follow the messaging semantic conventions (send, receive, process). Free when unused: nothing
+here imports ``opentelemetry``, and without an SDK provider no span is made and no header written.
+The context goes into headers only for sampled spans and fast elements: strict or legacy elements are
+shared with Java consumers, which read the payload bare.
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SYSTEM", "links_to", "now_ns", "process_span", "receive_span", "send_span", "tracer", "with_context"]
 
-# messaging.system: no registered value covers a Redis delayed queue; the library's name, as
-# BullMQ's instrumentation uses "bullmq".
+# No registered messaging.system value covers a Redis delayed queue (BullMQ uses "bullmq").
 SYSTEM = "aiodelayq"
 
 _cached: tuple[object, Any] = (None, None)  # (the provider, its tracer for this library)
@@ -37,15 +27,13 @@ _UNKNOWN = object()
 
 
 def tracer() -> Tracer | None:
-    """The library's tracer when an SDK tracer provider is set, else ``None`` (a dict lookup and an
-    ``isinstance``: cheap enough per call)."""
+    """The library's tracer when an SDK tracer provider is set, else ``None`` (cheap per call)."""
     global _cached
     api = sys.modules.get("opentelemetry.trace")
     if api is None:
         return None
-    # The API's global provider stays None until one is set (set_tracer_provider, or the first
-    # get_tracer_provider() of a process configured by OTEL_PYTHON_TRACER_PROVIDER): reading it first
-    # skips get_tracer_provider(), which reads the environment on every call.
+    # None until a provider is set; reading it first skips get_tracer_provider(), which reads the
+    # environment on every call.
     if getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None:
         return None
     provider = api.get_tracer_provider()
@@ -69,9 +57,8 @@ def _attributes(queue: str, operation_type: str, operation_name: str, count: int
 @contextmanager
 def send_span(found: Tracer, queue: str, count: int, key: str | None = None, *,
               inject: bool = True) -> Iterator[dict[str, str]]:
-    """A PRODUCER span around one offer call of ``count`` items; yields the trace context to put
-    into every item's headers (``traceparent``, and ``tracestate`` when there is one): empty unless
-    ``inject`` and the span is sampled, so an unsampled offer stores its items as it would untraced."""
+    """A PRODUCER span around one offer call of ``count`` items; yields the trace context for every
+    item's headers, empty unless ``inject`` and the span is sampled."""
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
 
@@ -120,8 +107,7 @@ def receive_span(found: Tracer, queue: str, operation_name: str, started_ns: int
 @contextmanager
 def process_span(found: Tracer, queue: str, headers: Mapping[str, str], message_id: str | None = None,
                  delivery_count: int | None = None) -> Iterator[None]:
-    """A CONSUMER span ``process <queue>`` around one handler call: the child of the item's producer
-    context (one message: the conventions allow the parent) and linked to it; current inside."""
+    """A CONSUMER span around one handler call: the child of the item's producer context and linked to it."""
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
 

@@ -1,18 +1,9 @@
 """An estimate of a Redis server's clock on this process's loop clock (pure state, no I/O).
 
-Producers use it to tell the OFFER script when a call was *issued*, in server milliseconds, so that
-an item's due time is "server time at the call + delay" and not "server time when the script ran +
-delay" (a large or coalesced offer can wait for a round trip or more before its script runs).
-
-Each reply that carries the server's ``TIME`` (a fresh OFFER run, in whole ms, truncated) bounds the
-offset between the two clocks: the server read its clock after the call was sent and before the
-reply came back, so ``server_ms + 1 - sent * 1000`` is an upper bound and ``server_ms - received *
-1000`` a lower bound of ``server ms - loop ms``. The estimate is the smallest upper bound seen
-recently: never behind the server (a due time computed from it is never early), and as tight as the
-fastest recent round trip. A reply whose *lower* bound is above the estimate means the server clock
-moved ahead (a clock step, or a failover to a node with another clock): the estimate starts again
-from that reply. An estimate without a reply for ``STALE_S`` is not used (clocks drift; the
-script's own clock is used instead).
+Scripts get the server time a call was *issued*, so a due time is "server time at the call + delay"
+even when the script runs a round trip later. Each reply carrying ``TIME`` bounds the offset: the
+estimate is the smallest upper bound seen (never behind the server, so never early); a reply whose
+lower bound is above it means the server clock jumped (step, failover), and the estimate restarts.
 """
 
 from __future__ import annotations
@@ -21,13 +12,12 @@ import math
 
 __all__ = ["STALE_S", "ServerClock"]
 
-# An estimate this old (seconds since the last reply that bounded it) is not used: at the 500 ppm
-# an NTP slew may reach, 10 s is 5 ms of drift at most.
+# Seconds: at the 500 ppm an NTP slew may reach, 10 s is 5 ms of drift at most.
 STALE_S = 10.0
 
 
 class ServerClock:
-    """The offset between one server's clock (epoch ms) and this loop's clock (see the module)."""
+    """The offset between one server's clock (epoch ms) and this loop's clock."""
 
     def __init__(self) -> None:
         self._offset_ms: float | None = None
@@ -56,7 +46,6 @@ class ServerClock:
         return math.ceil(at * 1000.0 + self._offset_ms) - 1
 
     def issue_arg(self, at: float) -> int | str:
-        """The issue-time argument of a script call issued at loop time ``at`` (OFFER, RESCHEDULE,
-        REQUEUE): :meth:`server_ms`, or ``""`` without an estimate (the script uses its own clock)."""
+        """The issue-time script argument: :meth:`server_ms`, or ``""`` (the script uses its own clock)."""
         issued_ms = self.server_ms(at)
         return "" if issued_ms is None else issued_ms

@@ -40,8 +40,7 @@ class JsonCodec:
         return self._encoder.encode(obj).encode()
 
     def decode(self, data: bytes) -> Any:
-        """Decode UTF-8 JSON text (``json.loads`` of bytes would first guess among UTF-8/16/32 per
-        item; JSON exchanged between systems is UTF-8, RFC 8259)."""
+        """Decode UTF-8 JSON text (RFC 8259; ``json.loads`` of bytes would guess the encoding per item)."""
         return json.loads(data.decode())
 
 
@@ -147,8 +146,7 @@ def decode_stored(codec: Codec, data: bytes) -> Any:
 
 
 class Headed(NamedTuple):
-    """A decoded item that came with headers (what the pump holds for it; a bare item is held as
-    itself, so the common case costs nothing more)."""
+    """A decoded item that came with headers (a bare item is held as itself)."""
 
     value: Any
     headers: dict[str, str]

@@ -1,5 +1,4 @@
-"""Delays as Redis takes them: a user's seconds or ``timedelta`` in whole milliseconds, rounded up,
-within their limits (pure functions; the other checks of user-given numbers: ``_util/checks.py``)."""
+"""Delays as Redis takes them: a user's seconds or ``timedelta`` in whole milliseconds, rounded up."""
 
 from __future__ import annotations
 
@@ -16,23 +15,20 @@ MAX_DELAY_MS = 2**52
 MIN_VISIBILITY_TIMEOUT_S = 0.1
 """The shortest visibility timeout anywhere (``receive``, ``messages``, workers): 100 ms."""
 
-# Float noise allowed below a whole millisecond before rounding up: 0.1 s is 100.00000000000001 ms
-# as a float and must stay 100 ms, while 1e-9 s must become 1 ms (never early). Relative to the
-# value for large delays: a few times a double's precision (2.2e-16), far below a millisecond (a
-# larger relative allowance would make an hour of delay a few ms early).
+# Float noise ignored before rounding up: 0.1 s is 100.00000000000001 ms and must stay 100 ms, while
+# 1e-9 s must become 1 ms. The relative part is a few doubles' precision: more would make long delays early.
 _NOISE_MS = 1e-6
 _NOISE_RELATIVE = 1e-15
 
 
 def delay_to_ms(delay: float | timedelta, name: str = "delay") -> int:
-    """Convert a delay (seconds, or a ``timedelta``) to whole milliseconds, rounding up: an item is
-    never due early. Any positive delay is at least 1 ms. ``name`` names the value in errors.
+    """Convert a delay (seconds, or a ``timedelta``) to whole milliseconds, rounding up (never early;
+    a positive delay is at least 1 ms). ``name`` names the value in errors.
 
     Raises:
         InvalidDelayError: negative, NaN, infinite, too large, or not a number/``timedelta``.
     """
     if isinstance(delay, timedelta):
-        # Exact integer arithmetic: a timedelta is whole microseconds.
         micros = (delay.days * 86_400 + delay.seconds) * 1_000_000 + delay.microseconds
         if micros < 0:
             raise InvalidDelayError(f"{name} must not be negative, got {delay!r}")
@@ -55,8 +51,7 @@ def delay_to_ms(delay: float | timedelta, name: str = "delay") -> int:
 
 
 def positive_ms(value: float | timedelta, name: str) -> int:
-    """A span that must be more than 0 (an item's ``expires``, a schedule's ``every``; seconds, or a
-    ``timedelta``) in whole ms, at least 1; ``name`` names it in errors.
+    """A span above 0 (seconds, or a ``timedelta``) in whole ms; ``name`` names it in errors.
 
     Raises:
         InvalidDelayError: zero, negative, NaN, infinite, too large, or not a number/``timedelta``.

@@ -24,35 +24,24 @@ delivery count | ``>d`` due ms of this delivery (0: a first delivery) | payload.
 
 A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery
 count | ``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was
-found); reasons 1 max_deliveries, 2 undecodable, 3 malformed, 4 nacked, 5 expired. An entry is read
-as an envelope only when it starts with the marker, is long enough and names a known reason;
-anything else in the list was not written by the library and reads as ``malformed`` (its bytes as
-they are).
+found); reasons 1 max_deliveries, 2 undecodable, 3 malformed, 4 nacked, 5 expired. Anything else
+in the list reads as ``malformed``.
 
-An **item envelope** carries headers, an expiry, and for an occurrence of a recurring item its
-schedule, around the codec's payload. An item offered with any of them is stored as its envelope in
-place of the bare payload, inside the same Redisson element, so every layout that carries a payload
-(pending elements, the destination list, messages, dead letters) carries the envelope unchanged, and
-Redisson's own transfer moves it as it is: 0xC1 ``adq`` 0x04 | ``>d`` expiry, epoch ms of the server
-clock (0: none) | ``>H`` length of the headers block | ``>H`` length of the schedule key (0: not a
-recurring item) | ``>I4`` occurrence number | ``>B`` flags (1: its consumer should list more cron
-times; 2: a resync of a stalled schedule, not an item) | the headers block (``>H`` key length, key,
-``>H`` value length, value, UTF-8, per header) | the schedule key | the payload. 0xC1 starts no UTF-8
-text (JSON, ``str``) and no MessagePack value, so those payloads are never mistaken for an envelope;
-a payload of another codec that happens to start with the marker is wrapped in an empty envelope
-when offered, so it reads back as it was. The scripts read the fields at their fixed offsets
-(``lib/item.lua``).
+An **item envelope** (headers, expiry, schedule) takes the bare payload's place inside the element, so
+every layout and Redisson's own transfer carry it unchanged: 0xC1 ``adq`` 0x04 | ``>d`` expiry, server
+epoch ms (0: none) | ``>H`` headers block length | ``>H`` schedule key length (0: not recurring) |
+``>I4`` occurrence number | ``>B`` flags (1: list more cron times; 2: resync, not an item) | headers
+(``>H`` key length, key, ``>H`` value length, value, per header) | schedule key | payload. 0xC1 starts
+no UTF-8 text and no MessagePack value; another codec's payload starting with the marker is wrapped
+in an empty envelope. ``lib/item.lua`` reads the same fixed offsets.
 
 A **schedule record** (the schedules hash, by key) is laid out in ``lua/lib/recur.lua``;
 :func:`parse_schedule` reads it.
 
-A **tier entry** (tiered pending, ``tier_after_s``: ``docs/design.md``, "Tiered pending") is an
-unkeyed fast element waiting in a bucket list ``aiodelayq_tier_<start>:{N}`` instead of the timeout
-zset: ``>H`` its due time minus the bucket's start (ms, less than the bucket's width, at most
-:data:`TIER_WIDTH_MS`) | the element, as OFFER would have added it to the zset. A bucket holds the
-items due in ``[start, start + width)``, ``start`` a multiple of the width, in the order they were
-offered; ``lua/lib/tiers.lua`` writes and reads them (:func:`pack_tier_entry`,
-:func:`unpack_tier_entry` for tools and tests).
+A **tier entry** (``tier_after_s``; ``docs/design.md``, "Tiered pending") is an unkeyed fast element
+in a bucket list ``aiodelayq_tier_<start>:{N}`` instead of the timeout zset: ``>H`` due time minus
+the bucket's start (ms, below the width) | the element. A bucket holds the items due in ``[start,
+start + width)``; ``lua/lib/tiers.lua`` writes and reads them.
 """
 
 from __future__ import annotations
@@ -163,11 +152,9 @@ def classify_element(element: bytes, fmt: str) -> ElementKind | Literal["malform
 
 def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps: InsertionStamps,
                    long_fmt: str | None, tags: list[bytes | None] | None = None) -> list[Fragment]:
-    """Turn ``(delay_ms, payload)`` pairs into OFFER fragments of ``kind``. Fast elements are packed
-    here with the server's ``long_fmt`` (so the script only ``ZADD``s them); strict and legacy ones
-    get their id here and are packed by the script. A keyed item's 8-byte ``tags`` entry takes the
-    place of the random bytes (fast), of the id (strict) or of the double (legacy), so a transfer
-    finds its key index entry."""
+    """Turn ``(delay_ms, payload)`` pairs into OFFER fragments of ``kind`` (fast ones packed here,
+    strict/legacy ones by the script). A keyed item's 8-byte ``tags`` entry replaces its random
+    bytes, so a transfer finds its key index entry."""
     count = len(items)
     if kind == "fast":
         assert long_fmt is not None
@@ -186,10 +173,8 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
 
 def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None, limit: str = "",
                tier_after_ms: int | None = None) -> list[bytes | int | str]:
-    """OFFER's ARGV after the call id and the issue time, for ``fragments`` of ``kind``, their key
-    ``entries`` (``b""``: no key; ``None``: a call without keys; see ``_producing/producer.py``), the
-    ``capacity`` ``limit`` (``""``: none; see ``lua/offer.lua``) and, for fast elements, the
-    tier's horizon ``tier_after_ms`` (``None``: nothing is tiered) and the width of its buckets."""
+    """OFFER's ARGV after the call id and the issue time (``lua/offer.lua``): key ``entries`` (``b""``:
+    no key; ``None``: no keys), ``capacity`` ``limit`` (``""``: none), tier horizon ``tier_after_ms``."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
                                         + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
     if kind == "fast":
@@ -213,16 +198,13 @@ def fragment_size(fragment: Fragment) -> int:
 
 # -- tier entries -----------------------------------------------------------------------------------
 TIER_WIDTH_MS = 60_000
-"""The widest bucket of the tier, ms: a bucket spans this much of due times, or ``tier_after_s``
-when that is shorter (:func:`tier_width_ms`); the ``>H`` offset of an entry fits it."""
+"""The widest tier bucket, ms; the ``>H`` offset of an entry fits it."""
 _TIER_OFFSET = struct.Struct(">H")
 
 
 def tier_width_ms(tier_after_ms: int) -> int:
-    """The width of the buckets a producer with the horizon ``tier_after_ms`` (ms, >= 1) fills:
-    :data:`TIER_WIDTH_MS`, or the horizon when that is shorter. A bucket is promoted one width
-    before its start, so a horizon at least as long as the width never tiers an item into a bucket
-    whose promotion has come."""
+    """The bucket width for the horizon ``tier_after_ms`` (ms, >= 1). A bucket is promoted one width
+    before its start, so the width never exceeds the horizon: no item goes to an already promoted bucket."""
     return min(TIER_WIDTH_MS, tier_after_ms)
 
 
@@ -236,16 +218,14 @@ def pack_tier_entry(due_ms: int, start_ms: int, element: bytes) -> bytes:
 
 
 def unpack_tier_entry(entry: bytes, start_ms: int) -> tuple[int, bytes]:
-    """``(due ms, element)`` of an entry of the bucket that starts at ``start_ms`` (an entry under 2
-    bytes, which the library never writes, reads as due at the start, the entry as its element)."""
+    """``(due ms, element)`` of an entry of the bucket that starts at ``start_ms`` (a short one: due at the start)."""
     if len(entry) < _TIER_OFFSET.size:
         return start_ms, entry
     return start_ms + _TIER_OFFSET.unpack_from(entry)[0], entry[_TIER_OFFSET.size:]
 
 
 def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, bytes]]:
-    """The fields of each message element of a RECEIVE reply, in one pass: (id in hex, stable across
-    redeliveries; delivery count; due ms of this delivery, ``None`` for a first one; payload).
+    """(id hex, delivery count, due ms or ``None`` for a first delivery, payload) of each RECEIVE message.
 
     Raises:
         ValueError: one of them is not a message element.
@@ -261,8 +241,7 @@ def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, by
 
 
 def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | None = None) -> list[bytes]:
-    """The 16 bytes after a fast element's marker, for ``count`` elements: insertion stamp (8,
-    big-endian µs), then 8 random bytes, or the item's key tag where ``tags`` has one."""
+    """The 16 bytes after a fast element's marker, for ``count`` elements."""
     first = stamps.reserve(count)
     return [(first + i).to_bytes(8, "big") + own for i, own in enumerate(_random_or_tags(count, tags))]
 
@@ -281,14 +260,12 @@ def _random_or_tags(count: int, tags: list[bytes | None] | None) -> list[bytes]:
 
 
 def requeue_ids(stamps: InsertionStamps, count: int) -> bytes:
-    """16 bytes per entry for REQUEUE: the id of a fast element after its marker (see
-    :func:`_fast_ids`); strict and legacy elements use the first 8 bytes as their random id."""
+    """16 bytes per entry for REQUEUE (strict and legacy elements use the first 8)."""
     return b"".join(_fast_ids(stamps, count))
 
 
 class ParsedDeadLetter(NamedTuple):
-    """The fields of a dead-letter entry (for an entry that is not an envelope: reason
-    ``"malformed"``, no count or time, its bytes as they are)."""
+    """The fields of a dead-letter entry."""
 
     reason: DeadReason
     delivery_count: int | None
@@ -324,11 +301,7 @@ MAX_HEADERS_BYTES = 16_384
 
 
 class Unwrapped(NamedTuple):
-    """What a stored payload holds: the codec's bytes, the headers, the expiry (epoch ms of the
-    server clock, ``None``: none), and for an occurrence of a recurring item its schedule's key
-    (``None``: not recurring), occurrence number, whether its consumer should list more cron
-    times (set by the script that handed it out), and whether it is a resync of a stalled schedule
-    (no item to deliver)."""
+    """What a stored payload holds (the envelope's fields; expiry in server epoch ms)."""
 
     payload: bytes
     headers: dict[str, str]
@@ -380,8 +353,7 @@ def wrap(payload: bytes, headers_block: bytes, expires_at_ms: int | None, schedu
 
 
 def unwrap(data: bytes) -> Unwrapped:
-    """What ``data`` holds: an envelope's parts, or ``data`` itself with no headers and no expiry
-    (a bare payload, or bytes that start with the marker but are not a whole envelope)."""
+    """What ``data`` holds: an envelope's parts, or ``data`` itself when it is no whole envelope."""
     if not data.startswith(ITEM_MAGIC) or len(data) < _PREFIX:
         return Unwrapped(data, {}, None)
     expires_ms, block_len, key_len, occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
@@ -413,9 +385,8 @@ _TIME = struct.Struct(">d")
 
 
 class ScheduleRecord(NamedTuple):
-    """A recurring item's record: its current occurrence number, whether it stalled (its cron times
-    ran out), its period (ms; 0 for cron), the cron spec (``expression\ntime zone``; ``""`` for
-    every) and the cron due times it lists (epoch ms, ascending)."""
+    """A recurring item's record: period ``every_ms`` (0 for cron), cron ``spec`` (``expression\ntime
+    zone``), listed cron ``times_ms`` (epoch ms, ascending); ``stalled``: its cron times ran out."""
 
     occurrence: int
     stalled: bool

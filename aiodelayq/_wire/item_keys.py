@@ -30,8 +30,7 @@ def check_key(key: object) -> bytes:
 
 
 def key_tag(raw_key: bytes) -> bytes:
-    """The 8-byte tag of a key: its index field, carried in the id of its element; the first 8 bytes
-    of its SHA-1 with the top bit set (the random bytes of unkeyed elements have it clear, so a
-    transfer knows which moved elements own an index field)."""
+    """The 8-byte tag of a key (its index field, carried in its element's id): SHA-1's first 8 bytes
+    with the top bit set (clear in unkeyed elements, so a transfer knows which own an index field)."""
     digest = hashlib.sha1(raw_key).digest()
     return bytes((digest[0] | 0x80,)) + digest[1:8]

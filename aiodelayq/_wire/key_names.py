@@ -10,8 +10,7 @@ from ..exceptions import InvalidNameError
 
 __all__ = ["KEY_TYPES", "QueueKeys", "prefix_name"]
 
-# The type (as ``TYPE`` names it) each key of a queue holds, by QueueKeys attribute (the channel is
-# no key). A key of another type was written by another program: every call on it is refused.
+# The ``TYPE`` of each key by QueueKeys attribute; a key of another type is another program's: refused.
 KEY_TYPES: dict[str, str] = {
     "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
@@ -20,11 +19,8 @@ KEY_TYPES: dict[str, str] = {
 
 
 def prefix_name(prefix: str, name: str) -> str:
-    """Return Redisson's ``prefixName(prefix, name)``.
-
-    ``prefix:{name}`` puts every key of the queue in the cluster slot of ``name``; a name that
-    already carries a ``{...}`` hash tag is used as is (``prefix:name``) so its own tag still decides.
-    """
+    """Return Redisson's ``prefixName(prefix, name)``: ``prefix:{name}``, or ``prefix:name`` when
+    ``name`` has its own hash tag."""
     if "{" in name:
         return f"{prefix}:{name}"
     return f"{prefix}:{{{name}}}"
@@ -32,39 +28,33 @@ def prefix_name(prefix: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The Redis keys and channel of the delayed queue whose destination list is ``name``.
+    """The Redis keys and channel of the delayed queue whose destination list is ``name``; all but
+    the first four are aiodelayq's own. Times are epoch ms.
 
     Attributes:
         destination: list of due payloads (Redisson: the queue's raw name; its consumers ``BLPOP`` it).
-        timeout_set: zset of pending packed elements scored by due time in epoch milliseconds.
+        timeout_set: zset of pending packed elements scored by due time.
         delay_list: list of the same packed elements in insertion order.
-        channel: pub/sub channel carrying a new earliest due time (epoch ms, decimal text).
-        dead_letter: list of raw entries that could not be delivered (aiodelayq only).
-        in_flight: zset of received, unacknowledged messages scored by visibility deadline (epoch
-            ms); aiodelayq's reliable consumption only.
+        channel: pub/sub channel carrying a new earliest due time (decimal text).
+        dead_letter: list of raw entries that could not be delivered.
+        in_flight: zset of received, unacknowledged messages scored by visibility deadline.
         handoff: hash of items popped for a ``take()`` and not yet handed to a caller, by pop call
-            id (aiodelayq only); an entry whose lease ran out goes back to the destination.
-        handoff_leases: zset of those pop call ids scored by lease deadline (epoch ms).
-        calls: zset of recent call ids scored by their first run (epoch ms): a resent call within
-            the dedupe window is not applied twice (aiodelayq only).
+            id; an entry whose lease ran out goes back to the destination.
+        handoff_leases: zset of those pop call ids scored by lease deadline.
+        calls: zset of recent call ids scored by their first run: a resent call within the dedupe
+            window is not applied twice.
         call_replies: hash of the replies of those calls that a resend must repeat.
-        key_index: hash of the keys of pending keyed items (aiodelayq only): field = the key's
-            tag (the first 8 bytes of SHA-1(key), top bit set; ``#`` + the SHA-1 hex for a key
-            whose tag another pending key holds), value = version byte 0x01 + the key and its
-            pending element. Entries whose element is no longer pending are stale: ignored, and
-            removed by transfers, keyed calls and sampling.
-        controls: hash of the queue's controls, shared by every process (aiodelayq only):
+        key_index: hash of the keys of pending keyed items: field = the key's
+            tag (``_wire/item_keys.py``), value = version byte 0x01 + the key and its pending
+            element. Entries whose element is no longer pending are stale: ignored, then removed.
+        controls: hash of the queue's controls, shared by every process:
             ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
             token bucket: items per second, its size, its level at ``at``, server ms).
-        schedules: hash of the queue's recurring items (aiodelayq only): field = the key, value =
-            its record (``lua/lib/recur.lua``): the number of its current occurrence, the period or
-            the upcoming cron times, its index field and element tag.
-        tier_index: zset of the tier's buckets (tiered pending, aiodelayq only): member = a
-            bucket's start (epoch ms, decimal text), score = when it is promoted into the timeout
-            zset (its start minus its width, epoch ms). Each bucket is the list
-            :meth:`tier_bucket` names.
-        tier_count: string, the number of items the tier's buckets hold (aiodelayq only); absent
-            when none.
+        schedules: hash of the queue's recurring items: field = the key, value =
+            its record (``lua/lib/recur.lua``).
+        tier_index: zset of the tier's buckets: member = a bucket's start, score = when it is
+            promoted into the timeout zset (its start minus its width).
+        tier_count: string, the number of items the tier's buckets hold; absent when none.
     """
 
     destination: str
@@ -85,8 +75,7 @@ class QueueKeys:
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
-        """Build the keys for a queue name; with ``cluster``, the keys of a queue on a Redis Cluster,
-        which must all hash to one slot (:meth:`check_one_slot`).
+        """Build the keys for a queue name; with ``cluster``, also :meth:`check_one_slot`.
 
         Raises:
             InvalidNameError: ``name`` is not a non-empty ``str``; with ``cluster``, a name whose keys
@@ -118,14 +107,9 @@ class QueueKeys:
         return keys
 
     def check_one_slot(self) -> None:
-        """Check that every key of the queue (its channel, which the scripts that publish declare, and
-        a bucket of its tier among them) hashes to one Redis Cluster slot, as redis-py computes it
-        (CRC16 of the key's hash tag, or of the whole key when it has none): a script declares
-        them together, and a cluster refuses keys of two slots in one call. A name without braces
-        passes (``prefix:{name}``), and so does one whose first ``{`` opens a hash tag
-        (``{tenant1}:orders``); one whose ``{`` opens none (``a{``, ``{}``, ``x{}y``), or with a
-        ``}`` but no ``{`` (``a}b``: its prefixed keys take the tag ``a``), does not: its keys hash
-        whole, or to another tag than its list's. On a single server every name works.
+        """Check that every key of the queue (with its channel and a tier bucket) hashes to one Redis
+        Cluster slot: a script declares them together, and a cluster refuses keys of two slots in
+        one call. Names such as ``a{``, ``{}``, ``x{}y`` or ``a}b`` fail.
 
         Raises:
             InvalidNameError: the keys fall in more than one slot (the message states the rule and
@@ -143,16 +127,13 @@ class QueueKeys:
                 "tag: one or more characters, then '}' (as in '{tenant1}:orders')")
 
     def tier_bucket(self, start_ms: int) -> str:
-        """The list of the tier's bucket that starts at ``start_ms`` (epoch ms): its entries wait
-        there until the bucket is promoted (``_wire/elements.py``: tier entries). The name has the
-        hash tag of the queue's other keys (the same cluster slot); the scripts build it from
-        :attr:`tier_index` (``lua/lib/tiers.lua``)."""
+        """The list of the tier's bucket that starts at ``start_ms`` (epoch ms), in the queue's slot;
+        ``lua/lib/tiers.lua`` builds the same name."""
         return prefix_name(f"aiodelayq_tier_{start_ms}", self.destination)
 
     @property
     def all(self) -> tuple[str, ...]:
-        """Every key of the queue (not the channel, nor the tier's buckets, whose names depend on
-        the due times they hold: :meth:`tier_bucket`), e.g. for ``DEL`` in tests or an ACL check."""
+        """Every key of the queue but the channel and the tier's buckets."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
                 self.schedules, self.tier_index, self.tier_count)

@@ -1,24 +1,15 @@
-"""Where the shards of a sharded queue live: each shard's queue name, and the record under the queue's
-name that fixes them.
+"""Where the shards of a sharded queue live: each shard's queue name, and the record that fixes them.
 
-A shard is an ordinary queue (:class:`~.key_names.QueueKeys`), so its name's hash tag decides its
-cluster slot, and the slot map which primary holds it. Two placements exist:
+A shard is an ordinary queue (:class:`~.key_names.QueueKeys`); its name's hash tag decides its slot.
 
-- ``spaced``, what every sharded queue records now: the K shards take K evenly spaced slots. Shard
-  ``i`` of the queue ``N`` is the queue ``{N~n}:i``, whose keys take the hash tag ``N~n``, where
-  ``n`` is the least integer >= 0 whose tag's slot (CRC16 of ``N~n`` modulo 16,384, redis-py's
-  ``key_slot``) lies in the middle half of the i-th of K equal ranges of the 16,384 slots. A
-  cluster's default slot map gives each of its P primaries one contiguous range of 16,384 / P
-  slots, so with K a multiple of P each primary holds K / P shards (the middle half keeps each shard
-  at least 16,384 / 4K slots, 4 for K = 1,024, from a range's edge, past the rounding of the
-  ranges).
-- ``hashed``: shard ``i`` is the queue ``{N:i}``, its slot wherever CRC16 of ``N:i`` puts it, so
-  the shards spread over the primaries as K queues' names do (unevenly for small K). A name whose
-  record holds the count alone has its shards there, and keeps them.
+- ``spaced`` (recorded by this release): shard ``i`` of ``N`` is ``{N~n}:i``, ``n`` the least integer
+  whose tag's slot lies in the middle half of the i-th of K equal slot ranges, so with K a multiple of
+  the P primaries of a default slot map each holds K / P shards (the middle half keeps clear of the
+  ranges' rounding).
+- ``hashed``: shard ``i`` is ``{N:i}``, wherever CRC16 puts it (uneven for small K).
 
-The record is the ``shards`` field of the name's controls hash (``aiodelayq_controls:{N}``):
-``K spaced``, or ``K`` (hashed). A release that reads only a count refuses the first (it is no
-number), so no older process writes a spaced queue's items where its consumers do not look.
+The record is the ``shards`` field of the controls hash: ``K spaced``, or ``K`` (hashed). A release
+that reads only a count refuses ``K spaced`` (no number), so it never writes where consumers do not look.
 """
 
 from __future__ import annotations
@@ -37,8 +28,7 @@ __all__ = ["Placement", "ShardRecord", "shard_name_parts", "shard_names"]
 Placement = Literal["spaced", "hashed"]
 
 _SLOTS = REDIS_CLUSTER_HASH_SLOTS
-# Bound of the search for a spaced shard's tag: never reached (about 2 K ln K tags are tried, at
-# most ~16,000 for K = 1,024), but a bug must not loop forever.
+# Never reached (about 2 K ln K tags are tried), but a bug must not loop forever.
 _MAX_TAGS = 10_000_000
 
 _SPACED = re.compile(r"\{([^{}]+)~(0|[1-9][0-9]*)\}:(0|[1-9][0-9]*)")
@@ -46,8 +36,7 @@ _HASHED = re.compile(r"([^{}]+):(0|[1-9][0-9]*)")
 
 
 def shard_names(name: str, shards: int, placement: Placement = "spaced") -> tuple[str, ...]:
-    """The queue names of the ``shards`` shards of the sharded queue ``name``, in shard order, as
-    ``placement`` places them (see the module docstring).
+    """The queue names of the ``shards`` shards of ``name``, in shard order.
 
     Raises:
         ValueError: ``name`` has a brace (a sharded queue's name has none: its own tag would be every
@@ -62,8 +51,7 @@ def shard_names(name: str, shards: int, placement: Placement = "spaced") -> tupl
 
 @functools.lru_cache(maxsize=256)
 def _spaced(name: str, shards: int) -> tuple[str, ...]:
-    """One pass over the tags ``name~0``, ``name~1``, ...: each tag whose slot is in the middle half
-    of a range not yet taken goes to that range's shard (about 2 K ln K tags for K shards)."""
+    """One pass over the tags ``name~0``, ``name~1``, ...: the first in each range's middle half wins."""
     salts: list[int | None] = [None] * shards
     missing = shards
     for salt in range(_MAX_TAGS):
@@ -77,10 +65,9 @@ def _spaced(name: str, shards: int) -> tuple[str, ...]:
 
 
 def shard_name_parts(name: str) -> tuple[str, int] | None:
-    """The sharded queue's name and the shard index that the queue name ``name`` has if it is a
-    shard, by its form (``{orders~5}:2`` spaced; ``{orders:2}`` hashed, or ``orders:2`` as its keys
-    read: ``x`` and ``{x}`` share their prefixed keys), or ``None``. Whether ``orders`` is sharded,
-    how, and into how many shards, only its record in Redis says (:meth:`ShardRecord.index_of`)."""
+    """``(sharded queue name, shard index)`` if ``name`` has a shard's form (``{orders~5}:2``,
+    ``{orders:2}``, ``orders:2``), else ``None``; only the record says whether it is one
+    (:meth:`ShardRecord.index_of`)."""
     found = _SPACED.fullmatch(name)
     if found is not None:
         return found[1], int(found[3])
@@ -104,8 +91,8 @@ class ShardRecord:
 
     @classmethod
     def parse(cls, raw: object) -> ShardRecord | None:
-        """The record of the ``shards`` field's value ``raw`` (``bytes``, ``str`` or ``int``; ``None``:
-        no field, an ordinary queue's count 1), or ``None`` for a value this release cannot read."""
+        """The record of the ``shards`` field's value ``raw`` (``None``: no field, count 1), or ``None``
+        for a value this release cannot read."""
         if raw is None:
             return cls(1, "hashed")
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -126,9 +113,7 @@ class ShardRecord:
         return shard_names(name, self.count, self.placement) if self.count > 1 else (name,)
 
     def index_of(self, base: str, name: str) -> int | None:
-        """The index of the shard of the sharded queue ``base`` (recorded as this) that the queue
-        name ``name`` is, by its prefixed keys (so ``orders:2`` and ``{orders:2}`` are one), or
-        ``None``."""
+        """The index of ``base``'s shard that ``name`` is, compared by prefixed keys, or ``None``."""
         if self.count < 2:
             return None
         wanted = prefix_name("p", name)
