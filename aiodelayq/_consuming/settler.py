@@ -25,7 +25,9 @@ __all__ = ["Settle", "SettleMode", "Settler"]
 log = logging.getLogger("aiodelayq")
 
 SettleMode = Literal["ack", "nack", "dead", "undecodable", "release"]
-"""What SETTLE does with one delivery (dead and undecodable: dead-letter it with that reason)."""
+"""What SETTLE does with one delivery: remove it (ack), make it visible again after a delay (nack),
+move its payload to the dead-letter list (dead: reason nacked; undecodable: reason undecodable), or
+undo it as if never received (release)."""
 
 # Settles per SETTLE call: bounds the script's run time.
 MAX_SETTLES_PER_CALL = 500
