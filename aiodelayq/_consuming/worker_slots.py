@@ -1,13 +1,9 @@
 """A worker: runs a handler on a queue's items with bounded concurrency (:class:`Worker`, behind
 ``DelayedQueue.consume``).
 
-``concurrency`` slot tasks take the entries the fetch task fetched (``worker_fetch.py``) one after
-the other and run the handler on each; a lease keeper extends every message whose handler has run
-for a third of the visibility timeout. What becomes of each message after its handler (ack, retry,
-dead-letter), and the handler's own rules, are in ``worker_outcomes.py`` and ``handler.py``;
-stopping (drain, then cut off and hand back) in ``worker_stop.py``. Reliable mode (the default)
-receives messages: at least once. Plain mode (``reliable=False``) takes items
-(``take_many_with_headers``): at most once.
+``concurrency`` slot tasks run the handler on what the fetch task fetched (``worker_fetch.py``).
+Outcomes are in ``worker_outcomes.py`` and ``handler.py``, stopping in ``worker_stop.py``. Reliable
+mode (the default) is at least once; plain mode (``reliable=False``) at most once.
 """
 
 from __future__ import annotations
@@ -45,8 +41,8 @@ _YIELD_EVERY = 8
 
 
 class Worker(Generic[T]):
-    """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
-    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
+    """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time
+    (:meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
 
     Raises:
         ConfigurationError: ``handler`` is not an async callable (:func:`check_handler`).
@@ -189,9 +185,7 @@ class Worker(Generic[T]):
                 CURRENT_HEADERS.set(headers)
             busy[me] = message
             stats.started += 1
-            # The handler runs here, not in a helper coroutine: every layer per message costs, and
-            # a no-op handler's worker is held against a plain `async for` (the drain benchmark).
-            # Traced only while an OpenTelemetry SDK is set up (a CONSUMER span around the call).
+            # Inline, not in a helper coroutine: every layer per message costs (the drain benchmark).
             found = tracer()
             try:
                 if found is None:
