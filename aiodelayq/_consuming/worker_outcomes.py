@@ -41,10 +41,7 @@ class WorkerStats:
         started: handlers started. succeeded: handlers that returned. failed: handlers that raised
             (:class:`Retry` and :class:`Reject` included). retried: messages nacked for a retry.
         rejected: messages dead-lettered by :class:`Reject`. interrupted: handlers ended by a stop's
-            cancellation: their messages are handed back (nacked with no delay, or dead-lettered
-            when that was their last delivery), or, when that fails, come back after their
-            visibility timeout (the log names them). A handler that ends on its own as it is cut
-            off (it returns or raises something else) counts as succeeded or failed instead.
+            cancellation (their messages handed back, or back after their visibility timeout).
             lost_leases: messages whose visibility timeout ran out while their handler ran (they
             may be delivered twice).
     """

@@ -56,9 +56,7 @@ class Worker(Generic[T]):
         self.retry_backoff = options.retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
         self.stats = WorkerStats()
         self.state: State = "new"
-        # The slot tasks, and the message each works on (None: a plain item). A slot whose handler
-        # does not suspend goes on to the next entry at once: no task per message, no loop turn
-        # between them.
+        # Slot tasks, not a task per message: a handler that does not suspend goes straight on.
         self._slots: set[asyncio.Task[None]] = set()
         self._busy: dict[asyncio.Task[None], Message[T] | None] = {}
         self._stopping = asyncio.Event()
