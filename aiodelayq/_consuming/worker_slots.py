@@ -160,8 +160,7 @@ class Worker(Generic[T]):
             # Every await of this loop comes before an entry is taken: a slot cancelled there
             # holds nothing (an entry taken is in `busy` until it is settled or handed back).
             if len(ahead) < fetcher.low_water and not fetcher.need.is_set():
-                # Running low: let the fetcher send its next call now, so its reply travels while
-                # this slot works through what is left.
+                # Running low: the next fetch's reply travels while this slot works.
                 fetcher.need.set()
                 yielded = True
             else:  # a handler that never suspends would keep a fetch's reply from being read
@@ -200,8 +199,7 @@ class Worker(Generic[T]):
                 await shutdown.settling_in(me, outcomes.failed(item, message, exc))
             else:
                 stats.succeeded += 1
-                # Written behind, or confirmed (durable writes, or near its deadline): then the slot
-                # waits, and the acks of the slots that wait meanwhile share the next SETTLE call.
+                # A confirmed ack makes the slot wait; waiting slots' acks share the next SETTLE call.
                 if message is not None and not message._ack_behind():
                     await shutdown.settling_in(me, outcomes.settle(message, "ack", 0.0))
             finally:

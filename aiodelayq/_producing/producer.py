@@ -62,8 +62,7 @@ class Producer:
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
                  send_many: SendMany | None = None) -> None:
         self._scripts, self._keys, self._events = scripts, scripts.keys, events
-        # Where offer_many's checked and packed items go: this queue's OFFER calls, or (a sharded
-        # queue's) a split over the shards' producers.
+        # A sharded queue's splits packed items over the shards' producers.
         self._send_many: SendMany = send_many or self.send_many
         self._codec, self._kind = options.resolved_codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes

@@ -286,7 +286,6 @@ class TransferTask:
                     self._transferred.clear()
                 delay = backoff.count()
                 self._retry_at = self._loop.time() + delay
-                # Until the first success, open() reports the failures: DEBUG here.
                 due = self._opened and backoff.level(exc) >= logging.ERROR
                 advice = await refusal_advice(self._scripts, exc) if due else ""
                 backoff.report(exc, delay, advice=advice, quiet=not self._opened)
