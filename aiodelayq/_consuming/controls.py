@@ -1,14 +1,9 @@
 """The controls every consumer of a queue obeys, in every process: pause and a rate limit.
 
-They live in Redis, in the queue's ``controls`` hash (its cluster slot), and POP and RECEIVE read
-them in the same atomic call that hands items out (``lua/lib/controls.lua``), so a change holds
-from the next call of every consumer: nothing is cached. While paused, offers are accepted and due
-items keep moving to the ready list; consumers get nothing. A rate limit is a token bucket on the
-server clock, shared by all consumers: at most ``burst + per_second * t`` items in any ``t`` seconds.
-
-A consumer that was refused holds off instead of asking again at once (:func:`hold_s`), so a
-paused or rate-limited queue costs no busy loop. Redisson's consumers (``BLPOP`` of the ready
-list) do not read the controls: a Java consumer of the same queue is neither paused nor limited.
+They live in the queue's ``controls`` hash; POP and RECEIVE read them in the call that hands items
+out (``lua/lib/controls.lua``), so nothing is cached. A rate limit is a token bucket on the server
+clock: at most ``burst + per_second * t`` items in any ``t`` seconds. Redisson's consumers do not
+read the controls.
 """
 
 from __future__ import annotations
@@ -21,18 +16,15 @@ from .._util.checks import count, positive
 
 __all__ = ["PAUSED_RECHECK_S", "Controls", "hold_s"]
 
-# How long a consumer refused by a pause waits before it asks again: the bound on how late delivery
-# restarts after resume() (plus a round trip), and one POP or RECEIVE per this period per waiting
-# consumer while paused.
+# A paused consumer's recheck period: bounds how late delivery restarts after resume(), and the
+# calls a paused queue costs.
 PAUSED_RECHECK_S = 0.5
-# The shortest hold of a rate-limited consumer: at high rates it takes a few tokens per call rather
-# than one call per token.
+# At high rates a few tokens per call rather than one call per token.
 _MIN_RATE_HOLD_S = 0.01
 
 
 def hold_s(hold_ms: int) -> float:
-    """How long a consumer refused with POP's or RECEIVE's ``hold`` (ms; -1: paused) waits before
-    asking again."""
+    """Seconds a consumer refused with ``hold`` (ms; -1: paused) waits before asking again."""
     if hold_ms < 0:
         return PAUSED_RECHECK_S
     return min(PAUSED_RECHECK_S, max(_MIN_RATE_HOLD_S, hold_ms / 1000))
@@ -68,7 +60,7 @@ class Controls:
         return paused is not None
 
     async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
-        """Limit every consumer together to ``per_second`` items a second (``None``: no limit), in
+        """Limit all consumers together to ``per_second`` items a second (``None``: no limit), in
         bursts of at most ``burst`` (default: one second's worth, at least 1).
 
         Raises:

@@ -17,11 +17,8 @@ T = TypeVar("T")
 
 def check_handler(handler: Callable[[T], Awaitable[object]], what: str = "handler"
                   ) -> Callable[[T], Awaitable[object]]:
-    """``handler``, if it is an async callable: an ``async def`` function or method, a
-    ``functools.partial`` of one, an object whose class has an ``async def __call__``, a function
-    marked with ``inspect.markcoroutinefunction`` (Python 3.12+), or a ``functools.wraps`` wrapper
-    of one of these. The one rule of every way a worker starts, checked where it is made: a
-    worker awaits what its handler returns, and a plain function's ``None`` would fail every item.
+    """``handler``, if it is an async callable (``async def``, a partial or ``functools.wraps``
+    wrapper of one, an ``async def __call__``, or ``inspect.markcoroutinefunction``).
 
     Raises:
         ConfigurationError: anything else (a plain function or lambda, a class, a non-callable),

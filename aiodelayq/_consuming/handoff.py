@@ -1,14 +1,10 @@
 """The leased hand-off of the take pump: its pops, until Redis has forgotten them.
 
-POP moves items into ``aiodelayq_handoff:{N}`` under the pop's call id, with a lease (a lost reply is
-resent with the same call id, which returns the same items, for up to ``_RESEND_HORIZON_S``). Once every item
-of a pop is settled (taken by a caller, given back, or dead-lettered) the entry must go: FINISH with
-the plan of what became of each item. A pop whose items were all handed out needs no plan, so the
-next POP forgets it in its own call instead (one round trip less per pop); if no POP comes within a
-round trip, FINISH does. A FINISH that gives items back is awaited by the next POP (:meth:`Handoff.
-returns_landed`), so a POP never overtakes it and pops later items first. Closing settles
-everything left ('r' for undecided items) through cancellations; what still remains goes back to
-the head of the destination when the lease ends (TRANSFER does it, in any process).
+Once every item of a pop is settled, FINISH removes its entry with the plan of each item. A pop
+whose items were all handed out needs no plan, so the next POP forgets it (one round trip less);
+without a POP within a round trip, FINISH does. The next POP awaits a FINISH that gives items back
+(:meth:`Handoff.returns_landed`), so it never pops later items first. What remains after closing
+goes back to the head of the destination when the lease ends.
 """
 
 from __future__ import annotations
@@ -94,12 +90,9 @@ class Handoff:
                 f"returning={len(self._returning)}>")
 
     async def pop(self, count: int, transfer: int) -> Popped:
-        """POP up to ``count`` items into the hand-off, forgetting the pops all handed out (see
-        :meth:`take_done`) and transferring up to ``|transfer|`` elements first (0: none; negative: with
-        lateness, see ``_util.observe.transfer_limit``). The pop is unfinished from the start: a flush
-        meanwhile sends FINISH '*'. After a lost reply (or a failure before sending) it is resent
-        with the same id, which returns the same items without transferring again, for up to
-        ``_RESEND_HORIZON_S``.
+        """POP up to ``count`` items, forgetting :meth:`take_done`'s pops and transferring up to
+        ``|transfer|`` elements first (``_util.observe.transfer_limit``). Unfinished from the start
+        (a flush meanwhile sends FINISH '*'); resent with the same id for ``_RESEND_HORIZON_S``.
 
         Raises:
             BackendError: still failing at the horizon, or a final error (what it may have got is
@@ -141,9 +134,8 @@ class Handoff:
             await asyncio.wait(set(self._returning), timeout=self._call_timeout_s)
 
     def maybe_finish(self, pop: Pop, *, unknown: bool = False) -> None:
-        """Send FINISH once every item of ``pop`` is settled (``unknown``: the pop's reply never
-        came, so FINISH '*' returns whatever it got, or makes a late pop pop nothing). A pop whose
-        items were all handed out waits for the next POP to forget it instead (see ``take_done``)."""
+        """Send FINISH once every item of ``pop`` is settled (``unknown``: no reply came, so FINISH '*'
+        returns whatever it got, or makes a late pop pop nothing)."""
         if pop.finishing is not None or not (unknown or pop.settled) or pop not in self.pops:
             return
         if not unknown and not self._closing() and all(v == "d" for v in pop.plan):
@@ -208,10 +200,9 @@ class Handoff:
                         "and may be delivered twice", k.destination, HANDOFF_LEASE_MS)
 
     async def flush(self, deadline: float) -> bool:
-        """Settle every unfinished pop ('r' for undecided items) and FINISH them, until ``deadline``,
-        through cancellations (a forced shutdown cancels every task, perhaps twice): a FINISH task
-        cancelled meanwhile is started again. Returns whether this task was cancelled meanwhile
-        (the caller raises it). What is left at the deadline goes back through the lease."""
+        """Settle every unfinished pop ('r' for undecided items) and FINISH them until ``deadline``,
+        restarting FINISH tasks a forced shutdown cancels; returns whether this task was cancelled
+        meanwhile (the caller raises it)."""
         loop = asyncio.get_running_loop()
         started: set[asyncio.Future[Any]] = set()
         cancelled = False

@@ -17,14 +17,11 @@ log = logging.getLogger("aiodelayq")
 
 
 class Lease:
-    """Extends a delivery every ``every_s`` seconds (``extend(visibility_timeout_s)``) from entry to
-    exit; the extending task is owned here: exit, or the cancellation of the block, stops it and
-    waits for it (a call in flight is bounded by ``call_timeout_s``).
+    """Extends a delivery every ``every_s`` seconds from entry to exit; exit or cancellation stops
+    the extending task and waits for it.
 
-    A failed extension (Redis unreachable) is logged (WARNING) and tried again at the next tick. If
-    the message is no longer held (its deadline passed and it was delivered again, or it was
-    settled), ``lost`` becomes ``True``, a WARNING is logged and extending stops; the block is not
-    interrupted (its ``ack()`` will return ``False``).
+    A failed extension is logged (WARNING) and retried next tick. If the message is no longer held,
+    ``lost`` becomes ``True``, a WARNING is logged and extending stops; the block is not interrupted.
 
     Attributes:
         extensions: successful extensions so far.

@@ -25,13 +25,10 @@ class Message(Generic[T]):
         value: the decoded item.
         id: the message id (hex), stable across redeliveries.
         delivery_count: 1 for the first delivery, then +1 per redelivery.
-        due_ms: when this delivery became due, epoch ms of the server clock: the end of the previous
-            visibility timeout or nack delay; ``None`` for a first delivery (the destination list
-            carries only the payload, as Redisson's does).
-        deadline_ms: the end of this delivery's visibility timeout, epoch ms of the server clock.
-        expires_at_ms: when it expires, epoch ms of the server clock (``None``: never): a delivery
-            due at or after it is not made (the item goes to the dead-letter list, reason
-            ``"expired"``).
+        due_ms: when this delivery became due (server epoch ms); ``None`` for a first delivery.
+        deadline_ms: the end of this delivery's visibility timeout (server epoch ms).
+        expires_at_ms: when it expires (server epoch ms; ``None``: never); a delivery due then goes
+            to the dead-letter list instead (reason ``"expired"``).
     """
 
     value: T
@@ -41,8 +38,7 @@ class Message(Generic[T]):
     deadline_ms: int
     _settler: Settler = field(repr=False)
     _element: bytes = field(repr=False)
-    # deadline_ms on this process's loop clock, never later than the true one (counted from when
-    # the receive call was sent, which is before the server read its clock).
+    # deadline_ms on the loop clock, counted from the send so never later than the true one.
     _expires: float = field(repr=False, default=0.0)
     _vt_ms: int = field(repr=False, default=0)  # the visibility timeout it was received with
     _settled: bool = field(repr=False, default=False)
@@ -56,36 +52,25 @@ class Message(Generic[T]):
 
     @property
     def settled(self) -> bool:
-        """Whether this delivery was acked, nacked or released by this process (its answer known,
-        or its ack written behind)."""
+        """Whether this process acked, nacked or released this delivery."""
         return self._settled
 
     @property
     def remaining_s(self) -> float:
-        """Seconds left of this delivery's visibility timeout, as this process can tell (a lower
-        bound); negative once it has passed."""
+        """Seconds left of the visibility timeout (a lower bound; negative once passed)."""
         return self._expires - asyncio.get_running_loop().time()
 
     async def ack(self, *, confirm: bool | None = None) -> bool:
         """Done: remove the message for good. ``False`` if it was no longer in flight as this
         delivery (already settled, or its visibility timeout ended and it was delivered again).
 
-        ``confirm=None`` (the default) follows the queue: written behind without durable writes,
-        confirmed with them (``min_replicas`` or ``wait_aof``). ``confirm=True`` always waits;
-        ``confirm=False`` writes behind even on a durable queue.
+        ``confirm=None`` follows the queue: written behind unless it has durable writes
+        (``min_replicas``/``wait_aof``); ``True`` always waits; ``False`` writes behind anyway.
 
-        Written behind: the ack is sent with the next settle call, without waiting for its answer,
-        when its outcome is already known: nobody else can settle this delivery before its
-        deadline, and more than ``call_timeout_s`` of it is left, so it lands in time unless Redis
-        cannot be reached at all. Then ``True`` comes back at once, and if the write does fail (or,
-        on a durable queue, is not confirmed by the replicas), that is logged (WARNING), counted in
-        ``stats.unconfirmed_settles``, and unless it landed the message is delivered again after its
-        visibility timeout: at-least-once, never a loss. Closer to the deadline, or after the queue
-        was closed, the call waits for Redis's answer whatever ``confirm`` says.
-
-        Confirmed: the call returns once Redis answered and, on a durable queue, once
-        ``min_replicas`` replicas (and the AOF fsync with ``wait_aof``) have the ack, so a replica
-        read right after it no longer shows the message in flight. Concurrent acks share calls.
+        Written behind (only with more than ``call_timeout_s`` left before the deadline and the
+        queue open): ``True`` at once; a failed write is logged (WARNING), counted in
+        ``stats.unconfirmed_settles``, and the message is delivered again: never a loss.
+        Confirmed: returns once Redis (and, when durable, the replicas) has the ack.
 
         Raises:
             NotReplicatedError: (confirmed, durable queue) the ack ran on the primary but was not
@@ -102,9 +87,7 @@ class Message(Generic[T]):
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
 
     def _ack_behind(self, confirm: bool | None = None) -> bool:
-        """The no-wait part of :meth:`ack`, without a coroutine (a worker's fast path): ``True`` if
-        the ack was written behind; ``False`` if it must be confirmed (call :meth:`ack`): asked for,
-        the queue's default (durable writes), or too close to its deadline."""
+        """:meth:`ack`'s no-wait path without a coroutine: ``True`` if written behind, else call :meth:`ack`."""
         settler = self._settler
         if (settler.acks_confirmed if confirm is None else confirm) or self._settled:
             return False
@@ -114,11 +97,9 @@ class Message(Generic[T]):
         return False
 
     async def nack(self, delay: float = 0.0, *, dead_letter: bool = False) -> bool:
-        """Give the message back: visible again after ``delay`` seconds (a redelivery: it counts). If
-        this was the last delivery ``max_deliveries`` allows, it goes to the dead-letter list at
-        once (reason ``"max_deliveries"``). With ``dead_letter=True`` it goes there now, whatever is
-        left (reason ``"nacked"``; ``delay`` is ignored): for items no retry can fix. ``False`` as
-        for :meth:`ack`. Always waits for Redis's answer (and, on a durable queue, its replicas').
+        """Give the message back: visible again after ``delay`` seconds (a counted redelivery); past
+        ``max_deliveries`` it is dead-lettered (``"max_deliveries"``). ``dead_letter=True``: dead-letter
+        now (``"nacked"``; ``delay`` ignored). ``False`` as for :meth:`ack`. Always confirmed.
 
         Raises:
             InvalidDelayError: a negative, NaN or infinite delay.
@@ -132,11 +113,8 @@ class Message(Generic[T]):
         return await self._settle(Settle(self._element, "nack", self.deadline_ms, delay_ms))
 
     async def release(self) -> bool:
-        """Hand the message back as if this delivery never happened: visible again at once, its
-        ``delivery_count`` not raised (a first delivery goes back to the head of the list). For
-        messages fetched ahead and never worked on (a worker's unstarted ones at shutdown); a
-        message that was worked on should be nacked. ``False`` as for :meth:`ack`. Always waits,
-        as :meth:`nack`.
+        """Hand the message back as if never delivered: visible at once, ``delivery_count`` not raised.
+        For messages never worked on (else nack). ``False`` as for :meth:`ack`. Always confirmed.
 
         Raises:
             NotReplicatedError, BackendError: as a confirmed :meth:`ack`.
@@ -146,9 +124,8 @@ class Message(Generic[T]):
         return await self._settle(Settle(self._element, "release", self.deadline_ms))
 
     async def extend(self, visibility_timeout: float | timedelta) -> bool:
-        """Keep the message: its visibility deadline becomes now + ``visibility_timeout`` (server
-        clock; shorter than what is left makes it sooner). ``False`` if it is no longer held by this
-        delivery (settled, or its deadline passed and it was delivered again).
+        """Set the visibility deadline to now + ``visibility_timeout`` (seconds; may make it sooner).
+        ``False`` if this delivery no longer holds the message.
 
         Raises:
             InvalidDelayError: a bad timeout (at least 1 ms).
@@ -166,10 +143,9 @@ class Message(Generic[T]):
         return True
 
     def lease(self, visibility_timeout: float | timedelta | None = None, *, every: float | None = None) -> Lease:
-        """``async with msg.lease(): ...`` keeps the message while a long job runs: every ``every``
-        seconds (default: a third of the timeout) its deadline becomes now + ``visibility_timeout``
-        (default: the timeout it was received with), until the block exits or is cancelled. See
-        :class:`~aiodelayq._consuming.lease.Lease` for failures (``lost``).
+        """``async with msg.lease():`` extends by ``visibility_timeout`` (default: as received) every
+        ``every`` seconds (default: a third of it) until the block exits; see
+        :class:`~aiodelayq._consuming.lease.Lease` (``lost``).
 
         Raises:
             InvalidDelayError: a bad timeout or interval.

@@ -1,10 +1,7 @@
 """Adaptive prefetch, shared by the take pump and the reliable consumer (no I/O).
 
-A fetch asks for up to :attr:`Prefetch.size` items even when the waiting callers want fewer, so a
-caller that takes one item at a time (``async for``) gets the next one without a round trip. The
-size starts at 1 (no prefetch), doubles after a fetch that came back full (more may be ready), and
-halves when prefetched items had to go back. Items nobody came for are kept at most one round trip
-(the latest fetch's, within the bounds below), then given back.
+A fetch asks for :attr:`Prefetch.size` items, so ``async for`` gets the next without a round trip.
+The size starts at 1, doubles after a full fetch and halves when prefetched items went back.
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ class Prefetch:
 
 
 class PrefetchBuffer(Generic[E]):
-    """Prefetched entries no caller has yet, in fetch order, and the :class:`Prefetch` that sized
-    the fetches. Entries are held at most one round trip (:attr:`Prefetch.hold_s` from the first
-    one kept); then, or on :meth:`give_back`, ``give_back`` gets all of them and the size halves."""
+    """Prefetched entries in fetch order, held :attr:`Prefetch.hold_s` from the first one kept;
+    then, or on :meth:`give_back`, ``give_back`` gets all of them and the size halves."""
 
     def __init__(self, give_back: Callable[[list[E]], None]) -> None:
         self.prefetch = Prefetch()

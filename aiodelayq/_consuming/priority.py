@@ -1,11 +1,8 @@
 """Several queues as one source for a worker, by priority (:class:`Prioritized`).
 
-Priorities live between queues, not inside one: a queue's ready list is Redisson's FIFO list, which
-Java consumers ``BLPOP`` and every transfer appends to. A fetch asks the queues one after the other
-without waiting (one RECEIVE or POP each), in priority order (strict) or in an order drawn by weight
-(weighted), and returns the first non-empty answer; when all are empty it waits on all of them at
-once and takes what the first to answer has (the others' waits are cancelled, which hands back
-anything they had popped, as a cancelled ``receive``/``take`` does).
+Priorities live between queues, not inside one: a ready list is Redisson's FIFO list. A fetch asks
+each queue once without waiting, in order; when all are empty it waits on all and takes the first
+answer (cancelling the other waits hands back what they popped).
 """
 
 from __future__ import annotations
@@ -36,11 +33,9 @@ class Prioritized(Generic[T]):
     """Several queues as one source for a :class:`~aiodelayq.Worker`: ``Worker(Prioritized([urgent,
     normal, bulk]), handler, WorkerOptions())``, or :meth:`worker`.
 
-    Without ``weights`` the order is strict: a queue is served only while every queue before it has
-    nothing due (a busy first queue starves the others, as asynq's strict priority does). With
-    ``weights`` (one positive number per queue), each fetch tries the queues in an order drawn at
-    random, a queue coming first with a probability proportional to its weight: under load, a queue
-    of weight 6 gets about six times the fetches of one of weight 1, and none starves.
+    Without ``weights`` the order is strict (a busy first queue starves the others). With ``weights``
+    (one positive number per queue) each fetch draws the order at random, a queue first with a
+    probability proportional to its weight, so none starves.
 
     Raises:
         ConfigurationError: no queues, a queue given twice, or weights that are not one positive

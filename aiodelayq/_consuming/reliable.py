@@ -1,20 +1,13 @@
 """Reliable (at-least-once) consumption: messages in flight until acknowledged.
 
-A received message sits in the in-flight zset, scored by its visibility deadline (server ms). ``ack``
-removes it; ``nack(delay)`` makes it visible again after ``delay``; a message neither acked nor
-nacked becomes visible again at its deadline. Each redelivery counts; past ``max_deliveries`` the
-payload goes to the dead-letter list. RECEIVE pops and registers in one atomic step, under a call
-id: a lost reply is resent and returns the same messages, and a cancelled caller's call is undone
-by id (RELEASE_CALL), so nothing is counted as delivered that nobody saw, unless the undo lands
-after the messages' visibility timeout (Redis unreachable that long, or a SIGKILLed process): they
-were redelivered meanwhile, and the count keeps that delivery.
+A received message sits in the in-flight zset scored by its visibility deadline (server ms).
+RECEIVE pops and registers atomically under a call id: a lost reply is resent and returns the same
+messages; a cancelled caller's call is undone by id (RELEASE_CALL), so nothing nobody saw counts as
+delivered (unless the undo lands after the visibility timeout: then it was redelivered meanwhile).
 
-Prefetch (see _consuming/prefetch.py): a receive may ask for more messages than its caller wants; the rest
-are in flight already, under the visibility timeout of the call that fetched them, and wait in a
-local buffer for the next receive with the same visibility timeout. Nobody came for them within one
-round trip: they are released (SETTLE 'release': as if never received, the count not raised), and
-once that landed the receivers that found nothing meanwhile look again (in every process: SETTLE
-publishes). Settles go through the :class:`~aiodelayq._consuming.settler.Settler`, many per round trip.
+Prefetched extras (see _consuming/prefetch.py) are in flight already and wait one round trip for a
+receive with the same visibility timeout, then are released (SETTLE 'release', count not raised).
+Settles go through :class:`~aiodelayq._consuming.settler.Settler`.
 """
 
 from __future__ import annotations
@@ -50,8 +43,7 @@ T = TypeVar("T")
 
 # How long a cancelled receive() spends undoing its call before the cancellation propagates.
 _UNDO_BOUND_S = 0.5
-# Prefetch only when the visibility timeout leaves room for it: a held message must not spend a
-# noticeable part of its timeout waiting for a caller.
+# A held message must not spend a noticeable part of its timeout waiting for a caller.
 _PREFETCH_MIN_VT_MS = 1000
 
 
@@ -63,8 +55,7 @@ class ReliableConsumer(Generic[T]):
         self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.resolved_codec, events
         self._tasks, self._refill = tasks, refill
         self._call_timeout_s = options.call_timeout_s
-        # Longest a waiting receiver sleeps without a wake-up (the transfer task's transfers wake it
-        # sooner): the queue's safety poll, which bounds every other missed wake-up too.
+        # Longest a waiting receiver sleeps without a wake-up: bounds any missed one.
         self._recheck_s = options.safety_poll_s
         self.settler = Settler(scripts, tasks, max_deliveries=options.max_deliveries, events=events)
         self.settler.on_nacked = self._wake_after
@@ -73,13 +64,11 @@ class ReliableConsumer(Generic[T]):
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._side_tasks: set[asyncio.Future[Any]] = set()
-        # Prefetched messages nobody has yet, in receive order, all of one visibility timeout.
         self._buffer: PrefetchBuffer[Message[T]] = PrefetchBuffer(self._release_unclaimed)
         self._buffer_vt_ms = 0
         self._prefetch = self._buffer.prefetch
         self._waits = WaitLoop()
-        # Done once closed: receivers the controls refused wait for this (or their hold), not for
-        # wake-ups, which cannot end a pause (see _consuming/controls.py).
+        # Receivers the controls refused wait for this or their hold: wake-ups cannot end a pause.
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._limited = False  # the last RECEIVE met the rate limit: receive only what callers want
 
@@ -120,15 +109,12 @@ class ReliableConsumer(Generic[T]):
         return self._waits.waiting
 
     def prefetched(self, vt_ms: int) -> bool:
-        """Whether messages received ahead with the visibility timeout ``vt_ms`` wait for a caller: a
-        :meth:`look` now returns some at once, without a round trip and without suspending."""
+        """Whether a :meth:`look` with ``vt_ms`` now returns prefetched messages without suspending."""
         return not self._closed and bool(self._buffer) and self._buffer_vt_ms == vt_ms
 
     async def look(self, max_items: int, vt_ms: int) -> tuple[list[Message[T]], asyncio.Future[None], float]:
-        """One look for up to ``max_items`` messages: prefetched ones (no round trip), else one
-        RECEIVE. Returns them (delivered to the caller, who owns them now) or none, with a future that
-        is done once more may be there and the longest wait (s) before looking again anyway (the
-        earliest in-flight deadline, the safety poll, or the hold of the queue's controls).
+        """One look for up to ``max_items`` messages (prefetched, else one RECEIVE): them, a future
+        done once more may be there, and the longest wait (s) before looking again anyway.
 
         Raises:
             QueueClosedError: the queue was closed. BackendError: the RECEIVE failed (undone).
@@ -152,8 +138,7 @@ class ReliableConsumer(Generic[T]):
         return [], signal, wait_s
 
     def _from_buffer(self, max_items: int, vt_ms: int) -> list[Message[T]]:
-        """Up to ``max_items`` prefetched messages of the visibility timeout ``vt_ms``, delivered
-        (none: a RECEIVE is needed).
+        """Up to ``max_items`` prefetched messages of ``vt_ms``, delivered.
 
         Raises:
             QueueClosedError: the queue was closed.
@@ -199,11 +184,9 @@ class ReliableConsumer(Generic[T]):
             # A cancellation here drops the exchange's connection (see _redis.connections.call).
             reply = await self._scripts.receive.resend(max_items, vt_ms, self.settler.limit_arg, call_id, durable=True)
         except asyncio.CancelledError:
-            # The call may have received messages nobody will see: undo it by its id (or make a
-            # late arrival of it receive nothing), without counting a delivery. This caller waits
-            # for it, at most _UNDO_BOUND_S and through further cancellations (a forced shutdown
-            # cancels every task again, the undo's too), so asyncio.run does not close the loop
-            # under it. Then the cancellation propagates.
+            # Undo the call by id (a late arrival then receives nothing), waiting at most
+            # _UNDO_BOUND_S through further cancellations so asyncio.run does not close the loop
+            # under it; then the cancellation propagates.
             if not await self._undo_within(call_id, _UNDO_BOUND_S):
                 self._spawn(self._release_call(call_id))  # keeps trying unless the loop is going away
             raise
@@ -256,9 +239,7 @@ class ReliableConsumer(Generic[T]):
         return messages, wait_s, hold
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
-        """RELEASE_CALL of a receive call id (idempotent), within ``timeout_s``. When it gave
-        messages back, the receivers of this process that found nothing meanwhile look again
-        (RELEASE_CALL publishes nothing: other processes find them at their safety poll)."""
+        """RELEASE_CALL of a receive call id (idempotent); it publishes nothing, so wake our receivers."""
         released = await self._scripts.release_call.resend(
             call_id, timeout_s=timeout_s, what=f"undo a cancelled receive on {self._keys.destination!r}")
         if released and not self._closed:
@@ -293,9 +274,8 @@ class ReliableConsumer(Generic[T]):
         return task
 
     async def aclose(self, deadline: float) -> None:
-        """Wake receivers (they raise :class:`QueueClosedError`), release prefetched messages, and
-        wait for side tasks (undoing cancelled receives) and pending settles until ``deadline``
-        (loop time); the queue's task owner stops what is left."""
+        """Wake receivers (QueueClosedError), release prefetched messages, wait for side tasks and
+        settles until ``deadline`` (loop time)."""
         if not self._closing.done():
             self._closing.set_result(None)
         self.notify()

@@ -1,13 +1,8 @@
 """Settles (ack, nack, dead, release) of one queue's messages, coalesced into SETTLE calls.
 
-While one SETTLE call is in flight, the settles that arrive wait and go out together in the next,
-so concurrent handlers and prefetched messages share round trips. A settle is either *confirmed*
-(its caller awaits the script's answer, errors included) or *written behind* (nobody waits: an
-``ack()`` the consumer knows must apply if it reaches Redis, or the release of prefetched messages
-nobody came for). A written-behind settle that cannot be confirmed is logged and counted; its
-message is then delivered again after its visibility timeout (at-least-once: never a loss). On a
-queue with durable writes every call waits for the replicas, and acks are confirmed by default
-(:attr:`Settler.acks_confirmed`): ``ack()`` returns once the replicas have it.
+Settles that arrive while a call is in flight go out together in the next. A settle is *confirmed*
+(its caller awaits the answer) or *written behind* (nobody waits); one of the latter that cannot be
+confirmed is logged and counted, and its message is delivered again (at-least-once).
 """
 
 from __future__ import annotations
@@ -34,10 +29,9 @@ SettleMode = Literal["ack", "nack", "dead", "undecodable", "release"]
 move its payload to the dead-letter list (dead: reason nacked; undecodable: reason undecodable), or
 undo it as if never received (release)."""
 
-# Settles per SETTLE call: a bounded script run (each settle is one or two O(log N) zset writes).
+# Settles per SETTLE call: bounds the script's run time.
 MAX_SETTLES_PER_CALL = 500
-# Added to a call's bound to tell SETTLE how long a resend may come after its first attempt: the
-# server's clock and this process's measure the bound from slightly different instants.
+# Added to the resend window SETTLE is told: its clock and ours start the bound at different instants.
 _CLOCK_SLACK_MS = 1000
 
 
@@ -54,30 +48,22 @@ class Settle:
 
 
 class Settler:
-    """Sends the settles of one queue, many per round trip (see the module docstring)."""
+    """Sends the settles of one queue, many per round trip."""
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, max_deliveries: int | None,
                  events: Events) -> None:
-        # Settles are durable writes (the queue's durability). A resend after a lost reply may find
-        # its first try applied and write nothing, so its WAIT can come back before that first try
-        # reached the replicas: an ack lost that way in a failover brings a duplicate, never a loss.
+        # A resend that finds its first try applied writes nothing, so its WAIT may return before
+        # that try reached the replicas: a failover then brings a duplicate, never a loss.
         self._scripts, self._keys, self._events, self._tasks = scripts, scripts.keys, events, tasks
-        # The queue's limit (None: none), and the same as RECEIVE and SETTLE take it (0: none).
         self.max_deliveries, self.limit_arg = max_deliveries, max_deliveries or 0
         self._call_timeout_s = scripts.call_timeout_s
-        # With durable writes an ack is confirmed by default (its caller waits for the replicas, as
-        # for any other durable write); written behind only when asked (``ack(confirm=False)``).
         self.acks_confirmed = scripts.durability.enabled
         self._pending: list[Settle] = []
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
-        # Called with the delay (ms) of each nack that landed: the consumer wakes its waiting
-        # receivers then, instead of at their next recheck (up to safety_poll_s late).
+        # Wake receivers after a landed nack's delay (ms) / a release, not at their recheck.
         self.on_nacked: Callable[[int], None] | None = None
-        # Called after a SETTLE call that released messages (prefetched, nobody came for them):
-        # they are visible again, and a receiver that asked Redis before they landed (and found
-        # nothing) is waiting for a wake-up, which would otherwise come at its recheck (safety_poll_s).
         self.on_released: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
@@ -90,10 +76,8 @@ class Settler:
         return self._flusher is None
 
     def ack_behind(self, element: bytes, deadline_ms: int, expires: float) -> bool:
-        """Write an ack behind if it may be: the queue is open and more than ``call_timeout_s`` is
-        left of the delivery, whose deadline is ``expires`` (loop time), the bound of the call that
-        carries it, so it lands before the deadline unless Redis cannot be reached. Whether it did.
-        (One call per ack: a worker acks at the rate of an ``async for``, and each layer shows.)"""
+        """Write an ack behind if the queue is open and more than ``call_timeout_s`` (the call's bound)
+        is left before ``expires`` (loop time), so it lands in time; whether it did."""
         if self.closed or expires - self._loop.time() <= self._call_timeout_s:
             return False
         self._pending.append(Settle(element, "ack", deadline_ms))
@@ -102,8 +86,8 @@ class Settler:
         return True
 
     async def confirmed(self, settle: Settle) -> int:
-        """Send ``settle`` with the next call and return the script's answer for it (1, 2 or 0, see
-        SETTLE). The call is not cut off half-way when the caller leaves: it completes, bounded.
+        """Send ``settle`` with the next call; SETTLE's answer for it (1, 2 or 0). A leaving caller
+        does not cut the call off.
 
         Raises:
             BackendError: the call failed within ``call_timeout_s`` (``maybe_applied`` as usual).
@@ -116,9 +100,8 @@ class Settler:
         return result
 
     async def extend(self, element: bytes, vt_ms: int) -> int | None:
-        """Move the visibility deadline of the delivery ``element`` to now + ``vt_ms`` (server
-        clock); the new deadline (ms), or ``None`` when it is no longer in flight as this delivery.
-        Resent after a lost reply (harmless: a little later deadline).
+        """Set ``element``'s deadline to now + ``vt_ms`` (server clock): the new deadline (ms), or
+        ``None`` when no longer in flight as this delivery. Resent (harmless: a little later).
 
         Raises:
             BackendError: the call failed within ``call_timeout_s``.
@@ -127,7 +110,7 @@ class Settler:
         return None if reply is None else int(reply)
 
     def behind(self, settles: Sequence[Settle]) -> None:
-        """Send ``settles`` with the next call; nobody waits for them (see the module docstring)."""
+        """Send ``settles`` with the next call, written behind."""
         self._submit(settles)
 
     def _submit(self, settles: Sequence[Settle]) -> None:
@@ -152,8 +135,7 @@ class Settler:
         for s in batch:
             body += [s.element, s.mode, s.delay_ms, s.deadline_ms]
 
-        # A resend says so: the script then tells "my first try applied it" per message, by its
-        # deadline, or by the call id when a resend may come after one (within the call's bound).
+        # A resend says so, so the script can tell its own first try by deadline or call id.
         call_id, resend_ms = os.urandom(16), int(self._call_timeout_s * 1000) + _CLOCK_SLACK_MS
 
         async def attempt(remaining_s: float, resend: bool) -> Any:
@@ -208,9 +190,7 @@ class Settler:
                         exc if isinstance(exc, BackendError) else "cancelled")
 
     async def aclose(self, deadline: float) -> None:
-        """Send what is pending until ``deadline`` (loop time). A call still in flight then is
-        stopped by the queue's task owner (its written-behind settles are counted as unconfirmed).
-        Later settles wait for their answer."""
+        """Send what is pending until ``deadline`` (loop time); the task owner stops the rest."""
         self.closed = True
         flusher = self._flusher
         if flusher is not None:
@@ -222,8 +202,7 @@ _DEAD_REASONS = {"dead": "nacked", "undecodable": "undecodable"}
 
 
 def _report(events: Events, batch: list[Settle], results: list[Any]) -> None:
-    """The events of one SETTLE call: what it applied (result 1, or 2: a nack of a last delivery
-    that dead-lettered it), counted per call."""
+    """The events of one SETTLE call (result 2: a nack that dead-lettered a last delivery)."""
     acked = nacked = exhausted = 0
     dead: dict[str, int] = {}
     for settle, result in zip(batch, results, strict=True):

@@ -1,25 +1,15 @@
 """Plain consuming (``take``/``take_many``/``poll``): one pump per open queue object pops due items for
 the callers that wait, through a hand-off area in Redis, so nothing popped is ever lost.
 
-Why no ``BLPOP``: a blocking pop pins one pooled connection per consumed queue (99 consumed queues
-exhaust redis-py's default pool), cannot span cluster slots, and a stall longer than its read
-timeout desynchronised the connection. The pump pops without blocking, when something says items
-may be there: a waiter arrived (unless a pop came back short less than ``DRAINED_FOR_S`` ago and
-nothing announced items since: then the list was empty and the next transfer serves the waiter),
-this process's transfer task ran a transfer (its own, or a no-op because another process moved the
-items at the same due time), a returned item was announced on the channel, or the last pop came
-back full. Pops share the client's few transfer slots, so a client's
-connections do not grow with the number of queues. The pump's phases (idle, popping, held by the
-queue's controls, backing off) and what decides them are in ``take_phases.py``; its waiting
-callers in ``take_waiters.py``.
+No ``BLPOP``: it pins a pooled connection per queue, cannot span cluster slots, and a stall past
+its read timeout desynchronises the connection. The pump pops without blocking when items may be
+there (a waiter arrived, a transfer ran, a return was announced, the last pop came back full),
+sharing the client's transfer slots. Its phases are in ``take_phases.py``, its callers in
+``take_waiters.py``.
 
-Why a hand-off: POP moves items from the destination into ``aiodelayq_handoff:{N}`` under the pop's
-call id, atomically, with a lease. The pump hands them to waiters; once every item of a pop is
-settled (taken by a caller, given back, or dead-lettered) one FINISH removes the entry. A caller
-cancelled between the pop and its wake-up gives its items to the next waiter or back to the head
-of the list; a forced shutdown returns what it can within a short bound; whatever remains (a killed
-process, a lost connection) goes back to the head of the destination when the lease ends (TRANSFER
-does it, in any process that has the queue open).
+POP moves items into ``aiodelayq_handoff:{N}`` under a lease; once every item of a pop is settled
+one FINISH removes the entry. What a killed process leaves goes back to the head of the
+destination when the lease ends.
 """
 
 from __future__ import annotations
@@ -49,11 +39,10 @@ __all__ = ["TakePump"]
 
 log = logging.getLogger("aiodelayq")
 
-# How long a forced shutdown (the pump task cancelled) spends returning popped items before it
-# leaves them to the lease.
+# How long a forced shutdown spends returning popped items before it leaves them to the lease.
 _SHUTDOWN_FLUSH_S = 0.5
-# The longest a handed-out pop of a pump in a rotation waits for the pump's next POP (a crashed
-# process's handed-out items come back when their lease ends: the shorter the wait, the fewer).
+# Cap on how long a handed-out pop waits for the next POP to forget it: a crashed process's
+# handed-out items only come back at lease end, so the shorter, the fewer.
 _DONE_HOLD_MAX_S = 0.25
 
 
@@ -68,12 +57,10 @@ def _pair(taken: Any) -> tuple[Any, dict[str, str]]:
 
 
 class TakePump:
-    """Serves decoded items of one queue to waiters in FIFO order (see the module docstring).
+    """Serves decoded items of one queue to waiters in FIFO order.
 
-    ``rotation``: how many pumps a caller visits in turn, this one among them (a sharded queue's
-    shards; 1: callers come to this pump alone). A pop whose items were all handed out waits that
-    many round trips (at most ``_DONE_HOLD_MAX_S``) for this pump's next POP to forget it, instead of
-    a FINISH of its own.
+    ``rotation``: how many pumps a caller visits in turn (a sharded queue's shards); a fully handed-out
+    pop waits that many round trips for the next POP to forget it instead of a FINISH of its own.
     """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
@@ -86,23 +73,18 @@ class TakePump:
         self._wake = asyncio.Event()
         self._outlook = Outlook()
         self._phase = Phase.IDLE
-        # Started by the first caller; restarted after a crash while callers wait.
         self._task = tasks.supervise(f"aiodelayq-take:{keys.destination}", self._run, restart_after_s=0.1,
                                      wanted=lambda: self._closed is None and bool(self._waiters),
                                      on_crash=lambda _exc: self.notify())
-        # Prefetched items no caller has yet, in pop order, still in the hand-off; held at most one
-        # round trip, then back to the head of the list.
         self._buffer: PrefetchBuffer[Entry] = PrefetchBuffer(self._return)
         self._prefetch = self._buffer.prefetch
         self._handoff = Handoff(scripts, tasks, slots=slots,
                                 hold_s=lambda: min(_DONE_HOLD_MAX_S, self._prefetch.hold_s * rotation),
                                 closing=lambda: self._closed is not None)
-        # The transfer task's request that the next POP transfer first (see ask_transfer).
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         self._closed: BaseException | None = None  # closing: what callers get
         self._flush_deadline: float | None = None
-        # Done, and dropped, each time items may have reached the list from outside this pump's own
-        # pops (see signal); made only when a caller asks for it.
+        # Made only when a caller asks for it (see signal).
         self._signal: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
@@ -114,25 +96,20 @@ class TakePump:
 
     @property
     def signal(self) -> asyncio.Future[None]:
-        """A future that is done once items may have reached the list (a transfer, items given back,
-        the queue closing, a failed pop's backoff over): a caller that waits on several pumps takes
-        it before it looks, so no announcement between its look and its wait is missed. Its own
-        looks (``get(..., once=True)``) do not set it."""
+        """Done once items may have reached the list; a caller waiting on several pumps takes it
+        before it looks, so no announcement between its look and its wait is missed."""
         if self._signal is None:
             self._signal = asyncio.get_running_loop().create_future()
         return self._signal
 
     @property
     def prefetched(self) -> bool:
-        """Whether prefetched items wait for a caller and nobody waits before it: a ``get`` now returns
-        some at once, without a round trip and without suspending."""
+        """Whether a ``get`` now returns prefetched items without suspending."""
         return self._closed is None and bool(self._buffer) and not self._waiters
 
     def idle(self) -> bool:
-        """Whether a pop now would most likely find nothing, or not be sent yet: the last pop came
-        back short and nothing announced items since, or the pump waits out a failed pop's backoff
-        (never once closing: a look then raises the closing error; nor while the transfer task waits for
-        this pump's next POP to transfer)."""
+        """Whether a pop now would most likely find nothing or not be sent (drained, or backing off);
+        never once closing, nor while the transfer task waits for this pump's next POP."""
         return self._closed is None and not self._buffer and self._transfer_ask is None and (
             self._phase is Phase.BACKING_OFF or self._outlook.drained)
 
@@ -151,9 +128,8 @@ class TakePump:
     async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False,
                   with_headers: bool = False, traced: bool = True) -> list[Any]:
         """Up to ``max_items`` decoded items; waits up to ``timeout_s`` (``None``: forever) for at
-        least one, ``[]`` after it. ``once`` (or a ``timeout_s`` of 0): a single pop attempt, no
-        waiting. ``with_headers``: ``(item, headers)`` pairs instead of items. A call that returns
-        items is a ``receive`` span while an OpenTelemetry SDK is set up (``traced``).
+        least one, ``[]`` after it. ``once`` (or ``timeout_s`` 0): one pop attempt. ``with_headers``:
+        ``(item, headers)`` pairs. ``traced``: a ``receive`` span when OpenTelemetry is set up.
 
         Raises:
             the exception given to :meth:`fail_waiters` once closing; a permanent
@@ -202,8 +178,7 @@ class TakePump:
         return self._deliver(waiter.future.result(), with_headers)  # raises fail_waiters' exception
 
     def _deliver(self, entries: list[Entry], with_headers: bool) -> list[Any]:
-        """The caller has ``entries``: record them as taken; returns their values (``(value,
-        headers)`` pairs ``with_headers``)."""
+        """Record ``entries`` as taken; return their values (or pairs)."""
         self._settle(entries, "d")
         if entries:
             self._events.delivered(len(entries))
@@ -219,10 +194,8 @@ class TakePump:
             self._handoff.maybe_finish(pop)
 
     def _buffer_emptied(self) -> None:
-        """A caller took the last prefetched items while the transfer task's transfer request waits for
-        the buffer's taker (see ask_transfer): unless that caller (or another) waits within the hold,
-        the pump answers it then, and the transfer task transfers itself. A caller that takes from
-        several pumps in turn (a sharded queue) may not come back to this one."""
+        """The buffer emptied while a transfer request waits for its taker: unless a caller waits
+        within the hold, answer it then (a sharded queue's caller may not come back)."""
         asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
 
     def _return(self, entries: list[Entry]) -> None:
@@ -238,8 +211,7 @@ class TakePump:
         self._give_to_waiters(self._waiters.leave(waiter))
 
     def _give_to_waiters(self, entries: list[Entry]) -> None:
-        """Give ``entries`` to waiters in FIFO order; what nobody takes waits in the prefetch buffer
-        for at most one round trip (goes back to the list at once when closing)."""
+        """Give ``entries`` to waiters in FIFO order; the rest to the prefetch buffer (back when closing)."""
         left = self._waiters.serve(entries)
         if not left:
             return
@@ -256,7 +228,6 @@ class TakePump:
         self._announce()
 
     def _poke(self) -> None:
-        """Pop for the waiters (their items may be in the list)."""
         self._outlook.items_may_be_there()
         self._wake.set()
 
@@ -271,14 +242,9 @@ class TakePump:
         self.notify()
 
     def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
-        """The transfer task would transfer now. If callers are waiting, or one is still taking from the
-        prefetch buffer (it will wait within about a round trip: the buffer is held no longer), the
-        next POP transfers first (up to ``|limit|`` elements; negative: its reply also carries the
-        lateness of what moved, see POP's ARGV[4]): one round trip instead of a TRANSFER and then a
-        POP. Returns a future of ``(sent, received, transfer reply)`` (loop times of the
-        call; the reply is ``None`` when the POP was a resend that did not transfer) or of ``None``
-        when the pump did not do it (the transfer task then transfers itself); ``None`` at once when
-        nobody waits."""
+        """If callers wait (or are taking from the buffer), the next POP transfers first (``limit``:
+        POP's ARGV[4]): one round trip instead of two. A future of ``(sent, received, reply)`` (reply
+        ``None`` for a resend) or of ``None`` when the pump did not; ``None`` at once when nobody waits."""
         if (self._closed is not None or self._phase is Phase.BACKING_OFF or self._outlook.held_until is not None
                 or self._transfer_ask is not None or not (self._waiters.wanted() or self._buffer)):
             return None
@@ -313,9 +279,8 @@ class TakePump:
         self._flush_deadline = deadline
         if self._closed is None:
             self.fail_waiters(ConnectionError("pump closed"))
-        # A pop in flight is abandoned at once: the task's flush settles it (FINISH '*') within the
-        # same deadline, so closing never waits for a stalled server longer than asked (what is
-        # left then goes back through the lease: no error to report).
+        # A pop in flight is abandoned at once; the flush settles it within the same deadline, so a
+        # stalled server never holds closing longer than asked (the lease returns the rest).
         await self._task.stop(max(0.0, deadline - loop.time()), report=False)
         if await self._handoff.flush(deadline):
             raise asyncio.CancelledError
@@ -337,8 +302,7 @@ class TakePump:
                 else:
                     await self._sleep(phase is Phase.HELD)
         except asyncio.CancelledError:
-            # aclose(), or a forced shutdown (asyncio.run cancelling every task): give back what
-            # we hold within the close deadline, or briefly, through further cancellations.
+            # aclose() or a forced shutdown: give back what we hold within the deadline, or briefly.
             self._closed = self._closed or ConnectionError("pump cancelled")
             self._outlook.cancel_recheck()
             self._answer_ask()
@@ -356,8 +320,7 @@ class TakePump:
         await (wait_event(self._wake, self.held_s()) if held else self._wake.wait())
 
     async def _pop(self, wanted: int, backoff: Backoff) -> None:
-        """POP: one pop for ``wanted`` items (and a prefetch), transferring first if the transfer task
-        asked; its items go to the waiters, then to the prefetch buffer."""
+        """One pop for ``wanted`` items and a prefetch, transferring first if asked."""
         loop = asyncio.get_running_loop()
         self._outlook.popping()
         await self._handoff.returns_landed()  # a POP must not overtake items given back

@@ -9,8 +9,7 @@ The pump (:class:`~aiodelayq._consuming.take.TakePump`) is in one phase at a tim
     POP ──(failed, transient)──► BACKING_OFF ──(the backoff is over)──► POP
     SERVE (waiters and prefetched items both, not expected) ──► whatever the waiters leave
 
-A permanent failure of a POP goes to the waiters of the moment; closing (``fail_waiters``, the task
-cancelled) ends the loop from any phase.
+Closing ends the loop from any phase.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from .controls import hold_s
 
 __all__ = ["DRAINED_FOR_S", "Outlook", "Phase"]
 
-# After a pop that came back short (the list was empty then), a waiter arriving within this long
-# does not pop by itself: every way items reach the list through the queue (a transfer of this or
-# another process at a due time, items given back) wakes the pump anyway. Without it, `async for`
-# would send one empty POP after every transfer, as many calls as the useful ones. Items pushed straight
-# into the list by other code are seen by such a waiter at most this much later.
+# After a short pop, a waiter arriving within this long does not pop by itself: every way items
+# reach the list through the queue wakes the pump anyway, and `async for` would otherwise send an
+# empty POP after every transfer. Items pushed by other code are seen at most this much later.
 DRAINED_FOR_S = 0.05
 
 
@@ -42,14 +39,12 @@ class Phase(enum.Enum):
 
 
 class Outlook:
-    """What a take pump knows of its list between its pops, and so its next phase and how much it
-    pops (see the module docstring)."""
+    """What a take pump knows of its list between pops: its next phase and how much it pops."""
 
     def __init__(self) -> None:
         self.maybe_ready = True  # something said items may be in the list since the last pop began
         self.drained_at: float | None = None  # loop time of the latest short pop (see DRAINED_FOR_S)
-        # After a POP the queue's controls refused (paused, rate limited): no POP before this loop
-        # time, whatever wakes the pump (see _consuming/controls.py).
+        # After a refused POP: no POP before this loop time, whatever wakes the pump.
         self.held_until: float | None = None
         self.limited = False  # the last POP met the rate limit: pop only what callers want
         self.recheck: asyncio.TimerHandle | None = None  # see recheck_later
@@ -59,8 +54,7 @@ class Outlook:
                 f"held_until={self.held_until} limited={self.limited}>")
 
     def next_phase(self, wanted: int, buffered: bool, asked: bool, now: float) -> Phase:
-        """The pump's next phase: ``wanted`` items are waited for, prefetched items are kept
-        (``buffered``), the transfer task asked for a transfer (``asked``); ``now``: loop time."""
+        """The pump's next phase (``now``: loop time)."""
         if wanted and buffered:  # not expected: callers take from the buffer first
             return Phase.SERVE
         if wanted == 0 or not (self.maybe_ready or asked):
@@ -75,8 +69,7 @@ class Outlook:
         self.drained_at = None
 
     def just_drained(self, now: float) -> bool:
-        """A pop found the list empty less than ``DRAINED_FOR_S`` before ``now`` (loop time), and
-        nothing announced items since."""
+        """A pop found the list empty less than ``DRAINED_FOR_S`` before ``now``, nothing announced since."""
         return self.drained_at is not None and now < self.drained_at + DRAINED_FOR_S
 
     @property
@@ -94,8 +87,7 @@ class Outlook:
         self.held_until = None
 
     def popped(self, asked: int, got: int, expired: int, hold: int, received: float) -> None:
-        """A POP that asked for ``asked`` items got ``got`` (``expired`` more were dead-lettered), the
-        controls' ``hold`` (see POP), its reply read at loop time ``received``."""
+        """A POP's outcome (``hold``: see POP; ``received``: loop time of its reply)."""
         self.limited = hold > 0
         if hold:  # the controls refused some or all: ask again later, not at the next wake-up
             self.held_until = received + hold_s(hold)
@@ -106,8 +98,7 @@ class Outlook:
             self.maybe_ready = True  # there may be more (after expired items too)
 
     def recheck_later(self, loop: asyncio.AbstractEventLoop, rechecked: Callable[[], None]) -> None:
-        """A waiter did not pop because the list was just found empty: call ``rechecked`` once that
-        is ``DRAINED_FOR_S`` old (once: a timer already set covers it)."""
+        """Call ``rechecked`` once the drain is ``DRAINED_FOR_S`` old (a set timer covers it)."""
         if self.recheck is None:
             assert self.drained_at is not None
             self.recheck = loop.call_at(self.drained_at + DRAINED_FOR_S, self._rechecked, rechecked)

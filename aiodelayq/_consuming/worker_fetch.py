@@ -1,17 +1,12 @@
 """A worker's fetch task and the entries it fetched that no slot has taken yet.
 
-One fetch task receives as many messages as there are free slots (one round trip for all of them,
-prefetch aside), plus up to ``max_ahead`` more in reliable mode, and the next fetch goes out while
-the slots work through them: without it every slot waits a round trip per message, and the worker
-falls far behind ``async for`` (the drain benchmark). A message that waited ``hold_s`` for a slot
-means handlers are slower than the fetches: those that waited are released, uncounted, for other
-consumers (slow handlers do not hoard work, nor let messages age ahead), and none is fetched ahead
-until a slot finds nothing waiting (then 1, 2, 4... up to the cap). Plain mode fetches only for free
-slots: a taken item cannot be handed back.
+One fetch receives for the free slots plus up to ``max_ahead`` more (reliable mode), and the next
+goes out while the slots work, else every slot waits a round trip per message. A message that waited
+``hold_s`` for a slot is released, uncounted, so slow handlers do not hoard work; fetching ahead
+then restarts at 1 and doubles. Plain mode fetches only for free slots: a taken item cannot go back.
 
-Slots with nothing to do park here; a fetch wakes one of them, and each slot that takes an entry
-while more wait wakes the next, so slow handlers fill every slot, while a handler that never
-suspends drains the deque alone without the other slots waking for nothing.
+Idle slots park here; each slot that takes an entry while more wait wakes the next, so a handler
+that never suspends drains the deque alone without waking the others for nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +46,7 @@ class Source(Protocol[T]):
 
 
 class Fetcher(Generic[T]):
-    """Fetches for the ``concurrency`` slots of a worker (see the module docstring); ``busy``: the
-    slots' running messages (the worker's)."""
+    """Fetches for a worker's ``concurrency`` slots; ``busy``: the slots' running messages."""
 
     def __init__(self, queue: Source[T], outcomes: Outcomes[T], busy: Mapping[Any, object], *,
                  concurrency: int, reliable: bool, visibility_timeout_s: float) -> None:

@@ -3,10 +3,7 @@ backoff or dead-lettered after a failure (:class:`~aiodelayq._consuming.handler.
 :class:`~aiodelayq._consuming.handler.Reject`), released when fetched ahead for nothing; their
 leases extended while their handler runs; and the counts of it all (:class:`WorkerStats`).
 
-Reliable mode acks on success (as ``ack()`` does: written behind, or confirmed on a queue with
-durable writes, where the slot takes its next message once the replicas have the ack) and nacks
-with a backoff on failure, so ``max_deliveries`` then dead-letters. Plain mode (``reliable=False``)
-can only log a failure with the item: the item is gone.
+Plain mode (``reliable=False``) can only log a failure with the item: the item is gone.
 """
 
 from __future__ import annotations
@@ -44,10 +41,7 @@ class WorkerStats:
         started: handlers started. succeeded: handlers that returned. failed: handlers that raised
             (:class:`Retry` and :class:`Reject` included). retried: messages nacked for a retry.
         rejected: messages dead-lettered by :class:`Reject`. interrupted: handlers ended by a stop's
-            cancellation: their messages are handed back (nacked with no delay, or dead-lettered
-            when that was their last delivery), or, when that fails, come back after their
-            visibility timeout (the log names them). A handler that ends on its own as it is cut
-            off (it returns or raises something else) counts as succeeded or failed instead.
+            cancellation (their messages handed back, or back after their visibility timeout).
             lost_leases: messages whose visibility timeout ran out while their handler ran (they
             may be delivered twice).
     """
@@ -62,8 +56,7 @@ class WorkerStats:
 
 
 class Outcomes(Generic[T]):
-    """Settles the messages of the worker on queue ``name`` and keeps their leases (see the module
-    docstring); counts into ``stats``."""
+    """Settles the messages of the worker on queue ``name`` and keeps their leases; counts into ``stats``."""
 
     def __init__(self, name: str, stats: WorkerStats, retry_backoff: AbstractBackoff,
                  visibility_timeout_s: float) -> None:
@@ -109,9 +102,8 @@ class Outcomes(Generic[T]):
         return 1.0
 
     async def settle(self, message: Message[T], how: str, delay_s: float, *, report: bool = True) -> str | None:
-        """Ack, nack or dead-letter; ``None`` once applied, else why not. A failure is logged (if
-        ``report``): the message then comes back after its visibility timeout (at-least-once), so
-        the worker goes on."""
+        """Ack, nack or dead-letter; ``None`` once applied, else why not (logged if ``report``; the
+        message then comes back after its visibility timeout)."""
         extending = self._extending.get(message.id)
         if extending is not None and how != "ack":
             # An EXTEND landing after this nack would move its delay to a full timeout.

@@ -1,13 +1,9 @@
 """A worker: runs a handler on a queue's items with bounded concurrency (:class:`Worker`, behind
 ``DelayedQueue.consume``).
 
-``concurrency`` slot tasks take the entries the fetch task fetched (``worker_fetch.py``) one after
-the other and run the handler on each; a lease keeper extends every message whose handler has run
-for a third of the visibility timeout. What becomes of each message after its handler (ack, retry,
-dead-letter), and the handler's own rules, are in ``worker_outcomes.py`` and ``handler.py``;
-stopping (drain, then cut off and hand back) in ``worker_stop.py``. Reliable mode (the default)
-receives messages: at least once. Plain mode (``reliable=False``) takes items
-(``take_many_with_headers``): at most once.
+``concurrency`` slot tasks run the handler on what the fetch task fetched (``worker_fetch.py``).
+Outcomes are in ``worker_outcomes.py`` and ``handler.py``, stopping in ``worker_stop.py``. Reliable
+mode (the default) is at least once; plain mode (``reliable=False``) at most once.
 """
 
 from __future__ import annotations
@@ -45,8 +41,8 @@ _YIELD_EVERY = 8
 
 
 class Worker(Generic[T]):
-    """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time (see the module
-    docstring and :meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
+    """Runs ``handler(item)`` on a queue's items, at most ``concurrency`` at a time
+    (:meth:`DelayedQueue.consume`). :meth:`run` returns once stopped.
 
     Raises:
         ConfigurationError: ``handler`` is not an async callable (:func:`check_handler`).
@@ -60,9 +56,7 @@ class Worker(Generic[T]):
         self.retry_backoff = options.retry_backoff or EqualJitterBackoff(cap=300.0, base=1.0)
         self.stats = WorkerStats()
         self.state: State = "new"
-        # The slot tasks, and the message each works on (None: a plain item). A slot whose handler
-        # does not suspend goes on to the next entry at once: no task per message, no loop turn
-        # between them.
+        # Slot tasks, not a task per message: a handler that does not suspend goes straight on.
         self._slots: set[asyncio.Task[None]] = set()
         self._busy: dict[asyncio.Task[None], Message[T] | None] = {}
         self._stopping = asyncio.Event()
@@ -166,8 +160,7 @@ class Worker(Generic[T]):
             # Every await of this loop comes before an entry is taken: a slot cancelled there
             # holds nothing (an entry taken is in `busy` until it is settled or handed back).
             if len(ahead) < fetcher.low_water and not fetcher.need.is_set():
-                # Running low: let the fetcher send its next call now, so its reply travels while
-                # this slot works through what is left.
+                # Running low: the next fetch's reply travels while this slot works.
                 fetcher.need.set()
                 yielded = True
             else:  # a handler that never suspends would keep a fetch's reply from being read
@@ -189,9 +182,7 @@ class Worker(Generic[T]):
                 CURRENT_HEADERS.set(headers)
             busy[me] = message
             stats.started += 1
-            # The handler runs here, not in a helper coroutine: every layer per message costs, and
-            # a no-op handler's worker is held against a plain `async for` (the drain benchmark).
-            # Traced only while an OpenTelemetry SDK is set up (a CONSUMER span around the call).
+            # Inline, not in a helper coroutine: every layer per message costs (the drain benchmark).
             found = tracer()
             try:
                 if found is None:
@@ -208,8 +199,7 @@ class Worker(Generic[T]):
                 await shutdown.settling_in(me, outcomes.failed(item, message, exc))
             else:
                 stats.succeeded += 1
-                # Written behind, or confirmed (durable writes, or near its deadline): then the slot
-                # waits, and the acks of the slots that wait meanwhile share the next SETTLE call.
+                # A confirmed ack makes the slot wait; waiting slots' acks share the next SETTLE call.
                 if message is not None and not message._ack_behind():
                     await shutdown.settling_in(me, outcomes.settle(message, "ack", 0.0))
             finally:

@@ -1,18 +1,11 @@
 """How a worker stops its slots: drains them, then cuts off what still runs, and says what became of
 each message.
 
-:meth:`Worker.stop` stops fetching (a receive in flight is undone by the queue), lets running
-handlers finish within ``drain_timeout_s``, then cancels the rest; :meth:`Worker.abort` (a second
-Ctrl-C) cancels them at once. A message whose handler was cut off is nacked with no delay (it counts
-as a delivery: it did start, as BullMQ counts a stalled job). A handler still running after its
-cancellation gets it again every ``_RECANCEL_EVERY_S``, for ``_RECANCEL_FOR_S``: a cancellation can be
-swallowed where it lands (Python 3.11's ``asyncio.wait_for``, which redis-py sends its commands
-under, returns the result of a command that completes as the cancellation arrives). Either way every
-started message is settled or handed back, or, if Redis cannot be reached, comes back after its
-visibility timeout: nothing is lost. Once the cut is over, the log says what became of each message
-whose handler was running: how many were handed back (as many as ``stats.interrupted`` counts),
-which could not be (by id), which handlers ended on their own (settled as usual) and which did not
-stop.
+A cut-off handler's message is nacked with no delay (it counts as a delivery: it did start). A
+handler still running after its cancellation gets it again every ``_RECANCEL_EVERY_S`` for
+``_RECANCEL_FOR_S``: a cancellation can be swallowed where it lands (Python 3.11's
+``asyncio.wait_for``, under which redis-py sends commands, returns a result that completes as the
+cancellation arrives). A message Redis does not hear about comes back after its visibility timeout.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ Slot = asyncio.Task[None]
 # How long handing back an interrupted message may take (through a forced shutdown's
 # cancellations); past it the message comes back after its visibility timeout anyway.
 _HAND_BACK_BOUND_S = 1.0
-# A cut-off handler that is still running gets its cancellation again this often, for at most this
-# long after the cut (see the module docstring); one still running then is left running.
+# See the module docstring; a handler still running after _RECANCEL_FOR_S is left running.
 _RECANCEL_EVERY_S, _RECANCEL_FOR_S = 0.05, 0.5
 CUT_BOUND_S = _RECANCEL_FOR_S + _HAND_BACK_BOUND_S + 0.2
 """The longest a cut takes: the re-cancelling, then a hand-back begun at its end."""
@@ -75,10 +67,8 @@ class Shutdown(Generic[T]):
         await self.cut(slots, busy)
 
     async def cut(self, slots: Collection[Slot], busy: Mapping[Slot, Message[T] | None]) -> None:
-        """Cancel every slot and wait for them: a cut-off handler hands its message back within
-        _HAND_BACK_BOUND_S; one still running gets its cancellation again every _RECANCEL_EVERY_S
-        for _RECANCEL_FOR_S, and is left running after that (its message comes back after its
-        visibility timeout). Then logs what became of the messages of the handlers that ran."""
+        """Cancel every slot and wait for them (re-cancelling, see the module docstring), then log
+        what became of the messages of the handlers that ran."""
         self._cutting = True
         cut = dict(busy)  # the handlers running now, and their messages
         if not slots:
@@ -126,9 +116,8 @@ class Shutdown(Generic[T]):
             self._settling.discard(slot)
 
     async def interrupted(self, item: Any, message: Message[T] | None) -> None:
-        """The handler of ``item`` was cut off by a stop: its message is nacked with no delay
-        (bounded, through a forced shutdown's cancellations) and the outcome recorded for the cut's
-        report; plain mode can only say so."""
+        """``item``'s handler was cut off: nack its message with no delay (bounded, through
+        cancellations) and record the outcome; plain mode can only say so."""
         me = asyncio.current_task()
         assert me is not None
         self._stats.interrupted += 1
@@ -152,9 +141,8 @@ class Shutdown(Generic[T]):
             self._handed_back[me] = why
 
     def _report(self, cut: dict[Slot, Message[T] | None]) -> None:
-        """Log what became of the messages of the handlers running when the cut began (``cut``):
-        handed back (INFO; with those not handed back, as many as ``stats.interrupted`` counted),
-        not handed back (WARNING, by id), ended on their own (INFO) and left running (ERROR)."""
+        """Log what became of ``cut``'s messages: handed back (INFO), not (WARNING, by id), ended on
+        their own (INFO), left running (ERROR)."""
         name = self._name
         handed_back = dead = 0
         not_back: list[str] = []

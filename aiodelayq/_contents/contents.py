@@ -1,24 +1,14 @@
 """What a queue holds, read and edited: sizes, counts, peeks, and the pending side's walks (Redisson's
 ``RDelayedQueue`` read and remove calls).
 
-``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset, then the tier's
-buckets (tiered pending), in pages, one short script call per page, so no call holds the server for
-long whatever the backlog (Redis runs nothing else while a script runs). The zset holds every pending
-element (fast, strict, legacy, Java-written) but the tiered ones; Redisson's insertion-order list
-holds only the non-fast ones, so walking the zset and the buckets sees everything. The zset's part
-goes in zset order, score (due ms) then member bytes, with a cursor that is the (score, member) of
-the last element seen: it survives concurrent changes (transfers remove elements from the low end,
-offers add anywhere, other removals anywhere). The tier's part goes bucket by bucket (in promotion
-order), each in the order its items were offered, with a cursor that is the bucket, a position and
-the entry seen last (``lua/lib/tier_walk.lua``). So no element is seen twice, an element pending in
-the same place during the whole walk is seen once, and one that moves (falls due, or is promoted
-from its bucket into the zset: within one bucket width of its due time) or is added during the walk
-may or may not be seen.
+``contains``, ``read_all``, ``remove`` and ``remove_all`` walk the timeout zset (every pending
+element but the tiered ones), then the tier's buckets, one short script call per page, so no call
+holds the server long. The zset cursor is the (score, member) last seen, which survives concurrent
+changes; the tier's is bucket, position and entry (``lua/lib/tier_walk.lua``). No element is seen
+twice; one that moves or is added during the walk may or may not be seen.
 
-Removal happens inside the page script that finds the match, so it is atomic with the check. A page
-call that removed something remembers its reply under a call id for the call window (60 s): after a
-lost reply the page is resent with the same id and answers as the first run did, so ``remove()``
-never reports ``False`` for a removal its own first attempt made.
+Removal happens inside the page script that finds the match. A removing page remembers its reply
+under a call id for 60 s, so a resend after a lost reply answers as the first run did.
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ class PendingItem(Generic[T]):
     Attributes:
         due_ms: when it falls due, epoch ms of the server clock.
         value: the decoded item; ``None`` when ``decodable`` is ``False``.
-        raw: the payload bytes, as the codec wrote them (for a malformed element, the whole
-            element as stored).
+        raw: the payload bytes as the codec wrote them (a malformed element: the whole element).
         key: its key when it was offered with one and is indexed, else ``None``.
         decodable: whether the codec could decode ``raw`` (``False`` for malformed elements too).
         malformed: the element is not a valid packed element (the transfer dead-letters it).
@@ -91,15 +80,13 @@ class QueueContents:
         return f"<QueueContents {self._keys.destination!r}>"
 
     async def _call(self, *args: Any, what: str) -> Any:
-        """A read, or ``UNLINK``: resent after a transient failure within ``call_timeout_s``. args[1] is
-        a key of this queue (every command here names one): it routes the call on a cluster."""
+        """A read, or ``UNLINK``, resent within ``call_timeout_s``; args[1] (a key) routes it on a cluster."""
         return await call_idempotent(self._client, *args, what=what, timeout_s=self._timeout_s, route=args[1])
 
     async def _page(self, script: BoundScript, args: Sequence[Any], *, what: str,
                     resend_args: Sequence[Any] | None = None) -> Any:
-        """One page script call, resent after a connection failure or timeout (with ``resend_args``
-        if given), with backoff, until ``call_timeout_s`` after the first send. Resending is
-        harmless: read pages only read, a remove page carries its call id.
+        """One page script call, resent (with ``resend_args`` if given) within ``call_timeout_s``:
+        read pages only read, a remove page carries its call id.
 
         Raises:
             BackendError: a refusal (script error, OOM), a permanent error, or still failing when the
@@ -111,8 +98,7 @@ class QueueContents:
             timeout_s=self._timeout_s)
 
     async def size(self) -> int:
-        """Every pending element: ``ZCARD`` of the timeout zset plus the tier's count, in one
-        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        """Every pending element: the zset's plus the tier's count (one read-only call)."""
         return int(await self._page(self._scripts.size, [], what=f"size of {self._keys.destination!r}"))
 
     async def ready_size(self) -> int:
@@ -120,8 +106,7 @@ class QueueContents:
         return int(await self._call("LLEN", self._keys.destination, what="ready_size"))
 
     async def counts(self) -> QueueCounts:
-        """Pending, ready, in-flight and dead-letter counts and the earliest due time, in one
-        read-only script call (resent after a transient failure within ``call_timeout_s``)."""
+        """The queue's counts and earliest due time (one read-only call)."""
         k = self._keys
         reply = await self._page(self._scripts.counts, [], what=f"counts of {k.destination!r}")
         head, rate, burst = reply[4], reply[6], reply[7]
@@ -132,8 +117,7 @@ class QueueContents:
                            lag_ms=int(reply[9]), tiered=int(reply[10]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
-        """The ``limit`` soonest-due pending elements, the tier's included (``lua/peek.lua`` bounds
-        what it reads of the buckets), decoded where possible (one read-only call).
+        """The ``limit`` soonest-due pending elements, tier included, decoded where possible.
 
         Raises:
             ConfigurationError: ``limit`` is not an ``int`` in 1..``MAX_PEEK``.
@@ -208,12 +192,9 @@ class QueueContents:
             score, member = reply[1], reply[2]
 
     async def clear(self) -> None:
-        """``UNLINK`` both pending keys, the key index and the recurring items' schedules (freed in the
-        background: a huge zset does not block the server), then the tier's buckets, index and
-        count: CLEAR script calls of up to 500 buckets each, each resent after a transient failure
-        within ``call_timeout_s`` (dropping what is there is idempotent). The pages stop once the
-        index is empty, or after as many pages as the buckets of the first reply need (items
-        offered meanwhile may stay, as after any clear)."""
+        """``UNLINK`` the pending keys, key index and schedules (freed in the background), then the
+        tier in CLEAR calls of ``CLEAR_BUCKETS`` (idempotent, so resent); the pages stop at an empty
+        index or after as many as the first reply needs (items offered meanwhile may stay)."""
         what = f"clear of {self._keys.destination!r}"
         left = int(await self._page(self._scripts.clear, ["1"], what=what))
         for _ in range(left // CLEAR_BUCKETS + 1):
@@ -223,6 +204,5 @@ class QueueContents:
 
 
 def _stored(payload: bytes) -> bytes:
-    """``payload`` as an offer without headers or expiry stores it (wrapped only when it starts like an
-    item envelope), so ``contains``/``remove`` find it."""
+    """``payload`` as a plain offer stores it (wrapped if it looks like an envelope)."""
     return wrap(payload, b"", None) if payload.startswith(ITEM_MAGIC) else payload

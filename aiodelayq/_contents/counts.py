@@ -15,21 +15,16 @@ class QueueCounts:
     Attributes:
         pending: scheduled items not yet due (every element kind, Java's included).
         ready: due items waiting in the destination list.
-        in_flight: messages received by reliable consumers and not acked, including nacked ones
-            waiting for their redelivery (the in-flight zset holds both).
+        in_flight: received messages not acked, nacked ones awaiting redelivery included.
         dead_letters: entries of the dead-letter list.
-        next_due_ms: the earliest due time of a pending item, epoch ms of the server clock, or
-            ``None`` when nothing is pending.
+        next_due_ms: the earliest pending due time (server epoch ms), or ``None``.
         paused: whether the queue's consumers are paused (:meth:`DelayedQueue.pause`).
-        rate_limit_per_s: the rate limit of its consumers together, items per second, or ``None``.
-        rate_burst: the most items the rate limit lets out at once, or ``None`` without one.
+        rate_limit_per_s: the consumers' shared rate limit (items per second), or ``None``.
+        rate_burst: the rate limit's burst (items), or ``None``.
         recurring: how many recurring items (:meth:`DelayedQueue.schedule`) the queue has.
-        lag_ms: how late the earliest due pending item is: the server clock minus its due time, ms,
-            read in the same call; 0 when no pending item is due. Items the transfer moved to the
-            destination list are not in it (``ready`` counts them). A lag that keeps growing means
-            no transfer runs (docs: Operating).
-        tiered: how many of the ``pending`` items wait in the tier's buckets (tiered pending,
-            ``tier_after_s``), not yet in the timeout zset.
+        lag_ms: server clock minus the earliest due pending item's due time (ms; 0 when none is due);
+            a growing lag means no transfer runs.
+        tiered: how many ``pending`` items wait in the tier's buckets (``tier_after_s``).
     """
 
     pending: int

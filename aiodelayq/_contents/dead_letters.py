@@ -1,9 +1,7 @@
 """The dead-letter list of one queue: read it (:class:`DeadLetter`), requeue its entries, purge it.
 
-Entries are envelopes (``_wire/elements.py``: reason, delivery count, when, raw bytes); anything else
-in the list (raw bytes pushed by other code, or by a release without envelopes) reads as reason
-``"malformed"``. Requeue and purge carry a call id, so a resend after a lost reply is applied once
-and answers as the first run.
+Entries are envelopes (``_wire/elements.py``); anything else reads as reason ``"malformed"``.
+Requeue and purge carry a call id, so a resend after a lost reply is applied once.
 """
 
 from __future__ import annotations
@@ -41,13 +39,11 @@ class DeadLetter(Generic[T]):
             codec failed on it), ``"malformed"`` (a garbage pending or in-flight element),
             ``"nacked"`` (``nack(dead_letter=True)``), ``"expired"`` (not handed out within its
             ``expires``); an entry the library did not write reads as ``"malformed"``.
-        delivery_count: deliveries it had (``take()`` counts 1; ``None`` for an old entry; 0 for a
-            malformed element, or an item that expired before its first delivery).
-        dead_at_ms: when it died, epoch ms of the server clock (``None`` for an old entry).
+        delivery_count: deliveries it had (``take()`` counts 1; 0 if never delivered; ``None``: old entry).
+        dead_at_ms: when it died (server epoch ms; ``None`` for an old entry).
         decodable: whether ``value`` holds the decoded item.
         headers: the headers it was offered with (``{}`` when none); requeuing keeps them.
-        expires_at_ms: the expiry it was offered with, epoch ms of the server clock (``None``:
-            none); requeuing drops it, so a requeued item is delivered.
+        expires_at_ms: its expiry (server epoch ms, or ``None``); requeuing drops it.
     """
 
     value: T | None

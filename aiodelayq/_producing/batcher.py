@@ -8,11 +8,8 @@ from typing import Any
 
 __all__ = ["OfferBatcher"]
 
-# Offers that arrive in one event loop turn go out together. Under load a call goes out as soon as
-# as many offers are waiting as the calls in flight carry (at least SPLIT_MIN_ITEMS), so the server
-# runs one call while this process encodes the next and hands out the results of the other: with
-# one call at a time the two sides took turns (a keyed offer's script time added straight to every
-# caller's latency).
+# Under load a call goes out once as many offers wait as the calls in flight carry (at least
+# SPLIT_MIN_ITEMS), so the server runs one call while this process prepares the next.
 MAX_IN_FLIGHT = 2
 SPLIT_MIN_ITEMS = 16
 
@@ -20,14 +17,10 @@ SPLIT_MIN_ITEMS = 16
 class OfferBatcher:
     """Sends waiting offers in script calls, at most :data:`MAX_IN_FLIGHT` at a time.
 
-    A lone offer is sent at once (no added latency). Offers that arrive in the same event loop turn
-    go out together, up to ``max_items()`` items and ``max_bytes`` bytes (an item larger than
-    ``max_bytes`` goes alone), so one big item never makes small ones fail with it; when both calls
-    are in flight they wait for one to finish. Each call is a task that lives only while its call is
-    in flight; callers await their own future, so a cancelled caller whose offer was not sent yet is
-    simply left out (an offer already sent may have been written, as with any cancelled request).
-    Two calls in flight may run on the server in either order: offers of concurrent callers have no
-    order, and one caller's offers, awaited one after the other, are never in flight together.
+    Offers of one loop turn go out together, up to ``max_items()`` items and ``max_bytes`` bytes (a
+    larger item goes alone, so it never fails small ones). A cancelled caller whose offer was not
+    sent is left out. Two calls in flight may run in either order: one caller's awaited offers are
+    never in flight together.
     """
 
     def __init__(self, send: Callable[[list[Any]], Awaitable[list[Any]]], *, max_items: Callable[[], int],

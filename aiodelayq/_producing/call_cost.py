@@ -1,12 +1,8 @@
 """How many items one OFFER call may carry: bounded by count, and by the server time calls cost.
 
-A script holds every other client of the server while it runs. Adding an item costs about 2-3 µs of
-server time on a small zset and several times that on a zset of millions (each insert walks a
-skiplist far larger than the CPU's caches), so a fixed item count that is cheap on one queue stalls
-the server on another. OFFER measures its own run (``TIME`` at its start and end) and returns the
-µs; :class:`CallCost` keeps a moving average of the µs per item of this queue's calls and sizes the
-next calls to about :data:`BUDGET_US` each. Calls of fewer than 32 items teach it nothing: their time
-is mostly what every call costs, whatever it carries.
+A script holds every other client while it runs, and an insert costs several times more on a zset
+of millions than on a small one, so no fixed count fits. OFFER returns its own run time;
+:class:`CallCost` averages the µs per item and sizes calls to about :data:`BUDGET_US`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Keys of pending items: what an ``offer`` with a key returns (:class:`Offered`), what ``get``
 returns (:class:`Pending`), and ``cancel``/``reschedule``/``get`` (:class:`KeyedItems`).
 
-A key is unique among the pending items of a queue. The key index (``QueueKeys.key_index``) maps the
-key's tag (the first 8 bytes of its SHA-1, top bit set) to the pending element; the element carries the tag in
-its id, so a transfer drops the index entry of what it moves: once a keyed item falls due its key is
-free again (a message in flight after ``receive()`` has no key). Every keyed call is one script call,
-O(log N) in the pending count for fast elements; strict and legacy elements also leave Redisson's
-insertion-order list, O(N) as Redisson's own removal. Calls that write carry a call id, so a resend
-after a lost reply answers as the first run did.
+A key is unique among a queue's pending items. The key index (``QueueKeys.key_index``) maps the key's
+tag (``_wire/item_keys.py``) to the element, whose id carries the tag, so a transfer frees the key of
+what it moves. Writes carry a call id, so a resend answers as the first run did.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ T = TypeVar("T")
 
 
 class Offered(int):
-    """The due time of an offered item (epoch ms, server clock: use it as the ``int`` it is), and
-    for a keyed offer what happened.
+    """An offered item's due time (server epoch ms, an ``int``) and, for a keyed offer, what happened.
 
     Attributes:
         key: the item's key (``None`` without one).

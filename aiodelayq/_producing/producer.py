@@ -62,8 +62,7 @@ class Producer:
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
                  send_many: SendMany | None = None) -> None:
         self._scripts, self._keys, self._events = scripts, scripts.keys, events
-        # Where offer_many's checked and packed items go: this queue's OFFER calls, or (a sharded
-        # queue's) a split over the shards' producers.
+        # A sharded queue's splits packed items over the shards' producers.
         self._send_many: SendMany = send_many or self.send_many
         self._codec, self._kind = options.resolved_codec, options.kind
         self._call_timeout_s, self._max_call_bytes = options.call_timeout_s, options.max_call_bytes
@@ -115,10 +114,8 @@ class Producer:
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
-        """Many items, in calls of at most :class:`CallCost`'s items and ``max_call_bytes`` bytes, all
-        sent at once; returns due times in input order (:class:`Offered` when ``keys`` is given).
-        When one call fails, the others are still awaited (none is left running unowned), then the
-        first failure is raised. Traced as :meth:`offer` (one span for the call)."""
+        """Many items (see :meth:`send_many`); due times in input order (:class:`Offered` with
+        ``keys``). Traced as :meth:`offer` (one span)."""
         if not pairs:
             if keys:
                 raise InvalidKeyError(f"{len(keys)} keys for 0 items")
@@ -143,11 +140,9 @@ class Producer:
         return await self._send_many(fragments, entries, issued)
 
     async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
-        """Packed items (:meth:`prepare`'s, with their OFFER entries or ``None``) of an ``offer_many``
-        issued at loop time ``issued``, in calls of at most :class:`CallCost`'s items and
-        ``max_call_bytes`` bytes (one call under ``capacity``), all sent at once; their due times
-        in order (:class:`Offered` with entries). When one call fails, the others are still awaited,
-        then the first failure is raised.
+        """:meth:`prepare`'s items, issued at loop time ``issued``, in calls of at most
+        :class:`CallCost`'s items and ``max_call_bytes`` bytes (one under ``capacity``), all sent at
+        once; their due times in order. A failed call's error is raised once all are done.
 
         Raises:
             QueueFullError: under ``capacity``, the call was refused (nothing written).
@@ -179,10 +174,8 @@ class Producer:
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
                       issued: float = 0.0) -> tuple[list[Fragment], list[bytes] | None]:
-        """Validate, encode and pack every pair (see ``_wire.elements.pack_fragments``), with its key's
-        OFFER entry (``None`` without keys); raises before anything is sent. ``envelope``: ``(headers,
-        expires, single)``, those of ``offer`` (``single``) or ``offer_many`` (headers one per item,
-        expires one for all or one per item), the call issued at loop time ``issued``.
+        """Validate, encode and pack every pair (``_wire.elements.pack_fragments``) with its key's OFFER
+        entry, before anything is sent. ``envelope``: ``(headers, expires, single)``.
 
         Raises:
             InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError: bad input
@@ -210,9 +203,8 @@ class Producer:
         return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt, tags=tags), entries
 
     async def _send_issued(self, batch: list[tuple[Fragment, float, bytes]]) -> list[int]:
-        """Coalesced offers in one call: it is issued when the first of them was; each later one's
-        delay grows by how much later it was issued, so every item is due at its own issue time
-        plus its delay (rounded up to the ms: never early)."""
+        """Coalesced offers in one call issued with the first; later ones' delays grow by how much
+        later they were issued (rounded up: never early)."""
         first = min(issued for _, issued, _ in batch)
         fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
                      for fragment, issued, _ in batch]
@@ -221,10 +213,9 @@ class Producer:
 
     async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None, *,
                     each: bool) -> list[Any]:
-        """One OFFER call issued at loop time ``issued`` (resent with the same call id after a lost
-        reply, within the bound); returns the items' due times (:class:`Offered` with ``entries``).
-        Under ``capacity``, ``each``: the items are admitted one by one, a refused one's result is
-        a :class:`QueueFullError` (coalesced offers of different callers); else all or nothing.
+        """One OFFER call (resent with its call id), its items' due times. Under ``capacity``,
+        ``each`` admits items one by one (a refused one's result is a :class:`QueueFullError`);
+        else all or nothing.
 
         Raises:
             QueueFullError: the call was refused whole (nothing written).
@@ -267,8 +258,7 @@ class Producer:
 
     async def _wrap(self, items: list[tuple[int, bytes]], headers: Any, expires: Any, single: bool, *,
                     issued: float) -> list[tuple[int, bytes]]:
-        """``items`` in item envelopes with their headers and expiry (epoch ms of the server clock:
-        the issue time as the server's clock had it, plus the delay, plus ``expires``).
+        """``items`` in envelopes with headers and expiry (server epoch ms: issue time + delay + ``expires``).
 
         Raises:
             InvalidHeadersError, InvalidDelayError: bad headers or expires (nothing is sent).
@@ -299,9 +289,8 @@ class Producer:
                                  f"item takes it (cancel({key!r}) ends the schedule): {what} not written", key)
 
     async def _native_long_format(self) -> str:
-        """``struct`` format of the server's native unsigned long (``L`` inside its Lua), asked once per
-        client; concurrent first callers share one request (shielded: one caller's cancellation does
-        not fail the others)."""
+        """``struct`` format of the server's native unsigned long, asked once per client; first callers
+        share one shielded request."""
         facts = self._facts
         if facts.long_format is not None:
             return facts.long_format

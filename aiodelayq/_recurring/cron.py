@@ -25,10 +25,8 @@ def _croniter() -> Any:
 
 
 def cron_spec(cron: object, tz: object) -> str:
-    """The spec a schedule record keeps: the expression and the time zone name (``UTC`` by
-    default), a newline between. An expression has 5 fields (minute, hour, day of month, month,
-    day of week), or 6 with seconds last, or is one of croniter's ``@`` names (``@hourly``,
-    ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``...), and must match some date.
+    """The spec a schedule record keeps: the expression and time zone name (default ``UTC``),
+    newline-separated. 5 fields, 6 with seconds last, or a croniter ``@`` name; must match some date.
 
     Raises:
         ConfigurationError: croniter is missing; ``cron`` is not a valid cron expression (another

@@ -1,10 +1,8 @@
 """Consumers list more due times of cron schedules (see ``_recurring/schedules.py``).
 
-The script that hands out an occurrence of a cron schedule with few listed times left flags it;
-the consumer that gets it reads the record, computes the next times with croniter and appends them
-(REFILL), in the background, retried for a while. REFILL skips times the record lists already, so
-two consumers refilling at once list each time once; a stalled schedule (its times ran out) is
-restarted by it.
+An occurrence handed out with few listed times left is flagged; its consumer computes more and
+appends them (REFILL) in the background. REFILL skips times already listed, so concurrent refills
+list each once, and restarts a stalled schedule.
 """
 
 from __future__ import annotations

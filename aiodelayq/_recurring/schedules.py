@@ -1,14 +1,9 @@
 """Recurring items: ``schedule(key, item, every=... | cron=...)``.
 
-A schedule is a record in the queue's schedules hash (``lua/lib/recur.lua``) and one occurrence, a
-keyed pending item whose payload is an item envelope naming the key and the occurrence's number.
-Handing an occurrence out (POP, RECEIVE) schedules the next one in the same script, once: the
-record's number moves on with it, so an occurrence handed out again (after a crash, a release, a
-redelivery) continues nothing. ``cancel(key)`` removes the pending occurrence and the record.
-
-A cron schedule's due times are computed here and by consumers, with croniter (the extra
-``aiodelayq[cron]``): the record lists the next ``CRON_LISTED``, and a consumer handed an
-occurrence of a schedule with few left lists more (``_recurring/refill.py``).
+A schedule is a record in the queue's schedules hash (``lua/lib/recur.lua``) and one keyed pending
+occurrence naming the key and its number. Handing an occurrence out schedules the next in the same
+script; the record's number moves on with it, so an occurrence handed out again continues nothing.
+A cron record lists its next ``CRON_LISTED`` due times; consumers list more (``_recurring/refill.py``).
 """
 
 from __future__ import annotations

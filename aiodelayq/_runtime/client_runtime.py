@@ -1,21 +1,15 @@
 """The registry of what open queues share, kept weakly by event loop and client:
 
-- :class:`ClientRuntime`, per event loop and client, while one of its queues is open: the shared
-  pub/sub subscriber, one refcounted transfer task per queue name, the shared safety poll (a
-  single server), and the slots that cap the client's concurrent background calls. Their tasks have
-  one owner, the runtime's :class:`~aiodelayq._util.tasks.TaskOwner`, closed with the last queue.
+:class:`ClientRuntime` (per loop and client, while one of its queues is open) holds the subscriber,
+one refcounted transfer task per queue name, the safety poll and the call slots; its
+:class:`~aiodelayq._util.tasks.TaskOwner` closes with the last queue.
 
-No lock is held across network I/O: registering and dropping are synchronous dictionary updates,
-and each transfer task's start (subscribe + first transfer) is a future every opener awaits with its
-own deadline, so a close never waits for another queue's open, even during a server stall.
+No lock is held across network I/O: each transfer task's start is a future every opener awaits with
+its own deadline, so a close never waits for another queue's open.
 
-A runtime's first start sends one ``PING`` (shared by the queues that open with it) so that
-``open()`` fails at once, with the reason, when the server cannot take the client at all: nothing
-listens at its address (the connection is refused), or the server refuses the connection's setup
-(``SELECT`` of a database index it does not have). Waiting ``open_timeout_s`` would not change
-either; a supervisor that restarts the process is the place to wait for a server that is starting.
-Any other failure (a timeout, a dropped connection, a server still loading its data) is left to the
-subscriber's and the transfer's retries within ``open_timeout_s``.
+A runtime's first start sends one ``PING`` so that ``open()`` fails at once when the server cannot
+take the client at all (connection refused, or its setup refused); waiting would not change either.
+Other failures are left to the retries within ``open_timeout_s``.
 """
 
 from __future__ import annotations
@@ -49,16 +43,13 @@ __all__ = [
 
 log = logging.getLogger("aiodelayq")
 
-# Concurrent background calls (transfers, pops, finishes) per client and loop: the pooled
-# connections a client's queues use stay below this plus the pub/sub connection, however many
-# queues are open. A cluster client's queues may all live on one node: 3, so that node sees at most
-# 5 connections of the client's consumers (with the pub/sub one, and redis-py's own connection to a
-# startup node, which it keeps for reading the slot map).
+# Concurrent background calls per client and loop, so pooled connections do not grow with the
+# number of queues. A cluster's queues may all live on one node: 3 keeps it at 5 connections
+# (with pub/sub and redis-py's slot-map connection).
 TRANSFER_SLOTS = 8
 CLUSTER_TRANSFER_SLOTS = 3
 
-# Error replies of a server in a passing state (loading its data, a busy script, a primary without
-# its replicas, a cluster reconfiguring): an opening waits these out.
+# Error replies of a passing state: an opening waits these out.
 _PASSING = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
 
 
@@ -81,7 +72,6 @@ class ClientRuntime:
         # A single server's queues are polled together; a cluster's each by its own transfer task.
         self.safety_poll = (None if isinstance(client, RedisCluster) else
                             SafetyPoll(client, self.tasks, slots=self.transfer_slots, call_timeout_s=call_timeout_s))
-        # The first start's PING (see the module docstring): the server's refusal, or None.
         self.refusal: asyncio.Task[BackendError | None] | None = None
 
     def __repr__(self) -> str:
@@ -93,8 +83,7 @@ class ClientRuntime:
         return entry.transfer_task if entry else None
 
 
-# Weak in the loop and the client; a runtime exists only while one of its queues is open (its value
-# holds the client strongly), so a client that is done with is collected.
+# Weak in loop and client; a runtime (which holds its client) lives only while a queue is open.
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[AnyRedis, ClientRuntime]]
 _runtimes = weakref.WeakKeyDictionary()
 
@@ -106,8 +95,7 @@ def runtime_for(client: AnyRedis) -> ClientRuntime | None:
 
 
 async def _refusal(client: AnyRedis, timeout_s: float) -> BackendError | None:
-    """One ``PING``: why the server cannot take this client at all (it refused the connection, or the
-    connection's setup), else ``None`` (answered, or a failure that retrying may fix)."""
+    """One ``PING``: why the server cannot take this client at all, else ``None``."""
     try:
         await call(client, "PING", what="PING", timeout_s=timeout_s)
     except BackendError as exc:
@@ -118,9 +106,8 @@ async def _refusal(client: AnyRedis, timeout_s: float) -> BackendError | None:
 
 
 def _cannot_connect(exc: BackendError) -> str | None:
-    """What ``exc`` (of a ``PING``) says if the client cannot connect, for now and for a while:
-    nothing listens at the address, or the server answered the connection's setup with an error (a
-    ``PING`` itself is refused only by a passing state, or by an ACL: an AccessDeniedError)."""
+    """Why the client cannot connect for a while, per ``exc`` of a ``PING``, else ``None`` (a
+    ``PING`` itself is refused only by a passing state or an ACL)."""
     cause = exc.__cause__
     seen: BaseException | None = exc
     for _ in range(8):
@@ -136,9 +123,8 @@ def _cannot_connect(exc: BackendError) -> str | None:
 
 async def _start(runtime: ClientRuntime, keys: QueueKeys, transfer_task: TransferTask, timeout_s: float,
                  call_timeout_s: float) -> None:
-    """Check once per runtime that the server takes the client (raises its refusal at once), then
-    subscribe and transfer once, then let the safety poll look at the queue. Until then the
-    subscriber and the transfer task log their failures at DEBUG only: the opener reports them."""
+    """Check once per runtime that the server takes the client, subscribe, transfer once, then join
+    the safety poll. Failures until then are the opener's to report."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     if runtime.refusal is None:
@@ -214,9 +200,8 @@ async def release_transfer_task(client: AnyRedis, keys: QueueKeys, timeout_s: fl
     entry.refs -= 1
     if entry.refs > 0:
         return
-    # Unregistered at once: an open() from now on starts afresh instead of waiting for this close.
-    # Whether this was the client's last queue is decided here, before any await, so that of many
-    # queues closing together exactly one closes the subscriber and the others only leave it.
+    # Decided before any await: a later open() starts afresh, and of many queues closing together
+    # exactly one closes the subscriber.
     del runtime.entries[keys.destination]
     last = not runtime.entries
     if last:

@@ -1,11 +1,8 @@
 """The life of one queue object: its event loop, the open/close state machine, and what an open queue
 owns (a share of the transfer task, the take pump, the reliable consumer) and counts.
 
-The queue object's background tasks (its opening, the pump's pops and finishes, settles, undone
-receives) have one owner, a :class:`~aiodelayq._util.tasks.TaskOwner`; the close ends with it.
-
-States: ``new`` -> ``opening`` -> ``open`` -> ``closing`` -> ``closed``; a failed or abandoned
-opening goes back to ``new``. A queue is opened at most once.
+Its background tasks have one owner, a :class:`~aiodelayq._util.tasks.TaskOwner`. States: ``new`` ->
+``opening`` -> ``open`` -> ``closing`` -> ``closed``; a failed opening goes back to ``new``.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ __all__ = ["Check", "Lifecycle", "QueueStats"]
 
 log = logging.getLogger("aiodelayq")
 
-# Of a queue's close_timeout_s, what is kept for stopping its background tasks by cancellation once
-# the pump and the reliable consumer have settled what they hold: a few loop turns.
+# Of close_timeout_s, what is kept for cancelling the background tasks (a few loop turns, no server).
 STOP_RESERVE_S = 0.1
 
 State = Literal["new", "opening", "open", "closing", "closed"]
@@ -43,29 +39,22 @@ State = Literal["new", "opening", "open", "closing", "closed"]
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Counters of one queue object in this process: a snapshot of the events it reported (those of
-    the transfer task it shares with the queue objects of the same client and name included),
-    the same events the metrics sink gets.
+    """Counters of one queue object in this process (its shared transfer task's included): a snapshot
+    of the events the metrics sink gets.
 
     Attributes:
         transfers: transfer script runs by this process's transfer task for the queue.
         moved: items this process moved from pending to the destination list.
         dead_lettered: malformed pending elements moved to the dead-letter list.
         undecodable: popped payloads the codec could not decode (moved to the dead-letter list).
-        expired: items this queue object's pops and receives found past their expiry (moved to the
-            dead-letter list, reason ``"expired"``).
+        expired: items found past their expiry (dead-lettered, reason ``"expired"``).
         transfer_errors: failed transfer attempts (retried with backoff).
-        returned: popped items handed back to the list because their caller had gone, or because
-            nobody came for prefetched items within a round trip.
-        recovered: popped items whose consumer did not finish with them within the hand-off lease,
-            returned to the head of the list by this process's transfers.
-        exhausted: messages this queue object moved to the dead-letter list because they ran out
-            of deliveries (``max_deliveries``), or were not message elements.
-        released: prefetched messages nobody received within a round trip, released (as if never
-            received: their delivery count is not raised).
-        unconfirmed_settles: acks (and releases) sent without waiting that could not be confirmed
-            (each batch logged at WARNING): unless they landed, their messages are delivered again
-            after their visibility timeout.
+        returned: popped items handed back to the list (caller gone, or prefetch unclaimed).
+        recovered: popped items returned by this process's transfers after their hand-off lease.
+        exhausted: messages dead-lettered past ``max_deliveries`` or not message elements.
+        released: prefetched messages released unreceived (delivery count not raised).
+        unconfirmed_settles: written-behind acks and releases that could not be confirmed (their
+            messages are delivered again).
         offered: items written by this object's offer calls.
         delivered: items and messages handed to callers.
         pops: POP calls that returned items; empty_pops: those that found none and transferred
@@ -107,8 +96,7 @@ class QueueStats:
 
 
 class Check(Protocol):
-    """A check a queue object runs once, before its first call or its opening goes to Redis (the
-    shard count its name has there, ``_sharding/record.py``)."""
+    """A check run once before a queue object's first call to Redis (``_sharding/record.py``)."""
 
     @property
     def passed(self) -> bool: ...
@@ -116,9 +104,8 @@ class Check(Protocol):
 
 
 class Lifecycle:
-    """Binds a queue to its event loop, opens and closes its consumer side (see the module docstring).
-    ``rotation``: how many take pumps a caller visits in turn, this one among them (a sharded
-    queue's K shards; 1: this pump alone), see :class:`TakePump`."""
+    """Binds a queue to its event loop, opens and closes its consumer side.
+    ``rotation``: see :class:`TakePump`."""
 
     def __init__(self, scripts: QueueScripts, options: QueueOptions, events: Events, *,
                  on_new_loop: Callable[[], None], check: Check | None = None, rotation: int = 1) -> None:
@@ -163,8 +150,7 @@ class Lifecycle:
             "from another one (create one DelayedQueue, and one redis client, per event loop)")
 
     async def enter(self) -> None:
-        """What every call of the queue object does first: :meth:`bind_loop`, then the object's
-        check until it has passed once.
+        """What every call does first: :meth:`bind_loop`, then the check until it passes once.
 
         Raises:
             WrongEventLoopError: the queue belongs to another event loop. ShardCountError: the name
@@ -290,10 +276,8 @@ class Lifecycle:
                 log.info("queue %r closed in %.3f s", self._keys.destination, loop.time() - started)
 
     async def _settle(self, settle_by: float) -> bool:
-        """The pump and the reliable consumer settle what they hold, side by side, until ``settle_by``
-        (loop time): the close deadline less STOP_RESERVE_S, which is left for stopping the tasks by
-        cancellation (that needs no server, only a few loop turns). Waits through a forced
-        shutdown's cancellations; returns whether one arrived (the caller raises it)."""
+        """The pump and the reliable consumer settle what they hold until ``settle_by`` (loop time),
+        through a forced shutdown's cancellations; returns whether one arrived (the caller raises it)."""
         transfer_task, pump, reliable = self._transfer_task, self._pump, self._reliable
         if transfer_task is not None and self._consumers is not None:
             transfer_task.detach(self._consumers)

@@ -1,19 +1,10 @@
 """The safety poll of a single-server client's open queues: one pipelined read for many queues.
 
-A queue's transfer task is woken by published due times, its own "next due" timers and its hand-off
-leases. The safety poll covers what none of those announces: a publish that never arrived, items a
-process or Redisson moved to the destination while this one's consumers wait, a lease taken by
-another process that died. Each queue is looked at within ``safety_poll_s`` of its last transfer.
-
-On a single server (or a Sentinel-managed primary) the poller reads, for each queue due a look, the
-head of its timeout zset, of its tier index (the first bucket's promotion time) and of its hand-off
-leases and the length of its destination, together with the server's ``TIME``, in one pipelined
-write of plain read commands per ``_CHUNK`` queues. Only a queue with something due (an item, or a
-bucket to promote), an expired lease or ready items is acted on; an idle queue costs four O(1)
-reads per period instead of a script call. A round takes every queue whose look is due
-within a fifth of its period, so the reads of many queues go in a few full writes. A cluster's
-queues live on many nodes, so there each transfer task polls by itself with a transfer
-(``TransferTask(shared_poll=False)``).
+It covers what nothing announces (a lost publish, another process's moves, a dead process's lease):
+each queue is looked at within ``safety_poll_s`` of its last transfer. The heads of its zset, tier
+index and hand-off leases, its destination's length and ``TIME`` are read with plain commands, so an
+idle queue costs four O(1) reads per period instead of a script call. A cluster's queues live on
+many nodes, so there each transfer task polls by itself (``TransferTask(shared_poll=False)``).
 """
 
 from __future__ import annotations
@@ -35,14 +26,12 @@ __all__ = ["SafetyPoll"]
 
 # Queues read in one pipelined write: 4 commands each, about 2 ms of server time per write.
 _CHUNK = 200
-# A round also looks at the queues whose look is due within this share of their safety_poll_s, so
-# that a client's queues are read in a few full writes per period rather than one per queue.
+# A round also takes queues due within this share of their period: a few full writes, not one per queue.
 _EARLY = 0.2
 
 
 class SafetyPoll:
-    """One task per client and event loop that looks at every registered transfer task's queue when
-    its ``poll_at`` (loop time) comes (see the module docstring)."""
+    """One task per client and loop that looks at each registered queue at its ``poll_at`` (loop time)."""
 
     def __init__(self, client: Redis, tasks: TaskOwner, *, slots: asyncio.Semaphore, call_timeout_s: float) -> None:
         self._client = client

@@ -34,11 +34,9 @@ class ChannelListener(Protocol):
 class Subscriber:
     """Owns one ``PubSub`` of a client and a reader task that dispatches to channel listeners.
 
-    Every ``subscribe`` confirmation (first subscribe, redis-py's own reconnect, or this reader's
-    reconnect after an error) calls the listener's ``on_subscribed``, which is Redisson's
-    "transfer on subscribe" compensation. The reader pings an idle connection every
-    ``ping_interval_s`` and reconnects when the server stops answering, so a half-open connection
-    cannot silence a queue for long (the transfer tasks' safety poll covers the gap).
+    Every ``subscribe`` confirmation calls the listener's ``on_subscribed`` (Redisson's "transfer on
+    subscribe" compensation). The reader pings an idle connection every ``ping_interval_s`` and
+    reconnects when it stops answering, so a half-open connection cannot silence a queue for long.
     """
 
     def __init__(self, client: AnyRedis, tasks: TaskOwner, *, ping_interval_s: float = 30.0) -> None:
@@ -53,12 +51,9 @@ class Subscriber:
         self._lock = asyncio.Lock()
         self._task = tasks.supervise("aiodelayq-subscriber", self._run, restart_after_s=1.0,
                                     wanted=lambda: bool(self._listeners))
-        # Channels whose queues closed, unsubscribed together by one task (many queues may close at once).
         self._leaving: set[bytes] = set()
         self._unsubscriber: asyncio.Task[None] | None = None
-        # The callers of add() still waiting, by channel: a subscribe that fails for good (e.g. no
-        # permission for the channel) is handed to them, so open() raises it instead of waiting out
-        # its timeout, and reports it alone.
+        # A subscribe that fails for good is handed to add()'s waiters: open() raises it at once.
         self._openers: dict[bytes, asyncio.Future[BackendError]] = {}
         self.reconnects = 0
         self.last_error: str | None = None
@@ -123,10 +118,8 @@ class Subscriber:
         await confirmed.wait()
 
     def remove(self, channel: str, timeout_s: float = 1.0) -> None:
-        """Stop dispatching ``channel`` now, and unsubscribe it in the background within ``timeout_s``
-        (best effort: the connection may be gone; a channel left subscribed is dropped at the next
-        reconnect). Channels removed together go in one ``UNSUBSCRIBE``. Closing a queue never waits
-        for the server here."""
+        """Stop dispatching ``channel`` now; unsubscribe it in the background within ``timeout_s``
+        (best effort; channels removed together share one ``UNSUBSCRIBE``)."""
         key = channel.encode()
         self._listeners.pop(key, None)
         self._confirmed.pop(key, None)
@@ -172,8 +165,6 @@ class Subscriber:
                     self._pubsub = pubsub
                     if self._listeners:
                         await pubsub.subscribe(*self._listeners)
-                # Connected and subscribed: each channel's confirmation then runs its transfer task's
-                # compensating transfer, and the next loss starts a fresh streak.
                 backoff.succeeded()
                 await self._read(pubsub)
             except (RedisError, RedisClusterException, OSError) as exc:  # the last: a cluster's slot map
@@ -187,9 +178,7 @@ class Subscriber:
                                  channels=[key.decode() for key in opening or self._listeners])
                 self.last_error = str(error)
                 handed = is_permanent(error) and self._hand_to_openers(opening, error)
-                # The open() calls report what they were handed, and while every channel is opening
-                # any failure (raised if permanent, named when they time out): DEBUG here. The
-                # channels of open queues are resubscribed once a refused one has left.
+                # Quiet while the openers report it (every channel opening, or handed to them).
                 await asyncio.sleep(backoff.failed(error, quiet=handed or len(opening) == len(self._listeners)))
             finally:
                 self._pubsub = None
@@ -197,9 +186,8 @@ class Subscriber:
                 await asyncio.shield(cast(Any, pubsub).aclose())
 
     def _hand_to_openers(self, channels: list[bytes], error: BackendError) -> bool:
-        """Give ``error`` to the callers of :meth:`add` that wait for ``channels`` (they raise it);
-        return whether one did. Their channels are dropped at once, so the next reconnect subscribes
-        only the others, whoever runs first."""
+        """Give ``error`` to :meth:`add`'s waiters for ``channels`` and drop those channels, so the
+        next reconnect subscribes only the others; whether one was handed."""
         handed = False
         for key in channels:
             waiter = self._openers.get(key)
@@ -211,10 +199,8 @@ class Subscriber:
         return handed
 
     async def _new_pubsub(self) -> Any:
-        """A ``PubSub`` of the client. On a cluster any node hears every channel (a ``PUBLISH``, also
-        Redisson's from Lua, is broadcast over the cluster bus), so one connection serves every queue
-        of the client whatever their slots; each reconnect takes the next node, so a node that died
-        is not asked again until the others were."""
+        """A ``PubSub`` of the client. On a cluster any node hears every channel (``PUBLISH`` is
+        broadcast), so one connection serves every queue; each reconnect takes the next node."""
         client = self._client
         if not isinstance(client, RedisCluster):
             return client.pubsub()

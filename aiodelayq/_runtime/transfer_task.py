@@ -25,12 +25,8 @@ log = logging.getLogger("aiodelayq")
 
 # Least delay before the next timed transfer after one that moved nothing because others did.
 _AFTER_EMPTY_S = 0.002
-# A due-time timer is armed this much early. asyncio sleeps in whole milliseconds (selectors round
-# epoll/kqueue timeouts up, uvloop's libuv counts in ms), so a timer less than a millisecond away
-# fires up to a millisecond late, most of the median lateness at high rates. Early by half
-# the granularity, a transfer lands on average on the due time; one that comes too early (it moved
-# nothing and the item it aimed at is still next) is retried at the due time without the
-# _AFTER_EMPTY_S pause.
+# A due-time timer is armed this much early: asyncio timers fire up to 1 ms late (whole-ms
+# epoll/libuv timeouts). A transfer that comes too early is retried at the due time, without _AFTER_EMPTY_S.
 _TIMER_LEAD_S = 0.0005
 
 
@@ -58,24 +54,14 @@ class TransferStats:
 
 class TransferTask:
     """Runs the transfer script when the earliest pending item falls due (Redisson's
-    ``QueueTransferTask``), in a task of its own.
+    ``QueueTransferTask``).
 
-    Two clocks, never mixed: due times are epoch milliseconds of the **Redis server** clock, timers
-    are ``loop.time()``. Each transfer reply carries the server's ``TIME``, which anchors one clock
-    to the other (taken at the midpoint of the round trip), so skew between this machine and the
-    server does not move delivery.
-
-    Wake-ups come from: a subscribe confirmation (compensation after downtime), a published due
-    time, the transfer's own "next due" reply, the earliest hand-off lease (so a dead consumer's
-    items come back on time) and a safety poll every ``safety_poll_s``. A wake-up never replaces an
-    earlier one; while a whole batch was due, transfers run back to back. A failed transfer is
-    tried again after the backoff's pause (``_redis/backoff.py``, which also says what is logged),
-    and every wake-up but a resubscribe waits for it: a refusal the server repeats (a key of another
-    type, out of memory) is retried at the backoff's pace whoever asks for a transfer.
-
-    After every successful transfer it tells the attached consumers (``consumers.py``) how many
-    items wait in the destination list, and before one it lets a take pump with waiting callers run
-    it in its POP.
+    Due times are **Redis server** epoch ms, timers ``loop.time()``; each reply's ``TIME`` (taken at
+    the round trip's midpoint) anchors one to the other, so clock skew does not move delivery.
+    Wake-ups: a subscribe confirmation, a published due time, the "next due" reply, the earliest
+    hand-off lease and the safety poll. A wake-up never replaces an earlier one. After a failure
+    every wake-up but a resubscribe waits for the backoff's pause (``_redis/backoff.py``), so a
+    refusal the server repeats is retried at that pace whoever asks.
     """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, batch: int, safety_poll_s: float,
@@ -87,18 +73,14 @@ class TransferTask:
         # The watchdog: a look that finds items due this long ago logs a WARNING (None: never).
         self._lag_warning_s = lag_warning_s
         self._lagging = False
-        # The earliest pending due time last seen (server ms; None: none known), for the lag while
-        # transfers fail (a cluster has no shared poll to read it).
+        # The earliest pending due time seen (server ms), for the lag while transfers fail.
         self._head_ms: float | None = None
         self._call_timeout_s = scripts.call_timeout_s
-        # Shared by the transfer tasks of one client: caps concurrent transfer calls (and so pooled
-        # connections) when many queues wake at once.
+        # Shared by the client's transfer tasks: caps pooled connections when many queues wake at once.
         self._slots = slots
         self._loop = asyncio.get_running_loop()
-        # Whether the client's SafetyPoll looks at this queue (a single server); else this transfer task
-        # arms its own safety timer (a cluster).
+        # Else (a cluster) this task arms its own safety timer.
         self._shared_poll = shared_poll
-        # Loop time by which the queue is looked at again, if nothing transfers before.
         self.poll_at = self._loop.time() + safety_poll_s
         self._wake = asyncio.Event()
         self._transferred = asyncio.Event()
@@ -111,20 +93,13 @@ class TransferTask:
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
         self._permanent: BackendError | ShardCountError | None = None
-        # Whether a transfer succeeded since start. Until one did the queue is opening, and open()
-        # reports the failures (raises a permanent one, names the last one when it times out): the
-        # worker logs them at DEBUG only.
+        # Until a transfer succeeds, open() reports the failures, so they are logged at DEBUG.
         self._opened = False
-        # The current streak of failed transfers, and the loop time before which a wake-up (but a
-        # resubscribe's) waits for the backoff's pause.
         self._backoff = Backoff(f"transfer for {keys.destination!r}")
         self._retry_at = 0.0
         self._resubscribed = False
-        # Its events (shared by the queue objects of this client and name); QueueStats reads them.
         self.events = Events(keys.destination)
         self._last_error: str | None = None
-        # The open queue objects' consumers (consumers.py): told what each transfer did, and offered
-        # the transfer when their pump has callers waiting.
         self._consumers: list[QueueConsumers] = []
 
     @property
@@ -209,12 +184,9 @@ class TransferTask:
         self._wake.set()
 
     def polled(self, anchor: tuple[float, float], head_ms: float | None, lease_ms: float | None, ready: int) -> None:
-        """The client's safety poll read the queue: ``anchor`` is ``(loop time, server epoch ms)`` of
-        its ``TIME``, ``head_ms`` the earliest pending due time or tier promotion time (the queue's
-        next wake-up), ``lease_ms`` the earliest hand-off
-        lease deadline (``None``: none), ``ready`` the destination's length. Transfers if something
-        is due or a lease ran out, else aims at what comes next; wakes the consumers if items are
-        ready (another process, or Redisson, may have moved them)."""
+        """The client's safety poll read the queue (``anchor``: ``(loop time, server epoch ms)``;
+        ``head_ms``/``lease_ms``: next wake-up and lease deadline or ``None``; ``ready``: the
+        destination's length): transfer if due, else aim at what comes next; wake consumers if ready."""
         self._anchor = anchor
         self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
         now_ms = anchor[1]
@@ -232,15 +204,12 @@ class TransferTask:
                 consumers.transferred(ready)
 
     def poll_refused(self) -> None:
-        """The client's safety poll could not read the queue (the server refused a read: a key of
-        another type): look again in a period, and transfer (at the backoff's pace), whose failure
-        names the key."""
+        """The safety poll's read was refused: transfer (at the backoff's pace), whose error names the key."""
         self.poll_at = self._loop.time() + self._safety_poll_s * random.uniform(0.8, 1.0)
         self._wake.set()
 
     def _watch_lag(self, lag_ms: float) -> None:
-        """The watchdog: one WARNING when a look finds the earliest due item ``lag_ms`` late, at
-        least ``lag_warning_s``; one INFO when the lag is back under half of it."""
+        """One WARNING when the lag reaches ``lag_warning_s``; one INFO when back under half."""
         limit_s = self._lag_warning_s
         if limit_s is None:
             return
@@ -317,7 +286,6 @@ class TransferTask:
                     self._transferred.clear()
                 delay = backoff.count()
                 self._retry_at = self._loop.time() + delay
-                # Until the first success, open() reports the failures: DEBUG here.
                 due = self._opened and backoff.level(exc) >= logging.ERROR
                 advice = await refusal_advice(self._scripts, exc) if due else ""
                 backoff.report(exc, delay, advice=advice, quiet=not self._opened)
@@ -333,9 +301,7 @@ class TransferTask:
             if lease_due is not None:
                 self.arm_at(self._server_ms_to_loop(lease_due) + 0.001)
             assert self._anchor is not None
-            # A full batch may leave due items behind: their lag says whether the transfers keep up.
-            # A next wake-up at or before the transfer's own clock is work it left (a tier bucket
-            # still to promote, and what is due behind it): full too.
+            # A full batch, or a next wake-up already due (a tier bucket to promote), left work behind.
             full = moved + dead >= self._batch or (next_due is not None and next_due <= int(self._anchor[1]))
             self._watch_lag(self._anchor[1] - next_due if full and next_due is not None else 0.0)
             if full:
@@ -349,12 +315,9 @@ class TransferTask:
                 if moved + dead > 0:
                     due_at -= _TIMER_LEAD_S
                 elif next_due != self._aimed_ms:
-                    # Nothing moved: another process (or Redisson) moved the items at the same
-                    # due time. Never spin, and leave the race to the others for a moment (2 ms):
-                    # with several consuming processes each would otherwise transfer every item.
+                    # Another process moved them: never spin, and let the others win the race briefly.
                     due_at = max(due_at, self._loop.time() + _AFTER_EMPTY_S)
-                # else: too early for the item it aimed at (the timer's lead, or the anchor): at
-                # its due time, without the lead.
+                # else: too early for the item aimed at: retry at its due time, without the lead.
                 self._aimed_ms = next_due
                 when = min(when, due_at)
             if when < math.inf:
@@ -391,15 +354,12 @@ class TransferTask:
                 float(lease_due) if lease_due is not None else None)
 
     async def _delegate(self, limit: int) -> tuple[float, float, Any] | None:
-        """Let a consumer with waiting callers transfer (``limit``: the scripts' transfer argument)
-        in its next POP; its ``(sent, received, reply)``, or ``None`` when none did (nobody waits, its
-        POP failed or was a resend)."""
+        """Let a consumer with waiting callers transfer in its next POP: ``(sent, received, reply)`` or ``None``."""
         for consumers in list(self._consumers):
             future = consumers.transfer_in_pop(limit)
             if future is None:
                 continue
-            # The pump always answers (its POP is bounded; closing answers None); the bound here
-            # only guards the transfer task against a bug there.
+            # The pump always answers; this bound only guards against a bug there.
             done, _ = await asyncio.wait({future}, timeout=self._call_timeout_s * 3)
             result: tuple[float, float, Any] | None = future.result() if done else None
             return result if result is not None and result[2] is not None else None
@@ -407,9 +367,7 @@ class TransferTask:
 
 
 def _report(events: Events, moved: int, dead: int, micros: int, late: Any) -> None:
-    """One transfer's events. ``late``: the script's lateness list (whole ms: its clock's ms minus each
-    due score), or ``None`` when the call did not ask for it; the sub-millisecond part of the
-    transfer's ``TIME`` is added back here, so each value is the exact server time minus the due time."""
+    """One transfer's events; ``late`` (whole ms, or ``None``) gets the ``TIME``'s sub-ms part added back."""
     if moved:
         frac_ms = (micros % 1000) / 1000
         events.moved(moved, [int(ms) + frac_ms for ms in late] if late else ())

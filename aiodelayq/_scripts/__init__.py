@@ -1,33 +1,17 @@
 """Every Lua script of the library, and their binding to one queue.
 
-Each script is a file ``lua/<name>.lua``, declared once: as the attribute ``<name>`` of
-:class:`QueueScripts`. Its header names its KEYS (``-- KEYS:`` and the
-:class:`~aiodelayq._wire.key_names.QueueKeys` attributes, in order) and the library files it uses
-(``-- uses: lib/<file>.lua ...``), then says what each ARGV entry holds and what it returns.
-Functions several scripts share are in ``lua/lib/``, each file starting with ``-- defines:`` and
-the names it defines, then its own ``-- uses:`` line if it uses another library file. A script's
-text is the table of its keys by name made from its KEYS line (``local K = {destination =
-KEYS[1], ...}``: the script reads ``K.destination`` and hands ``K`` to the library functions that
-use the queue's keys, ``transfer(K, limit)``), the library files it uses, directly or through other
-library files (each once, after the files it uses), then its own, and nothing else: Redis runs a
+Each script is ``lua/<name>.lua``, declared once as the attribute ``<name>`` of :class:`QueueScripts`,
+which binds it to a queue's client and keys (``await scripts.pop(call_id, n, lease_ms, 0)``). Its
+header names its KEYS (:class:`~aiodelayq._wire.key_names.QueueKeys` attributes, in order) and the
+``lua/lib/`` files it uses; see :func:`assemble`. Nothing else goes in the text: Redis runs a
 script's definitions on every call.
-Each file is read once per process, when its script is first used; a :class:`QueueScript` (text +
-SHA1) is shared by every client, as redis-py's ``asyncio/lock.py`` registers its scripts once per
-class.
 
-A queue's components call them through :class:`QueueScripts`, which binds each script to the
-queue's client and keys: ``await scripts.pop(call_id, n, lease_ms, 0)``, never a positional key list.
+Time inside a script is the **server** clock (``TIME``), so skewed clients agree on due times.
+Element layouts, seen from Python, are in ``aiodelayq/_wire/elements.py``.
 
-Time inside a script is always the **server** clock (``TIME``): producers and consumers with skewed
-clocks still agree on when an item is due. Elements are parsed inside Lua with the server's own
-``struct`` sizes (``L`` is 8 bytes on 64-bit Linux servers, 4 on Windows builds); the same layouts,
-seen from Python, are in ``aiodelayq/_wire/elements.py``.
-
-Resends (``docs/design.md``, "Connections and resends"): the library never lets redis-py resend a
-call; where it resends one itself after a lost reply, the script makes the resend harmless: OFFER,
-RECEIVE and REMOVE_PAGE carry a call id remembered for 60 s, POP records its items under its call
-id in the hand-off, FINISH and TRANSFER are idempotent, SETTLE is told it is a resend and the
-message's deadline, so it can tell "my first attempt applied it" from "it went to someone else".
+Resends (``docs/design.md``, "Connections and resends"): OFFER, RECEIVE and REMOVE_PAGE carry a call
+id remembered for 60 s, POP records its items under its call id, FINISH and TRANSFER are idempotent,
+SETTLE is told it is a resend and the deadline, so it can tell its own first attempt from another's.
 """
 
 from __future__ import annotations
@@ -78,9 +62,9 @@ def _key_names(path: str) -> tuple[str, ...]:
 
 
 def assemble(path: str) -> str:
-    """The text Redis runs for the script ``lua/<path>``: the table ``K`` of its keys by name (from
-    its ``-- KEYS:`` line), the library files its ``-- uses:`` line names, directly or through other
-    library files, each once and after the files it uses, then its own.
+    """The text Redis runs for ``lua/<path>``: ``local K = {destination = KEYS[1], ...}`` from its
+    ``-- KEYS:`` line, the library files its ``-- uses:`` lines reach (each once, after those it
+    uses), then its own.
 
     Raises:
         RuntimeError: a header that names no KEYS or keys a queue does not have; library files that
@@ -104,12 +88,9 @@ def assemble(path: str) -> str:
 class QueueScript(Script):
     """The script of ``lua/<name>.lua``: its assembled text, SHA1 and the queue keys it takes, in order.
 
-    Declared once, as the attribute ``<name>`` of :class:`QueueScripts`: read on the class
-    (``QueueScripts.pop``) it is this script; on a queue's :class:`QueueScripts` it is the script
-    bound to that queue (a :class:`BoundScript`, made on first access). Each is made once per
-    process: the file is read when a queue first binds the script (it asks for the key names), the
-    text is assembled and hashed with its first call. Importing the package reads no file, and a
-    process assembles only the scripts it runs.
+    Read on the class it is this script; on a queue's :class:`QueueScripts`, a :class:`BoundScript`
+    made on first access. Shared by every client; importing the package reads no file, and a process
+    assembles only the scripts it runs.
     """
 
     def __init__(self, name: str) -> None:
@@ -140,11 +121,9 @@ class QueueScript(Script):
 class BoundScript:
     """One script bound to a queue's client, keys (in the script's order), call bound and durability.
 
-    ``await bound(*argv)`` runs it once; ``bound.durable(*argv)`` also waits for the queue's replicas
-    (when it asks for any); ``bound.resend(*argv)`` resends it after a transient failure, for a
-    script whose resend is harmless (read-only, idempotent, or carrying a call id). Each is bounded by
-    ``timeout_s`` (default: the queue's ``call_timeout_s``) and raises as
-    :func:`~aiodelayq._redis.connections.run_script`; ``what`` names the call in errors.
+    ``await bound(*argv)`` runs it once; ``.durable`` also waits for the replicas; ``.resend`` resends
+    after a transient failure (only for harmless resends). Bounded by ``timeout_s`` (default
+    ``call_timeout_s``); raise as :func:`~aiodelayq._redis.connections.run_script`.
     """
 
     __slots__ = ("_client", "_durability", "_timeout_s", "_what", "keys", "script")
@@ -180,11 +159,8 @@ class BoundScript:
 
 
 class QueueScripts:
-    """The library's scripts bound to one queue: its client, keys, call bound (``call_timeout_s``,
-    seconds) and durability, the four things every component that talks to Redis needs.
-
-    Each attribute below is a script (``lua/<name>.lua``), bound to this queue when first read.
-    """
+    """The library's scripts bound to one queue's client, keys, ``call_timeout_s`` (seconds) and
+    durability; each attribute is bound when first read."""
 
     offer = QueueScript("offer")
     native_long = QueueScript("native_long")

@@ -1,8 +1,7 @@
 """Keys of a queue that hold another type than the queue keeps there: another program writes them.
 
-The server refuses every call on such a key (``WRONGTYPE``) without saying which key it was; when a
-call is refused so, :func:`foreign_keys` reads the type of each of the queue's keys in one script
-call and names the culprits, for the log and for ``aiodelayq doctor``.
+``WRONGTYPE`` does not say which key; :func:`foreign_keys` reads every key's type in one call and
+names the culprits, for the log and ``aiodelayq doctor``.
 """
 
 from __future__ import annotations
