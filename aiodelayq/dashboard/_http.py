@@ -1,7 +1,5 @@
-"""HTTP for the dashboard without a web framework: a request and a response as plain objects, the two
-adapters that turn ASGI and aiohttp into them, and the checks a POST passes (a same-site origin and
-the double-submit CSRF token). Neither adapter imports a framework at module level: aiohttp is
-imported when :func:`aiohttp_application` runs."""
+"""HTTP for the dashboard without a web framework: plain request/response objects, the ASGI and aiohttp
+adapters (aiohttp imported only when :func:`aiohttp_application` runs), and the checks a POST passes."""
 
 from __future__ import annotations
 
