@@ -1,9 +1,5 @@
-"""Throwaway topologies on loopback: a Redis Cluster (primaries + replicas) and a Sentinel setup
-(primary + replicas + sentinels), each made of :class:`ThrowawayServer` processes of one server kind.
-
-Both are synchronous context managers (tests start them once per module), use redis-py's sync
-client for setting up, and offer the faults a test needs: kill a node, fail over, move a slot.
-"""
+"""Throwaway topologies on loopback, made of :class:`ThrowawayServer` processes of one server kind:
+synchronous context managers (set up with redis-py's sync client) with the faults a test needs."""
 
 from __future__ import annotations
 
