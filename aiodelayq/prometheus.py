@@ -84,16 +84,10 @@ class QueueMetrics(InstalledOnce):
     """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._util.observe.MetricsSink`)
     that feeds them.
 
-    Counters (label ``queue``; ``dead_lettered_total`` also ``reason``), of this process:
-    ``offered_total``, ``moved_total``, ``delivered_total``, ``redelivered_total``, ``acked_total``,
-    ``nacked_total``, ``dead_lettered_total``, ``transfer_errors_total``, ``scrape_errors_total``
-    (gauge reads that failed). Histogram ``lateness_seconds``: per item this process's transfers
-    moved, the transfer's server time minus the item's due time. Gauges of tracked queues, read from
-    Redis at each scrape (:meth:`refresh`): ``pending``, ``ready``, ``in_flight``, ``dead_letters``,
-    ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending), ``lag_seconds``
-    (:attr:`QueueCounts.lag_ms <aiodelayq.QueueCounts>`), ``paused`` (1/0)
-    and ``rate_limit_per_second`` (absent without a limit). Every name
-    starts with ``namespace`` + ``_``.
+    Counters (label ``queue``; ``dead_lettered_total`` also ``reason``) and the histogram
+    ``lateness_seconds`` count this process's events; gauges of tracked queues are read from Redis at each
+    scrape (:meth:`refresh`). Each metric's help text says what it counts; every name starts with
+    ``namespace`` + ``_``.
 
     Args:
         registry: where the metrics are registered (``prometheus_client.REGISTRY`` by default; a

@@ -53,7 +53,7 @@ class ShardedPump:
         got = await self._prefetched(order, max_items, with_headers)
         if got:  # the hot path: no round trip, no wait loop
             return got
-        if once:  # one look, even at the shards that seem idle
+        if once:
             return (await self._look(order, max_items, with_headers, everywhere=True))[0]
         first: list[TakePump] | None = order
 
