@@ -82,7 +82,7 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
             try:
                 await asyncio.shield(running)
             except asyncio.CancelledError:
-                server.should_exit = True  # a graceful stop: requests in flight finish, then the socket closes
+                server.should_exit = True  # requests in flight finish, then the socket closes
                 with contextlib.suppress(Exception):
                     await running
                 raise

@@ -195,8 +195,8 @@ class ThrowawayCluster:
         node.kill()
 
     def failover_to(self, replica: ThrowawayServer, timeout_s: float = 30.0) -> None:
-        """``CLUSTER FAILOVER`` on ``replica`` (a coordinated handover: no write is lost), and wait
-        until it is a primary and the cluster is ok."""
+        """``CLUSTER FAILOVER`` on ``replica`` (no write is lost); returns once it is a primary and the
+        cluster is ok."""
         _cmd(replica.port, "CLUSTER", "FAILOVER")
         _wait("failover", lambda: _info(replica.port, "replication").get("role") == "master", timeout_s)
         self.wait_ok(timeout_s)
