@@ -1,11 +1,8 @@
-"""The queues of an application (:class:`Queues`): one Redis client, the queues declared on it, and the
-workers that run in the process, opened together and closed in the right order. What a web app's
-lifespan (FastAPI, Starlette) or ``cleanup_ctx`` (aiohttp) needs, with no framework imported.
+"""The queues of an application (:class:`Queues`) for a web app's lifespan, with no framework imported.
 
-Everything is created when the group opens, in the running event loop (the client and queues
-belong to it), and closed when it closes: workers drain first (their handlers still need the
-queue and the client), then the queues close, then the client if the group made it. A group can be
-opened again after it closed (a test client per test), with a new client and new queue objects.
+Everything is created at open, in the running event loop (the client and queues belong to it). Workers
+drain before the queues close because their handlers still need the queue and the client. A closed group
+can be opened again (a test client per test), with a new client and new queue objects.
 """
 
 from __future__ import annotations
@@ -88,8 +85,6 @@ class Queues(AsyncResource):
         return (f"<Queues {self.state} queues={sorted(self._declared)} "
                 f"workers={sum(len(d.workers) for d in self._declared.values())}>")
 
-    # -- declaring (before opening) -----------------------------------------------------------
-
     def add(self, name: str, **options: Any) -> None:
         """Declare the queue ``name`` with :class:`DelayedQueue` keyword ``options`` (created at
         open). Declaring a name again with the same options is a no-op.
@@ -125,14 +120,11 @@ class Queues(AsyncResource):
         self._declared.setdefault(name, _Declared({})).workers.append((check_handler(handler), options))
 
     def _check_name(self, name: str) -> None:
-        """The queue name's checks that need no server (on a given cluster client, its one slot)."""
         QueueKeys.for_name(name, cluster=isinstance(self._redis, RedisCluster))
 
     def _check_new(self, what: str) -> None:
         if self.state != "new":
             raise ConfigurationError(f"cannot {what} to open Queues: declare everything before opening")
-
-    # -- using (while open) -------------------------------------------------------------------
 
     @property
     def is_open(self) -> bool:
@@ -179,8 +171,6 @@ class Queues(AsyncResource):
 
         queue.__name__ = f"aiodelayq_queue_{name}"
         return queue
-
-    # -- lifetime -----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
@@ -260,11 +250,8 @@ class Queues(AsyncResource):
                 worker.stop()
             tasks = {task for _, task in self._workers}
             if tasks:
-                # Drains get the bound less what cutting off and handing back can take.
                 await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time() - _CUT_OFF_S))
-            # Past the bound: cut off, their messages handed back.
             await self._tasks.aclose(loop.time() + _CUT_OFF_S)
-            # Each queue's close is bounded by its own close_timeout_s.
             await asyncio.gather(*(q.aclose() for q in self._queues.values()), return_exceptions=True)
             client = self._client
             if client is not None and client is not self._redis:
@@ -278,6 +265,5 @@ class Queues(AsyncResource):
 
 
 def _report(task: asyncio.Task[None]) -> None:
-    """A worker that ended on its own with an error (missing permissions, a bug) is logged."""
     if not task.cancelled() and task.exception() is not None:
         log.error("worker %s stopped with an error", task.get_name(), exc_info=task.exception())

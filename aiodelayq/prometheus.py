@@ -1,13 +1,11 @@
 """Prometheus metrics for aiodelayq queues: ``pip install 'aiodelayq[prometheus]'``.
 
->>> metrics = QueueMetrics()                 # counters of every queue of this process, from now on
->>> metrics.track(queue)                     # + gauges of what the queue holds, read at each scrape
->>> app.mount("/metrics", metrics.asgi_app())              # FastAPI / Starlette (or uvicorn alone)
->>> web_app.router.add_get("/metrics", metrics.aiohttp_handler)   # aiohttp
+>>> metrics = QueueMetrics()
+>>> metrics.track(queue)
+>>> app.mount("/metrics", metrics.asgi_app())
 
-Counters and the lateness histogram count what *this process* did (sum them over processes in
-PromQL); the gauges read the queue's state in Redis (the same value from every process that tracks
-the queue: take ``max``, not ``sum``). See ``docs/metrics.md``.
+Counters count what this process did (``sum`` over processes); gauges read Redis (``max``, not ``sum``).
+See ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -55,11 +53,9 @@ class CountedQueue(Protocol):
 
 
 class _Lateness:
-    """The lateness histogram of one queue: a count per bucket (not cumulative; the last one is +Inf)
-    and the sum, seconds. Kept here rather than in a ``prometheus_client.Histogram``, whose
-    ``observe()`` takes a lock per call: a transfer moves up to 500 items, and one ``observe()`` per
-    item halved the rate a full backlog was moved at (benchmarks/, scenario ``transfer``: 183k
-    against 352k items/s without a sink; 298k with this). Read by :class:`_QueueCollector`."""
+    """One queue's lateness histogram: a count per bucket (not cumulative; the last is +Inf) and the sum,
+    seconds. Not a ``prometheus_client.Histogram``: its ``observe()`` takes a lock per item, which halves the
+    transfer rate of a full backlog (benchmarks/, scenario ``transfer``)."""
 
     __slots__ = ("counts", "sum_s")
 
@@ -69,8 +65,7 @@ class _Lateness:
 
 
 class _Series:
-    """The labelled children of one queue, looked up once (``labels()`` takes a lock and a dict
-    lookup: the sink runs on every transfer and every consumer call)."""
+    """One queue's labelled children, looked up once: ``labels()`` takes a lock, and the sink runs per call."""
 
     __slots__ = ("acked", "delivered", "lateness", "moved", "nacked", "offered", "redelivered", "transfer_errors")
 
@@ -89,16 +84,10 @@ class QueueMetrics(InstalledOnce):
     """Prometheus metrics of aiodelayq queues, and the sink (:class:`aiodelayq._util.observe.MetricsSink`)
     that feeds them.
 
-    Counters (label ``queue``; ``dead_lettered_total`` also ``reason``), of this process:
-    ``offered_total``, ``moved_total``, ``delivered_total``, ``redelivered_total``, ``acked_total``,
-    ``nacked_total``, ``dead_lettered_total``, ``transfer_errors_total``, ``scrape_errors_total``
-    (gauge reads that failed). Histogram ``lateness_seconds``: per item this process's transfers
-    moved, the transfer's server time minus the item's due time. Gauges of tracked queues, read from
-    Redis at each scrape (:meth:`refresh`): ``pending``, ``ready``, ``in_flight``, ``dead_letters``,
-    ``next_due_timestamp_seconds`` (server clock; absent when nothing is pending), ``lag_seconds``
-    (:attr:`QueueCounts.lag_ms <aiodelayq.QueueCounts>`), ``paused`` (1/0)
-    and ``rate_limit_per_second`` (absent without a limit). Every name
-    starts with ``namespace`` + ``_``.
+    Counters (label ``queue``; ``dead_lettered_total`` also ``reason``) and the histogram
+    ``lateness_seconds`` count this process's events; gauges of tracked queues are read from Redis at each
+    scrape (:meth:`refresh`). Each metric's help text says what it counts; every name starts with
+    ``namespace`` + ``_``.
 
     Args:
         registry: where the metrics are registered (``prometheus_client.REGISTRY`` by default; a
@@ -154,8 +143,6 @@ class QueueMetrics(InstalledOnce):
     def __repr__(self) -> str:
         return f"<QueueMetrics {self.namespace!r} tracked={sorted(self._tracked)} installed={self.installed}>"
 
-    # -- the sink --------------------------------------------------------------------------------
-
     def __enter__(self) -> QueueMetrics:
         return self.install()
 
@@ -205,8 +192,6 @@ class QueueMetrics(InstalledOnce):
     def transfer_error(self, queue: str) -> None:
         """Sink event: a transfer call failed."""
         self._of(queue).transfer_errors.inc()
-
-    # -- gauges ----------------------------------------------------------------------------------
 
     def track(self, queue: CountedQueue) -> None:
         """Export the gauges of ``queue`` (one :meth:`~aiodelayq.DelayedQueue.counts` call per scrape,
@@ -268,7 +253,7 @@ class QueueMetrics(InstalledOnce):
                 self._failed(name, error)
             else:
                 raise error  # KeyboardInterrupt, SystemExit in a read: not a metrics matter
-        # Only queues still tracked (one may have been untracked while this read ran).
+        # One may have been untracked while this read ran.
         self._snapshot = {name: counts for name, counts in snapshot.items() if name in self._tracked}
 
     def _failed(self, name: str, error: Exception) -> None:
@@ -294,8 +279,6 @@ class QueueMetrics(InstalledOnce):
                 cumulative.append((bound, running))
             out[queue] = cumulative, total
         return out
-
-    # -- endpoints -------------------------------------------------------------------------------
 
     async def render(self, accept: str = "") -> tuple[bytes, str]:
         """Refresh the gauges, then the registry in the exposition format ``accept`` (an HTTP
@@ -330,15 +313,14 @@ class QueueMetrics(InstalledOnce):
     async def aiohttp_handler(self, request: web.Request) -> web.Response:
         """An aiohttp handler serving the metrics: ``app.router.add_get("/metrics",
         metrics.aiohttp_handler)`` (needs aiohttp, which the extra does not install)."""
-        from aiohttp import web  # imported here: only aiohttp users need it
+        from aiohttp import web
 
         body, content_type = await self.render(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 class _QueueCollector(Collector):
-    """The lateness histogram, and the gauges of tracked queues from the latest refresh (prometheus
-    collects synchronously)."""
+    """The lateness histogram and the gauges of the latest refresh (prometheus collects synchronously)."""
 
     def __init__(self, owner: QueueMetrics) -> None:
         self._owner = owner

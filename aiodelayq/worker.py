@@ -69,13 +69,11 @@ def run_worker(handler: str | Handler, *, queue: str, redis_url: str = "redis://
                visibility_timeout_s: float = 30.0, reliable: bool = True, drain_timeout_s: float = 30.0,
                connect: Connect | None = None) -> int:
     """Blocking: run a worker on ``queue`` until SIGTERM/SIGINT, then drain (see the module docstring).
-    ``connect``: an async context manager factory giving the client, for a Cluster or Sentinel (the
-    command line passes its own); without it, ``Redis.from_url(redis_url)``, checked with a ``PING``.
-    Logs lifecycle events at INFO (configures logging to stderr if nothing did). The worker's options
-    are :class:`~aiodelayq.WorkerOptions`'s, with its defaults. ``max_deliveries``: the queue's limit
-    before a failing item is dead-lettered. It is 5 here where a :class:`~aiodelayq.DelayedQueue` has
-    none: a worker process retries failures by itself, so without a limit one item that always fails
-    would be retried for ever (0 or ``None``: no limit).
+    ``connect``: an async context manager factory giving the client, for a Cluster or Sentinel; without
+    it, ``Redis.from_url(redis_url)``, checked with a ``PING``. Logs lifecycle events at INFO (configures
+    logging to stderr if nothing did). The worker's options are :class:`~aiodelayq.WorkerOptions`'s.
+    ``max_deliveries``: the queue's limit before a failing item is dead-lettered (0 or ``None``: no limit);
+    5 by default because a worker retries failures by itself, so an item that always fails would loop.
 
     Returns:
         The process exit code: 0 once stopped by a signal or because the queue closed; 1 if the
@@ -110,8 +108,7 @@ def _from_url(redis_url: str) -> Connect:
         client = Redis.from_url(redis_url)
         try:
             try:
-                # A server that is not there is the common first mistake: one line now, rather than
-                # retry warnings until the queue's open_timeout_s.
+                # One line now rather than retry warnings until the queue's open_timeout_s.
                 await asyncio.wait_for(client.ping(), 5.0)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 raise _Unreachable(f"cannot connect to {redact(redis_url)}: {exc or type(exc).__name__}") from None

@@ -1,6 +1,5 @@
-"""Where a command or a dashboard connects (:class:`Target`) and the client it gets (:func:`connect`):
-one server, any node of a Cluster, or a Sentinel-managed primary, each checked with a ``PING`` first;
-and the two failures an operator reads as one line (:class:`CannotConnect`, :class:`BadInput`)."""
+"""Where a command or a dashboard connects (:class:`Target`), the client it gets (:func:`connect`), and
+the two failures an operator reads as one line (:class:`CannotConnect`, :class:`BadInput`)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ from .._util.urls import redact
 
 __all__ = ["CONNECT_TIMEOUT_S", "SOCKET_TIMEOUT_S", "BadInput", "CannotConnect", "Target", "connect"]
 
-# Connect and reply bounds of the calls made here and in .queues and .scan (PING, TIME, SCAN); the
-# queue's calls have their own (call_timeout_s). A URL's own socket_timeout/socket_connect_timeout win over these.
+# Bounds of the calls made here and in .reads and .scan (PING, TIME, SCAN); the queue's calls have
+# call_timeout_s. A URL's own socket_timeout/socket_connect_timeout win over these.
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 10.0
 
@@ -106,11 +105,12 @@ async def connect(target: Target) -> AsyncIterator[AnyRedis]:
 
 async def _ping(client: Redis, target: Target) -> None:
     """One PING first, so an unreachable server is one clear line, not a queue call's resends for
-    call_timeout_s. AuthenticationError is a ConnectionError: said here too."""
+    call_timeout_s."""
     try:
         await client.ping()
     except (RedisConnectionError, RedisTimeoutError, ResponseError, OSError) as exc:
-        # ResponseError: the connection's own set-up refused (SELECT of a database a Cluster lacks).
+        # AuthenticationError is a ConnectionError. ResponseError: the connection's set-up refused
+        # (SELECT of a database a Cluster lacks).
         raise CannotConnect(str(target), _reason(exc)) from None
 
 

@@ -1,7 +1,4 @@
-"""A queue as an operator reads it: a queue object that is never opened (:func:`with_queue`), the
-shard count its name records, the server's clock, each queue's counts, and whether any key of a
-queue exists. Every call is bounded and read-only (``HGET``, ``TIME``, ``EXISTS`` and the queue's
-read-only calls)."""
+"""A queue as an operator reads it, with bounded, read-only calls."""
 
 from __future__ import annotations
 
@@ -38,9 +35,8 @@ class QueueRow:
 @contextlib.asynccontextmanager
 async def with_queue(client: AnyRedis, name: str, codec: str = "bytes",
                      shards: int | None = None) -> AsyncIterator[DelayedQueue[Any]]:
-    """A queue object on ``client``, never opened (no subscription, no transfer task: a command or a page
-    only reads and writes), closed on exit; a sharded queue's with the shard count recorded under its name, so
-    every command covers all its shards (``shards``: that count when the caller knows it, else
+    """A queue object on ``client``, never opened (a command or a page only reads and writes), closed on
+    exit; a sharded queue's covers all its shards (``shards``: the count when the caller knows it, else
     :func:`recorded_shards` reads it). ``codec`` only matters where items are decoded or encoded."""
     if shards is None:
         shards = (await recorded_shards(client, name)).count

@@ -1,7 +1,5 @@
-"""Queues found by ``SCAN`` (:func:`scan_queues`; on a Cluster, of every primary): the keys whose
-names reveal a queue, read back to the queue's name, a sharded queue's shards counted as the queue.
-Bounded: a limit of names and of ``SCAN`` calls, each of which costs the server about as much as
-1,000 keys."""
+"""Queues found by ``SCAN`` (:func:`scan_queues`): the keys whose names reveal a queue, read back to the
+queue's name, a sharded queue's shards counted as the queue."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ from .reads import recorded_shards
 
 __all__ = ["QUEUE_KEY_PREFIXES", "ScanResult", "queue_name_of", "scan_queues"]
 
-# The keys whose names reveal a queue: its pending zset, its tier index (all its pending items may be
-# tiered), and the two lists a queue can keep when nothing is pending (dead letters, in-flight
-# messages). The destination list has the bare name and cannot be told apart from any other list.
+# The tier index because all pending items may be tiered; the two lists because a queue keeps them when
+# nothing is pending. The destination list has the bare name: it cannot be told from any other list.
 QUEUE_KEY_PREFIXES = ("redisson_delay_queue_timeout", "aiodelayq_tier_index", "aiodelayq_dead_letter",
                       "aiodelayq_in_flight")
 
@@ -36,9 +33,8 @@ class ScanResult:
         names: sorted queue names.
         complete: ``False`` when the scan stopped before the end of the keyspace.
         note: why it stopped early (``None`` when complete).
-        shards: the shard count of each sharded queue among ``names``, as recorded under its name
-            (the other names are ordinary queues': found by keys of their own, which a sharded
-            queue's name does not have).
+        shards: the recorded shard count of each sharded queue among ``names`` (the others are
+            ordinary queues').
     """
 
     names: list[str]
@@ -135,8 +131,6 @@ async def _whole_queues(client: AnyRedis, names: set[str], match: str) -> tuple[
 
 
 async def _scan_page(client: AnyRedis, node: Any, cursor: int, pattern: str) -> tuple[int, list[Any]]:
-    """One ``SCAN cursor MATCH pattern COUNT 1000`` (on a Cluster, on ``node``): the next cursor and
-    the keys."""
     if isinstance(client, RedisCluster):
         # A cluster's SCAN answers {node name: next cursor} (redis-py's typing says int).
         cursors, keys = await client.scan(cursor, match=pattern, count=1000, target_nodes=node)

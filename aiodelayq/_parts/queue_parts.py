@@ -1,6 +1,5 @@
-"""The parts of one ordinary queue, built the same way for a whole queue (``shards=1``) and for each
-shard of a sharded one: the facade (or a sharded composite) delegates to them. Each fills one of the
-roles of ``roles.py``."""
+"""The parts of one ordinary queue (``shards=1``) or of one shard of a sharded one, each filling a role
+of ``roles.py``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The pending side of a sharded queue as one queue: counts summed over the shards, ``peek`` merged by
 due time, ``contains``/``read_all``/``remove``/``remove_all``/``clear`` on every shard.
 
-Every call goes to all shards at once, so it costs what it costs on an ordinary queue times K in
-calls, and about the same in time. ``read_all`` lists each shard's items in due order, shard after
-shard (a page walk returns no due times to merge by). ``remove`` removes one matching element: the
-first in due order of the first shard, in shard order, that has one.
+Every call goes to all shards at once. ``read_all`` is not merged by due time: a page walk returns none.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The controls of a sharded queue: a pause or a rate limit goes to every shard's controls hash.
 
-A pause pauses every shard (each call idempotent; a call that failed part way leaves some shards
-paused: call it again), and ``is_paused`` is ``True`` while any shard is. A whole-queue rate of R
-items a second becomes R/K on each shard, with a burst of ``ceil(burst / K)`` (at least 1) each: the
-consumers together get R a second while every shard has items to give, but a shard's items come out
-at R/K at most, so items bunched on a few shards (one hot key) come out slower than R, and the
-bursts of the shards add up to at least ``burst``.
+A pause that failed part way leaves some shards paused: call it again (each call is idempotent). A rate of R
+becomes R/K on each shard with a burst of ``ceil(burst / K)``, so items bunched on a few shards (one hot key)
+come out slower than R.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ class ShardedControls:
     async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
         """Limit the whole queue to ``per_second`` items a second (``None``: no limit), in bursts of
         ``burst`` (default: one second's worth): each shard gets ``per_second / K`` and a share of the
-        burst (see the module docstring).
+        burst.
 
         Raises:
             ConfigurationError: ``per_second`` is not a finite number above 0, or ``burst`` not an

@@ -1,6 +1,5 @@
-"""The dead letters of a sharded queue: each shard keeps its own list (a message dies in its shard);
-read together, oldest first, and requeued or purged on every shard. A requeued entry goes back to
-the shard it died in, so a keyed item stays in its key's shard."""
+"""The dead letters of a sharded queue: each shard keeps its own list, so a requeued entry goes back to
+the shard it died in and a keyed item stays in its key's shard."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The calls about one key of a sharded queue (``cancel``, ``reschedule``, ``get``, ``schedule``): each
-goes to the key's shard, the one its offers went to (:func:`.layout.shard_of`), and costs what it
-costs on an ordinary queue. A recurring item stays in its key's shard: each occurrence is scheduled
-by the call that hands the previous one out, in that shard."""
+"""The calls about one key of a sharded queue (``cancel``, ``reschedule``, ``get``, ``schedule``), each on
+the key's shard (:func:`.layout.shard_of`). A recurring item stays there: each occurrence is scheduled by the
+call that hands the previous one out."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Where an item of a sharded queue goes: a keyed item to shard ``crc32(key) % K`` (the key's
-UTF-8 bytes, zlib's CRC-32, as ``java.util.zip.CRC32`` computes it), so every call about the key
-touches one shard; an unkeyed item to the next shard of its producer's rotation, which starts at a
-random shard, so producers spread evenly without talking to each other. Consumers scan the shards
-from a rotating start too, so none starves."""
+"""Where an item of a sharded queue goes: a keyed item to shard ``crc32(key) % K`` (as
+``java.util.zip.CRC32`` computes it), so every call about the key touches one shard; an unkeyed item to the
+next shard of its producer's rotation, which starts at random so producers spread without coordinating."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from ..exceptions import InvalidNameError
 
 __all__ = ["MAX_SHARDS", "Rotation", "check_shards", "shard_of"]
 
-# Most shards a queue may have: each one is a transfer task and a subscribed channel per
-# consuming process.
+# Each shard is a transfer task and a subscribed channel per consuming process.
 MAX_SHARDS = 1024
 
 

@@ -1,11 +1,6 @@
 """The life of a sharded queue object: its shards' lifecycles, opened and closed together.
 
-Every call of the object first binds the shards to the running event loop and runs the object's
-shard count check (:mod:`.record`, which places the shards as the name records) until it passed
-once. ``open()`` checks, then opens the K shards at once (K transfer tasks, their channels on
-the client's one pub/sub connection): a failed shard leaves the others open, and the next
-``open()`` opens the rest. ``aclose()`` closes the K
-shards at once, each within ``close_timeout_s``, so the whole close is bounded by it too.
+A shard that fails to open leaves the others open; the next ``open()`` opens the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ __all__ = ["ShardedLifecycle"]
 
 
 class ShardedLifecycle:
-    """Opens and closes the shards of a sharded queue object together (see the module docstring)."""
+    """Opens and closes the shards of a sharded queue object together."""
 
     def __init__(self, name: str, lives: Sequence[Lifecycle], count: ShardCount, *, recheck_s: float) -> None:
         self._name = name

@@ -1,11 +1,8 @@
 """Offers to a sharded queue: each item to its shard (:mod:`.layout`), through that shard's producer.
 
-``offer`` goes to one shard: its batcher coalesces the concurrent offers of that shard. ``offer_many``
-checks and packs every item first (one bad item writes nothing), as an ordinary queue does, then
-splits them by shard and sends each shard its part concurrently, as that shard's ``offer_many``
-would (atomic per call; under ``capacity`` one call per shard, all or nothing). The whole list is
-not atomic: a failure of one shard's call can leave the other shards' items written (the first
-failure is raised once every shard's call has ended).
+``offer_many`` checks and packs every item first (one bad item writes nothing), then sends each shard its
+part concurrently. Each part is atomic, the whole list is not: one shard's failure can leave the other
+shards' items written (the first failure is raised once every shard's call has ended).
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ class ShardedProducer:
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
         """Many items, every one checked and packed first, then one ``offer_many`` part per shard
-        touched, all sent at once; due times in input order (see the module docstring)."""
+        touched, all sent at once; due times in input order."""
         return await self._router.offer_many(pairs, keys, replace, headers, expires)
 
     async def _send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:

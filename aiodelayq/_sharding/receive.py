@@ -1,19 +1,9 @@
 """``receive``/``receive_many``/``messages`` (and reliable workers) over the K reliable consumers of a
 sharded queue.
 
-A call looks at the shards in an order that starts one shard further each time (so none starves
-under load), one look each (prefetched messages, or one RECEIVE), until one gives messages; those are
-topped up with what other shards received ahead, never with another round trip, so the call holds
-messages only where it cannot be interrupted (a cancelled look undoes its RECEIVE). A look
-that found nothing tells how long its shard can wait (its earliest in-flight deadline, the safety
-poll, a pause's recheck) and hands back a future that is done once its shard may have more: until
-then later calls skip that shard, so waiting on K idle shards does not cost K RECEIVEs per call.
-When nothing came, the call waits on those futures and looks again. A message is acked, nacked or
-extended on its own shard (it carries its shard's settler).
-
-A shard whose RECEIVE failed (a failover of its primary) is skipped for ``_FAILED_SKIP_S`` while
-the call goes on with the others; a call that found nothing raises that failure, as an ordinary
-queue's would, so callers see it and retry.
+A shard that had nothing is skipped until its future is done or its wait is up, so waiting on K idle shards
+does not cost K RECEIVEs per call. A shard whose RECEIVE failed is skipped for ``_FAILED_SKIP_S``; a call that
+found nothing raises that failure, as an ordinary queue's would. A message is settled on its own shard.
 """
 
 from __future__ import annotations
@@ -36,7 +26,6 @@ __all__ = ["ShardedReceiver"]
 
 T = TypeVar("T")
 
-# How long a shard whose RECEIVE failed is left out of looks (it is looked at again after).
 _FAILED_SKIP_S = 1.0
 
 
@@ -75,10 +64,10 @@ class ShardedReceiver(Generic[T]):
         return await self._waits.run(lambda _woken: self._look(max_items, vt_ms), timeout_s)
 
     async def _look(self, max_items: int, vt_ms: int) -> Look[Message[T]]:
-        """One look at each shard that may have messages, in rotation, until one gives some; those
-        are topped up with messages other shards received ahead, never with another round trip, so
-        the call holds messages only where it cannot be interrupted. Found nothing: the futures of
-        the quiet shards and how long until the first of them is looked at again.
+        """One look at each shard that may have messages, in rotation (so none starves), until one gives
+        some; those are topped up only with what other shards received ahead, never with a round trip, so
+        the call holds messages only where it cannot be interrupted (a cancelled look undoes its RECEIVE).
+        Found nothing: the quiet shards' futures and how long until the first is looked at again.
 
         Raises:
             BackendError: the first transient failure met, when no shard had messages.

@@ -1,16 +1,10 @@
 """The shards recorded under a sharded queue's name, checked once per sharded queue object.
 
-A sharded queue's count and placement are part of its configuration, like its name: changing either
-would move keys to other shards. The first sharded queue object to use a name records its count and
-the placement it uses (``_wire/placement.py``) in the name's controls hash
-(``aiodelayq_controls:{name}``, field ``shards``) with CLAIM_SHARDS, atomically: of two processes
-racing with different counts, one records and the other reads it and is refused. A name that already
-holds an ordinary queue is refused too (the claim looks at that queue's keys). A name recorded with
-another placement keeps it: the object places its shards as recorded before any of them is used. An
-ordinary queue object (``shards=1``) makes no check of its own: its OFFER and TRANSFER read the field
-and refuse a sharded name. The check runs before the object's first call or its opening goes to
-Redis; a check that could not be made (a ``BackendError``) runs again with the next call, a refusal
-is final.
+Changing a count or placement would move keys to other shards, so the first object to use a name records
+both (``_wire/placement.py``) in the name's controls hash (``aiodelayq_controls:{name}``, field ``shards``)
+with CLAIM_SHARDS, atomically; it also refuses a name holding an ordinary queue. A name recorded with another
+placement keeps it. An ordinary queue object (``shards=1``) makes no check: its OFFER and TRANSFER refuse a
+sharded name.
 """
 
 from __future__ import annotations
@@ -27,11 +21,10 @@ __all__ = ["ShardCount"]
 
 
 class ShardCount:
-    """The check of one queue object: ``await count.ensure()`` passes once the name's shard count in
-    Redis is this object's (``scripts`` are those of the queue's own name, which for a sharded queue
-    holds no item), having called ``place`` with the recorded placement first. The check, resends
-    included, is bounded by ``timeout_s`` (the queue's ``call_timeout_s``, and its ``open_timeout_s``
-    when shorter: it may be an opening's first call)."""
+    """The check of one queue object: :meth:`ensure` passes once the name's shard count in Redis is this
+    object's, having called ``place`` with the recorded placement first. ``scripts`` are those of the
+    queue's own name (which holds no item). ``timeout_s`` bounds the check, resends included (the smaller of
+    ``call_timeout_s`` and ``open_timeout_s``: it may be an opening's first call)."""
 
     def __init__(self, scripts: QueueScripts, shards: int, *, timeout_s: float,
                  place: Callable[[Placement], None]) -> None:

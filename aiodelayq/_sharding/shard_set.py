@@ -1,12 +1,8 @@
 """The shards of one sharded queue object: K ordinary queues' components, placed as its name records.
 
-An object places its shards as a new name's are (``spaced``, ``_wire/placement.py``) when it is made,
-so ``shard_keys`` answers at once. Its shard count check (:mod:`.record`) reads the name's record
-before any call goes to a shard; when the record holds another placement (shards recorded by the
-hash of their names), the check places them again, as recorded, before it lets that call, or any
-other, go on. So no shard of the first placement is ever used, and a queue recorded either way keeps
-its items where they are. The composites hold views (:meth:`ShardSet.of`) that always read the
-current shards.
+Shards start placed as a new name's (``spaced``, ``_wire/placement.py``), so ``shard_keys`` answers at once;
+the shard count check (:mod:`.record`) re-places them as recorded before any call reaches a shard. The
+composites therefore hold views (:meth:`ShardSet.of`) that read the current shards at each use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""A sharded queue's parts: K ordinary queues' (``_parts/queue_parts.py``, one per shard, each with
-the queue's options, placed by :class:`.shard_set.ShardSet`), and the composites over them, which fill
-the roles of ``_parts/roles.py``."""
+"""A sharded queue's parts: K ordinary queues' (``_parts/queue_parts.py``, placed by
+:class:`.shard_set.ShardSet`) and the composites over them that fill the roles of ``_parts/roles.py``."""
 
 from __future__ import annotations
 

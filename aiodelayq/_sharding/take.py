@@ -1,15 +1,10 @@
 """``take``/``take_many``/``poll``/``async for`` over the K take pumps of a sharded queue.
 
-A call looks at the shards in an order that starts one shard further each time (so none starves
-under load): first for items the pumps already prefetched (no round trip), then with one pop attempt
-on each shard that may have items, until one gives some; those are topped up with what other pumps
-prefetched, never with another round trip, so the call holds items only where it cannot be
-interrupted (a cancelled caller loses nothing: what a pop brought for nobody goes back to the head of
-its list, each pump's own guarantee). A shard is skipped while its pump knows its list is empty (its
-last pop came back short and nothing announced items since) or waits out a failed pop's backoff:
-a call on K idle shards then costs no K pops. When nothing came, the call waits on every pump's
-signal (a transfer, items given back, the queue closing) and looks again, and at every shard after
-``recheck_s`` (items pushed into a list by other code announce nothing). ``poll`` looks at every shard.
+A call looks at the shards from a rotating start (so none starves), prefetched items first, and tops up only
+with other pumps' prefetched items, never another round trip, so it holds items only where it cannot be
+interrupted. A shard is skipped while its pump knows its list is empty or waits out a failed pop's backoff, so
+a call on K idle shards costs no K pops; every shard is looked at after ``recheck_s`` anyway (items pushed by
+other code announce nothing). ``poll`` looks at every shard.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ __all__ = ["ShardedPump"]
 
 
 class ShardedPump:
-    """Serves items of all shards to callers (see the module docstring); ``recheck_s``: the longest
-    a waiting caller goes without looking at every shard anyway (the queue's safety poll)."""
+    """Serves items of all shards to callers; ``recheck_s``: the queue's safety poll, seconds."""
 
     def __init__(self, name: str, pumps: Sequence[TakePump], *, recheck_s: float) -> None:
         self._name = name
@@ -59,7 +53,7 @@ class ShardedPump:
         got = await self._prefetched(order, max_items, with_headers)
         if got:  # the hot path: no round trip, no wait loop
             return got
-        if once:  # one look, even at the shards that seem idle
+        if once:
             return (await self._look(order, max_items, with_headers, everywhere=True))[0]
         first: list[TakePump] | None = order
 

@@ -2,9 +2,8 @@
 ``cancel``, ``pause``, ``resume``, ``rate-limit``, ``ls``, ``dead-letters`` and ``worker`` (see
 ``docs/cli.md``).
 
-It needs the ``cli`` extra (typer and rich): ``pip install 'aiodelayq[cli]'``. Nothing here imports
-them until :func:`main` runs, so ``import aiodelayq`` never does; and :func:`main` imports only what
-the command it runs needs (``--help`` needs neither rich nor redis-py).
+It needs the ``cli`` extra (typer and rich), imported only when :func:`main` runs, and then only what the
+command needs (``--help`` needs neither rich nor redis-py).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ def main(argv: list[str] | None = None) -> None:
 
     Without the ``cli`` extra, prints one line to stderr and exits 2.
     """
-    # rich is imported only by the commands that print tables: looked for now, so that its absence
-    # is this one line whatever the command.
+    # rich is looked for now so that its absence is this one line whatever the command.
     if any(importlib.util.find_spec(name) is None for name in ("typer", "rich")):
         print(MISSING_EXTRA, file=sys.stderr)
         raise SystemExit(2)

@@ -1,11 +1,8 @@
 """The ``aiodelayq`` command line (typer): the app, its ``--version``, and which module each command
-lives in, in the order ``--help`` lists them. How a command runs (its event loop, its one-line
-failures and exit codes) is :mod:`._running`'s; the options several commands take are
-:mod:`._arguments`'; help pages are written by :mod:`._help`. Tables and results go to stdout,
-prompts and progress to stderr.
+lives in. Tables and results go to stdout, prompts and progress to stderr.
 
-Every module the app imports imports typer and nothing heavy: redis-py, rich and the library's queue
-code are imported by the commands that run, so ``aiodelayq --help`` starts fast."""
+Every module the app imports imports typer and nothing heavy (redis-py, rich and the queue code are
+imported by the commands that run), so ``aiodelayq --help`` starts fast."""
 
 from __future__ import annotations
 
@@ -53,7 +50,6 @@ def _add(group: typer.Typer, commands: dict[str, Callable[..., None]]) -> None:
         group.command(name, cls=Command)(command)
 
 
-# The commands, in the order --help lists them.
 _add(app, {"stats": stats, "watch": watch, "peek": peek, "offer": offer, "cancel": cancel, "pause": pause,
            "resume": resume, "rate-limit": rate_limit, "ls": list_queues, "doctor": doctor, "dashboard": dashboard,
            "worker": worker})

@@ -1,6 +1,6 @@
 """The arguments and options several commands take, declared once: the connection options (given to
 a command as one :class:`Connection` by :func:`connection_options`), the codec, ``--json``, queue
-names, and the parser of a ``SECONDS`` option. Imports typer and nothing heavy."""
+names, and the parser of a ``SECONDS`` option."""
 
 from __future__ import annotations
 

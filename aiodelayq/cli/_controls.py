@@ -1,5 +1,5 @@
 """``pause``, ``resume`` and ``rate-limit``: the controls every consumer of a queue obeys, in every
-process. Imports typer and nothing heavy (see :mod:`._running`)."""
+process."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``dead-letters list``, ``requeue`` and ``purge``: a queue's dead-letter list, read, put back into
-the queue, or deleted. Imports typer and nothing heavy (see :mod:`._running`)."""
+the queue, or deleted."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """``doctor``, ``dashboard`` and ``worker``: the commands of a deployment rather than of one queue's
-contents: check it (the checks are :mod:`._doctor`'s), serve its web dashboard, consume a queue in a
-worker process. Imports typer and nothing heavy (see :mod:`._running`): the dashboard and the worker
-are imported by their own command only."""
+contents (the checks are :mod:`._doctor`'s)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``aiodelayq doctor``: what a deployment puts at risk, one finding per check, without typer or rich.
 
-Every call here reads: ``INFO``, ``CONFIG GET``, ``COMMAND INFO``, ``ACL WHOAMI``/``ACL DRYRUN``,
-``TIME``, and per queue its ``counts()`` and a sample of its pending elements. A call the user may not
-make (a restricted ACL) turns its check into a warning that says so; it never fails the run. The
-server checks run on every primary of a Cluster.
+Every call here only reads. A call the user may not make (a restricted ACL) turns its check into a
+warning that says so; it never fails the run.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ class Finding:
 async def diagnose(client: AnyRedis, names: Sequence[str], *, max_lag_s: float = 60.0, max_skew_s: float = 1.0,
                    wire_format: str = "redisson", acl_user: str | None = None) -> list[Finding]:
     """Every check, on every primary (server checks) and every queue of ``names`` (each shard of a
-    sharded queue's name, as its record places them).
+    sharded queue).
 
     ``max_lag_s``: a queue whose due items wait longer fails. ``max_skew_s``: a clock further off
     warns. ``wire_format``: what the queue's producers write. ``acl_user``: whose ACL to check (the

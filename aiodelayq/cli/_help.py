@@ -1,11 +1,8 @@
 """The help pages of the ``aiodelayq`` commands, written here from each parameter's declaration.
 
-Typer's own help rendering differs between its releases (some show ``--help <bool>`` and
-``{names}...``), so the commands and groups of the app use :class:`Command` and :class:`Group`, which
-write plain help with click's formatter from the parts every release has: a parameter's ``opts``,
-``metavar``, ``nargs``, ``required``, ``default``, ``envvar`` and ``help``. Flags take no value, an
-argument reads ``NAME`` or ``NAMES...`` (``[NAME]`` when optional), and an option that takes a value
-shows its ``metavar``. Rendering help this way needs no rich, so ``--help`` stays fast.
+Typer's own help rendering differs between its releases (some show ``--help <bool>``), so
+:class:`Command` and :class:`Group` write plain help with click's formatter from the parameter parts every
+release has. It needs no rich, so ``--help`` stays fast.
 """
 
 from __future__ import annotations

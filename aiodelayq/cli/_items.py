@@ -1,5 +1,4 @@
-"""``peek``, ``offer`` and ``cancel``: a queue's pending items, read, added or cancelled by key.
-Imports typer and nothing heavy (see :mod:`._running`)."""
+"""``peek``, ``offer`` and ``cancel``: a queue's pending items, read, added or cancelled by key."""
 
 from __future__ import annotations
 

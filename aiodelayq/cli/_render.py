@@ -26,12 +26,10 @@ from ._doctor import Finding
 __all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
            "pending_json", "pending_table", "print_json", "relative", "show_value"]
 
-# A value longer than this is cut in tables (`--json` has it whole): one payload must not flood a
-# terminal.
+# Tables cut longer values (`--json` has them whole): one payload must not flood a terminal.
 MAX_CELL = 200
 
-# Width for output that is not a terminal (a pipe, a file): rich's default of 80 columns would wrap
-# rows and break `| grep`. COLUMNS still wins.
+# For output that is not a terminal: rich's 80 columns would wrap rows and break `| grep`. COLUMNS wins.
 PIPE_WIDTH = 200
 
 

@@ -1,10 +1,7 @@
-"""How a command runs: one coroutine on a new event loop (Ctrl-C cancels it, as ``asyncio.run`` does
-from Python 3.11 on), with a fresh client (:func:`aiodelayq._admin.connect.connect`, closed at the
-end); failures the operator can act on become one line on stderr: exit 1 for the server or the queue
-(unreachable, refused, a :class:`DelayedQueueError`), exit 2 for a bad argument.
-
-This module imports typer and nothing heavy: each function imports redis-py and the library's queue
-code when it runs, so ``aiodelayq --help`` starts fast."""
+"""How a command runs: one coroutine on a new event loop, with a fresh client
+(:func:`aiodelayq._admin.connect.connect`); failures the operator can act on become one line on stderr:
+exit 1 for the server or the queue, exit 2 for a bad argument. Redis-py and the queue code are imported
+only when a function runs, so ``aiodelayq --help`` starts fast."""
 
 from __future__ import annotations
 

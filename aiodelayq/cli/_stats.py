@@ -1,5 +1,5 @@
 """``stats``, ``watch`` and ``ls``: the counts of queues, once, refreshed live, or of the queues
-``SCAN`` finds. Imports typer and nothing heavy (see :mod:`._running`)."""
+``SCAN`` finds."""
 
 from __future__ import annotations
 

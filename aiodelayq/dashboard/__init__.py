@@ -6,12 +6,8 @@
 >>> web_app.add_subapp("/queues", dashboard.aiohttp_app())        # aiohttp
 >>> await serve("redis://localhost:6379/0", port=8000)            # standalone (aiodelayq dashboard)
 
-An index of the queues, a page per queue (counts, charts of upcoming due times, pending items, a
-search by key, dead letters) and, unless ``read_only``, buttons to pause and resume a queue and to
-requeue or purge its dead letters: POSTs checked for a same-site origin and a CSRF token. Without a
-``token`` it has no authentication of its own (the app it is mounted in protects it); with one,
-every request needs it, as a bearer token or through a login. :func:`serve` off loopback always
-needs one. See ``docs/dashboard.md``.
+Without a ``token`` it has no authentication of its own (the app it is mounted in protects it); with one,
+every request needs it. :func:`serve` off loopback always needs one. See ``docs/dashboard.md``.
 """
 
 from __future__ import annotations

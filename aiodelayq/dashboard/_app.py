@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 try:
     import jinja2
-except ImportError as exc:  # the core never imports this package: only users of the extra do
+except ImportError as exc:  # only users of the extra import this package
     raise ImportError("aiodelayq.dashboard needs Jinja2: pip install 'aiodelayq[dashboard]'") from exc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -77,8 +77,7 @@ REFRESH_CHOICES = (5, 10, 30, 60)
 DEFAULT_PEEK = 20
 DEFAULT_DEAD = 50
 MAX_ROWS = 1000
-# What a dashboard with a token serves to anyone: the stylesheet (the package's own file, which the
-# login page uses) and the login.
+# What a dashboard with a token serves to anyone (the login page uses the stylesheet).
 _OPEN = frozenset({"/static/dashboard.css", "/login"})
 # The pages a login may lead back to.
 _PAGES = frozenset({"/", "/queue"})
@@ -97,10 +96,7 @@ class Dashboard:
     """A web dashboard of aiodelayq queues, the Bull Board pattern: mount it in your web app, which
     protects it with its own authentication, or give it a ``token``.
 
-    Pages: an index of every queue (pending, ready, in flight, dead letters, lag, paused, rate limit),
-    and a page per queue with its counts, charts of the due times of the next hour and the next day,
-    the soonest pending items, a search by key, the dead letters, and buttons to pause, resume,
-    requeue dead letters and purge them. Every link is relative: it works under any mount path.
+    Every link is relative: it works under any mount path.
 
     >>> dashboard = Dashboard(redis)
     >>> app.mount("/queues", dashboard.asgi_app())                  # FastAPI / Starlette
@@ -112,13 +108,10 @@ class Dashboard:
         read_only: show no write buttons, and answer every POST of an action with 403.
         queues: the names of the queues to show; ``None``: every queue found by ``SCAN`` (as
             ``aiodelayq ls`` finds them) at each load of the index. With a list, other names get 404.
-        token: ``None``: no authentication of its own (the app it is mounted in protects it). A token
-            (16 to 1,024 visible ASCII characters; ``secrets.token_urlsafe()`` makes one): every
-            request but the stylesheet's, the login's and the mount point's redirect to its slash
-            needs it, else it gets 401 and the login form. A client sends ``Authorization: Bearer
-            TOKEN``; a browser logs in with the form (``login``), which sets an ``HttpOnly``,
-            ``SameSite=Strict`` session cookie that lasts 12 hours and never holds the token;
-            ``logout`` ends it. See ``docs/dashboard.md``.
+        token: ``None``: no authentication of its own. A token (16 to 1,024 visible ASCII characters;
+            ``secrets.token_urlsafe()`` makes one): every request but the stylesheet's and the login's
+            needs it, as ``Authorization: Bearer TOKEN`` or a 12-hour session cookie from the login
+            form, else it gets 401 and the login form. See ``docs/dashboard.md``.
 
     Raises:
         ConfigurationError: a client that is not one of those, or decodes responses; an empty or
@@ -184,14 +177,13 @@ class Dashboard:
                 f"{' token' if self._gate is not None else ''}>")
 
     def asgi_app(self) -> ASGIApp:
-        """An ASGI app: mount it in FastAPI or Starlette (``app.mount("/queues", dashboard.asgi_app())``),
-        or serve it alone with an ASGI server (it answers the lifespan protocol). It needs no
-        framework: no Starlette, no python-multipart."""
+        """An ASGI app to mount in FastAPI or Starlette, or to serve alone (it answers the lifespan
+        protocol). It needs no framework."""
         return asgi_application(self._handle)
 
     def aiohttp_app(self) -> web.Application:
-        """An aiohttp application: add it as a sub-application (``app.add_subapp("/queues",
-        dashboard.aiohttp_app())``; the parent's middlewares run first), or run it alone. Needs aiohttp."""
+        """An aiohttp application to add as a sub-application (the parent's middlewares run first), or
+        to run alone. Needs aiohttp."""
         return aiohttp_application(self._handle)
 
     async def _handle(self, request: Request) -> Response:
@@ -236,7 +228,7 @@ class Dashboard:
         token = ""
         sid = None if self._gate is None else self._gate.session_of(request)
         if self._gate is not None and sid is not None:
-            token = self._gate.csrf_token(sid)  # the session's forms: its own CSRF token
+            token = self._gate.csrf_token(sid)
         elif self._gate is not None or not self._read_only:
             token, cookie = csrf_cookie(request)  # the login form's, or the forms of a dashboard without a token
             if cookie is not None:
@@ -297,7 +289,7 @@ class Dashboard:
         key = params.get("key", "")
         if key:
             check_key(key)  # a bad key is a 400 before any call starts
-        record = await recorded_shards(self._client, name)  # where its shards are, for the charts
+        record = await recorded_shards(self._client, name)
         async with with_queue(self._client, name, shards=record.count) as queue:
             # Every read is awaited to its end, whatever fails: none outlives the page (or the queue).
             results = await asyncio.gather(

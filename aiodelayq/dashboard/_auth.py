@@ -1,18 +1,11 @@
-"""The dashboard's token: with one, a request gets in when it carries the token as a bearer token
-(``Authorization: Bearer TOKEN``) or holds the session cookie that a login with the token set.
+"""The dashboard's token: a request gets in with it as a bearer token or with a session cookie from a login.
 
-A session cookie is ``ISSUED.SID.MAC``: when the login was (Unix seconds), a random session id, and
-an HMAC-SHA256 of both under a key derived from the token. It never holds the token, and the token
-cannot be computed from it. Each login makes a new session id. A session ends :data:`SESSION_TTL_S`
-after its login, or when it logs out: the browser's cookie is deleted, and the dashboard refuses
-the session id from then on (it keeps the ids of ended sessions until their time is up, in memory).
-Every dashboard given the same token (the workers of one app) accepts the sessions of the others,
-and refuses only the sessions that logged out through it; a new token ends every session.
-
-The forms of a session carry a CSRF token derived from its session id under the same key, so no one
-without the session can make one: a page of another origin cannot, even one that sets cookies for
-this host (cookies are not separated by port). The login form, before any session, has the
-double-submit token and the origin check of :mod:`._http`.
+A session cookie is ``ISSUED.SID.MAC`` (login time in Unix seconds, random session id, HMAC-SHA256 of both
+under a key derived from the token): it never holds the token. Logged-out session ids are refused, kept in
+memory until their time is up, so dashboards sharing a token accept each other's sessions but refuse only
+logouts made through themselves; a new token ends every session. A session's forms carry a CSRF token derived
+from its id under the same key, which a page of another origin cannot make even when it sets cookies for this
+host (cookies are not separated by port). The login form uses the double-submit token of :mod:`._http`.
 """
 
 from __future__ import annotations
@@ -31,10 +24,9 @@ from ._http import CSRF_FIELD, Request, cookie_header
 __all__ = ["SESSION_COOKIE", "SESSION_TTL_S", "TokenGate", "after_login", "check_token", "new_token"]
 
 SESSION_COOKIE = "aiodelayq_dashboard_session"
-# How long a login lasts, in seconds (the cookie's Max-Age, and checked on the server).
+# Seconds; the cookie's Max-Age, and checked on the server.
 SESSION_TTL_S = 12 * 3600
-# The bounds of a token's length, in characters: a short token can be guessed over the network, and
-# a token travels in a header.
+# Characters: a short token can be guessed over the network; a token travels in a header.
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 1024
 # A session cookie issued up to this many seconds in the future still counts (clocks of workers).
@@ -42,7 +34,6 @@ _CLOCK_SLACK_S = 60
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 _SESSION = re.compile(r"(\d{1,12})\.([A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{43})")
-# Where a login may lead: a page of the dashboard (the index, a queue page), with its query.
 _NEXT = re.compile(r"(queue)?(\?[\x21-\x7e]*)?")
 
 
@@ -109,8 +100,7 @@ class TokenGate:
         return hmac.compare_digest(self._mac("token", text), self._token_mac)
 
     def bearer(self, request: Request) -> bool:
-        """Whether the request sends the token as ``Authorization: Bearer TOKEN`` (another scheme,
-        ``Basic`` of a proxy say, is not the dashboard's and counts for nothing)."""
+        """Whether the request sends ``Authorization: Bearer TOKEN`` (another scheme counts for nothing)."""
         scheme, _, sent = request.headers.get("authorization", "").strip().partition(" ")
         return scheme.lower() == "bearer" and self.is_token(sent.strip())
 
@@ -125,8 +115,6 @@ class TokenGate:
         return found
 
     def _session(self, value: str) -> tuple[str, int] | None:
-        """``(session id, login time)`` of a session cookie's value, or ``None``: not this token's
-        signature, expired, or logged out."""
         match = _SESSION.fullmatch(value)
         if match is None:
             return None
@@ -146,8 +134,7 @@ class TokenGate:
         return cookie_header(request, SESSION_COOKIE, value, SESSION_TTL_S)
 
     def end_session(self, request: Request) -> str:
-        """Log the request's session out: its id is refused from now on (until its time would be up
-        anyway). Returns the ``Set-Cookie`` value that deletes the cookie."""
+        """Log the request's session out; returns the ``Set-Cookie`` value that deletes the cookie."""
         now = self._clock()
         for sid, issued in [*self._ended.items()]:
             if now - issued > SESSION_TTL_S + _CLOCK_SLACK_S:

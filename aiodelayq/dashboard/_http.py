@@ -1,7 +1,5 @@
-"""HTTP for the dashboard without a web framework: a request and a response as plain objects, the two
-adapters that turn ASGI and aiohttp into them, and the checks a POST passes (a same-site origin and
-the double-submit CSRF token). Neither adapter imports a framework at module level: aiohttp is
-imported when :func:`aiohttp_application` runs."""
+"""HTTP for the dashboard without a web framework: plain request/response objects, the ASGI and aiohttp
+adapters (aiohttp imported only when :func:`aiohttp_application` runs), and the checks a POST passes."""
 
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ Handler = Callable[["Request"], Awaitable["Response"]]
 
 # The largest body a POST may have: the forms carry a queue name, a token and two numbers.
 MAX_BODY_BYTES = 64 * 1024
-# Most fields a query string or a form may have.
 MAX_FIELDS = 20
 
 CSRF_COOKIE = "aiodelayq_dashboard_csrf"
@@ -276,7 +273,7 @@ def _joined(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
 def aiohttp_application(handle: Handler) -> web.Application:
     """An aiohttp application that hands every request to ``handle``: a sub-application
     (``app.add_subapp("/queues", ...)``) or an application of its own."""
-    from aiohttp import web  # imported here: only aiohttp users need it
+    from aiohttp import web
 
     async def handler(request: web.Request) -> web.StreamResponse:
         tail = request.match_info.get("tail")

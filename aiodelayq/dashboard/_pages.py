@@ -1,6 +1,5 @@
-"""What the dashboard's pages show, read from Redis: the queues (given, or found by ``SCAN``), their
-counts, the due-time histogram (``ZCOUNT`` on the pending zset and ``LLEN`` of the tier's buckets
-against the server's ``TIME``), and the chart geometry and text formatting the templates use."""
+"""What the dashboard's pages show, read from Redis, and the chart geometry and text formatting of the
+templates."""
 
 from __future__ import annotations
 

@@ -32,15 +32,9 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
     SIGTERM (then it returns) or until cancelled (Ctrl-C under ``asyncio.run``: the server shuts down,
     then :class:`asyncio.CancelledError` propagates). Needs the ``dashboard`` extra (Jinja2, uvicorn).
 
-    The command line's ``aiodelayq dashboard --redis-url URL --host H --port P [--read-only]
-    [--token T]`` calls it: every failure it can expect is one of the exceptions below, whose message
-    is one line.
-
-    On a loopback address (the default) and without ``token``, it has no authentication: anyone who
-    can reach the port (this machine's users) may use it. Given a ``token``, every request needs it
-    (see :class:`Dashboard`). Listening on any other address, it always needs one: without
-    ``token``, it makes one (:func:`secrets.token_urlsafe`) and logs it at WARNING on the
-    ``aiodelayq`` logger, once, at start.
+    Every failure it can expect is one of the exceptions below, with a one-line message (``aiodelayq
+    dashboard`` prints it). On loopback without ``token`` anyone who can reach the port may use it; on
+    any other address without ``token`` it makes one and logs it at WARNING, once, at start.
 
     Args:
         url: a Redis URL (``redis://``, ``rediss://``, ``unix://``): a server, or a node of a Cluster
@@ -62,7 +56,7 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
         ImportError: uvicorn is not installed (the message says ``pip install 'aiodelayq[dashboard]'``).
     """
     try:
-        import uvicorn  # imported here: only serve() needs it
+        import uvicorn
     except ImportError as exc:
         raise ImportError("aiodelayq.dashboard.serve needs uvicorn: pip install 'aiodelayq[dashboard]'") from exc
 
@@ -88,7 +82,7 @@ async def serve(url: str | Target, host: str = "127.0.0.1", port: int = 8000, re
             try:
                 await asyncio.shield(running)
             except asyncio.CancelledError:
-                server.should_exit = True  # a graceful stop: requests in flight finish, then the socket closes
+                server.should_exit = True  # requests in flight finish, then the socket closes
                 with contextlib.suppress(Exception):
                     await running
                 raise
@@ -139,8 +133,7 @@ def _address(bound: Any) -> str:
 
 def _server(config: Any) -> Any:
     """A uvicorn server that leaves SIGINT to the caller (Ctrl-C cancels :func:`serve`) and ends
-    :func:`serve` on SIGTERM without raising the signal again (uvicorn's own handling re-raises both
-    once it has stopped)."""
+    :func:`serve` on SIGTERM without re-raising it, as uvicorn's own handling would."""
     import uvicorn
 
     class Server(uvicorn.Server):

