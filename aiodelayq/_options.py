@@ -101,7 +101,7 @@ class QueueOptions:
         for name in ("safety_poll_s", "open_timeout_s", "close_timeout_s", "call_timeout_s"):
             self._set(name, checks.seconds(name, getattr(self, name), above_minimum=True))
         try:
-            resolve_codec(self.codec)
+            self.__dict__["resolved_codec"] = resolve_codec(self.codec)  # the cached property's value, once
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         self.durability  # noqa: B018 - checks min_replicas, replication_timeout_s, wait_aof

@@ -1,5 +1,5 @@
 """Redis Cluster: the same API on a ``RedisCluster`` client, on a real 3-primary +
-3-replica cluster of the session's server kind: queues on every primary, keys, the pending view,
+3-replica cluster of the session's server kind: queues on every primary, keys, the contents,
 dead letters, reliable consumption, Redisson's notifications heard from another node, bounded
 connections per node, a slot migration under load, and a primary killed under load."""
 

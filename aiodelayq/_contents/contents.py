@@ -61,8 +61,10 @@ class PendingItem(Generic[T]):
     expires_at_ms: int | None = None
     recurring: bool = False
 
+
 class QueueContents:
-    """``size``/``contains``/``read_all``/``remove``/``clear`` of one queue.
+    """What one queue holds, read and edited: ``size``, ``ready_size``, ``counts``, ``peek``,
+    ``contains``, ``read_all``, ``remove`` and ``clear``.
 
     Attributes:
         page_size: most elements one page script call reads (tests lower it to walk many pages).

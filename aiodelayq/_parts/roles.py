@@ -2,19 +2,19 @@
 fills them with one queue's parts (``queue_parts.py``), a sharded one with composites over its
 shards' (``_sharding/sharded.py``); the facade names only these types.
 
-=================  ==========================================  =======================================
-role               ordinary queue                              sharded queue
-=================  ==========================================  =======================================
-:class:`Producing` ``_producing/producer.py`` ``Producer``     ``_sharding/offers.py``
-:class:`Contents`  ``_contents/contents.py`` ``QueueContents``   ``_sharding/contents.py``
-:class:`KeyedCalls` ``_producing/keyed.py`` ``KeyedItems``     ``_sharding/keyed.py``
-:class:`Recurring` ``_recurring/schedules.py`` ``Schedules``   ``_sharding/keyed.py``
-:class:`DeadLetterCalls` ``_contents/dead_letters.py``        ``_sharding/dead_letters.py``
-:class:`ControlCalls` ``_consuming/controls.py``               ``_sharding/controls.py``
-:class:`Life`      ``_runtime/lifecycle.py`` ``Lifecycle``     ``_sharding/lifecycle.py``
-:class:`Taker`     ``_consuming/take.py`` ``TakePump``         ``_sharding/take.py``
-``Receiver``       ``_consuming/reliable.py``                  ``_sharding/receive.py``
-=================  ==========================================  =======================================
+===============  =======================================  =========================
+role             ordinary queue                           sharded queue
+===============  =======================================  =========================
+Producing        _producing/producer.py Producer          _sharding/offers.py
+Contents         _contents/contents.py QueueContents      _sharding/contents.py
+KeyedCalls       _producing/keyed.py KeyedItems           _sharding/keyed.py
+Recurring        _recurring/schedules.py Schedules        _sharding/keyed.py
+DeadLetterCalls  _contents/dead_letters.py DeadLetters    _sharding/dead_letters.py
+ControlCalls     _consuming/controls.py Controls          _sharding/controls.py
+Life             _runtime/lifecycle.py Lifecycle          _sharding/lifecycle.py
+Taker            _consuming/take.py TakePump              _sharding/take.py
+Receiver         _consuming/reliable.py ReliableConsumer  _sharding/receive.py
+===============  =======================================  =========================
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ __all__ = ["KeyedItems", "Offered", "Pending", "parse_outcome"]
 T = TypeVar("T")
 
 
-
 class Offered(int):
     """An offered item's due time (server epoch ms, an ``int``) and, for a keyed offer, what happened.
 

@@ -24,9 +24,9 @@ class QueueConsumers:
     reliable: ReliableConsumer[Any]
 
     def transferred(self, ready: int) -> None:
-        """A transfer succeeded (or the safety poll read the queue) and ``ready`` items wait. The
-        reliable consumer looks whatever the list holds: another process's nack concerns the
-        in-flight zset, which ``ready`` does not show."""
+        """A transfer succeeded, or the safety poll read the queue and found items ready (it calls
+        this only then), and ``ready`` items wait. The reliable consumer looks whatever the list
+        holds: another process's nack concerns the in-flight zset, which ``ready`` does not show."""
         self.reliable.notify()
         if ready > 0:
             self.pump.notify()

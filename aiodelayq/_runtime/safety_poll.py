@@ -37,28 +37,28 @@ class SafetyPoll:
         self._client = client
         self._slots = slots
         self._call_timeout_s = call_timeout_s
-        self._schedulers: set[TransferTask] = set()
+        self._transfer_tasks: set[TransferTask] = set()
         self._changed = asyncio.Event()
         self._task = tasks.supervise("aiodelayq-safety-poll", self._run, restart_after_s=1.0,
-                                    wanted=lambda: bool(self._schedulers))
+                                    wanted=lambda: bool(self._transfer_tasks))
         self.polls = 0  # pipelined reads that succeeded
 
     def __repr__(self) -> str:
-        return f"<SafetyPoll queues={len(self._schedulers)} polls={self.polls} task={self._task!r}>"
+        return f"<SafetyPoll queues={len(self._transfer_tasks)} polls={self.polls} task={self._task!r}>"
 
     def add(self, transfer_task: TransferTask) -> None:
         """Look at ``transfer_task``'s queue from now on (the poll starts with its first queue)."""
-        self._schedulers.add(transfer_task)
+        self._transfer_tasks.add(transfer_task)
         self._changed.set()
         self._task.start()
 
     def discard(self, transfer_task: TransferTask) -> None:
         """Stop looking at ``transfer_task``'s queue."""
-        self._schedulers.discard(transfer_task)
+        self._transfer_tasks.discard(transfer_task)
 
     async def aclose(self, timeout_s: float) -> None:
         """Stop polling (idempotent)."""
-        self._schedulers.clear()
+        self._transfer_tasks.clear()
         await self._task.stop(timeout_s)
 
     async def _run(self) -> None:
@@ -67,12 +67,12 @@ class SafetyPoll:
         while True:
             self._changed.clear()
             now = loop.time()
-            due = [s for s in self._schedulers if s.poll_at <= now]
+            due = [s for s in self._transfer_tasks if s.poll_at <= now]
             if due:  # with them, the queues due within a fifth of their period: fewer, fuller reads
-                due = [s for s in self._schedulers if s.poll_at <= now + s.safety_poll_s * _EARLY]
+                due = [s for s in self._transfer_tasks if s.poll_at <= now + s.safety_poll_s * _EARLY]
             if not due:
                 # poll_at only moves later for a registered transfer task; a new one may come sooner.
-                wake_at = min((s.poll_at for s in self._schedulers), default=math.inf)
+                wake_at = min((s.poll_at for s in self._transfer_tasks), default=math.inf)
                 await wait_event(self._changed, wake_at - now)
                 continue
             try:
@@ -109,7 +109,7 @@ class SafetyPoll:
         self.polls += 1
         for index, s in enumerate(transfer_tasks):
             head, tier, lease, ready = replies[1 + 4 * index:5 + 4 * index]
-            if s not in self._schedulers:
+            if s not in self._transfer_tasks:
                 continue  # closed meanwhile
             if any(isinstance(r, ResponseError) for r in (head, tier, lease, ready)):
                 s.poll_refused()  # e.g. a key of another type (WRONGTYPE): the transfer reports it

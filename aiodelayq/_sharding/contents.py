@@ -1,4 +1,4 @@
-"""The pending side of a sharded queue as one queue: counts summed over the shards, ``peek`` merged by
+"""The contents of a sharded queue as one queue: counts summed over the shards, ``peek`` merged by
 due time, ``contains``/``read_all``/``remove``/``remove_all``/``clear`` on every shard.
 
 Every call goes to all shards at once. ``read_all`` is not merged by due time: a page walk returns none.
@@ -19,7 +19,7 @@ __all__ = ["ShardedContents", "sum_counts"]
 
 
 class ShardedContents:
-    """``size``/``counts``/``peek``/... of a sharded queue object over its shards' pending views."""
+    """``size``/``counts``/``peek``/... of a sharded queue object over its shards' contents."""
 
     def __init__(self, shards: Sequence[QueueContents]) -> None:
         self._shards = shards

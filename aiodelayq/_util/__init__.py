@@ -1,2 +1,3 @@
-"""What every layer uses: owned background tasks (``tasks``), the metrics hook (``observe``), URL redaction
-(``urls``). Imports nothing of the package but ``exceptions``."""
+"""What every layer uses: owned background tasks (``tasks``), every check of user-given numbers
+(``checks``), the metrics hook (``observe``), spans (``tracing``), ASGI answers (``asgi``) and URL
+redaction (``urls``). Imports nothing of the package but ``exceptions``."""

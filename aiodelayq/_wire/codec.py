@@ -146,7 +146,8 @@ def decode_stored(codec: Codec, data: bytes) -> Any:
 
 
 class Headed(NamedTuple):
-    """A decoded item that came with headers (a bare item is held as itself)."""
+    """A decoded item and the headers it was offered with (an item without headers needs none of
+    this: it stands as itself)."""
 
     value: Any
     headers: dict[str, str]

@@ -30,7 +30,7 @@ chunked('rpush', K.dead_letter, nil, dead)
 redis.call('hdel', K.handoff, ARGV[1])
 redis.call('zrem', K.handoff_leases, ARGV[1])
 if #back > 0 then
-  -- Wakes every scheduler of the queue, whose consumers then look at the destination again.
+  -- Wakes every transfer task of the queue, whose consumers then look at the destination again.
   redis.call('publish', K.channel, string.format('%d', now_ms()))
 end
 return #items

@@ -37,7 +37,7 @@
 -- id within the window writes nothing and returns {base, false, outcome} of the first run (a call
 -- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
--- scheduler re-arms (Redisson publishes when the new element becomes the head); likewise a new
+-- transfer task re-arms (Redisson publishes when the new element becomes the head); likewise a new
 -- bucket's promotion time earlier than both the zset head and the first bucket's.
 local sharded = redis.call('hget', K.controls, 'shards')
 if sharded then return redis.error_reply('SHARDED ' .. sharded) end
@@ -127,7 +127,7 @@ if not keys and kind == 'fast' then
     end
     chunked('zadd', K.tier_index, 'NX', listed)
     redis.call('incrby', K.tier_count, tiered)
-    -- Only a promotion earlier than every bucket's is news to the schedulers.
+    -- Only a promotion earlier than every bucket's is news to the transfer tasks.
     if bucket_head[2] and tonumber(bucket_head[2]) <= promotion then promotion = nil end
   end
 elseif not keys then

@@ -95,7 +95,7 @@ for i = 5, #ARGV, 4 do
   end
 end
 if earliest then
-  -- Every process's scheduler wakes at that time (a nack's due time; now after a release), and its
+  -- Every process's transfer task wakes at that time (a nack's due time; now after a release), and its
   -- receivers look again.
   redis.call('publish', K.channel, string.format('%d', earliest))
 end
