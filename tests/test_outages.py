@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.backoff import ConstantBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
+from redis.retry import Retry
 
 import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import DelayedQueue
@@ -211,3 +212,61 @@ async def test_doctor_names_a_key_another_program_wrote(make_client: Any, make_q
     assert found["keys"].todo == f"another program writes {q.keys.key_index!r}: rename one of them"
     await client.delete(q.keys.key_index)
     assert {f.check: f for f in await diagnose(client, [qname])}["keys"].status == "ok"
+
+
+
+@pytest.mark.slow
+def test_a_clock_that_moves_only_when_the_loop_idles_keeps_moving(own_server: Any, make_client: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # asyncio runs a timer once its clock is within a hair of the timer's moment; a task that then
+    # reads a time a hair early and waits again spins, and on looptime's clock, which moves only when
+    # the loop idles, for ever. Every wait that re-reads the clock, driven for minutes at a pace whose
+    # moments fall between the clock's ticks (0.1 s is no whole number of floats apart).
+    pause_s, outage_s, idle_s = 0.1, 120.0, 5.0
+    monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(pause_s))
+    server: ThrowawayServer = own_server()
+
+    async def handle(value: int) -> None:
+        pass
+
+    async def main(loop: Any) -> None:
+        client = Redis.from_url(server.url, retry=Retry(NoBackoff(), 0))  # each call fails at once
+        try:
+            options: dict[str, Any] = {"safety_poll_s": pause_s, "lag_warning_s": None}
+            q: DelayedQueue[int] = DelayedQueue(client, "orders", **options)
+            held: DelayedQueue[int] = DelayedQueue(client, "held", **options)
+            sharded: DelayedQueue[int] = DelayedQueue(client, "sharded", shards=3, **options)
+            async with q, held, sharded:
+                # Healthy: the safety polls, a take pump held by the rate limit, a sharded receive's
+                # waits for its quiet shards.
+                await held.set_rate_limit(1 / pause_s, burst=1)
+                await held.offer_many([(i, 0) for i in range(int(idle_s / pause_s))])
+                started = loop.time()
+                got = [await held.take() for _ in range(int(idle_s / pause_s))]
+                assert sorted(got) == got
+                assert await sharded.receive_many(10, 30, timeout=idle_s) == []
+                assert loop.time() - started >= idle_s
+                # Failing: the transfer's, the worker's and the safety poll's retries.
+                await q.offer_many([(1, 1.0), (2, 1.0)])  # due during the outage: transfers fail
+                await client.save()  # the restarted server has them
+                worker = q.worker(handle, concurrency=1)
+                working = asyncio.create_task(worker.run())
+                await asyncio.sleep(0.5)
+                server.kill()
+                loop.setup_looptime(noop_cycles=QUICK_TURNS)
+                errors = q.stats.transfer_errors
+                await asyncio.sleep(outage_s)
+                errors = q.stats.transfer_errors - errors
+                assert outage_s / pause_s / 3 < errors <= outage_s / pause_s + 1, errors  # the backoff's pace
+                loop.setup_looptime(noop_cycles=PATIENT_TURNS)
+                server.start()
+                back = loop.time()
+                while worker.stats.succeeded < 2:
+                    await asyncio.sleep(0.05)
+                    assert loop.time() - back < 10, "the worker did not resume"
+                worker.stop()
+                await asyncio.wait_for(working, 10)
+        finally:
+            await client.aclose()
+
+    _run_in_loop_time(main)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from .._redis.retry import resend_within, retry_until_done
 from .._scripts import QueueScripts
+from .._util.clock import reached
 from .._util.tasks import TaskOwner, wait_through_cancellation
 from ..exceptions import BackendError
 
@@ -207,7 +208,7 @@ class Handoff:
         started: set[asyncio.Future[Any]] = set()
         cancelled = False
         self.take_done()  # still in self.pops: FINISHed below
-        while self.pops and loop.time() < deadline:
+        while self.pops and not reached(loop.time(), deadline):
             pending: set[asyncio.Future[Any]] = set()
             for pop in list(self.pops):
                 for index, verdict in enumerate(pop.plan):

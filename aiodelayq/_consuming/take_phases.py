@@ -18,6 +18,7 @@ import asyncio
 import enum
 from collections.abc import Callable
 
+from .._util.clock import reached
 from .controls import hold_s
 
 __all__ = ["DRAINED_FOR_S", "Outlook", "Phase"]
@@ -59,7 +60,7 @@ class Outlook:
             return Phase.SERVE
         if wanted == 0 or not (self.maybe_ready or asked):
             return Phase.IDLE
-        if self.held_until is not None and self.held_until > now:
+        if self.held_until is not None and not reached(now, self.held_until):
             return Phase.HELD
         return Phase.POP
 
@@ -70,7 +71,7 @@ class Outlook:
 
     def just_drained(self, now: float) -> bool:
         """A pop found the list empty less than ``DRAINED_FOR_S`` before ``now``, nothing announced since."""
-        return self.drained_at is not None and now < self.drained_at + DRAINED_FOR_S
+        return self.drained_at is not None and not reached(now, self.drained_at + DRAINED_FOR_S)
 
     @property
     def drained(self) -> bool:
@@ -79,7 +80,7 @@ class Outlook:
 
     def held_s(self, now: float) -> float:
         """Seconds from ``now`` (loop time) until the controls let the pump pop again (0: not held)."""
-        return 0.0 if self.held_until is None else max(0.0, self.held_until - now)
+        return 0.0 if self.held_until is None or reached(now, self.held_until) else self.held_until - now
 
     def popping(self) -> None:
         """A POP begins: what is said from now on may be after it."""

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .._util.clock import reached
+
 __all__ = ["Look", "WaitLoop"]
 
 E = TypeVar("E")
@@ -40,9 +42,10 @@ class WaitLoop:
             if got:
                 return got
             if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
+                now = loop.time()
+                if reached(now, deadline):
                     return []
+                remaining = deadline - now
                 wait_s = min(wait_s, remaining)
             self.waiting += 1
             try:

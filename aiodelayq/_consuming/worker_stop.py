@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Collection, Mapping
 from typing import Any, Generic, TypeVar
 
+from .._util.clock import reached
 from .._util.tasks import run_through_cancellation
 from .messages import Message
 from .worker_outcomes import Outcomes, WorkerStats, is_last
@@ -59,7 +60,7 @@ class Shutdown(Generic[T]):
         deadline = loop.time() + drain_timeout_s
         abort = loop.create_task(self._abort.wait())
         try:
-            while not self._abort.is_set() and loop.time() < deadline and not all(t.done() for t in slots):
+            while not self._abort.is_set() and not reached(loop.time(), deadline) and not all(t.done() for t in slots):
                 await asyncio.wait({*slots, abort}, timeout=deadline - loop.time(),
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from .._redis.backoff import Backoff
 from .._redis.connections import call_pipelined, classify, is_permanent
+from .._util.clock import reached
 from .._util.tasks import TaskOwner, wait_event
 from ..exceptions import BackendError
 from .transfer_task import TransferTask
@@ -67,7 +68,7 @@ class SafetyPoll:
         while True:
             self._changed.clear()
             now = loop.time()
-            due = [s for s in self._transfer_tasks if s.poll_at <= now]
+            due = [s for s in self._transfer_tasks if reached(now, s.poll_at)]
             if due:  # with them, the queues due within a fifth of their period: fewer, fuller reads
                 due = [s for s in self._transfer_tasks if s.poll_at <= now + s.safety_poll_s * _EARLY]
             if not due:

@@ -13,6 +13,7 @@ from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
 from .._scripts import QueueScripts
 from .._scripts.foreign_keys import refusal_advice
+from .._util.clock import reached
 from .._util.observe import Events, transfer_limit
 from .._util.tasks import TaskOwner, wait_event
 from .._wire.key_names import QueueKeys
@@ -238,7 +239,7 @@ class TransferTask:
 
     def arm_at(self, when: float) -> None:
         """Wake at loop time ``when`` unless a wake-up at or before it is already armed."""
-        if when <= self._loop.time():
+        if reached(self._loop.time(), when):
             self._wake.set()
             return
         if self._timer is not None:
@@ -271,7 +272,7 @@ class TransferTask:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._loop.time() < self._retry_at and not self._resubscribed:
+            if not reached(self._loop.time(), self._retry_at) and not self._resubscribed:
                 self.arm_at(self._retry_at)  # after a failure, a wake-up waits for the backoff's pause
                 continue
             self._resubscribed = False

@@ -18,6 +18,7 @@ from .._consuming.reliable import ReliableConsumer
 from .._consuming.traced import traced_receive
 from .._consuming.wait_loop import Look, WaitLoop
 from .._redis.connections import is_permanent
+from .._util.clock import reached
 from .._util.tracing import tracer
 from ..exceptions import BackendError
 from .layout import Rotation
@@ -77,7 +78,7 @@ class ShardedReceiver(Generic[T]):
         order = self._rotation.order()
         for index in order:
             quiet = self._quiet[index]
-            if quiet is not None and not quiet.wake.done() and loop.time() < quiet.until:
+            if quiet is not None and not quiet.wake.done() and not reached(loop.time(), quiet.until):
                 continue
             try:
                 messages, wake, wait_s = await self._consumers[index].look(max_items, vt_ms)

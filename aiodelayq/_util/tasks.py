@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar, cast
 
 from ..exceptions import BackendError
+from .clock import reached
 
 if sys.version_info >= (3, 11, 3):
     from asyncio import timeout as _timeout  # type: ignore[attr-defined,unused-ignore]
@@ -71,7 +72,7 @@ async def _stop_all(tasks: Callable[[], set[asyncio.Task[Any]]], deadline: float
     cancelled, turns = False, 0
     while True:
         left = {task for task in tasks() if not task.done()}
-        if not left or (turns and loop.time() >= deadline):
+        if not left or (turns and reached(loop.time(), deadline)):
             return not left, cancelled
         for task in left:
             task.cancel()
@@ -277,7 +278,7 @@ async def run_through_cancellation(make: Callable[[], Awaitable[Any]], timeout_s
         if not task.done():
             task.cancel()
             return await wait_through_cancellation({task}, 0.1) or cancelled
-        if not task.cancelled() or loop.time() >= deadline:
+        if not task.cancelled() or reached(loop.time(), deadline):
             if not task.cancelled():
                 task.exception()  # retrieved: the work logs its own failures
             return cancelled
