@@ -110,18 +110,22 @@ def ci(session: nox.Session) -> None:
     kinds = _server_kinds(session)
     first = kinds[0][0]
     for index, (name, version) in enumerate(kinds):
-        selection = () if index == 0 else OTHERS_SELECTION
-        label = "every test" if index == 0 else "without slow, Java and topology tests"
-        modules = VERSION_MODULES if index else ()
-        if index:
-            label += ", the modules whose calls differ by server version"
-        session.log(f"=== suite against {name} {version} ({label}) ===")
-        session.run("pytest", *VERBOSE, *selection, *modules, env={"AIODELAYQ_SERVER_KIND": name})
+        env = {"AIODELAYQ_SERVER_KIND": name}
+        if index == 0:
+            session.log(f"=== suite against {name} {version} (every test but the topologies and those run alone, "
+                        "on two workers) ===")
+            session.run("pytest", *VERBOSE, *TWO_WORKERS, "-m", "not topology and not alone", env=env)
+            session.log(f"=== suite against {name} {version} (the topologies and the tests run alone) ===")
+            session.run("pytest", *VERBOSE, "-m", "topology or alone", env=env)
+            continue
+        session.log(f"=== suite against {name} {version} (without slow, Java and topology tests, the modules "
+                    "whose calls differ by server version, on two workers) ===")
+        session.run("pytest", *VERBOSE, *TWO_WORKERS, *OTHERS_SELECTION, *VERSION_MODULES, env=env)
     # The tests of the queue's calls (CLUSTER_MODULES) once more with the session server a 3-primary +
     # 3-replica cluster of the first kind (RedisCluster clients; the real Java Redisson in its cluster
     # mode). The slow ones run on private servers of their own: once is enough.
-    session.log(f"=== the queue's calls on a cluster of {first} (without slow tests) ===")
-    session.run("pytest", *VERBOSE, "-m", "not slow", *CLUSTER_MODULES,
+    session.log(f"=== the queue's calls on a cluster of {first} (without slow tests, on two workers) ===")
+    session.run("pytest", *VERBOSE, *TWO_WORKERS, "-m", "not slow", *CLUSTER_MODULES,
                 env={"AIODELAYQ_SERVER_KIND": first, "AIODELAYQ_CLUSTER": "1"})
     # Every other Python the package claims, once each, against the first server kind: asyncio's
     # cancellation and timeout semantics differ between them, so each runs the modules where they
@@ -142,8 +146,8 @@ def ci(session: nox.Session) -> None:
         session.log(f"installing the package and its test extras for Python {version} into {venv_dir}")
         session.run(py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]", external=True)
         session.log(f"=== suite on Python {version} against {first} (the asyncio-sensitive modules, without slow, "
-                    "Java and topology tests) ===")
-        session.run(py, "-m", "pytest", *VERBOSE, *OTHERS_SELECTION, *ASYNCIO_MODULES,
+                    "Java and topology tests, on two workers) ===")
+        session.run(py, "-m", "pytest", *VERBOSE, *TWO_WORKERS, *OTHERS_SELECTION, *ASYNCIO_MODULES,
                     env={"AIODELAYQ_SERVER_KIND": first}, external=True)
     session.log("=== the package: sdist and wheel built, the wheel installed in a fresh virtualenv ===")
     session.run("bash", ".ci/package.sh", external=True)

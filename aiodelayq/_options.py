@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -77,6 +77,8 @@ class QueueOptions:
     max_item_bytes: int | None = None
     lag_warning_s: float | None = 60.0
     tier_after_s: float | None = None
+    resolved_codec: Codec = field(init=False, repr=False, compare=False)
+    """The codec object of ``codec`` (a name or an object)."""
 
     def __post_init__(self) -> None:
         if self.wire_format not in ("redisson", "redisson-legacy"):
@@ -101,7 +103,7 @@ class QueueOptions:
         for name in ("safety_poll_s", "open_timeout_s", "close_timeout_s", "call_timeout_s"):
             self._set(name, checks.seconds(name, getattr(self, name), above_minimum=True))
         try:
-            self.__dict__["resolved_codec"] = resolve_codec(self.codec)  # the cached property's value, once
+            self._set("resolved_codec", resolve_codec(self.codec))
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(str(exc)) from exc
         self.durability  # noqa: B018 - checks min_replicas, replication_timeout_s, wait_aof
@@ -113,12 +115,7 @@ class QueueOptions:
     def of(cls, arguments: Mapping[str, Any]) -> QueueOptions:
         """The options among ``arguments`` (``DelayedQueue.__init__``'s ``locals()``): each field's
         value by its name."""
-        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
-
-    @cached_property
-    def resolved_codec(self) -> Codec:
-        """The codec object of ``codec`` (a name or an object)."""
-        return resolve_codec(self.codec)
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.init})
 
     @cached_property
     def kind(self) -> ElementKind:

@@ -81,6 +81,7 @@ _LOOPS = ("pub/sub connection", "safety poll", "transfer for 'orders'", "pop fro
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_two_hour_outage_leaves_every_loop_retrying_and_delivery_resumes(own_server: Any,
                                                                             records: _Records) -> None:
     server: ThrowawayServer = own_server()
@@ -216,6 +217,7 @@ async def test_doctor_names_a_key_another_program_wrote(make_client: Any, make_q
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_clock_that_moves_only_when_the_loop_idles_keeps_moving(own_server: Any, make_client: Any,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # asyncio runs a timer once its clock is within a hair of the timer's moment; a task that then

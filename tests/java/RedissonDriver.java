@@ -41,14 +41,19 @@ public final class RedissonDriver {
         // stdout carries answers only; Redisson's logging goes to stderr (slf4j-simple's default).
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         Config config = new Config();
+        // Redisson's calls give up after 3 s by default, a subscription after 7.5 s: too short on a
+        // loaded two-core machine with a JVM still compiling. The tests bound each answer themselves.
+        int timeoutMs = 10_000;
         if (args[0].startsWith("cluster:")) {
             // cluster:redis://host:port,redis://host:port,...: every node of a Redis Cluster.
             config.useClusterServers().addNodeAddress(args[0].substring(8).split(","))
                   .setMasterConnectionMinimumIdleSize(2).setMasterConnectionPoolSize(8)
-                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4);
+                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4)
+                  .setTimeout(timeoutMs);
         } else {
             config.useSingleServer().setAddress(args[0]).setConnectionMinimumIdleSize(2).setConnectionPoolSize(8)
-                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4);
+                  .setSubscriptionConnectionMinimumIdleSize(1).setSubscriptionConnectionPoolSize(4)
+                  .setTimeout(timeoutMs);
         }
         RedissonClient client = Redisson.create(config);
         Map<String, RDelayedQueue<String>> delayed = new HashMap<>();
