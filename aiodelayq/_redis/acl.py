@@ -18,9 +18,9 @@ __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", 
 # Every command the library sends for a queue, the commands its scripts run included.
 MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
-    "zcount", "zrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex", "lpos", "hget", "hset",
-    "hdel", "hlen", "hmget", "hrandfield", "ltrim", "get", "incrby", "publish", "subscribe", "unsubscribe", "ping",
-    "unlink", "wait", "type",
+    "zcount", "zrank", "zremrangebyrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex",
+    "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "ltrim", "get", "incrby", "publish", "subscribe",
+    "unsubscribe", "ping", "unlink", "wait", "type",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -40,6 +40,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "zcard": ("ZCARD", "{timeout_set}"),
     "zcount": ("ZCOUNT", "{timeout_set}", "0", "1"),
     "zrank": ("ZRANK", "{timeout_set}", "m"),
+    "zremrangebyrank": ("ZREMRANGEBYRANK", "{timeout_set}", "0", "0"),
     "rpush": ("RPUSH", "{destination}", "v"),
     "lpush": ("LPUSH", "{destination}", "v"),
     "lpop": ("LPOP", "{destination}"),

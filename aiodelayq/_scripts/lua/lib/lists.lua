@@ -1,8 +1,19 @@
 -- defines: pack_list unpack_list
 -- A list of strings as one string: each '>I4' length-prefixed (hand-off entries, call replies).
+-- pack_list is per popped item (POP's hand-off entry): one table.concat of prefix and value pieces,
+-- each prefix packed once per length, costs under half of a packed-and-joined string per value.
 local function pack_list(values)
-  local parts = {}
-  for i, v in ipairs(values) do parts[i] = struct.pack('>I4', string.len(v)) .. v end
+  local parts, prefixes = {}, {}
+  for i, v in ipairs(values) do
+    local len = #v
+    local prefix = prefixes[len]
+    if not prefix then
+      prefix = struct.pack('>I4', len)
+      prefixes[len] = prefix
+    end
+    parts[2 * i - 1] = prefix
+    parts[2 * i] = v
+  end
   return table.concat(parts)
 end
 local function unpack_list(blob)

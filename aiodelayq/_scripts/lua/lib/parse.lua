@@ -15,16 +15,17 @@
 -- and where its key tag would start (see lib/index.lua).
 local LSZ = string.len(struct.pack('L', 0))
 local FAST_MAGIC = 'adq' .. string.char(1)
+-- Fast elements (the default, and disjoint from strict ones by their first byte) are tried first.
 local function parse(v)
   local n = string.len(v)
   local b0 = string.byte(v, 1)
-  if b0 == 8 and n >= 9 + LSZ then
-    local len = struct.unpack('L', v, 10)
-    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false, 2 end
-  end
   if b0 == 20 and n >= 21 + LSZ and string.sub(v, 2, 5) == FAST_MAGIC then
     local len = struct.unpack('L', v, 22)
     if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true, 14 end
+  end
+  if b0 == 8 and n >= 9 + LSZ then
+    local len = struct.unpack('L', v, 10)
+    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false, 2 end
   end
   if n >= 8 + LSZ then
     local len = struct.unpack('L', v, 9)
