@@ -8,6 +8,7 @@ from typing import Generic, TypeVar, cast
 
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
+from ._consuming.take import NOT_PREFETCHED
 from ._parts.roles import Life
 from ._util.checks import check_max_items, check_timeout
 from ._wire.delays import visibility_ms
@@ -31,7 +32,9 @@ class ConsumingCalls(Generic[T]):
             QueueClosedError: the queue was closed while waiting.
             AccessDeniedError: the user may not pop from the queue.
         """
-        return cast(T, (await self._life.pump().get(None, 1))[0])
+        pump = self._life.pump()
+        taken = pump.get_prefetched()  # async for's hot path: no coroutine while items are prefetched
+        return cast(T, taken if taken is not NOT_PREFETCHED else (await pump.get(None, 1))[0])
 
     async def take_many(self, max_items: int, timeout: float | None = None) -> list[T]:
         """Wait for at least one due item and return up to ``max_items`` of them in one round trip, or

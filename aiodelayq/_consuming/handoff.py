@@ -51,10 +51,15 @@ class Pop:
         self.plan = [None] * count
         self.undecided = count
 
-    def settle(self, index: int, verdict: str) -> None:
-        if self.plan[index] is None:
-            self.undecided -= 1
-        self.plan[index] = verdict
+    def settle(self, index: int, verdict: str, stop: int | None = None) -> None:
+        """Record ``verdict`` for item ``index`` (for items ``index`` to ``stop - 1`` with ``stop``)."""
+        if stop is None:
+            if self.plan[index] is None:
+                self.undecided -= 1
+            self.plan[index] = verdict
+            return
+        self.undecided -= self.plan[index:stop].count(None)
+        self.plan[index:stop] = [verdict] * (stop - index)
 
     @property
     def settled(self) -> bool:
@@ -139,7 +144,7 @@ class Handoff:
         returns whatever it got, or makes a late pop pop nothing)."""
         if pop.finishing is not None or not (unknown or pop.settled) or pop not in self.pops:
             return
-        if not unknown and not self._closing() and all(v == "d" for v in pop.plan):
+        if not unknown and not self._closing() and pop.plan.count("d") == len(pop.plan):
             if pop not in self._done:
                 self._done[pop] = None
                 if self._done_timer is None:

@@ -35,7 +35,7 @@ from .take_phases import Outlook, Phase
 from .take_waiters import Entry, Waiter, Waiters
 from .traced import traced_take
 
-__all__ = ["TakePump"]
+__all__ = ["NOT_PREFETCHED", "TakePump"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -46,6 +46,10 @@ _SHUTDOWN_FLUSH_S = 0.5
 _DONE_HOLD_MAX_S = 0.25
 
 
+
+
+NOT_PREFETCHED: Any = object()
+"""What :meth:`TakePump.get_prefetched` returns when the caller must call :meth:`TakePump.get`."""
 
 
 def _value(taken: Any) -> Any:
@@ -143,14 +147,8 @@ class TakePump:
                                      self.get(timeout_s, max_items, once=once, with_headers=True, traced=False),
                                      with_headers)
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
-            if max_items == 1:  # async for, take(): the hot path, without the batch bookkeeping
-                pop, index, taken = self._buffer.pop()
-                pop.settle(index, "d")
-                if not pop.undecided:
-                    self._handoff.maybe_finish(pop)
-                self._events.delivered(1)
-                if not self._buffer and self._transfer_ask is not None:
-                    self._buffer_emptied()
+            if max_items == 1:
+                taken = self._take_prefetched()
                 return [_pair(taken) if with_headers else _value(taken)]
             delivered = self._deliver(self._buffer.take(max_items), with_headers)
             if not self._buffer and self._transfer_ask is not None:
@@ -177,6 +175,25 @@ class TakePump:
             return []
         return self._deliver(waiter.future.result(), with_headers)  # raises fail_waiters' exception
 
+    def get_prefetched(self) -> Any:
+        """``async for`` and ``take()``'s hot path: the next prefetched item, as :meth:`get` of one
+        item without headers would return it, without a coroutine; :data:`NOT_PREFETCHED` when
+        :meth:`get` must run (nothing prefetched, callers waiting, closing, or a span to record)."""
+        if self._closed is not None or self._waiters or not self._buffer or tracer() is not None:
+            return NOT_PREFETCHED
+        return _value(self._take_prefetched())
+
+    def _take_prefetched(self) -> Any:
+        """The oldest prefetched item (decoded, perhaps :class:`Headed`), recorded as taken."""
+        pop, index, taken = self._buffer.pop()
+        pop.settle(index, "d")
+        if not pop.undecided:
+            self._handoff.maybe_finish(pop)
+        self._events.delivered(1)
+        if not self._buffer and self._transfer_ask is not None:
+            self._buffer_emptied()
+        return taken
+
     def _deliver(self, entries: list[Entry], with_headers: bool) -> list[Any]:
         """Record ``entries`` as taken; return their values (or pairs)."""
         self._settle(entries, "d")
@@ -184,13 +201,25 @@ class TakePump:
             self._events.delivered(len(entries))
         if with_headers:
             return [_pair(taken) for _, _, taken in entries]
-        return [_value(taken) for _, _, taken in entries]
+        return [taken.value if type(taken) is Headed else taken for _, _, taken in entries]  # _value, inline
 
     def _settle(self, entries: list[Entry], verdict: str) -> None:
-        """Record ``verdict`` for ``entries`` and finish the pops that are now settled."""
+        """Record ``verdict`` for ``entries`` and finish the pops that are now settled. Entries come
+        in runs of one pop's consecutive items (a batch is most often one run): settled a run at a time."""
+        pops: dict[Pop, None] = {}
+        run: Pop | None = None
+        start = stop = 0
         for pop, index, _ in entries:
-            pop.settle(index, verdict)
-        for pop in {id(pop): pop for pop, _, _ in entries}.values():
+            if pop is run and index == stop:
+                stop += 1
+                continue
+            if run is not None:
+                run.settle(start, verdict, stop)
+            pops[pop] = None
+            run, start, stop = pop, index, index + 1
+        if run is not None:
+            run.settle(start, verdict, stop)
+        for pop in pops:
             self._handoff.maybe_finish(pop)
 
     def _buffer_emptied(self) -> None:
@@ -374,21 +403,23 @@ class TakePump:
 
     def _received(self, pop: Pop, raws: list[bytes]) -> None:
         pop.received(len(raws))
-        entries: list[Entry] = []
+        decode, entries = self._decode, list[Entry]()
+        keep = entries.append  # per item: the names bound once
         for index, raw in enumerate(raws):
             try:
-                taken = self._decode(raw)
-                if taken is RESYNC:
-                    pop.settle(index, "d")
-                    continue
-                entries.append((pop, index, taken))
+                taken = decode(raw)
             except DecodeError as exc:
                 self._events.count("undecodable")
                 log.error("%s; moved to dead-letter list %r", exc, self._keys.dead_letter)
                 pop.settle(index, "x")
-        if len(entries) < len(raws):
-            # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
-            self._events.dead_lettered(len(raws) - len(entries), "undecodable")
+                continue
+            if taken is RESYNC:
+                pop.settle(index, "d")
+                continue
+            keep((pop, index, taken))
+        # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
+        if len(entries) < len(raws) and (dead := pop.plan.count("x")):
+            self._events.dead_lettered(dead, "undecodable")
         self._give_to_waiters(entries)
         self._handoff.maybe_finish(pop)
 

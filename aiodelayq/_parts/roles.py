@@ -98,6 +98,7 @@ class Taker(Protocol):
 
     async def get(self, timeout_s: float | None, max_items: int = 1, *, once: bool = False,
                   with_headers: bool = False, traced: bool = True) -> list[Any]: ...
+    def get_prefetched(self) -> Any: ...
 
 
 class Life(Protocol):

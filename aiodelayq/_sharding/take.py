@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from .._consuming.take import TakePump
+from .._consuming.take import NOT_PREFETCHED, TakePump
 from .._consuming.traced import traced_take
 from .._consuming.wait_loop import Look, WaitLoop
 from .._util.tracing import tracer
@@ -63,6 +63,11 @@ class ShardedPump:
             return self._look(order, max_items, with_headers, everywhere=not woken)
 
         return await self._waits.run(look, timeout_s)
+
+    def get_prefetched(self) -> Any:
+        """:data:`NOT_PREFETCHED`: a caller across shards always calls :meth:`get` (see
+        :meth:`TakePump.get_prefetched`)."""
+        return NOT_PREFETCHED
 
     def _order(self) -> list[TakePump]:
         return [self._pumps[index] for index in self._rotation.order()]
