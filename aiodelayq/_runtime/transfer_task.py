@@ -91,6 +91,9 @@ class TransferTask:
         self._anchor: tuple[float, float] | None = None
         # The due time (server ms) the latest due-time timer was armed for (see _TIMER_LEAD_S).
         self._aimed_ms: float | None = None
+        # The last transfer moved a full batch: a backlog drains, and the next one runs on its own,
+        # while the consumers pop what it moved (one after the other in the same POP would not overlap).
+        self._backlog = False
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
         self._permanent: BackendError | ShardCountError | None = None
@@ -304,6 +307,7 @@ class TransferTask:
             assert self._anchor is not None
             # A full batch, or a next wake-up already due (a tier bucket to promote), left work behind.
             full = moved + dead >= self._batch or (next_due is not None and next_due <= int(self._anchor[1]))
+            self._backlog = full
             self._watch_lag(self._anchor[1] - next_due if full and next_due is not None else 0.0)
             if full:
                 self._wake.set()  # more may be due: go again without waiting
@@ -327,7 +331,7 @@ class TransferTask:
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
         keys = self._keys
         limit = transfer_limit(self._batch)  # negative (lateness measured) only with a sink
-        delegated = await self._delegate(limit)
+        delegated = None if self._backlog else await self._delegate(limit)
         if delegated is not None:
             sent, received, reply = delegated
         else:
