@@ -1,4 +1,5 @@
-"""Scenario ``drain``: a backlog of due items, consumed one at a time versus in batches."""
+"""Scenario ``drain``: a backlog of due items drained by one consumer, against the server popping the same
+items from a zset by itself, with where a drained item's time goes."""
 
 from __future__ import annotations
 
@@ -6,19 +7,48 @@ import asyncio
 import time
 from typing import Any
 
-from _harness import Bench, alternate, fill, ratio, until
+import hiredis
+from _harness import Bench, alternate, fill, payload, ratio, until
 
 from aiodelayq import DelayedQueue
+from aiodelayq._scripts import QueueScripts
+from aiodelayq._wire.codec import JsonCodec
 
-MODES = ("take_many", "async_for", "messages_ack", "worker16")
+# The consumers, in the order of a round; ``raw_pop`` is the server alone (see run).
+MODES = ("raw_pop", "take_many_1000", "take_many", "async_for", "receive_many_ack", "messages_ack", "worker16",
+         "take_many_1000_e2e")
+RELIABLE = ("receive_many_ack", "messages_ack", "worker16")
+RAW_BATCH = 1000
+# The commands a drain's scripts run, by what they do to an item (INFO commandstats counts a script's
+# commands on their own lines as well as in EVALSHA's total).
+STEPS = {"zset read": ("zrangebyscore",), "zset remove": ("zremrangebyrank", "zrank", "zrem"),
+         "list push": ("rpush",), "list pop": ("lpop",), "hand-off record": ("hset", "hdel", "hget", "zadd")}
 
 
-async def _drain(q: DelayedQueue[Any], client: Any, mode: str, n: int) -> float:
+async def _raw_pop(client: Any, name: str, n: int) -> float:
+    """The server alone: ``MULTI`` of ``ZRANGE z 0 999`` + ``ZREMRANGEBYRANK z 0 999`` until the zset of
+    ``n`` payloads (the same bytes ours stores) is empty; items/s. The zset's key is the queue's name (its
+    destination list's, which this mode never makes), so the scenario's cleanup deletes it."""
+    codec = JsonCodec()
+    for b in range(0, n, RAW_BATCH):
+        await client.zadd(name, {codec.encode(payload(i)): i for i in range(b, min(n, b + RAW_BATCH))})
     got = 0
     t0 = time.perf_counter()
-    if mode == "take_many":
+    while got < n:
+        pipe = client.pipeline(transaction=True)
+        pipe.zrange(name, 0, RAW_BATCH - 1)
+        pipe.zremrangebyrank(name, 0, RAW_BATCH - 1)
+        items, _ = await pipe.execute()
+        got += len(items)
+    return n / (time.perf_counter() - t0)
+
+
+async def _drain(q: DelayedQueue[Any], client: Any, mode: str, n: int) -> None:
+    got = 0
+    if mode.startswith("take_many"):
+        batch = 100 if mode == "take_many" else RAW_BATCH
         while got < n:
-            got += len(await q.take_many(100))
+            got += len(await q.take_many(batch))
     elif mode == "async_for":
         async for _ in q:
             got += 1
@@ -38,38 +68,114 @@ async def _drain(q: DelayedQueue[Any], client: Any, mode: str, n: int) -> float:
         await finished.wait()
         worker.stop()
         await running
+    elif mode == "receive_many_ack":
+        while got < n:
+            for message in await q.receive_many(100, 30.0):
+                await message.ack()
+                got += 1
     else:
         async for message in q.messages(30.0):
             await message.ack()
             got += 1
             if got >= n:
                 break
-    # Acks are written behind: a reliable drain ends when the last of them is in Redis.
-    await until(lambda: client.zcard(q.keys.in_flight), lambda n: n == 0, 3600.0, 0.001)
-    return n / (time.perf_counter() - t0)
+    if mode in RELIABLE:  # acks are written behind: a reliable drain ends when the last is in Redis
+        await until(lambda: client.zcard(q.keys.in_flight), lambda n: n == 0, 3600.0, 0.001)
+
+
+async def _commandstats(bench: Bench) -> dict[str, tuple[int, int]]:
+    info = await bench.ctl.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in info.items()}
+
+
+def _client_parts(n: int) -> dict[str, float]:
+    """Client CPU µs per item of the parts measured alone: the parse of a POP reply of 1,000 payloads
+    (hiredis, as redis-py reads it) and the JSON codec's decode."""
+    codec = JsonCodec()
+    raws = [codec.encode(payload(i)) for i in range(RAW_BATCH)]
+    reply = b"*%d\r\n" % len(raws) + b"".join(b"$%d\r\n%s\r\n" % (len(r), r) for r in raws)
+    reader = hiredis.Reader()
+    rounds = max(1, n // RAW_BATCH)
+    t0 = time.process_time()
+    for _ in range(rounds):
+        reader.feed(reply)
+        reader.gets()
+    parse = (time.process_time() - t0) / (rounds * RAW_BATCH) * 1e6
+    t0 = time.process_time()
+    for _ in range(rounds):
+        for raw in raws:
+            codec.decode(raw)
+    decode = (time.process_time() - t0) / (rounds * RAW_BATCH) * 1e6
+    return {"reply parse": parse, "decode": decode}
+
+
+async def _breakdown(bench: Bench, n: int) -> dict[str, Any]:
+    """``take_many(1000)`` of ``n`` due items once more, measured instead of timed: the server's µs per
+    item in TRANSFER and POP (``SLOWLOG``) and in each step of theirs (``INFO commandstats``), and the
+    client's CPU µs per item, split into the parts measured alone and the rest (the pump's bookkeeping,
+    the calls and the event loop)."""
+    async with bench.fresh_queue("drain", "breakdown", clients=2) as (producer, consumer, name):
+        await fill(DelayedQueue(producer, name), n, 0)
+        shas = {QueueScripts.transfer.sha.encode(): "TRANSFER", QueueScripts.pop.sha.encode(): "POP"}
+        await bench.slowlog.begin(0)
+        before = await _commandstats(bench)
+        cpu0 = time.process_time()
+        async with DelayedQueue(consumer, name) as q:
+            await _drain(q, consumer, "take_many_1000", n)
+        cpu = (time.process_time() - cpu0) / n * 1e6
+        after = await _commandstats(bench)
+        entries = await bench.ctl.slowlog_get(100_000) if bench.slowlog.enabled else []
+        await bench.slowlog.end(lambda _: False)
+    per_script: dict[str, float] = {}
+    for e in entries:
+        args = bytes(e["command"]).split(b" ")
+        if args[0] == b"EVALSHA" and len(args) > 1 and args[1] in shas:
+            label = shas[args[1]]
+            per_script[label] = per_script.get(label, 0.0) + e["duration"] / n
+    used = {k: after[k][1] - before.get(k, (0, 0))[1] for k in after}
+    steps = {step: sum(used.get(c, 0) for c in commands) / n for step, commands in STEPS.items()}
+    scripts_us = used.get("evalsha", 0) / n
+    parts = _client_parts(n)
+    return {"server_us_per_item": {"by_script": per_script, "by_step": {
+                **steps, "Lua and the rest": scripts_us - sum(steps.values())}, "scripts": scripts_us},
+            "client_us_per_item": {**parts, "the rest": cpu - sum(parts.values()), "cpu": cpu}}
 
 
 async def run(bench: Bench) -> dict[str, Any]:
-    """``drain_items`` items due before the consumer starts (filled with ``offer_many``, moved to the
-    destination list by the queue's own transfer, then timed from the first take), in one process,
-    the consumers alternating, ``rounds`` times: ``take_many(100)`` in a loop (the batch speed to
-    reach), ``async for item in q`` (one item per iteration), a sequential ``async for msg in
-    q.messages(30): await msg.ack()`` loop and the worker (``q.worker(no-op handler,
-    concurrency=16).run()``: reliable, a task per message); the last two on ``drain_messages`` items,
-    timed until the last ack is in Redis. Items/s; ratios against ``take_many(100)``, and the worker's
-    against ``async for``."""
+    """``drain_items`` items due before the consumer opens (filled with ``offer_many``), moved to the
+    destination list by the queue's own transfer, then timed from the first take until the last item (the
+    last ack in Redis for the reliable ones), in one process, the consumers alternating, ``rounds`` times:
+    ``take_many(1000)`` and ``take_many(100)`` in a loop, ``async for item in q``, ``receive_many(100)``
+    with an ``ack()`` of each message, a sequential ``async for msg in q.messages(30): await msg.ack()``
+    and the worker (``q.worker(no-op handler, concurrency=16).run()``: a task per message); the reliable
+    ones on ``drain_messages`` items. ``take_many_1000_e2e``: ``take_many(1000)`` timed from the open, the
+    items still in the timeout zset (the transfer is part of the drain). ``raw_pop``: the server popping
+    the same payloads from a zset by itself (``MULTI`` of ``ZRANGE z 0 999`` and ``ZREMRANGEBYRANK z 0
+    999``), what ``take_many(1000)`` is compared with. Items/s; ratios against ``raw_pop`` (both
+    ``take_many(1000)``), ``take_many(100)`` and ``async for`` (the worker). Then one end-to-end
+    ``take_many(1000)`` drain measured for the breakdown (:func:`_breakdown`)."""
     s = bench.sizes
 
     async def measure(mode: str) -> float:
-        n = s.drain_messages if mode in ("messages_ack", "worker16") else s.drain_items
+        n = s.drain_messages if mode in RELIABLE else s.drain_items
         async with bench.fresh_queue("drain", mode, clients=2) as (producer, consumer, name):
+            if mode == "raw_pop":
+                return await _raw_pop(producer, name, n)
             await fill(DelayedQueue(producer, name), n, 0)
+            t0 = time.perf_counter()
             async with DelayedQueue(consumer, name) as q:
-                await until(q.ready_size, lambda ready: ready >= n, 60)  # all moved first: the drain alone is timed
-                return await _drain(q, consumer, mode, n)
+                if mode != "take_many_1000_e2e":  # all moved first: the consumer alone is timed
+                    await until(q.ready_size, lambda ready: ready >= n, 60)
+                    t0 = time.perf_counter()
+                await _drain(q, consumer, mode, n)
+                return n / (time.perf_counter() - t0)
 
     ours = await alternate(MODES, s.rounds, measure, "items_per_s")
     rate = {mode: ours[mode]["items_per_s"] for mode in MODES}
     return {"items": s.drain_items, "messages": s.drain_messages, "ours": ours,
-            "ratio": {**{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[1:]},
-                      "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"])}}
+            "ratio": {"take_many_1000_vs_raw_pop": ratio(rate["take_many_1000"], rate["raw_pop"]),
+                      "take_many_1000_e2e_vs_raw_pop": ratio(rate["take_many_1000_e2e"], rate["raw_pop"]),
+                      **{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[3:-1]},
+                      "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"])},
+            "breakdown": await _breakdown(bench, s.drain_items)}
+
