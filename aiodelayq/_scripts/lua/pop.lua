@@ -36,15 +36,26 @@ local items = want > 0 and redis.call('lpop', K.destination, want)
 local out = {moved, hold, 0}
 if items then
   now = now or now_ms()
-  local kept = {}
-  for _, v in ipairs(items) do
-    if string.byte(v, 1) == ITEM_BYTE then v = hand_out(K, v, 0, now) end
-    if v then
-      kept[#kept + 1] = v
-      out[#out + 1] = v
+  local n, kept = #items, items
+  for i = 1, n do  -- most often only bare payloads: handed out as they are, without a copy
+    if string.byte(items[i], 1) == ITEM_BYTE then
+      kept = nil
+      break
     end
   end
-  out[3] = #items - #kept
+  if not kept then
+    local k = 0
+    kept = {}
+    for _, v in ipairs(items) do
+      if string.byte(v, 1) == ITEM_BYTE then v = hand_out(K, v, 0, now) end
+      if v then
+        k = k + 1
+        kept[k] = v
+      end
+    end
+  end
+  for i, v in ipairs(kept) do out[i + 3] = v end
+  out[3] = n - #kept
   controls_charge(K, now, level, #kept)
   if #kept > 0 then
     redis.call('hset', K.handoff, ARGV[1], pack_list(kept))
