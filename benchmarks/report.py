@@ -103,17 +103,19 @@ def _otel_table(ot: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
 
 def _pending_table(p: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
     variants = (("ours", "ours"), ("ours_tiered", f"ours, `tier_after_s={p['tier_after_s']:g}`"))
-    return (f"{p['items']:,} pending items ({p['due']:,} due, the rest in 1 to 24 h), `offer_many` of "
-            f"{p['batch']:,} by one caller on {p['mem_allocator']}: `used_memory` per item, fill "
-            "rate by tenth, the due items' move against a backlog alone, script calls over 5 ms (share) / over "
-            "30 ms / slowest.",
+    return (f"{p['items']:,} pending items ({p['due']:,} due at one instant after the fill, the rest in 1 to 2 "
+            f"days), `offer_many` of {p['batch']:,} by one caller on {p['mem_allocator']}: `used_memory` per item, "
+            f"fill rate by tenth, then `take_many(1000)` of the due items from a queue object's open: the move out "
+            f"of the zset and the drain, each against the same {p['due']:,} alone; script calls over 5 ms (share) / "
+            "over 30 ms / slowest.",
             ["", "bytes per item", "fill: first / last tenth, items/s", "last / first", "fill: slow calls",
-             "move, items/s", "/ backlog alone", "move: slow calls"],
+             "move, items/s", "/ alone", "drain, items/s", "/ alone", "drain: slow calls"],
             [[label, f"{p[k]['memory']['bytes_per_item']:.1f}",
               f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][0])} / "
               f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][-1])}", fmt_ratio(p[k]["fill"]["last_over_first"]),
               _slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]), fmt_ratio(p[k]["move"]["ratio"]),
-              _slow(p[k]["move"]["slow"])] for k, label in variants])
+              fmt_num(p[k]["drain"]["items_per_s"]), fmt_ratio(p[k]["drain"]["ratio"]), _slow(p[k]["drain"]["slow"])]
+             for k, label in variants])
 
 
 IDLE_ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
@@ -308,6 +310,20 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         over = [c["over_1ms"] for name, c in j["calls"].items() if name in ("get", "reschedule", "cancel", "offer")]
         bar(f"keys: keyed calls over 1 ms with {k['pending_n']:,} pending", None if None in over else sum(over), 0,
             False, "calls")
+    if p := sc.get("pending_10m"):
+        for k in ("ours", "ours_tiered"):
+            if v := p.get(k):
+                label = f"pending_10m, {'tiered' if k == 'ours_tiered' else 'default layout'}"
+                bar(f"{label}: memory <= 176 B per item", v["memory"]["bytes_per_item"], 176, False, "B")
+                bar(f"{label}: fill, last tenth >= 0.8x the first", v["fill"]["last_over_first"], 0.8, True)
+                bar(f"{label}: drain among {p['items']:,} >= 0.85x alone", v["drain"]["ratio"], 0.85, True)
+                calls = [v["fill"]["slow"], v["drain"]["slow"]]
+                over = [c["over_5ms"] for c in calls]
+                total = sum(c["calls"] for c in calls)
+                bar(f"{label}: script calls over 5 ms <= 0.1%", sum(over) / total if total else None, 0.001, False,
+                    "share")
+                bar(f"{label}: slowest script call <= 30 ms", max((c["max_ms"] or 0.0 for c in calls), default=None),
+                    30.0, False, "ms")
     if st := sc.get("startup"):
         sec, rat = st["seconds"], st["ratio"]
         bar("startup: aiodelayq --help <= 300 ms", None if sec["help"] is None else sec["help"] * 1000, 300, False,
