@@ -101,6 +101,17 @@ def _otel_table(ot: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
             rows)
 
 
+def _fill_us(fill: dict[str, Any]) -> str:  # pending_10m: OFFER's server µs per item (its ZADDs')
+    us = fill.get("server_us_per_item")
+    return "n/a" if not us else " / ".join(f"{fmt_sig(us[t]['scripts'])} ({fmt_sig(us[t]['zadd'])})"
+                                           for t in ("first", "last"))
+
+
+def _read_us(drain: dict[str, Any]) -> str:  # pending_10m: ZRANGE's µs per due element, among the rest / alone
+    among, alone = drain.get("server_read_us_per_item"), drain.get("alone_server_read_us_per_item")
+    return "n/a" if among is None or alone is None else f"{fmt_sig(among)} / {fmt_sig(alone)}"
+
+
 def _pending_table(p: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
     variants = (("ours", "ours"), ("ours_tiered", f"ours, `tier_after_s={p['tier_after_s']:g}`"))
     return (f"{p['items']:,} pending items ({p['due']:,} due at one instant after the fill, the rest in 1 to 2 "
@@ -108,13 +119,17 @@ def _pending_table(p: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
             f"fill rate by tenth, then `take_many(1000)` of the due items from a queue object's open: the move out "
             f"of the zset and the drain, each against the same {p['due']:,} alone; script calls over 5 ms (share) / "
             "over 30 ms / slowest.",
-            ["", "bytes per item", "fill: first / last tenth, items/s", "last / first", "fill: slow calls",
-             "move, items/s", "/ alone", "drain, items/s", "/ alone", "drain: slow calls"],
+            ["", "bytes per item", "fill: first / last tenth, items/s", "last / first",
+             "fill: server µs per item, first / last tenth (of it `ZADD`)", "fill: slow calls",
+             "move, items/s", "/ alone", "drain, items/s", "/ alone",
+             "the server reading them: µs per item, among them / alone", "drain: slow calls"],
             [[label, f"{p[k]['memory']['bytes_per_item']:.1f}",
               f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][0])} / "
               f"{fmt_num(p[k]['fill']['items_per_s_by_tenth'][-1])}", fmt_ratio(p[k]["fill"]["last_over_first"]),
-              _slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]), fmt_ratio(p[k]["move"]["ratio"]),
-              fmt_num(p[k]["drain"]["items_per_s"]), fmt_ratio(p[k]["drain"]["ratio"]), _slow(p[k]["drain"]["slow"])]
+              _fill_us(p[k]["fill"]), _slow(p[k]["fill"]["slow"]), fmt_num(p[k]["move"]["items_per_s"]),
+              fmt_ratio(p[k]["move"]["ratio"]),
+              fmt_num(p[k]["drain"]["items_per_s"]), fmt_ratio(p[k]["drain"]["ratio"]), _read_us(p[k]["drain"]),
+              _slow(p[k]["drain"]["slow"])]
              for k, label in variants])
 
 

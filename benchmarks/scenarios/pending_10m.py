@@ -17,9 +17,7 @@ VARIANTS = (("ours", None), ("ours_tiered", TIER_AFTER_S))
 FILL_RATE_BOUND = 50_000.0  # items/s: the due instant is set as if the fill went no faster
 ALONE_DUE_S = 3.0  # the items alone fall due this long after their fill
 DRAIN_BATCH = 1000
-# The due items' scores lie within this of the instant they were aimed at (the client's clock offset and
-# the call's time): the move has ended once nothing scores below it, the far items being days away.
-DUE_SPREAD_MS = 60_000
+DUE_SPREAD_MS = 60_000  # the due items' scores lie within this of their instant; the far ones are days away
 
 
 async def _used(bench: Bench) -> int:
@@ -33,9 +31,8 @@ async def _slow_calls(bench: Bench, window: str) -> dict[str, Any]:
     calls = sum(int(v["calls"]) for k, v in info.items() if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"))
     times = await bench.slowlog.end(lambda a: a[0] in (b"EVALSHA", b"EVAL", b"FCALL")) or []
     over = sum(t > SLOW_MS for t in times)
-    out = {"calls": calls, "over_5ms": over, "over_30ms": sum(t > STALL_MS for t in times),
-           "share_over_5ms": over / calls if calls else None, "max_ms": max(times, default=None)}
-    return out
+    return {"calls": calls, "over_5ms": over, "over_30ms": sum(t > STALL_MS for t in times),
+            "share_over_5ms": over / calls if calls else None, "max_ms": max(times, default=None)}
 
 
 async def run(bench: Bench) -> dict[str, Any]:
@@ -48,8 +45,10 @@ async def run(bench: Bench) -> dict[str, Any]:
     have fallen due, one queue object opened afterwards draining them with ``take_many(1000)``: the rate
     at which its transfer moves them out of the zset (the move) and the rate at which it takes them (the
     drain), each from the open, against the same ``scale_due`` items alone in a queue of the same options
-    (due 3 s after their fill); and the script calls over 5 and 30 ms (``SLOWLOG``) during the fill and
-    the drain. Wants a jemalloc build (Debian's ``redis-server``: ``--server-kind system``)."""
+    (due 3 s after their fill); the server's µs per due element reading them by itself (``ZRANGE`` of
+    1,000 ranks at a time, before the drain), among the rest and alone; and the script calls over 5 and
+    30 ms (``SLOWLOG``) during the fill and the drain. Wants a jemalloc build (Debian's ``redis-server``:
+    ``--server-kind system``)."""
     s = bench.sizes
     allocator = str((await bench.ctl.info("memory")).get("mem_allocator", "?"))
     out: dict[str, Any] = {"items": s.scale_items, "due": s.scale_due, "batch": s.offer_many_batch,
@@ -65,6 +64,7 @@ async def run(bench: Bench) -> dict[str, Any]:
             got = out[impl][part]
             got.update(alone_items_per_s=alone[part]["items_per_s"],
                        ratio=ratio(got["items_per_s"], alone[part]["items_per_s"]))
+        out[impl]["drain"]["alone_server_read_us_per_item"] = alone["drain"]["server_read_us_per_item"]
     return out
 
 
@@ -86,6 +86,12 @@ async def _drain(bench: Bench, consumer: Any, name: str, tier_after_s: float | N
     item), items/s from the open, and the script calls over 5 and 30 ms meanwhile."""
     await asyncio.sleep(max(0.0, (due_ms - bench.server_now_ms()) / 1000.0 + 0.05))
     keys = DelayedQueue(consumer, name).keys
+    # The server alone reading the due elements, a window of ranks at a time: its µs per element, which
+    # the zset's size and where its nodes lie in memory set, not the library.
+    await bench.ctl.config_resetstat()
+    for first in range(0, due, DRAIN_BATCH):
+        await bench.ctl.zrange(keys.timeout_set, first, first + DRAIN_BATCH - 1)
+    read_us = int((await bench.ctl.info("commandstats")).get("cmdstat_zrange", {}).get("usec", 0)) / due
     await bench.slowlog.begin(int(SLOW_MS * 1000))
     moved_s: float | None = None
     got = 0
@@ -100,7 +106,8 @@ async def _drain(bench: Bench, consumer: Any, name: str, tier_after_s: float | N
         drained_s = time.perf_counter() - t0
     slow = await _slow_calls(bench, "drain")
     moved_s = moved_s or drained_s
-    return {"move": {"items_per_s": due / moved_s}, "drain": {"items_per_s": due / drained_s, "slow": slow}}
+    return {"move": {"items_per_s": due / moved_s},
+            "drain": {"items_per_s": due / drained_s, "slow": slow, "server_read_us_per_item": read_us}}
 
 
 async def _alone(bench: Bench, tier_after_s: float | None) -> dict[str, Any]:
