@@ -1,7 +1,7 @@
 -- defines: pack_list unpack_list
 -- A list of strings as one string: each '>I4' length-prefixed (hand-off entries, call replies).
--- pack_list is per popped item (POP's hand-off entry): one table.concat of prefix and value pieces,
--- each prefix packed once per length, costs under half of a packed-and-joined string per value.
+-- pack_list runs per popped item (POP's hand-off entry): one table.concat of prefix and value pieces,
+-- each prefix packed once per length, makes no new string per value.
 local function pack_list(values)
   local parts, prefixes = {}, {}
   for i, v in ipairs(values) do

@@ -71,8 +71,8 @@ local function transfer(K, limit)
   chunked('rpush', K.destination, nil, out)
   chunked('rpush', K.dead_letter, nil, bad)
   for _, v in ipairs(listed) do redis.call('lrem', K.delay_list, 1, v) end
-  -- The due elements are the zset's first #due (read from -inf, LIMIT 0): removed by rank, at about
-  -- half of ZREM's cost per member, unless a promotion ranked an element among them since.
+  -- The due elements are the zset's first #due (read from -inf, LIMIT 0): removed by rank, without
+  -- ZREM's lookup per member, unless a promotion ranked an element among them since.
   if #due > 0 and redis.call('zrank', K.timeout_set, due[#due]) == #due - 1 then
     redis.call('zremrangebyrank', K.timeout_set, 0, #due - 1)
   else
