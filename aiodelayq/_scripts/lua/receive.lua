@@ -21,6 +21,8 @@
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
+-- The remembered record: the deadline, then each message's id, gathered as the messages are made.
+local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
 if first then
   out = received(K, redis.call('hget', K.call_replies, ARGV[4]))
@@ -45,9 +47,11 @@ else
       if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, count, now) end
       if payload then
         local became_due = tonumber(redis.call('zscore', K.in_flight, e))
-        local m = message(string.sub(e, 5, 20), count + 1, became_due, payload)
+        local id = string.sub(e, 5, 20)
+        local m = message(id, count + 1, became_due, payload)
         redis.call('zadd', K.in_flight, now + vt, m)
         out[#out + 1] = m
+        ids[#ids + 1] = id
       else
         lapsed = lapsed + 1
       end
@@ -59,13 +63,15 @@ else
     local fresh = redis.call('lpop', K.destination, want)
     if fresh then
       local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
+      local n, o, d = 0, #out, #ids  -- counted: this loop is per message
       for i, payload in ipairs(fresh) do
         if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, 0, now) end
         if payload then
-          local m = message(prefix .. struct.pack('>I4', i), 1, 0, payload)
-          local n = #scored
+          local id = prefix .. struct.pack('>I4', i)
+          local m = first_delivery(id, payload)
           scored[n + 1], scored[n + 2] = deadline, m
-          out[#out + 1] = m
+          n, o, d = n + 2, o + 1, d + 1
+          out[o], ids[d] = m, id
         else
           lapsed = lapsed + 1
         end
@@ -76,11 +82,7 @@ else
     end
   end
   controls_charge(K, now, level, #out)
-  if #out > 0 then
-    local ids = {struct.pack('>d', now + vt)}
-    for _, m in ipairs(out) do ids[#ids + 1] = string.sub(m, 5, 20) end
-    remember(K, ARGV[4], now, table.concat(ids))
-  end
+  if #out > 0 then remember(K, ARGV[4], now, table.concat(ids)) end
 end
 local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
 local result = {now, head[2] or false, dead, hold, lapsed, garbage}

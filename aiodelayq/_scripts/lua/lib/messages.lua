@@ -1,10 +1,15 @@
--- defines: MSG_MAGIC message received release
+-- defines: MSG_MAGIC message first_delivery received release
 -- Message elements (layout in aiodelayq/_wire/elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery
 -- count | '>d' due ms of this delivery (0 = unknown: a first delivery) | payload. A message in flight
 -- sits in the in-flight zset scored by its visibility deadline (server ms).
 local MSG_MAGIC = 'adq' .. string.char(2)
 local function message(id, count, due, payload)
   return MSG_MAGIC .. id .. struct.pack('>I4>d', count, due) .. payload
+end
+-- message(id, 1, 0, payload), with its constant part packed once.
+local FIRST_DELIVERY = struct.pack('>I4>d', 1, 0)
+local function first_delivery(id, payload)
+  return MSG_MAGIC .. id .. FIRST_DELIVERY .. payload
 end
 -- Undo one delivery nobody saw: a first delivery goes back to the head of the destination, as
 -- if never received; a redelivery gets its count lowered and is visible again at once.
