@@ -6,6 +6,7 @@ and bad data others wrote into a queue's keys or channel."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -316,6 +317,50 @@ async def test_undecodable_message_is_dead_lettered_atomically(client: Redis, ma
     assert (letter.raw, letter.reason) == (b"{not json", "undecodable")
     assert (letter.delivery_count, letter.decodable) == (1, False)
     assert await client.zcard(q.keys.in_flight) == 0
+
+
+# Texts other programs may push, each read as json.loads reads it (or dead-lettered as undecodable).
+_OTHERS_JSON = [b' {"a": 1} ', b"\t[1,\n2]\n", b"NaN", b"-Infinity", b"1E400", b"12345678901234567890123456789",
+                b'{"a":1,"a":2}', b'"\\ud800"', b"1 2", b"[1] x", b"", b"  ", b"\xff\xfe", b"[" * 100_000,
+                b"\xef\xbb\xbf1"]
+
+
+def _as_json_loads_reads(raw: bytes) -> Any:
+    try:
+        return ("value", json.loads(raw.decode()))
+    except (ValueError, RecursionError):
+        return ("undecodable", raw)
+
+
+@pytest.mark.parametrize("consume", ["take_many", "receive_many"])
+async def test_json_that_other_programs_pushed_decodes_as_json_loads_does(client: Redis, make_queue: Any,
+                                                                          consume: str) -> None:
+    q = make_queue()  # json
+    await client.rpush(q.keys.destination, *_OTHERS_JSON, b'"end"')
+    got: list[Any] = []
+    async with q:
+        while not got or got[-1] != "end":
+            if consume == "take_many":
+                got += await asyncio.wait_for(q.take_many(100), 10)
+            else:
+                for msg in await q.receive_many(100, visibility_timeout=30, timeout=10):
+                    got.append(msg.value)
+                    await msg.ack()
+        await until(lambda: _dead_letters_at_least(q, sum(1 for r in _OTHERS_JSON
+                                                            if _as_json_loads_reads(r)[0] == "undecodable")),
+                    timeout_s=10)
+    expected = [_as_json_loads_reads(r) for r in _OTHERS_JSON]
+    values = [v for kind, v in expected if kind == "value"]
+    assert len(got) == len(values) + 1
+    for a, b in zip(got, values, strict=False):  # NaN != NaN: compared by repr
+        assert repr(a) == repr(b)
+    letters = await q.dead_letters(limit=100)
+    assert sorted(d.raw for d in letters) == sorted(v for kind, v in expected if kind == "undecodable")
+    assert {d.reason for d in letters} == {"undecodable"}
+
+
+async def _dead_letters_at_least(q: DelayedQueue[Any], n: int) -> bool:
+    return len(await q.dead_letters(limit=100)) >= n
 
 
 async def test_absurd_published_due_times_do_not_kill_the_subscriber(client: Redis, make_queue: Any) -> None:

@@ -13,6 +13,7 @@ Settles go through :class:`~aiodelayq._consuming.settler.Settler`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Coroutine
@@ -25,7 +26,7 @@ from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import TaskOwner, run_through_cancellation
 from .._util.tracing import tracer
-from .._wire.codec import decode_item
+from .._wire.codec import decode_item, scanning
 from .._wire.elements import ITEM_MARK, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
@@ -52,7 +53,9 @@ class ReliableConsumer(Generic[T]):
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, options: QueueOptions, events: Events,
                  refill: CronRefill) -> None:
-        self._scripts, self._keys, self._codec, self._events = scripts, scripts.keys, options.resolved_codec, events
+        self._scripts, self._keys, self._events = scripts, scripts.keys, events
+        codec = options.resolved_codec
+        self._decode = scanning(codec, functools.partial(decode_item, codec))  # a bare payload's item
         self._tasks, self._refill = tasks, refill
         self._call_timeout_s = options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up: bounds any missed one.
@@ -215,7 +218,7 @@ class ReliableConsumer(Generic[T]):
             wait_s = 0.0  # they took the call's room: more may be ready now
         messages: list[Message[T]] = []
         elements = reply[6:]
-        deadline_ms, expires, settler, codec = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._codec
+        deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
         for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
             payload, headers, expires_at_ms = stored, None, None
             if stored[:1] == ITEM_MARK:
@@ -225,7 +228,7 @@ class ReliableConsumer(Generic[T]):
                     self.settler.behind([Settle(element, "ack", deadline_ms)])
                     continue
             try:
-                value = decode_item(codec, payload)
+                value = decode(payload)
             except DecodeError as exc:
                 self._events.count("undecodable")
                 log.error("%s; moving it to dead-letter list %r", exc, k.dead_letter)

@@ -16,7 +16,7 @@ from .._redis.client_facts import server_ms_at
 from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._util.tasks import TaskOwner
-from .._wire.codec import Codec, Headed, decode_item
+from .._wire.codec import Codec, Headed, decode_item, scanning
 from .._wire.elements import ITEM_MARK, Unwrapped, pack_times, parse_schedule, unwrap
 from ..exceptions import BackendError, ConfigurationError
 from .cron import cron_times
@@ -56,7 +56,7 @@ class CronRefill:
             value = decode_item(codec, unwrapped.payload)
             return Headed(value, unwrapped.headers) if unwrapped.headers else value
 
-        return decode
+        return scanning(codec, decode)
 
     def handed_out(self, unwrapped: Unwrapped, payload: bytes) -> bool:
         """A consumer got ``payload`` (``unwrapped`` its parts): start a refill if its script

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..exceptions import ConfigurationError, DecodeError, EncodeError
@@ -148,6 +149,30 @@ def decode_item(codec: Codec, data: bytes) -> Any:
         return codec.decode(data)
     except Exception as exc:  # codec code is the user's: any failure is a decode failure
         raise DecodeError(f"cannot decode payload of {len(data)} bytes: {exc}", data) from exc
+
+
+def scanning(codec: Codec, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``decode`` (a decoder of stored payloads), in one call per item for the JSON codec: a payload
+    that is one JSON text is read by the json module's scanner directly (the codec's own path is
+    three calls more per item); anything else goes to ``decode``: an envelope (its first byte,
+    0xC1, is never UTF-8) or text that ``json.loads`` must judge. Other codecs: ``decode`` itself."""
+    if type(codec) is not JsonCodec:
+        return decode
+    scan = _SCAN
+
+    def decode_json(data: bytes) -> Any:
+        try:
+            text = data.decode()
+            value, end = scan(text, 0)
+        except (ValueError, StopIteration, RecursionError):  # decode() decides, and raises its errors
+            return decode(data)
+        return value if end == len(text) else decode(data)
+
+    return decode_json
+
+
+# The json module's scanner (its C one where built): (value, end) of the JSON value at an index.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def decode_stored(codec: Codec, data: bytes) -> Any:
