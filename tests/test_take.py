@@ -116,6 +116,32 @@ async def test_prefetched_items_nobody_takes_go_back_within_a_round_trip(client:
         assert await asyncio.wait_for(q.take(), 5) == len(taken)
 
 
+@pytest.mark.parametrize("then", ["stop", "close"])
+async def test_what_a_read_ahead_got_goes_back_in_order_when_the_caller_stops(client: Redis, make_queue: Any,
+                                                                              then: str) -> None:
+    # Full pops of callers that keep up send the next POP before their items are decoded. When the
+    # caller stops (or the queue closes) with one out, what it got goes back in front of nothing newer:
+    # the list holds the rest in order, the hand-off nothing, and nothing was taken twice.
+    n = 1000
+    q = make_queue(codec="json")
+    async with open_with_ready(client, q, n):
+        pump = q._life.pump()
+        taken: list[int] = []
+        sent = 0
+        while sent == 0 or len(taken) < 300:
+            taken += await asyncio.wait_for(q.take_many(100), 5)
+            sent += pump._ahead.ahead is not None
+        assert sent  # a read-ahead was out after a full pop
+        if then == "stop":
+            await until(lambda: llen_is(client, q, n - len(taken)), timeout_s=5)
+            await until(lambda: _handoff_empty(client, q), timeout_s=5)
+    if then == "close":
+        await until(lambda: llen_is(client, q, n - len(taken)), timeout_s=5)
+    assert taken == list(range(len(taken)))
+    assert [int(x) for x in await client.lrange(q.keys.destination, 0, -1)] == list(range(len(taken), n))
+    assert await _handoff_empty(client, q)
+
+
 async def _handoff_empty(client: Redis, q: Any) -> bool:
     return int(await client.hlen(q.keys.handoff)) == 0
 
@@ -193,13 +219,14 @@ async def test_items_pushed_straight_into_the_list_reach_a_waiter_that_did_not_p
 async def test_a_transfer_request_waits_for_the_caller_taking_from_the_buffer(client: Redis, make_queue: Any) -> None:
     async with open_with_ready(client, make_queue(codec="json", safety_poll_s=300), 300) as q:
         pump = q._life.pump()
-        for _ in range(20):  # until a pop left items in the prefetch buffer
+        for _ in range(300):  # until a pop left items in the prefetch buffer, and no read-ahead is out
             await q.take()
-            if pump._buffer:
+            if pump._buffer and pump._ahead.ahead is None:
                 break
         assert pump._buffer
         ask = pump.ask_transfer(100)
         assert ask is not None  # nobody waits, but the caller is still taking from the buffer
+        await q.offer_many([(i, 0) for i in range(300, 310)])  # for the caller that then waits
 
         async def rest_then_one_more() -> None:
             while pump._buffer:  # without a yield, as `async for` does

@@ -90,23 +90,32 @@ class Handoff:
         self._done: dict[Pop, None] = {}  # all handed out: forgotten by the next POP
         self._done_timer: asyncio.TimerHandle | None = None
         self._returning: set[asyncio.Future[Any]] = set()  # FINISHes that give items back
+        self._first: asyncio.Future[Any] | None = None  # see return_first
 
     def __repr__(self) -> str:
         return (f"<Handoff {self._keys.destination!r} unfinished={len(self.pops)} done={len(self._done)} "
                 f"returning={len(self._returning)}>")
 
-    async def pop(self, count: int, transfer: int) -> Popped:
+    def new_pop(self) -> Pop:
+        """A pop with a fresh call id, unfinished from now on (see :meth:`pop`)."""
+        pop = Pop(os.urandom(16))
+        self.pops.add(pop)
+        return pop
+
+    async def pop(self, count: int, transfer: int, *, pop: Pop | None = None) -> Popped:
         """POP up to ``count`` items, forgetting :meth:`take_done`'s pops and transferring up to
         ``|transfer|`` elements first (``_util.observe.transfer_limit``). Unfinished from the start
         (a flush meanwhile sends FINISH '*'); resent with the same id for ``_RESEND_HORIZON_S``.
+
+        ``pop``: one of :meth:`new_pop` to use. Cancelled, it FINISHes the pops it was to forget (it
+        may not have landed).
 
         Raises:
             BackendError: still failing at the horizon, or a final error (what it may have got is
                 returned by FINISH '*'; the forgotten pops are FINISHed).
         """
-        pop = Pop(os.urandom(16))
-        self.pops.add(pop)
-        done = self.take_done()  # cancelled: the flush FINISHes them
+        pop = pop or self.new_pop()
+        done = self.take_done()
         for earlier in done:
             earlier.finish_attempts += 1  # a FINISH after it must not read "found nothing" as a lost lease
         forget = [earlier.call_id for earlier in done]
@@ -129,10 +138,19 @@ class Handoff:
             else:
                 self.pops.discard(pop)
             raise
+        except asyncio.CancelledError:
+            for earlier in done:  # as above; the pop itself stays unfinished (a flush, or its owner, FINISHes it)
+                self._finish_soon(earlier)
+            raise
         self.pops.difference_update(done)
         if not popped.items:
             self.pops.discard(pop)  # an empty pop records nothing
         return popped
+
+    @property
+    def returning(self) -> bool:
+        """Whether FINISHes that give items back are in flight."""
+        return bool(self._returning)
 
     async def returns_landed(self) -> None:
         """Wait for the FINISHes that give items back (each try bounded by ``call_timeout_s``)."""
@@ -153,9 +171,15 @@ class Handoff:
             return
         self._finish_soon(pop)
         if "r" in pop.plan or unknown:
-            assert pop.finishing is not None
-            self._returning.add(pop.finishing)
-            pop.finishing.add_done_callback(self._returning.discard)
+            self._returned(pop)
+
+    def _returned(self, pop: Pop) -> None:
+        """``pop``'s FINISH gives items back: the next POP waits for it, and so does every FINISH
+        started after it (see :meth:`_finish_soon`)."""
+        assert pop.finishing is not None
+        self._first = pop.finishing
+        self._returning.add(pop.finishing)
+        pop.finishing.add_done_callback(self._returning.discard)
 
     def take_done(self) -> list[Pop]:
         """The pops whose items were all handed out, for the next POP to forget (or, closing, the
@@ -173,8 +197,24 @@ class Handoff:
             self._finish_soon(pop)
 
     def _finish_soon(self, pop: Pop) -> None:
-        """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again)."""
-        pop.finishing = self._tasks.spawn(self.finish(pop), name="aiodelayq-finish")
+        """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again),
+        after the last FINISH that gives items back: those go to the head of the list, so of two
+        pops given back, the later one's must go first, and land first, for the order to hold."""
+        first = self._first if self._first is not None and not self._first.done() else None
+        pop.finishing = self._tasks.spawn(self._finish_after(first, pop), name="aiodelayq-finish")
+
+    async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop) -> None:
+        if first is not None:
+            await asyncio.wait({first})
+        await self.finish(pop)
+
+    def return_first(self, pop: Pop) -> None:
+        """Return all ``pop`` got (FINISH '*': a cancelled read-ahead, which may have popped items
+        behind items about to be given back) before any FINISH started after this call."""
+        if pop not in self.pops or pop.finishing is not None:
+            return  # it failed unapplied, or is being finished
+        self._finish_soon(pop)
+        self._returned(pop)
 
     async def finish(self, pop: Pop, deadline: float = math.inf) -> None:
         """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""

@@ -5,7 +5,8 @@ No ``BLPOP``: it pins a pooled connection per queue, cannot span cluster slots, 
 its read timeout desynchronises the connection. The pump pops without blocking when items may be
 there (a waiter arrived, a transfer ran, a return was announced, the last pop came back full),
 sharing the client's transfer slots. Its phases are in ``take_phases.py``, its callers in
-``take_waiters.py``.
+``take_waiters.py``, its read-ahead (the next POP out while a full one's items are decoded) in
+``take_ahead.py``.
 
 POP moves items into ``aiodelayq_handoff:{N}`` under a lease; once every item of a pop is settled
 one FINISH removes the entry. What a killed process leaves goes back to the head of the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._recurring.refill import RESYNC
@@ -29,8 +30,9 @@ from .._util.tasks import TaskOwner, wait_event
 from .._util.tracing import tracer
 from .._wire.codec import Headed
 from ..exceptions import BackendError, DecodeError
-from .handoff import Handoff, Pop
+from .handoff import Handoff, Pop, Popped
 from .prefetch import PrefetchBuffer
+from .take_ahead import ReadAhead
 from .take_phases import Outlook, Phase
 from .take_waiters import Entry, Waiter, Waiters
 from .traced import traced_take
@@ -70,6 +72,7 @@ class TakePump:
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
                  slots: asyncio.Semaphore, events: Events, rotation: int = 1) -> None:
         self._scripts = scripts
+        self._tasks = tasks
         self._events = events
         self._keys = keys = scripts.keys
         self._decode = decode
@@ -86,6 +89,11 @@ class TakePump:
                                 hold_s=lambda: min(_DONE_HOLD_MAX_S, self._prefetch.hold_s * rotation),
                                 closing=lambda: self._closed is not None)
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
+        # While a backlog drains: each POP transfers up to |limit| first and reports the reply.
+        self._backlog: tuple[int, Callable[[float, float, Any], object]] | None = None
+        self._ahead = ReadAhead(self._handoff, tasks, keys.destination, wake=self._wake)
+        # No prefetched item went back unclaimed since the buffer last emptied: callers keep up.
+        self._keeping_up = True
         self._closed: BaseException | None = None  # closing: what callers get
         self._flush_deadline: float | None = None
         # Made only when a caller asks for it (see signal).
@@ -113,9 +121,10 @@ class TakePump:
 
     def idle(self) -> bool:
         """Whether a pop now would most likely find nothing or not be sent (drained, or backing off);
-        never once closing, nor while the transfer task waits for this pump's next POP."""
-        return self._closed is None and not self._buffer and self._transfer_ask is None and (
-            self._phase is Phase.BACKING_OFF or self._outlook.drained)
+        never once closing, nor while the transfer task waits for this pump's next POP, nor with a
+        read-ahead in flight."""
+        return (self._closed is None and not self._buffer and self._transfer_ask is None
+                and self._ahead.ahead is None and (self._phase is Phase.BACKING_OFF or self._outlook.drained))
 
     def held_s(self) -> float:
         """Seconds until the queue's controls let this pump pop again (0: not held)."""
@@ -151,8 +160,10 @@ class TakePump:
                 taken = self._take_prefetched()
                 return [_pair(taken) if with_headers else _value(taken)]
             delivered = self._deliver(self._buffer.take(max_items), with_headers)
-            if not self._buffer and self._transfer_ask is not None:
-                self._buffer_emptied()
+            if not self._buffer:
+                self._keeping_up = True
+                if self._transfer_ask is not None:
+                    self._buffer_emptied()
             return delivered
         if timeout_s == 0:
             once, timeout_s = True, None
@@ -190,8 +201,10 @@ class TakePump:
         if not pop.undecided:
             self._handoff.maybe_finish(pop)
         self._events.delivered(1)
-        if not self._buffer and self._transfer_ask is not None:
-            self._buffer_emptied()
+        if not self._buffer:
+            self._keeping_up = True
+            if self._transfer_ask is not None:
+                self._buffer_emptied()
         return taken
 
     def _deliver(self, entries: list[Entry], with_headers: bool) -> list[Any]:
@@ -219,7 +232,8 @@ class TakePump:
             run, start, stop = pop, index, index + 1
         if run is not None:
             run.settle(start, verdict, stop)
-        for pop in pops:
+        # Given back, the later pop's items go first (they go to the head of the list).
+        for pop in reversed(pops) if verdict == "r" else pops:
             self._handoff.maybe_finish(pop)
 
     def _buffer_emptied(self) -> None:
@@ -228,7 +242,11 @@ class TakePump:
         asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
 
     def _return(self, entries: list[Entry]) -> None:
-        """Nobody takes ``entries``: back to the head of the list."""
+        """Nobody takes ``entries``: back to the head of the list (after what a read-ahead got, which
+        goes back first)."""
+        self._keeping_up = False
+        if (ahead := self._ahead.drop()) is not None:
+            self._handoff.return_first(ahead)
         self._events.count("returned", len(entries))
         self._outlook.drained_at = None  # they will be in the list: the next waiter pops them
         self._settle(entries, "r")
@@ -243,6 +261,7 @@ class TakePump:
         """Give ``entries`` to waiters in FIFO order; the rest to the prefetch buffer (back when closing)."""
         left = self._waiters.serve(entries)
         if not left:
+            self._keeping_up = True
             return
         if self._closed is not None:
             self._return(left)
@@ -273,14 +292,22 @@ class TakePump:
     def ask_transfer(self, limit: int) -> asyncio.Future[Any] | None:
         """If callers wait (or are taking from the buffer), the next POP transfers first (``limit``:
         POP's ARGV[4]): one round trip instead of two. A future of ``(sent, received, reply)`` (reply
-        ``None`` for a resend) or of ``None`` when the pump did not; ``None`` at once when nobody waits."""
+        ``None`` for a resend) or of ``None`` when the pump did not; ``None`` at once when nobody waits,
+        or when a read-ahead POP is out (the next POP would come after it)."""
         if (self._closed is not None or self._phase is Phase.BACKING_OFF or self._outlook.held_until is not None
-                or self._transfer_ask is not None or not (self._waiters.wanted() or self._buffer)):
+                or self._transfer_ask is not None or self._ahead.ahead is not None
+                or not (self._waiters.wanted() or self._buffer)):
             return None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._transfer_ask = (limit, future)
         self._wake.set()
         return future
+
+    def transfer_in_pops(self, limit: int, report: Callable[[float, float, Any], object]) -> None:
+        """While a backlog drains (``limit`` != 0), each POP transfers up to ``|limit|`` elements first
+        and hands ``(sent, received, reply)`` to ``report``, until one moves fewer or ``limit`` is 0.
+        The transfer task's own transfers go on meanwhile: this keeps the list filled between them."""
+        self._backlog = (limit, report) if limit else None
 
     def _answer_ask(self) -> None:
         """The pump will not transfer for the transfer task: it transfers itself."""
@@ -324,10 +351,13 @@ class TakePump:
                 wanted = self._waiters.wanted()
                 self._phase = phase = self._outlook.next_phase(wanted, bool(self._buffer),
                                                                self._transfer_ask is not None, loop.time())
-                if phase is Phase.POP:
-                    await self._pop(wanted, backoff)
-                elif phase is Phase.SERVE:
+                if phase is Phase.SERVE:
                     self._give_to_waiters(self._buffer.take(len(self._buffer)))
+                elif self._ahead.ahead is not None and (wanted or self._ahead.done):
+                    self._phase = Phase.POP  # its items: for the waiters, else kept as prefetched
+                    await self._pop(wanted, backoff)
+                elif phase is Phase.POP:
+                    await self._pop(wanted, backoff)
                 else:
                     await self._sleep(phase is Phase.HELD)
         except asyncio.CancelledError:
@@ -335,9 +365,12 @@ class TakePump:
             self._closed = self._closed or ConnectionError("pump cancelled")
             self._outlook.cancel_recheck()
             self._answer_ask()
-            self._buffer.give_back()
+            self._buffer.give_back()  # a read-ahead's items go back first (see _return)
+            self._ahead.drop()
             await self._handoff.flush(self._flush_deadline or loop.time() + _SHUTDOWN_FLUSH_S)
             raise
+        finally:
+            self._ahead.drop()  # closing: the flush returns what it got (its pop is unfinished)
 
     async def _sleep(self, held: bool) -> None:
         """IDLE: wait for a wake-up; ``held`` (HELD): for the end of the controls' hold at most."""
@@ -349,16 +382,28 @@ class TakePump:
         await (wait_event(self._wake, self.held_s()) if held else self._wake.wait())
 
     async def _pop(self, wanted: int, backoff: Backoff) -> None:
-        """One pop for ``wanted`` items and a prefetch, transferring first if asked."""
+        """One pop for ``wanted`` items and a prefetch (the read-ahead's, if one is out), transferring
+        first if asked or while a backlog drains; a full one, whose callers keep up, sends the next
+        before its items are decoded (``take_ahead.py``)."""
         loop = asyncio.get_running_loop()
-        self._outlook.popping()
-        await self._handoff.returns_landed()  # a POP must not overtake items given back
-        count = wanted if self._outlook.limited else max(wanted, self._prefetch.size)
-        limit, ask = self._transfer_ask or (0, None)
-        self._transfer_ask = None
-        try:
+        ahead = self._ahead.take()
+        popping: Awaitable[Popped]
+        if ahead is None:
+            self._outlook.popping()
+            await self._handoff.returns_landed()  # a POP must not overtake items given back
+            count = wanted if self._outlook.limited else max(wanted, self._prefetch.size)
+            limit, ask = self._transfer_ask or (0, None)
+            self._transfer_ask = None
+            backlog = self._backlog if ask is None else None
+            if backlog is not None:
+                limit = backlog[0]
             sent = loop.time()
-            pop, moved, hold, expired, raws = await self._handoff.pop(count, limit)
+            popping = self._handoff.pop(count, limit)
+        else:  # sent while the last pop's items were decoded (a transfer ask waits for the next)
+            popping, count, sent, backlog = ahead.task, ahead.size, ahead.sent, ahead.backlog
+            limit, ask = backlog[0] if backlog is not None else 0, None
+        try:
+            pop, moved, hold, expired, raws = await popping
         except BaseException as exc:
             if ask is not None:  # the transfer task transfers itself (and reports its own failure)
                 _resolve(ask, None)
@@ -372,6 +417,11 @@ class TakePump:
             if moved is not None:
                 self._events.count("pops_that_transferred")
             _resolve(ask, (sent, received, moved))
+        elif backlog is not None and moved is not None:
+            self._events.count("pops_that_transferred")
+            if int(moved[0]) + int(moved[1]) < abs(limit) and self._backlog is backlog:
+                self._backlog = None  # drained: the transfer task's own wake-ups suffice again
+            loop.call_soon(backlog[1], sent, received, moved)  # after this pop, as an ask's future would
         backoff.succeeded()
         if expired:
             self._events.dead_lettered(expired, "expired")
@@ -380,6 +430,9 @@ class TakePump:
         self._outlook.popped(count, len(raws), expired, hold, received)
         if raws:
             self._events.count("pops")
+            if (len(raws) == count > 1 and not hold and self._keeping_up and not self._buffer
+                    and self._closed is None and self._transfer_ask is None and not self._handoff.returning):
+                await self._ahead.send(max(count, self._prefetch.size), self._backlog)  # as the next would
             self._received(pop, raws)
         elif not expired and moved is None and not hold:
             self._events.count("empty_pops")

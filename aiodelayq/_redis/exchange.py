@@ -7,6 +7,8 @@ command.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -21,9 +23,14 @@ try:  # hiredis comes with redis[hiredis], the core dependency; plain redis-py p
 except ImportError:  # pragma: no cover - redis installed without the extra
     _hiredis_pack = None
 
-__all__ = ["exchange", "pack", "reconnect_if_closed", "result"]
+__all__ = ["WRITTEN", "exchange", "pack", "reconnect_if_closed", "result"]
 
 log = logging.getLogger("aiodelayq")
+
+WRITTEN: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("aiodelayq_written",
+                                                                                      default=None)
+"""Set in a task that must know when its call is on the wire: :func:`exchange` completes the future
+once it has written the call's commands (a pooled connection's checks take a few loop turns first)."""
 
 # Arguments above this size go through redis-py's packer, which passes them on as they are instead
 # of copying them into one buffer (hiredis copies: ~100 ms for a 50 MB item).
@@ -65,6 +72,8 @@ async def exchange(conn: Any, commands: Sequence[Sequence[Any]], sent: list[bool
             await conn.connect()
         sent[0] = True
         await conn.send_packed_command(pack(conn, commands))
+        if (written := WRITTEN.get()) is not None and not written.done():
+            written.set_result(None)
         replies = [await _read(conn) for _ in commands]
         if then is not None and not isinstance(replies[-1], ResponseError):
             await conn.send_packed_command(pack(conn, [then]))

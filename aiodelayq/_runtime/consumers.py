@@ -7,6 +7,7 @@ Each open queue object attaches its :class:`QueueConsumers` to the shared transf
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,10 @@ class QueueConsumers:
         self.reliable.notify()
         if ready > 0:
             self.pump.notify()
+
+    def transfer_in_pops(self, limit: int, report: Callable[[float, float, Any], object]) -> None:
+        """While a backlog drains, the pump's POPs transfer first (see :meth:`TakePump.transfer_in_pops`)."""
+        self.pump.transfer_in_pops(limit, report)
 
     def transfer_in_pop(self, limit: int) -> asyncio.Future[Any] | None:
         """Let the pump's next POP run the transfer (see :meth:`TakePump.ask_transfer`)."""

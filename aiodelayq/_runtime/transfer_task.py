@@ -91,8 +91,8 @@ class TransferTask:
         self._anchor: tuple[float, float] | None = None
         # The due time (server ms) the latest due-time timer was armed for (see _TIMER_LEAD_S).
         self._aimed_ms: float | None = None
-        # The last transfer moved a full batch: a backlog drains, and the next one runs on its own,
-        # while the consumers pop what it moved (one after the other in the same POP would not overlap).
+        # The last transfer moved a full batch: a backlog drains. The next one runs on its own, while
+        # the consumers pop what it moved, and their POPs transfer first too (see _set_backlog).
         self._backlog = False
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
@@ -146,6 +146,18 @@ class TransferTask:
         """Stop telling ``consumers`` (idempotent)."""
         if consumers in self._consumers:
             self._consumers.remove(consumers)
+            consumers.transfer_in_pops(0, self._took)
+
+    def _set_backlog(self, backlog: bool) -> None:
+        """While a backlog drains, this task moves a batch per round trip, and a consumer's event loop
+        reads its replies only between decodes: so the consumers' POPs transfer a batch first too,
+        and report what they moved here (told again per batch: a pump stops by itself once a POP
+        moves less)."""
+        if backlog or self._backlog:
+            limit = transfer_limit(self._batch) if backlog else 0
+            for consumers in list(self._consumers):
+                consumers.transfer_in_pops(limit, self._took)
+        self._backlog = backlog
 
     def start(self) -> None:
         """Start the worker task; the first transfer runs at once."""
@@ -288,6 +300,7 @@ class TransferTask:
                     self._permanent = exc
                     self._transferred.set()  # wakes open(), which raises it
                     self._transferred.clear()
+                self._set_backlog(False)
                 delay = backoff.count()
                 self._retry_at = self._loop.time() + delay
                 due = self._opened and backoff.level(exc) >= logging.ERROR
@@ -307,7 +320,7 @@ class TransferTask:
             assert self._anchor is not None
             # A full batch, or a next wake-up already due (a tier bucket to promote), left work behind.
             full = moved + dead >= self._batch or (next_due is not None and next_due <= int(self._anchor[1]))
-            self._backlog = full
+            self._set_backlog(full)
             self._watch_lag(self._anchor[1] - next_due if full and next_due is not None else 0.0)
             if full:
                 self._wake.set()  # more may be due: go again without waiting
@@ -329,7 +342,6 @@ class TransferTask:
                 self.arm_at(when)
 
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
-        keys = self._keys
         limit = transfer_limit(self._batch)  # negative (lateness measured) only with a sink
         delegated = None if self._backlog else await self._delegate(limit)
         if delegated is not None:
@@ -337,8 +349,14 @@ class TransferTask:
         else:
             async with self._slots:
                 sent = self._loop.time()
-                reply = await self._scripts.transfer(limit, what=f"transfer of {keys.destination!r}")
+                reply = await self._scripts.transfer(limit, what=f"transfer of {self._keys.destination!r}")
                 received = self._loop.time()
+        return self._took(sent, received, reply)
+
+    def _took(self, sent: float, received: float, reply: Any) -> tuple[int, int, float | None, float | None]:
+        """Account for one transfer's ``reply`` (this task's, or a consumer's POP's), sent and received
+        at those loop times: ``(moved, dead-lettered, next due ms, earliest lease deadline ms)``."""
+        keys = self._keys
         # 8 entries, and a 9th (the lateness list) only when a negative limit asked for it.
         moved, dead, next_due, seconds, micros, recovered, lease_due, ready = reply[:8]
         self._anchor = ((sent + received) / 2, int(seconds) * 1000 + int(micros) / 1000)
