@@ -305,12 +305,12 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         d = sc["drain"]["ratio"]
         bar("drain: take_many(1000) from the open >= 25% of the server alone", d.get("take_many_1000_e2e_vs_raw_pop"),
             0.25, True, check=0.12)
-        bar("drain: async for >= 85% of take_many(100)", d["async_for"], 0.85, True, check=0.58)
+        bar("drain: async for >= 85% of take_many(100)", d["async_for"], 0.85, True, check=0.52)
         bar("drain: receive_many(100) + ack() >= 70% of take_many(100)", d.get("receive_many_ack"), 0.7, True,
-            check=0.45)
+            check=0.32)
         bar("drain: messages() + ack() >= 10% of take_many(100)", d["messages_ack"], 0.1, True, check=0.1)
         bar("drain: worker (no-op handler, concurrency 16) >= 70% of async for", d["worker16_vs_async_for"], 0.7,
-            True, check=0.4)
+            True, check=0.31)
     if "due_times" in sc:  # the bar on the p99; the check on the p90 (in 60 quick calls the p99 is the worst)
         o, r = sc["due_times"]["ours"]["lag_ms"], sc["due_times"]["script_time"]["lag_ms"]
         bar("due times under load: p99 lag <= 0.5x the script clock's", o["p99"] / r["p99"] if r["p99"] else None,
