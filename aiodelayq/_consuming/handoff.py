@@ -86,7 +86,7 @@ class Handoff:
         self._call_timeout_s = scripts.call_timeout_s
         self._hold_s = hold_s  # how long a handed-out pop may wait for the next POP
         self._closing = closing  # the pump is closing: no more deferring, FINISH at once
-        self.pops: set[Pop] = set()  # popped and not yet finished in Redis
+        self.pops: dict[Pop, None] = {}  # popped and not yet finished in Redis, oldest first
         self._done: dict[Pop, None] = {}  # all handed out: forgotten by the next POP
         self._done_timer: asyncio.TimerHandle | None = None
         self._returning: set[asyncio.Future[Any]] = set()  # FINISHes that give items back
@@ -99,7 +99,7 @@ class Handoff:
     def new_pop(self) -> Pop:
         """A pop with a fresh call id, unfinished from now on (see :meth:`pop`)."""
         pop = Pop(os.urandom(16))
-        self.pops.add(pop)
+        self.pops[pop] = None
         return pop
 
     async def pop(self, count: int, transfer: int, *, pop: Pop | None = None) -> Popped:
@@ -136,15 +136,16 @@ class Handoff:
             if exc.maybe_applied:
                 self.maybe_finish(pop, unknown=True)  # return whatever it got
             else:
-                self.pops.discard(pop)
+                self.pops.pop(pop, None)
             raise
         except asyncio.CancelledError:
             for earlier in done:  # as above; the pop itself stays unfinished (a flush, or its owner, FINISHes it)
                 self._finish_soon(earlier)
             raise
-        self.pops.difference_update(done)
+        for earlier in done:
+            self.pops.pop(earlier, None)
         if not popped.items:
-            self.pops.discard(pop)  # an empty pop records nothing
+            self.pops.pop(pop, None)  # an empty pop records nothing
         return popped
 
     @property
@@ -203,10 +204,10 @@ class Handoff:
         first = self._first if self._first is not None and not self._first.done() else None
         pop.finishing = self._tasks.spawn(self._finish_after(first, pop), name="aiodelayq-finish")
 
-    async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop) -> None:
+    async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop, deadline: float = math.inf) -> None:
         if first is not None:
             await asyncio.wait({first})
-        await self.finish(pop)
+        await self.finish(pop, deadline)
 
     def return_first(self, pop: Pop) -> None:
         """Return all ``pop`` got (FINISH '*': a cancelled read-ahead, which may have popped items
@@ -220,7 +221,7 @@ class Handoff:
         """FINISH ``pop``, tried again until done (it is idempotent) or ``deadline`` (loop time)."""
         plan = "*" if pop.size < 0 else "".join(v or "r" for v in pop.plan)
         if not plan:  # an empty pop records nothing
-            self.pops.discard(pop)
+            self.pops.pop(pop, None)
             return
         k = self._keys
 
@@ -234,11 +235,11 @@ class Handoff:
             done = await retry_until_done(attempt, per_try_s=self._call_timeout_s, deadline=deadline)
         except BackendError as exc:
             # Given up for good (a permanent error, or the close deadline): not tried again.
-            self.pops.discard(pop)
+            self.pops.pop(pop, None)
             log.warning("could not finish a pop from %r (%s); the lease returns its items",
                         k.destination, exc)
             return
-        self.pops.discard(pop)
+        self.pops.pop(pop, None)
         if not done and pop.finish_attempts == 1 and "d" in plan:
             # Found nothing, and no earlier FINISH of this pop may have been applied: the lease ran
             # out and the items went back.
@@ -255,13 +256,16 @@ class Handoff:
         self.take_done()  # still in self.pops: FINISHed below
         while self.pops and not reached(loop.time(), deadline):
             pending: set[asyncio.Future[Any]] = set()
-            for pop in list(self.pops):
+            before = self._first if self._first is not None and not self._first.done() else None
+            for pop in reversed(list(self.pops)):  # the latest first, one after another: see _finish_soon
                 for index, verdict in enumerate(pop.plan):
                     if verdict is None:
                         pop.settle(index, "r")
                 if pop.finishing is None or pop.finishing.done():
-                    pop.finishing = self._tasks.spawn(self.finish(pop, deadline), name="aiodelayq-finish")
+                    pop.finishing = self._tasks.spawn(self._finish_after(before, pop, deadline),
+                                                      name="aiodelayq-finish")
                 pending.add(pop.finishing)
+                before = pop.finishing
             started |= pending
             cancelled = await wait_through_cancellation(pending, deadline - loop.time()) or cancelled
         left = {task for task in started if not task.done()}

@@ -430,7 +430,7 @@ class TakePump:
         self._outlook.popped(count, len(raws), expired, hold, received)
         if raws:
             self._events.count("pops")
-            if (len(raws) == count > 1 and not hold and self._keeping_up and not self._buffer
+            if (len(raws) == count > 1 and wanted and not hold and self._keeping_up and not self._buffer
                     and self._closed is None and self._transfer_ask is None and not self._handoff.returning):
                 await self._ahead.send(max(count, self._prefetch.size), self._backlog)  # as the next would
             self._received(pop, raws)
