@@ -130,17 +130,15 @@ class Handoff:
 
         try:
             popped = await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)
-        except BackendError as exc:
+        except (BackendError, asyncio.CancelledError) as exc:
             for earlier in done:  # idempotent, whether or not the POP forgot them
                 self._finish_soon(earlier)
-            if exc.maybe_applied:
-                self.maybe_finish(pop, unknown=True)  # return whatever it got
-            else:
-                self.pops.pop(pop, None)
-            raise
-        except asyncio.CancelledError:
-            for earlier in done:  # as above; the pop itself stays unfinished (a flush, or its owner, FINISHes it)
-                self._finish_soon(earlier)
+            # Cancelled, the pop itself stays unfinished: a flush, or its owner, FINISHes it.
+            if isinstance(exc, BackendError):
+                if exc.maybe_applied:
+                    self.maybe_finish(pop, unknown=True)  # return whatever it got
+                else:
+                    self.pops.pop(pop, None)
             raise
         for earlier in done:
             self.pops.pop(earlier, None)
@@ -201,8 +199,11 @@ class Handoff:
         """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again),
         after the last FINISH that gives items back: those go to the head of the list, so of two
         pops given back, the later one's must go first, and land first, for the order to hold."""
-        first = self._first if self._first is not None and not self._first.done() else None
-        pop.finishing = self._tasks.spawn(self._finish_after(first, pop), name="aiodelayq-finish")
+        pop.finishing = self._tasks.spawn(self._finish_after(self._landing(), pop), name="aiodelayq-finish")
+
+    def _landing(self) -> asyncio.Future[Any] | None:
+        """The last FINISH that gives items back, while it has not landed."""
+        return self._first if self._first is not None and not self._first.done() else None
 
     async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop, deadline: float = math.inf) -> None:
         if first is not None:
@@ -256,7 +257,7 @@ class Handoff:
         self.take_done()  # still in self.pops: FINISHed below
         while self.pops and not reached(loop.time(), deadline):
             pending: set[asyncio.Future[Any]] = set()
-            before = self._first if self._first is not None and not self._first.done() else None
+            before = self._landing()
             for pop in reversed(list(self.pops)):  # the latest first, one after another: see _finish_soon
                 for index, verdict in enumerate(pop.plan):
                     if verdict is None:

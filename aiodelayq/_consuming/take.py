@@ -32,7 +32,7 @@ from .._wire.codec import Headed
 from ..exceptions import BackendError, DecodeError
 from .handoff import Handoff, Pop, Popped
 from .prefetch import PrefetchBuffer
-from .take_ahead import ReadAhead
+from .take_ahead import Backlog, ReadAhead
 from .take_phases import Outlook, Phase
 from .take_waiters import Entry, Waiter, Waiters
 from .traced import traced_take
@@ -72,7 +72,6 @@ class TakePump:
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
                  slots: asyncio.Semaphore, events: Events, rotation: int = 1) -> None:
         self._scripts = scripts
-        self._tasks = tasks
         self._events = events
         self._keys = keys = scripts.keys
         self._decode = decode
@@ -90,7 +89,7 @@ class TakePump:
                                 closing=lambda: self._closed is not None)
         self._transfer_ask: tuple[int, asyncio.Future[Any]] | None = None
         # While a backlog drains: each POP transfers up to |limit| first and reports the reply.
-        self._backlog: tuple[int, Callable[[float, float, Any], object]] | None = None
+        self._backlog: Backlog | None = None
         self._ahead = ReadAhead(self._handoff, tasks, keys.destination, wake=self._wake)
         # No prefetched item went back unclaimed since the buffer last emptied: callers keep up.
         self._keeping_up = True
@@ -161,9 +160,7 @@ class TakePump:
                 return [_pair(taken) if with_headers else _value(taken)]
             delivered = self._deliver(self._buffer.take(max_items), with_headers)
             if not self._buffer:
-                self._keeping_up = True
-                if self._transfer_ask is not None:
-                    self._buffer_emptied()
+                self._buffer_emptied()
             return delivered
         if timeout_s == 0:
             once, timeout_s = True, None
@@ -202,9 +199,7 @@ class TakePump:
             self._handoff.maybe_finish(pop)
         self._events.delivered(1)
         if not self._buffer:
-            self._keeping_up = True
-            if self._transfer_ask is not None:
-                self._buffer_emptied()
+            self._buffer_emptied()
         return taken
 
     def _deliver(self, entries: list[Entry], with_headers: bool) -> list[Any]:
@@ -237,9 +232,12 @@ class TakePump:
             self._handoff.maybe_finish(pop)
 
     def _buffer_emptied(self) -> None:
-        """The buffer emptied while a transfer request waits for its taker: unless a caller waits
-        within the hold, answer it then (a sharded queue's caller may not come back)."""
-        asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
+        """A caller took the buffer's last item: the callers keep up. If a transfer request waits for
+        its taker, unless a caller waits within the hold, answer it then (a sharded queue's caller may
+        not come back)."""
+        self._keeping_up = True
+        if self._transfer_ask is not None:
+            asyncio.get_running_loop().call_later(self._prefetch.hold_s, self._wake.set)
 
     def _return(self, entries: list[Entry]) -> None:
         """Nobody takes ``entries``: back to the head of the list (after what a read-ahead got, which

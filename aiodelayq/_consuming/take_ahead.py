@@ -8,13 +8,17 @@ any other (``handoff.py``): a close that drops it returns what it got.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._redis.exchange import WRITTEN
 from .._util.tasks import TaskOwner
 from .handoff import Handoff, Pop, Popped
 
-__all__ = ["Ahead", "ReadAhead"]
+__all__ = ["Ahead", "Backlog", "ReadAhead"]
+
+Backlog = tuple[int, Callable[[float, float, Any], object]]
+"""While a backlog drains: a POP's transfer limit, and where its reply goes ``(sent, received, reply)``."""
 
 # The most loop turns the pump gives a read-ahead POP to be written before it decodes (a pooled
 # connection's checks take two or three).
@@ -23,13 +27,13 @@ _TURNS = 8
 
 class Ahead(NamedTuple):
     """A read-ahead POP: its pop, task, item count (size), loop time sent, and the backlog transfer
-    it carries (``(limit, report)``, or ``None``)."""
+    it carries (or ``None``)."""
 
     pop: Pop
     task: asyncio.Task[Popped]
     size: int
     sent: float
-    backlog: Any
+    backlog: Backlog | None
 
 
 class ReadAhead:
@@ -47,7 +51,7 @@ class ReadAhead:
         """Whether a read-ahead's reply (or failure) is in."""
         return self.ahead is not None and self.ahead.task.done()
 
-    async def send(self, count: int, backlog: Any) -> None:
+    async def send(self, count: int, backlog: Backlog | None) -> None:
         """Send a POP of ``count`` items (transferring ``backlog[0]`` first when given), and return
         once it is written (or failed, or after a few loop turns). Its end sets the pump's wake-up."""
         loop = asyncio.get_running_loop()
