@@ -307,10 +307,10 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
             0.25, True, check=0.12)
         bar("drain: async for >= 85% of take_many(100)", d["async_for"], 0.85, True, check=0.52)
         bar("drain: receive_many(100) + ack() >= 70% of take_many(100)", d.get("receive_many_ack"), 0.7, True,
-            check=0.32)
+            check=0.5)
         bar("drain: messages() + ack() >= 10% of take_many(100)", d["messages_ack"], 0.1, True, check=0.1)
         bar("drain: worker (no-op handler, concurrency 16) >= 70% of async for", d["worker16_vs_async_for"], 0.7,
-            True, check=0.31)
+            True, check=0.55)
     if "due_times" in sc:  # the bar on the p99; the check on the p90 (in 60 quick calls the p99 is the worst)
         o, r = sc["due_times"]["ours"]["lag_ms"], sc["due_times"]["script_time"]["lag_ms"]
         bar("due times under load: p99 lag <= 0.5x the script clock's", o["p99"] / r["p99"] if r["p99"] else None,

@@ -313,6 +313,135 @@ async def test_close_sends_the_acks_written_behind(client: Redis, make_queue: An
     assert q.stats.unconfirmed_settles == 0
 
 
+async def test_acks_written_behind_ride_on_the_read_ahead(client: Redis, make_queue: Any) -> None:
+    n = 2000
+    q = make_queue(codec="json", safety_poll_s=300)
+    async with open_with_ready(client, q, n):
+        got: list[int] = []
+        while len(got) < n:
+            msgs = await q.receive_many(100, visibility_timeout=30, timeout=5)
+            got += [m.value for m in msgs]
+            for msg in msgs:
+                assert await msg.ack()
+        assert got == list(range(n))
+        # The first 7 receives grow the prefetch to its largest size, each with a SETTLE after it;
+        # then each receive is read ahead, and carries the acks written before it went out. The last
+        # batch's acks go with a SETTLE, as may a few when the caller came after a read-ahead landed.
+        assert q.stats.settle_calls <= 10
+        await until(lambda: _in_flight_is(client, q, 0), timeout_s=5)
+    assert q.stats.unconfirmed_settles == 0
+
+
+async def _receive_and_ack_written_behind(q: DelayedQueue[Any], n: int) -> list[Message[Any]]:
+    """``n`` messages received, each acked (written behind): no await after the acks."""
+    msgs = await q.receive_many(n, visibility_timeout=30, timeout=5)
+    assert len(msgs) == n
+    for msg in msgs:
+        assert await msg.ack()  # written behind; no await until the next receive, which carries them
+    return msgs
+
+
+@contextlib.asynccontextmanager
+async def _acked_behind(own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any,
+                        **options: Any) -> AsyncIterator[tuple[DelayedQueue[int], Any, Redis]]:
+    """An open queue behind a fault proxy (and the proxy, and a client past it) whose first 20 of 40
+    messages were received and acked, written behind: the acks wait for the next call."""
+    server = own_server()
+    proxy = make_proxy(server)
+    admin = make_client(server)
+    q: DelayedQueue[int] = make_queue(redis=make_client(proxy), codec="json", safety_poll_s=300, **options)
+    async with q:
+        await q.offer_many([(i, 0) for i in range(40)])
+        await until(lambda: llen_is(admin, q, 40))
+        await _receive_and_ack_written_behind(q, 20)
+        yield q, proxy, admin
+
+
+async def test_acks_a_receive_carried_are_applied_once_when_its_reply_is_lost(
+        own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with _acked_behind(own_server, make_proxy, make_client, make_queue) as (q, proxy, admin):
+        proxy.kill_after_send(QueueScripts.receive.sha.encode())  # it ran; its reply is lost; resent
+        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
+            # The RECEIVE a read-ahead sends, carrying the acks.
+            reply = await q._life.reliable()._call(20, 30_000, carry=True)
+        assert proxy.killed == 1
+        assert reply[6] == -1  # the resend: the first run applied them
+        assert q.stats.settle_calls == 0  # the acks went with the receive
+        assert len(reply[7:]) == 20
+        assert await admin.zcard(q.keys.in_flight) == 20  # the second batch only: the first's acks landed
+    assert q.stats.unconfirmed_settles == 0
+    assert not [r for r in caplog.records if "visibility timeout" in r.getMessage()]
+
+
+async def test_acks_a_failed_receive_carried_go_again_with_a_settle(
+        own_server: Any, make_proxy: Any, make_client: Any, make_queue: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with _acked_behind(own_server, make_proxy, make_client, make_queue, call_timeout_s=0.5) as (q, proxy,
+                                                                                                   admin):
+        # The receive carrying the acks runs, and its reply and every resend's are lost: it fails.
+        proxy.kill_after_send(QueueScripts.receive.sha.encode(), times=1000)
+        with caplog.at_level(logging.WARNING, logger="aiodelayq"):
+            with pytest.raises(BackendError) as failed:
+                await q._life.reliable()._call(20, 30_000, carry=True)  # a read-ahead's RECEIVE
+            assert failed.value.maybe_applied
+            proxy.disarm()
+            # The acks go again with a SETTLE, which finds them applied; the receive is undone.
+            await until(lambda: _given_back(admin, q, 20))
+            await until(lambda: q.stats.settle_calls >= 1)
+        assert await admin.lrange(q.keys.destination, 0, -1) == [str(i).encode() for i in range(20, 40)]
+        again = await q.receive_many(20, visibility_timeout=30, timeout=5)
+        assert [(m.value, m.delivery_count) for m in again] == [(i, 1) for i in range(20, 40)]
+    assert q.stats.unconfirmed_settles == 0
+    assert not [r for r in caplog.records if "visibility timeout" in r.getMessage()]
+
+
+@pytest.mark.parametrize("how", ["stop", "close"])
+async def test_what_a_read_ahead_received_goes_back_in_order_when_the_caller_stops(
+        client: Redis, make_queue: Any, how: str) -> None:
+    n = 1000
+    q = make_queue(codec="json", safety_poll_s=300)
+    async with open_with_ready(client, q, n):
+        got: list[int] = []
+        # The prefetch reaches its largest size after 7 full receives; from then on a receive whose
+        # messages all go to its caller sends the next before it parses them. Stop with one out.
+        while q._life.reliable()._ahead is None:
+            assert len(got) < n - 100
+            got += [m.value for m in await _receive_and_ack_written_behind(q, 100)]
+        batches = len(got) // 100
+        if how == "stop":
+            await until(lambda: _in_flight_is(client, q, 0), timeout_s=5)  # released after the hold
+    if how == "close":
+        assert await client.zcard(q.keys.in_flight) == 0
+    assert got == list(range(batches * 100))
+    assert q.stats.released >= 100  # a read-ahead's messages, which nobody came for
+    rest = [int(x) for x in await client.lrange(q.keys.destination, 0, -1)]
+    assert rest == list(range(batches * 100, n))
+    assert q.stats.unconfirmed_settles == 0
+
+
+async def test_settles_of_every_kind_in_one_call_each_get_their_answer(client: Redis, make_queue: Any) -> None:
+    q = make_queue(codec="json", safety_poll_s=300)
+    async with open_with_ready(client, q, 6):
+        m = await q.receive_many(6, visibility_timeout=30, timeout=5)
+        calls = q.stats.settle_calls
+        results = await asyncio.gather(m[0].ack(confirm=True), m[1].nack(delay=60), m[2].nack(dead_letter=True),
+                                       m[3].release(), m[4].ack(), m[5].ack())
+        assert results == [True] * 6
+        assert q.stats.settle_calls - calls <= 2  # the first alone, then the rest together
+        await until(lambda: _in_flight_is(client, q, 1), timeout_s=5)
+        [(element, due)] = await client.zrange(q.keys.in_flight, 0, -1, withscores=True)
+        assert element.endswith(b"1")
+        assert due > await server_ms(client) + 50_000
+        [letter] = await q.dead_letters()
+        assert (letter.value, letter.reason) == (2, "nacked")
+        assert await client.lrange(q.keys.destination, 0, -1) == [b"3"]  # released: visible, count not raised
+        again = await q.receive(visibility_timeout=30, timeout=5)
+        assert again is not None
+        assert (again.value, again.delivery_count) == (3, 1)
+    assert q.stats.unconfirmed_settles == 0
+
+
 async def test_prefetched_messages_nobody_receives_are_released_within_a_round_trip(
         client: Redis, make_queue: Any) -> None:
     n = 200

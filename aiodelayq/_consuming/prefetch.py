@@ -37,6 +37,11 @@ class Prefetch:
         """Longest a prefetched item waits for a caller, seconds."""
         return min(_HOLD_MAX_S, max(_HOLD_MIN_S, self.round_trip_s))
 
+    @property
+    def saturated(self) -> bool:
+        """Whether fetches ask for the most they may (:data:`MAX_PREFETCH`): they came back full."""
+        return self.size >= MAX_PREFETCH
+
     def fetched(self, asked: int, got: int, round_trip_s: float) -> None:
         """A fetch that asked for ``asked`` items got ``got`` in ``round_trip_s`` seconds."""
         self.round_trip_s = round_trip_s
@@ -73,8 +78,13 @@ class PrefetchBuffer(Generic[E]):
 
     def take(self, count: int) -> list[E]:
         """Up to ``count`` of the oldest entries."""
-        taken = [self._entries.popleft() for _ in range(min(count, len(self._entries)))]
-        if not self._entries:
+        entries = self._entries
+        if count >= len(entries):  # all of them: the common case of a caller that keeps up
+            taken = list(entries)
+            entries.clear()
+        else:
+            taken = [entries.popleft() for _ in range(count)]
+        if not entries:
             self._cancel_hold()
         return taken
 

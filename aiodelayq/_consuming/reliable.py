@@ -7,6 +7,8 @@ delivered (unless the undo lands after the visibility timeout: then it was redel
 
 Prefetched extras (see _consuming/prefetch.py) are in flight already and wait one round trip for a
 receive with the same visibility timeout, then are released (SETTLE 'release', count not raised).
+While the callers keep up, the next RECEIVE goes out before the last one's messages are parsed (a
+read-ahead), so the server receives while the client decodes; its messages are prefetched ones.
 Settles go through :class:`~aiodelayq._consuming.settler.Settler`.
 """
 
@@ -21,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from .._options import QueueOptions
 from .._recurring.refill import CronRefill
+from .._redis.exchange import until_written, writing
 from .._redis.retry import retry_until_done
 from .._scripts import QueueScripts
 from .._util.observe import Events
@@ -63,6 +66,7 @@ class ReliableConsumer(Generic[T]):
         self.settler = Settler(scripts, tasks, max_deliveries=options.max_deliveries, events=events)
         self.settler.on_nacked = self._wake_after
         self.settler.on_released = self.notify
+        self.settler.ride = lambda: self._ahead
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.
         self._signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -74,6 +78,13 @@ class ReliableConsumer(Generic[T]):
         # Receivers the controls refused wait for this or their hold: wake-ups cannot end a pause.
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._limited = False  # the last RECEIVE met the rate limit: receive only what callers want
+        # The read-ahead: at most one RECEIVE sent before anyone asked, its messages for the buffer.
+        self._ahead: asyncio.Task[None] | None = None
+        self._ahead_vt_ms = 0
+        self._ahead_wanted = 0  # the most messages a caller waiting for it wants (0: nobody waits)
+        self._full: tuple[int, int] | None = None  # (asked, vt ms) of the last fetch, when it came back full
+        self._keeping_up = True  # no prefetched message went back since the buffer last emptied
+        self._held_back: list[Message[T]] = []  # given back while a read-ahead was out (oldest first)
 
     def __repr__(self) -> str:
         return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
@@ -102,8 +113,8 @@ class ReliableConsumer(Generic[T]):
         if traced and (found := tracer()) is not None:
             return await traced_receive(found, self._keys.destination,
                                         self.receive_many(max_items, vt_ms, timeout_s, traced=False))
-        if messages := self._from_buffer(max_items, vt_ms):  # the hot path: no round trip, no await
-            return messages
+        if messages := self._from_buffer(max_items, vt_ms):  # the hot path: no round trip
+            return await self._hand(messages) if self._takes_all(messages) else self._delivered(messages)
         return await self._waits.run(lambda _woken: self.look(max_items, vt_ms), timeout_s)
 
     @property
@@ -123,15 +134,26 @@ class ReliableConsumer(Generic[T]):
             QueueClosedError: the queue was closed. BackendError: the RECEIVE failed (undone).
         """
         if messages := self._from_buffer(max_items, vt_ms):
-            return messages, self._signal, 0.0
+            return await self._hand(messages), self._signal, 0.0
+        if (ahead := self._ahead) is not None and self._ahead_vt_ms == vt_ms:
+            self._ahead_wanted = max(self._ahead_wanted, max_items)  # the next may go out as it lands
+            await asyncio.wait({ahead})  # (a cancelled caller leaves it running: its messages are kept)
+            if messages := self._from_buffer(max_items, vt_ms):
+                return await self._hand(messages), self._signal, 0.0
         loop = asyncio.get_running_loop()
         signal: asyncio.Future[None] = self._signal
         prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
         asked = max(max_items, self._prefetch.size) if prefetch else max_items
         sent = loop.time()
-        messages, wait_s, hold = await self._receive_once(asked, vt_ms, sent)
-        self._prefetch.fetched(asked, len(messages), loop.time() - sent)
-        self._limited = hold > 0
+        reply = await self._call(asked, vt_ms)
+        hold = self._fetched(reply, asked, vt_ms, sent, prefetch)
+        if self._full is not None and asked == max_items:
+            try:
+                await self._read_ahead()  # all go to this caller: the next go out before it parses them
+            except asyncio.CancelledError:
+                self._release_unclaimed(self._messages(reply, vt_ms, sent)[0])  # nobody saw them
+                raise
+        messages, wait_s = self._messages(reply, vt_ms, sent)
         if messages:
             self._events.count("receives")
             self._keep(messages[max_items:], vt_ms)
@@ -141,7 +163,7 @@ class ReliableConsumer(Generic[T]):
         return [], signal, wait_s
 
     def _from_buffer(self, max_items: int, vt_ms: int) -> list[Message[T]]:
-        """Up to ``max_items`` prefetched messages of ``vt_ms``, delivered.
+        """Up to ``max_items`` prefetched messages of ``vt_ms``, for a caller (see :meth:`_hand`).
 
         Raises:
             QueueClosedError: the queue was closed.
@@ -149,14 +171,33 @@ class ReliableConsumer(Generic[T]):
         if self._closed:
             raise QueueClosedError(f"queue {self._keys.destination!r} was closed")
         if self._buffer and self._buffer_vt_ms == vt_ms:
-            return self._delivered(self._buffer.take(max_items))
+            messages = self._buffer.take(max_items)
+            if not self._buffer:
+                self._keeping_up = True
+            return messages
         return []
+
+    def _takes_all(self, messages: list[Message[T]]) -> bool:
+        """Whether ``messages``, taken from the buffer, are all that the last fetch got, and it came
+        back full (at the largest prefetch): the next may be read ahead as they go to their caller."""
+        return not self._buffer and self._full is not None and len(messages) >= self._full[0]
+
+    async def _hand(self, messages: list[Message[T]]) -> list[Message[T]]:
+        """Prefetched ``messages`` to their caller, delivered; when they are a whole fetch that came back
+        full, the next RECEIVE goes out first (a caller cancelled meanwhile: they are released)."""
+        if self._takes_all(messages):
+            try:
+                await self._read_ahead()
+            except asyncio.CancelledError:
+                self._release_unclaimed(messages)
+                raise
+        return self._delivered(messages)
 
     def _delivered(self, messages: list[Message[T]]) -> list[Message[T]]:
         """``messages`` go to the caller now: reported as delivered (and redelivered)."""
         if messages:
             self._events.delivered(len(messages))
-            again = sum(m.delivery_count > 1 for m in messages)
+            again = len([m for m in messages if m.delivery_count > 1])
             if again:
                 self._events.redelivered(again)
         return messages
@@ -173,31 +214,109 @@ class ReliableConsumer(Generic[T]):
 
     def _release_unclaimed(self, messages: list[Message[T]]) -> None:
         """Release the prefetched messages nobody came for (in reverse: first deliveries go back
-        to the head of the list with LPUSH, and must keep their order)."""
+        to the head of the list with LPUSH, and must keep their order). While a read-ahead is out,
+        they wait for its messages, which are newer, and go back with them."""
+        self._keeping_up = False
+        if self._ahead is not None:
+            self._held_back += messages
+            return
         self._events.count("released", len(messages))
         self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
 
-    async def _receive_once(self, max_items: int, vt_ms: int,
-                            sent: float) -> tuple[list[Message[T]], float, int]:
-        """One RECEIVE call (sent at loop time ``sent``): its messages, how long to wait for more,
-        and the controls' hold (see RECEIVE)."""
-        k = self._keys
+    def _fetched(self, reply: list[Any], asked: int, vt_ms: int, sent: float, prefetch: bool) -> int:
+        """Note a RECEIVE's ``reply`` (``asked`` messages of ``vt_ms``, sent at loop time ``sent``):
+        the prefetch size, the rate limit, and whether a read-ahead may follow; returns the hold."""
+        got, hold = len(reply) - 7, int(reply[3])
+        self._prefetch.fetched(asked, got, asyncio.get_running_loop().time() - sent)
+        self._limited = hold > 0
+        # A read-ahead once fetches come back full at the largest prefetch: a backlog drains.
+        full = prefetch and got >= asked and not hold and self._prefetch.saturated
+        self._full = (asked, vt_ms) if full else None
+        return hold
+
+    async def _read_ahead(self) -> None:
+        """Send the next RECEIVE now, its messages for the buffer, if the last came back full and the
+        callers keep up; return once it is written (the caller's work then overlaps the server's)."""
+        if self._full is None or self._ahead is not None or not self._keeping_up or self._closed:
+            return
+        (asked, vt_ms), self._full = self._full, None
+        asked = max(asked, self._prefetch.size)
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ahead_vt_ms, self._ahead_wanted = vt_ms, 0
+        self._ahead = task = self._spawn(writing(written, self._receive_ahead(asked, vt_ms)),
+                                         name="aiodelayq-receive-ahead")
+        await until_written(written, task)
+
+    async def _receive_ahead(self, asked: int, vt_ms: int) -> None:
+        """A read-ahead RECEIVE: its messages to the buffer (or released with those given back meanwhile)."""
+        me = asyncio.current_task()
+        messages: list[Message[T]] = []
+        try:
+            sent = asyncio.get_running_loop().time()
+            try:
+                reply = await self._call(asked, vt_ms, carry=True)
+            except BackendError as exc:  # the next look receives (and reports) on its own
+                log.debug("a read-ahead receive on %r failed: %s", self._keys.destination, exc)
+                return
+            self._fetched(reply, asked, vt_ms, sent, True)
+            try:
+                if self._full is not None and self._ahead_wanted >= asked:
+                    # A caller waits for all of them: the next go out before these are parsed.
+                    self._ahead = None
+                    await self._read_ahead()
+            finally:
+                messages = self._messages(reply, vt_ms, sent)[0]
+            if messages:
+                self._events.count("receives")
+        finally:
+            if self._ahead is me:
+                self._ahead = None
+            held, self._held_back = self._held_back + messages, []
+            if held and (self._closed or len(held) > len(messages)):  # some went back meanwhile: all go
+                self._release_unclaimed(held)
+            elif messages:
+                self._keep(messages, vt_ms)
+
+    async def _call(self, max_items: int, vt_ms: int, *, carry: bool = False) -> list[Any]:
+        """One RECEIVE call's reply; with ``carry`` it carries the acks written behind meanwhile (the
+        settler's). A read-ahead carries them: nobody waits for its reply, while a caller waits for
+        this one's, and the acks' server time would come first (a SETTLE of their own follows it).
+
+        Raises:
+            BackendError: the call failed (undone when it may have been applied).
+        """
         call_id = os.urandom(16)
+        settler = self.settler
+        acks = settler.take_acks() if carry else []
+        elements = [element for run in acks for element in run.elements] if acks else ()
         try:
             # A cancellation here drops the exchange's connection (see _redis.connections.call).
-            reply = await self._scripts.receive.resend(max_items, vt_ms, self.settler.limit_arg, call_id, durable=True)
-        except asyncio.CancelledError:
+            reply = await self._scripts.receive.resend(max_items, vt_ms, settler.limit_arg, call_id, *elements,
+                                                       durable=True)
+        except BaseException as exc:
+            if acks:  # applied or not: they go again with a SETTLE, which tells
+                settler.not_carried(acks, not isinstance(exc, BackendError) or exc.maybe_applied)
+            await self._undo(call_id, exc)
+            raise
+        if acks:
+            settler.carried(acks, int(reply[6]))
+        return cast("list[Any]", reply)
+
+    async def _undo(self, call_id: bytes, exc: BaseException) -> None:
+        """Undo a RECEIVE that failed with ``exc`` by its ``call_id``, if it may have been applied."""
+        if isinstance(exc, asyncio.CancelledError):
             # Undo the call by id (a late arrival then receives nothing), waiting at most
             # _UNDO_BOUND_S through further cancellations so asyncio.run does not close the loop
             # under it; then the cancellation propagates.
             if not await self._undo_within(call_id, _UNDO_BOUND_S):
                 self._spawn(self._release_call(call_id))  # keeps trying unless the loop is going away
-            raise
-        except BackendError as exc:
-            if exc.maybe_applied:
-                self._spawn(self._release_call(call_id))
-            raise
-        now_ms, head, dead, hold = int(reply[0]), reply[1], int(reply[2]), int(reply[3])
+        elif isinstance(exc, BackendError) and exc.maybe_applied:
+            self._spawn(self._release_call(call_id))
+
+    def _messages(self, reply: list[Any], vt_ms: int, sent: float) -> tuple[list[Message[T]], float]:
+        """A RECEIVE ``reply``'s messages (sent at loop time ``sent``), and how long to wait for more."""
+        k = self._keys
+        now_ms, head, dead = int(reply[0]), reply[1], int(reply[2])
         expired, malformed = int(reply[4]), int(reply[5])
         if expired:
             self._events.dead_lettered(expired, "expired")
@@ -217,7 +336,7 @@ class ReliableConsumer(Generic[T]):
         if dead or expired or malformed:
             wait_s = 0.0  # they took the call's room: more may be ready now
         messages: list[Message[T]] = []
-        elements = reply[6:]
+        elements = reply[7:]
         deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
         for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
             payload, headers, expires_at_ms = stored, None, None
@@ -237,9 +356,9 @@ class ReliableConsumer(Generic[T]):
                 # the message comes back after its timeout and is tried again.
                 self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
-            messages.append(Message(cast(T, value), message_id, count, due_ms, deadline_ms, settler, element,
+            messages.append(Message(value, message_id, count, due_ms, deadline_ms, settler, element,
                                     expires, vt_ms, False, headers, expires_at_ms))
-        return messages, wait_s, hold
+        return messages, wait_s
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:
         """RELEASE_CALL of a receive call id (idempotent); it publishes nothing, so wake our receivers."""
@@ -269,9 +388,9 @@ class ReliableConsumer(Generic[T]):
             log.warning("could not undo a cancelled receive on %r (%s); its messages come back "
                         "after their visibility timeout", self._keys.destination, exc)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str = "aiodelayq-undo-receive") -> asyncio.Task[None]:
         """A side task of the queue's owner that :meth:`aclose` waits for (bounded)."""
-        task = self._tasks.spawn(work, name="aiodelayq-undo-receive")
+        task = self._tasks.spawn(work, name=name)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
         return task

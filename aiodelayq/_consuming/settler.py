@@ -47,6 +47,31 @@ class Settle:
     future: asyncio.Future[int] | None = None  # None: written behind
 
 
+class _Run:
+    """Settles of one mode, delay and deadline, sent as one run of SETTLE's arguments: a confirmed
+    settle alone (its ``future``), written-behind ones together (a consumer's acks of one receive)."""
+
+    __slots__ = ("deadline_ms", "delay_ms", "elements", "future", "mode", "resent")
+
+    def __init__(self, mode: SettleMode, delay_ms: int, deadline_ms: int, elements: list[bytes],
+                 future: asyncio.Future[int] | None = None) -> None:
+        self.mode, self.delay_ms, self.deadline_ms = mode, delay_ms, deadline_ms
+        self.elements, self.future = elements, future
+        self.resent = False  # sent before (by a RECEIVE that failed): it may have been applied
+
+    def split(self, count: int) -> _Run:
+        """The first ``count`` settles as a run of their own; this run keeps the rest."""
+        head, self.elements = self.elements[:count], self.elements[count:]
+        run = _Run(self.mode, self.delay_ms, self.deadline_ms, head, self.future)
+        run.resent = self.resent
+        return run
+
+    @property
+    def behind_acks(self) -> bool:
+        """Acks written behind: nobody waits for them."""
+        return self.future is None and self.mode == "ack"
+
+
 class Settler:
     """Sends the settles of one queue, many per round trip."""
 
@@ -58,16 +83,19 @@ class Settler:
         self.max_deliveries, self.limit_arg = max_deliveries, max_deliveries or 0
         self._call_timeout_s = scripts.call_timeout_s
         self.acks_confirmed = scripts.durability.enabled
-        self._pending: list[Settle] = []
+        self._pending: list[_Run] = []
+        self._acks: _Run | None = None  # the run written-behind acks of one deadline join
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
         # Wake receivers after a landed nack's delay (ms) / a release, not at their recheck.
         self.on_nacked: Callable[[int], None] | None = None
         self.on_released: Callable[[], None] | None = None
+        # A RECEIVE in flight that sends the next as it lands (see take_acks), or None.
+        self.ride: Callable[[], asyncio.Future[Any] | None] = lambda: None
 
     def __repr__(self) -> str:
-        return (f"<Settler {self._keys.destination!r} pending={len(self._pending)} "
+        return (f"<Settler {self._keys.destination!r} pending={sum(len(r.elements) for r in self._pending)} "
                 f"flushing={self._flusher is not None}>")
 
     @property
@@ -80,7 +108,12 @@ class Settler:
         is left before ``expires`` (loop time), so it lands in time; whether it did."""
         if self.closed or expires - self._loop.time() <= self._call_timeout_s:
             return False
-        self._pending.append(Settle(element, "ack", deadline_ms))
+        run = self._acks
+        if run is not None and run.deadline_ms == deadline_ms:
+            run.elements.append(element)
+        else:
+            self._acks = run = _Run("ack", 0, deadline_ms, [element])
+            self._pending.append(run)
         if self._flusher is None:
             self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
         return True
@@ -114,33 +147,107 @@ class Settler:
         self._submit(settles)
 
     def _submit(self, settles: Sequence[Settle]) -> None:
-        self._pending.extend(settles)
+        pending = self._pending
+        for s in settles:
+            last = pending[-1] if pending else None
+            if (s.future is None and last is not None and last.future is None and last.mode == s.mode
+                    and last.deadline_ms == s.deadline_ms and last.delay_ms == s.delay_ms):
+                last.elements.append(s.element)
+            else:
+                pending.append(_Run(s.mode, s.delay_ms, s.deadline_ms, [s.element], s.future))
+        self._acks = None  # later acks go after these
         if self._flusher is None:
             self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
+
+    def take_acks(self) -> list[_Run]:
+        """The written-behind acks waiting to be sent (up to MAX_SETTLES_PER_CALL), taken by a RECEIVE
+        that carries them; it reports with :meth:`carried` or :meth:`not_carried`."""
+        taken: list[_Run] = []
+        room, kept = MAX_SETTLES_PER_CALL, []
+        for run in self._pending:
+            if room and run.behind_acks:
+                if len(run.elements) > room:
+                    taken.append(run.split(room))
+                    kept.append(run)
+                    room = 0
+                    continue
+                taken.append(run)
+                room -= len(run.elements)
+                if run is self._acks:
+                    self._acks = None
+            else:
+                kept.append(run)
+        if taken:
+            self._pending = kept
+        return taken
+
+    def carried(self, runs: list[_Run], acked: int) -> None:
+        """A RECEIVE applied ``acked`` of the acks in ``runs`` (-1: a resend, whose first run applied
+        them); the others' messages had been delivered again."""
+        count = sum(len(r.elements) for r in runs)
+        acked = count if acked < 0 else acked
+        if acked:
+            self._events.acked(acked)
+        self._superseded(count - acked)
+
+    def not_carried(self, runs: list[_Run], maybe_applied: bool) -> None:
+        """The RECEIVE that carried ``runs`` failed: they go first with the next SETTLE call, which
+        counts them as applied where their messages are gone before their deadline."""
+        for run in runs:
+            run.resent = run.resent or maybe_applied
+        self._pending[:0] = runs
+        if self._flusher is None:
+            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
+
+    def _superseded(self, count: int) -> None:
+        if count:
+            self._events.count("unconfirmed_settles", count)
+            log.warning("%d ack(s) on %r arrived after the visibility timeout and the message(s) had "
+                        "been delivered again", count, self._keys.destination)
 
     async def _flush(self) -> None:
         try:
             while self._pending:
-                batch = self._pending[:MAX_SETTLES_PER_CALL]
-                del self._pending[:MAX_SETTLES_PER_CALL]
-                await self._send(batch)
+                if all(run.behind_acks for run in self._pending) and (ride := self.ride()) is not None:
+                    await asyncio.wait({ride})  # the RECEIVE it sends as it lands carries them
+                    continue
+                await self._send(self._next_batch())
         finally:
-            self._flusher = None
+            self._flusher, self._acks = None, None
             left, self._pending = self._pending, []
             self._give_up(left, BackendError(f"settle on {self._keys.destination!r} not sent: cancelled"))
 
-    async def _send(self, batch: list[Settle]) -> None:
+    def _next_batch(self) -> list[_Run]:
+        """The oldest pending runs, up to MAX_SETTLES_PER_CALL settles (a longer run is split)."""
+        batch: list[_Run] = []
+        room, pending = MAX_SETTLES_PER_CALL, self._pending
+        while pending and room:
+            run = pending[0]
+            if len(run.elements) > room:
+                batch.append(run.split(room))  # the rest stays first, and may take more acks
+                break
+            del pending[0]
+            if run is self._acks:
+                self._acks = None
+            batch.append(run)
+            room -= len(run.elements)
+        return batch
+
+    async def _send(self, batch: list[_Run]) -> None:
         k = self._keys
         body: list[Any] = []
-        for s in batch:
-            body += [s.element, s.mode, s.delay_ms, s.deadline_ms]
+        for r in batch:
+            body += (r.mode, r.delay_ms, r.deadline_ms, len(r.elements))
+            body += r.elements
 
         # A resend says so, so the script can tell its own first try by deadline or call id.
         call_id, resend_ms = os.urandom(16), int(self._call_timeout_s * 1000) + _CLOCK_SLACK_MS
 
+        resent = any(r.resent for r in batch)
+
         async def attempt(remaining_s: float, resend: bool) -> Any:
-            return await self._scripts.settle.durable(self.limit_arg, call_id, "1" if resend else "", resend_ms, *body,
-                                                      timeout_s=remaining_s)
+            return await self._scripts.settle.durable(self.limit_arg, call_id, "1" if resend or resent else "",
+                                                      resend_ms, *body, timeout_s=remaining_s)
 
         try:
             self._events.count("settle_calls")
@@ -150,39 +257,44 @@ class Settler:
             if not isinstance(exc, BackendError):
                 raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
             return
+        if len(results) != len(body) - 4 * len(batch):  # one per settle, else the replies are not SETTLE's
+            wrong = BackendError(f"SETTLE on {k.destination!r} answered {len(results)} results for "
+                               f"{len(body) - 4 * len(batch)} settles", maybe_applied=True)
+            self._give_up(batch, wrong)
+            return
         _report(self._events, batch, results)
-        superseded, released = 0, False
-        for s, result in zip(batch, results, strict=True):
-            if s.mode == "release" and int(result) == 1:
+        superseded, released, at = 0, False, 0
+        for r in batch:
+            got = results[at:at + len(r.elements)]
+            at += len(r.elements)
+            if r.mode == "release" and 1 in got:
                 released = True
-            if s.future is not None:
-                if int(result) == 2:
+            if r.future is not None:
+                result = int(got[0])
+                if result == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
                     self._events.count("exhausted")
                     log.debug("a message of %r was nacked on its last allowed delivery "
                               "(max_deliveries=%s); moved to dead-letter list %r", k.destination,
                               self.max_deliveries, k.dead_letter)
-                if not s.future.done():
-                    s.future.set_result(int(result))
-            elif int(result) == 0 and s.mode == "ack":
-                superseded += 1
+                if not r.future.done():
+                    r.future.set_result(result)
+            elif r.mode == "ack":
+                superseded += got.count(0)
         if released and self.on_released is not None:
             self.on_released()
-        if superseded:
-            self._events.count("unconfirmed_settles", superseded)
-            log.warning("%d ack(s) on %r arrived after the visibility timeout and the message(s) had "
-                        "been delivered again", superseded, k.destination)
+        self._superseded(superseded)
 
-    def _give_up(self, settles: list[Settle], exc: BaseException) -> None:
+    def _give_up(self, runs: list[_Run], exc: BaseException) -> None:
         behind = 0
-        for s in settles:
-            if s.future is None:
-                behind += 1
-            elif not s.future.done():
-                s.future.set_exception(exc if isinstance(exc, BackendError) else
-                                       BackendError(f"{s.mode} on {self._keys.destination!r} not confirmed: "
+        for r in runs:
+            if r.future is None:
+                behind += len(r.elements)
+            elif not r.future.done():
+                r.future.set_exception(exc if isinstance(exc, BackendError) else
+                                       BackendError(f"{r.mode} on {self._keys.destination!r} not confirmed: "
                                                     "the queue was closing", maybe_applied=True))
-                s.future.exception()  # retrieved: its caller may have left
+                r.future.exception()  # retrieved: its caller may have left
         if behind:
             self._events.count("unconfirmed_settles", behind)
             log.warning("%d settle(s) on %r not confirmed (%s); unless they landed, their messages are "
@@ -201,24 +313,27 @@ class Settler:
 _DEAD_REASONS = {"dead": "nacked", "undecodable": "undecodable"}
 
 
-def _report(events: Events, batch: list[Settle], results: list[Any]) -> None:
+def _report(events: Events, batch: list[_Run], results: list[Any]) -> None:
     """The events of one SETTLE call (result 2: a nack that dead-lettered a last delivery)."""
     acked = nacked = exhausted = 0
     dead: dict[str, int] = {}
-    for settle, result in zip(batch, results, strict=True):
-        applied = int(result)
+    at = 0
+    for r in batch:
+        got = [int(result) for result in results[at:at + len(r.elements)]]
+        at += len(r.elements)
+        applied = len(got) - got.count(0)
         if not applied:
             continue
-        mode = settle.mode
+        mode = r.mode
         if mode == "ack":
-            acked += 1
+            acked += applied
         elif mode == "nack":
-            nacked += 1
-            exhausted += applied == 2
+            nacked += applied
+            exhausted += got.count(2)
         elif mode in _DEAD_REASONS:
-            nacked += mode == "dead"
+            nacked += applied if mode == "dead" else 0
             reason = _DEAD_REASONS[mode]
-            dead[reason] = dead.get(reason, 0) + 1
+            dead[reason] = dead.get(reason, 0) + applied
     if acked:
         events.acked(acked)
     if nacked:

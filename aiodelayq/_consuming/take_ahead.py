@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .._redis.exchange import WRITTEN
+from .._redis.exchange import until_written, writing
 from .._util.tasks import TaskOwner
 from .handoff import Handoff, Pop, Popped
 
@@ -19,11 +19,6 @@ __all__ = ["Ahead", "Backlog", "ReadAhead"]
 
 Backlog = tuple[int, Callable[[float, float, Any], object]]
 """While a backlog drains: a POP's transfer limit, and where its reply goes ``(sent, received, reply)``."""
-
-# The most loop turns the pump gives a read-ahead POP to be written before it decodes (a pooled
-# connection's checks take two or three).
-_TURNS = 8
-
 
 class Ahead(NamedTuple):
     """A read-ahead POP: its pop, task, item count (size), loop time sent, and the backlog transfer
@@ -57,18 +52,11 @@ class ReadAhead:
         loop = asyncio.get_running_loop()
         written: asyncio.Future[None] = loop.create_future()
         pop = self._handoff.new_pop()
-        task = self._tasks.spawn(self._pop(pop, count, backlog[0] if backlog else 0, written), quiet=True,
-                                 name=f"aiodelayq-take-ahead:{self._name}")
+        task = self._tasks.spawn(writing(written, self._handoff.pop(count, backlog[0] if backlog else 0, pop=pop)),
+                                 quiet=True, name=f"aiodelayq-take-ahead:{self._name}")
         self.ahead = Ahead(pop, task, count, loop.time(), backlog)
         task.add_done_callback(lambda _: self._wake.set())
-        for _ in range(_TURNS):
-            if written.done() or task.done():
-                break
-            await asyncio.sleep(0)
-
-    async def _pop(self, pop: Pop, count: int, transfer: int, written: asyncio.Future[None]) -> Popped:
-        WRITTEN.set(written)  # this task's context only
-        return await self._handoff.pop(count, transfer, pop=pop)
+        await until_written(written, task)
 
     def take(self) -> Ahead | None:
         """The read-ahead in flight (or done), now the pump's to await; ``None`` when there is none."""

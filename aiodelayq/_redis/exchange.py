@@ -11,8 +11,8 @@ import asyncio
 import contextvars
 import logging
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -23,7 +23,7 @@ try:  # hiredis comes with redis[hiredis], the core dependency; plain redis-py p
 except ImportError:  # pragma: no cover - redis installed without the extra
     _hiredis_pack = None
 
-__all__ = ["WRITTEN", "exchange", "pack", "reconnect_if_closed", "result"]
+__all__ = ["WRITTEN", "exchange", "pack", "reconnect_if_closed", "result", "until_written", "writing"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -31,6 +31,28 @@ WRITTEN: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.Conte
                                                                                       default=None)
 """Set in a task that must know when its call is on the wire: :func:`exchange` completes the future
 once it has written the call's commands (a pooled connection's checks take a few loop turns first)."""
+
+R = TypeVar("R")
+
+# The most loop turns a caller gives a call sent ahead to be written (a pooled connection's checks take
+# two or three) before it goes on with work that does not yield.
+_WRITE_TURNS = 8
+
+
+async def writing(written: asyncio.Future[None], work: Awaitable[R]) -> R:
+    """Await ``work`` with :data:`WRITTEN` set to ``written``: run as a task of its own, whose context
+    only it sets."""
+    WRITTEN.set(written)
+    return await work
+
+
+async def until_written(written: asyncio.Future[None], task: asyncio.Future[Any]) -> None:
+    """Return once ``written`` is done (the call that ``task`` runs through :func:`writing` is on the
+    wire), ``task`` ended, or after a few loop turns."""
+    for _ in range(_WRITE_TURNS):
+        if written.done() or task.done():
+            return
+        await asyncio.sleep(0)
 
 # Arguments above this size go through redis-py's packer, which passes them on as they are instead
 # of copying them into one buffer (hiredis copies: ~100 ms for a 50 MB item).
@@ -40,10 +62,19 @@ _HIREDIS_MAX_ARG = 65536
 def pack(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
     """The wire bytes of ``commands``: hiredis's packer when every argument is small and the client
     encodes UTF-8 (as hiredis always does); redis-py's Python packer is several times slower."""
-    if (_hiredis_pack is None or conn.encoder.encoding.lower().replace("-", "") != "utf8"
-            or any(len(a) > _HIREDIS_MAX_ARG for c in commands for a in c if type(a) in (bytes, str))):
+    if _hiredis_pack is None or conn.encoder.encoding.lower().replace("-", "") != "utf8" or not _small(commands):
         return conn.pack_commands([tuple(c) for c in commands])
     return b"".join([_hiredis_pack(tuple(c)) for c in commands])
+
+
+def _small(commands: Sequence[Sequence[Any]]) -> bool:
+    """Whether no text or bytes argument of ``commands`` is over _HIREDIS_MAX_ARG (a plain loop: it
+    runs over every argument of every call)."""
+    for command in commands:
+        for arg in command:
+            if (type(arg) is bytes or type(arg) is str) and len(arg) > _HIREDIS_MAX_ARG:
+                return False
+    return True
 
 
 async def reconnect_if_closed(conn: Any) -> None:

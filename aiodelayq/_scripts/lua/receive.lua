@@ -3,10 +3,11 @@
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/hand_out.lua lib/item.lua lib/messages.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
--- a 4-byte index)
+-- a 4-byte index), ARGV[5...] message elements this consumer acked, written behind: removed from
+-- flight first, as SETTLE's acks (they ride on the call instead of a SETTLE call of their own)
 -- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
 --           dead-lettered count (past max deliveries), hold, expired count, malformed count,
---           messages...}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
+--           acks applied (-1 on a resend: the first run applied them), messages...}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
 --           ms until the rate limit lets one more message out. expired: items whose envelope's
 --           expiry had passed when they were due for a delivery, moved to the dead-letter list
 --           (reason expired) instead. malformed: in-flight entries that are not message elements
@@ -24,11 +25,16 @@ local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
 -- The remembered record: the deadline, then each message's id, gathered as the messages are made.
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
+local acked = -1
 if first then
   out = received(K, redis.call('hget', K.call_replies, ARGV[4]))
   -- Reply with the first run's time: the client computes each message's deadline from it.
   now = first
 else
+  acked = 0
+  for c = 5, #ARGV, 1000 do  -- (ZREM counts a member given twice once)
+    acked = acked + redis.call('zrem', K.in_flight, unpack(ARGV, c, math.min(c + 999, #ARGV)))
+  end
   local level
   limit, hold, level = controls_allow(K, limit, now)
   local expired = limit > 0 and redis.call('zrangebyscore', K.in_flight, '-inf', now, 'LIMIT', 0, limit) or {}
@@ -82,9 +88,10 @@ else
     end
   end
   controls_charge(K, now, level, #out)
-  if #out > 0 then remember(K, ARGV[4], now, table.concat(ids)) end
+  -- (remembered with acks too: a resend must not count them again)
+  if #out > 0 or acked > 0 then remember(K, ARGV[4], now, table.concat(ids)) end
 end
 local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
-local result = {now, head[2] or false, dead, hold, lapsed, garbage}
+local result = {now, head[2] or false, dead, hold, lapsed, garbage, acked}
 for _, m in ipairs(out) do result[#result + 1] = m end
 return result

@@ -4,14 +4,15 @@
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
--- then per settle, 4 arguments: the message element; 'ack' | 'nack' | 'dead' (its payload to the
---         dead-letter list, reason nacked) | 'undecodable' (the same, reason undecodable) |
---         'release' (undo this delivery: nobody saw the message); the nack delay
---         ms; the message's visibility deadline ms. On a resend, a message gone before its deadline
---         can only have been settled by the first attempt (nobody else touches it before then).
---         After its deadline "gone" no longer says who settled it, so a call that a resend may
---         reach after one of its deadlines (within ARGV[4] of now) remembers its reply by call id
---         for CALL_WINDOW_MS, and a resend of it answers that reply and writes nothing.
+-- then runs of settles that share a mode and a deadline, each: 'ack' | 'nack' | 'dead' (the payload
+--         to the dead-letter list, reason nacked) | 'undecodable' (the same, reason undecodable) |
+--         'release' (undo this delivery: nobody saw the message); the nack delay ms; the messages'
+--         visibility deadline ms; the run's length n; then its n message elements. On a resend, a
+--         message gone before its deadline can only have been settled by the first attempt (nobody
+--         else touches it before then). After its deadline "gone" no longer says who settled it, so
+--         a call that a resend may reach after one of its deadlines (within ARGV[4] of now)
+--         remembers its reply by call id for CALL_WINDOW_MS, and a resend of it answers that reply
+--         and writes nothing.
 -- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
@@ -24,38 +25,21 @@ if resend and first_run(K, id) then
   end
   return answered
 end
-local results, earliest = {}, false
--- Acks come in runs (a consumer's write-behind acks): a run is checked with one ZMSCORE and removed
--- with one ZREM (per 1,000) instead of two calls per ack. The other modes go one by one, in order.
-local run = {}
+local results, earliest, remembered = {}, false, false
+-- Acks come in runs (a consumer's written-behind acks): consecutive ones go together (ack_deliveries).
+-- The other modes go one by one, in order.
+local acks, ack_deadlines, ack_slots = {}, {}, {}  -- each ack's element, deadline and result slot
 local function flush_acks()
-  for c = 1, #run, 1000 do
-    local last = math.min(c + 999, #run)
-    local members = {}
-    for j = c, last do members[#members + 1] = ARGV[run[j]] end
-    local scores = redis.call('zmscore', K.in_flight, unpack(members))
-    local gone, seen = {}, {}
-    for j = c, last do
-      local i = run[j]
-      local result = 1
-      if scores[j - c + 1] and not seen[ARGV[i]] then
-        -- (the same delivery acked twice in one call: the second finds it gone, as one by one)
-        seen[ARGV[i]] = true
-        gone[#gone + 1] = ARGV[i]
-      elseif not (resend and now < tonumber(ARGV[i + 3])) then
-        result = 0
-      end
-      results[(i - 5) / 4 + 1] = result
-    end
-    if #gone > 0 then redis.call('zrem', K.in_flight, unpack(gone)) end
+  local found = ack_deliveries(K, acks)
+  for j = 1, #acks do
+    results[ack_slots[j]] = (found[j] or (resend and now < ack_deadlines[j])) and 1 or 0
   end
-  run = {}
+  acks, ack_deadlines, ack_slots = {}, {}, {}
 end
-local function settle_one(i)
-  local m, mode = ARGV[i], ARGV[i + 1]
+local function settle_one(m, mode, delay, deadline)
   local result = 1
   if not redis.call('zscore', K.in_flight, m) then
-    if not (resend and now < tonumber(ARGV[i + 3])) then result = 0 end
+    if not (resend and now < deadline) then result = 0 end
   elseif mode == 'dead' or mode == 'undecodable' then
     local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
     redis.call('rpush', K.dead_letter, dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
@@ -72,28 +56,31 @@ local function settle_one(i)
       redis.call('zrem', K.in_flight, m)
       result = 2
     else
-      local due = now + tonumber(ARGV[i + 2])
+      local due = now + delay
       redis.call('zadd', K.in_flight, 'XX', due, m)
       if not earliest or due < earliest then earliest = due end
     end
   end
-  results[(i - 5) / 4 + 1] = result
+  return result
 end
-for i = 5, #ARGV, 4 do
-  if ARGV[i + 1] == 'ack' then
-    run[#run + 1] = i
-  else
-    flush_acks()
-    settle_one(i)
+local i, slot = 5, 0
+while i <= #ARGV do
+  local mode, delay, deadline, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  if deadline <= now + horizon then remembered = true end
+  for j = i + 4, i + 3 + n do
+    slot = slot + 1
+    if mode == 'ack' then
+      local a = #acks + 1
+      acks[a], ack_deadlines[a], ack_slots[a] = ARGV[j], deadline, slot
+    else
+      flush_acks()
+      results[slot] = settle_one(ARGV[j], mode, delay, deadline)
+    end
   end
+  i = i + 4 + n
 end
 flush_acks()
-for i = 5, #ARGV, 4 do
-  if tonumber(ARGV[i + 3]) <= now + horizon then
-    remember(K, id, now, table.concat(results, ','))
-    break
-  end
-end
+if remembered then remember(K, id, now, table.concat(results, ',')) end
 if earliest then
   -- Every process's transfer task wakes at that time (a nack's due time; now after a release), and its
   -- receivers look again.
