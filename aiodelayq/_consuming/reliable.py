@@ -7,8 +7,9 @@ delivered (unless the undo lands after the visibility timeout: then it was redel
 
 Prefetched extras (see _consuming/prefetch.py) are in flight already and wait one round trip for a
 receive with the same visibility timeout, then are released (SETTLE 'release', count not raised).
-While the callers keep up, the next RECEIVE goes out before the last one's messages are parsed (a
-read-ahead), so the server receives while the client decodes; its messages are prefetched ones.
+Once receives come back full at the largest prefetch (a backlog drains), the next RECEIVE goes out
+before the last one's messages are parsed (a read-ahead), so the server receives while the client
+decodes; its messages are prefetched ones, and it carries the acks written behind meanwhile.
 Settles go through :class:`~aiodelayq._consuming.settler.Settler`.
 """
 
