@@ -80,8 +80,11 @@ async def test_every_consumer_kind_continues_the_chain_and_none_doubles_it(
                     await m.ack()
 
         await asyncio.wait_for(asyncio.gather(taker(), receiver()), 30)
-        assert await _pending_of(client, q) == 1  # never more than one occurrence
-        assert await client.llen(q.keys.destination) <= 1
+        assert await _pending_of(client, q) <= 1  # never more than one occurrence scheduled
+    # Closed: what a consumer prefetched went back. The chain goes on: its next occurrence is pending,
+    # or ready once due (every 50 ms: a slow machine's check may come after that).
+    assert await _pending_of(client, q) + await client.llen(q.keys.destination) >= 1
+    assert await _pending_of(client, q) <= 1
 
 
 async def test_an_occurrence_handed_out_again_continues_nothing(client: Redis, make_queue: Any) -> None:
