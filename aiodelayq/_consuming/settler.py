@@ -162,21 +162,25 @@ class Settler:
     def take_acks(self) -> list[_Run]:
         """The written-behind acks waiting to be sent (up to MAX_SETTLES_PER_CALL), taken by a RECEIVE
         that carries them; it reports with :meth:`carried` or :meth:`not_carried`."""
+        return self._take(lambda run: run.behind_acks)
+
+    def _take(self, which: Callable[[_Run], bool]) -> list[_Run]:
+        """The oldest pending runs ``which`` accepts, up to MAX_SETTLES_PER_CALL settles (a longer run
+        is split: the rest stays in its place, and may take more acks)."""
         taken: list[_Run] = []
         room, kept = MAX_SETTLES_PER_CALL, []
         for run in self._pending:
-            if room and run.behind_acks:
-                if len(run.elements) > room:
-                    taken.append(run.split(room))
-                    kept.append(run)
-                    room = 0
-                    continue
+            if not room or not which(run):
+                kept.append(run)
+            elif len(run.elements) > room:
+                taken.append(run.split(room))
+                kept.append(run)
+                room = 0
+            else:
                 taken.append(run)
                 room -= len(run.elements)
                 if run is self._acks:
                     self._acks = None
-            else:
-                kept.append(run)
         if taken:
             self._pending = kept
         return taken
@@ -211,27 +215,11 @@ class Settler:
                 if all(run.behind_acks for run in self._pending) and (ride := self.ride()) is not None:
                     await asyncio.wait({ride})  # the RECEIVE it sends as it lands carries them
                     continue
-                await self._send(self._next_batch())
+                await self._send(self._take(lambda _run: True))
         finally:
             self._flusher, self._acks = None, None
             left, self._pending = self._pending, []
             self._give_up(left, BackendError(f"settle on {self._keys.destination!r} not sent: cancelled"))
-
-    def _next_batch(self) -> list[_Run]:
-        """The oldest pending runs, up to MAX_SETTLES_PER_CALL settles (a longer run is split)."""
-        batch: list[_Run] = []
-        room, pending = MAX_SETTLES_PER_CALL, self._pending
-        while pending and room:
-            run = pending[0]
-            if len(run.elements) > room:
-                batch.append(run.split(room))  # the rest stays first, and may take more acks
-                break
-            del pending[0]
-            if run is self._acks:
-                self._acks = None
-            batch.append(run)
-            room -= len(run.elements)
-        return batch
 
     async def _send(self, batch: list[_Run]) -> None:
         k = self._keys
@@ -259,18 +247,20 @@ class Settler:
             return
         if len(results) != len(body) - 4 * len(batch):  # one per settle, else the replies are not SETTLE's
             wrong = BackendError(f"SETTLE on {k.destination!r} answered {len(results)} results for "
-                               f"{len(body) - 4 * len(batch)} settles", maybe_applied=True)
+                                 f"{len(body) - 4 * len(batch)} settles", maybe_applied=True)
             self._give_up(batch, wrong)
             return
-        _report(self._events, batch, results)
-        superseded, released, at = 0, False, 0
+        answers, at = [], 0  # each run's results
         for r in batch:
-            got = results[at:at + len(r.elements)]
+            answers.append([int(result) for result in results[at:at + len(r.elements)]])
             at += len(r.elements)
+        _report(self._events, batch, answers)
+        superseded, released = 0, False
+        for r, got in zip(batch, answers, strict=True):
             if r.mode == "release" and 1 in got:
                 released = True
             if r.future is not None:
-                result = int(got[0])
+                result = got[0]
                 if result == 2:
                     # Per message: counted (stats.exhausted), visible in the dead-letter list, DEBUG.
                     self._events.count("exhausted")
@@ -313,14 +303,12 @@ class Settler:
 _DEAD_REASONS = {"dead": "nacked", "undecodable": "undecodable"}
 
 
-def _report(events: Events, batch: list[_Run], results: list[Any]) -> None:
-    """The events of one SETTLE call (result 2: a nack that dead-lettered a last delivery)."""
+def _report(events: Events, batch: list[_Run], answers: list[list[int]]) -> None:
+    """The events of one SETTLE call, from each run's results (2: a nack that dead-lettered a last
+    delivery)."""
     acked = nacked = exhausted = 0
     dead: dict[str, int] = {}
-    at = 0
-    for r in batch:
-        got = [int(result) for result in results[at:at + len(r.elements)]]
-        at += len(r.elements)
+    for r, got in zip(batch, answers, strict=True):
         applied = len(got) - got.count(0)
         if not applied:
             continue

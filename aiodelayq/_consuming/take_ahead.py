@@ -20,6 +20,7 @@ __all__ = ["Ahead", "Backlog", "ReadAhead"]
 Backlog = tuple[int, Callable[[float, float, Any], object]]
 """While a backlog drains: a POP's transfer limit, and where its reply goes ``(sent, received, reply)``."""
 
+
 class Ahead(NamedTuple):
     """A read-ahead POP: its pop, task, item count (size), loop time sent, and the backlog transfer
     it carries (or ``None``)."""
