@@ -55,6 +55,9 @@ fails, ``maybe_applied``, and what the stall held lands when it ends).
 it touched two alternatives (applied, not applied); a keyed call whose item's due time had passed
 may have found it moved; a written-behind ack may not have landed (only if the library reported it
 as not confirmed). The next check keeps the alternative the keys show; none fitting is a failure.
+Two that fit may differ in what the keys cannot show: whether a message past its deadline was
+redelivered and given back (its holder's ack, nack and extend then say False). Both are kept, and
+the holder's answer picks one.
 
 **Left out, and why.** Cron schedules (a period of at least a second, 128 listed times: too slow for
 an example; ``every=`` shares their hand-out), rate limits (a token bucket on the server's clock to

@@ -506,9 +506,14 @@ class Model(Reconciling):
                    and not a.released]
         if out.surely_not:
             return token, None
-        if out.ok and bool(out.result) != bool(current):
+        others = [a for a in token.alts if a not in current]
+        if out.ok and not (current if out.result else others):
             raise Violation(f"{what} of delivery {count} of {token.name} returned {out.result}, but it was "
                             f"{'' if current else 'not '}in flight as that delivery: {token.describe()}")
+        if out.ok and not out.result:
+            if current:  # the answer rules out the alternatives in which it held the message
+                token.set(*others, note=f"{what} said it was not in flight")
+            return token, None
         return token, (current[0] if current else None)
 
     def settle(self, message_id: str, count: int, mode: str, delay_ms: int, client: int, unconfirmed: int,
@@ -530,7 +535,7 @@ class Model(Reconciling):
             late = out.t1 + delay_ms if out.ok else INF
             after = [replace(alt, deadline=(out.t0 + delay_ms, late), behind=None, why="")]
         if out.maybe:
-            after = [alt, *[replace(a, why=f"{mode} maybe applied") for a in after]]
+            after = [*token.alts, *[replace(a, why=f"{mode} maybe applied") for a in after]]
         token.set(*after, note=f"{mode} by client {client}")
 
     def extend(self, message_id: str, count: int, vt_ms: int, out: Outcome, deadline_ms: int) -> None:
@@ -544,7 +549,7 @@ class Model(Reconciling):
                                 f"[{out.t0 + vt_ms}, {out.t1 + vt_ms}]")
             token.set(replace(alt, deadline=(deadline_ms, deadline_ms)), note="extended")
         else:
-            token.set(alt, replace(alt, deadline=(out.t0 + vt_ms, INF), why="extend maybe applied"),
+            token.set(*token.alts, replace(alt, deadline=(out.t0 + vt_ms, INF), why="extend maybe applied"),
                       note="extend raised")
 
     def _by_message(self, message_id: str) -> Token:

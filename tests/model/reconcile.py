@@ -105,8 +105,11 @@ class Reconciling:
             self._in_handoff += 1
         if fitting[0].message_id is not None:
             self.messages[fitting[0].message_id] = token
-        if fitting != token.alts:
-            token.set(fitting[0], note=f"seen {', '.join(s.where for s in seen) or 'nowhere'}")
+        # The first fit, and one that differs in what the server cannot show: whether the holder's
+        # element was released (its ack, nack and extend then say False).
+        kept = [fitting[0], *[f for f in fitting[1:] if f.released != fitting[0].released][:1]]
+        if kept != token.alts:
+            token.set(*kept, note=f"seen {', '.join(s.where for s in seen) or 'nowhere'}")
 
     def _fit(self, token: Token, alt: State, seen: list[Seen], now: int, unconfirmed: Callable[[int], int],
              faulted: bool) -> State | None:
