@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import redis
 
-from .servers import ServerKind, ThrowawayServer, stop_process
+from .servers import ServerKind, ThrowawayServer, _free_port, stop_process
 
 __all__ = ["ThrowawayCluster", "ThrowawaySentinels", "replicate"]
 
@@ -42,14 +42,15 @@ def _port_with_bus() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+def _wait(what: str, check: Callable[[], bool], timeout_s: float, why: Callable[[], str] = lambda: "") -> None:
+    """Until ``check()``; raises ``RuntimeError`` after ``timeout_s``, with ``why()`` (the last miss)."""
     deadline = time.monotonic() + timeout_s
     while True:
         with contextlib.suppress(redis.RedisError, OSError):
             if check():
                 return
         if time.monotonic() >= deadline:
-            raise RuntimeError(f"{what}: not reached within {timeout_s} s")
+            raise RuntimeError(f"{what}: not reached within {timeout_s} s{': ' + why() if why() else ''}")
         time.sleep(0.05)
 
 
@@ -60,6 +61,13 @@ def replicate(primary: ThrowawayServer, replicas: list[ThrowawayServer], timeout
         _cmd(replica.port, "REPLICAOF", "127.0.0.1", primary.port)
     _wait("replicas in sync", lambda: _info(primary.port, "replication").get("connected_slaves") == len(replicas)
           and all(_info(r.port, "replication").get("master_link_status") == "up" for r in replicas), timeout_s)
+
+
+def _tail(path: Path, size: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError:
+        return ""
 
 
 def _client(port: int) -> redis.Redis:
@@ -285,7 +293,6 @@ class ThrowawaySentinels:
         """Start the primary, its replicas (in sync) and the Sentinels (each seeing the replicas and
         the other Sentinels)."""
         replicas, sentinels = self._shape
-        down_after_ms, failover_timeout_ms = self._timing
         try:
             primary = ThrowawayServer(self.kind, self._extra).start()
             self.servers.append(primary)
@@ -293,26 +300,44 @@ class ThrowawaySentinels:
                 self.servers.append(ThrowawayServer(self.kind, self._extra).start())
             replicate(primary, self.servers[1:], timeout_s)
             self._dir = tempfile.TemporaryDirectory(prefix="aiodelayq-sentinels-")
-            quorum = sentinels // 2 + 1
             for i in range(sentinels):
-                port = _port_with_bus()
-                conf = Path(self._dir.name) / f"sentinel-{i}.conf"
-                conf.write_text(
-                    f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {self._dir.name}\n"
-                    f"sentinel monitor {self.service} 127.0.0.1 {primary.port} {quorum}\n"
-                    f"sentinel down-after-milliseconds {self.service} {down_after_ms}\n"
-                    f"sentinel failover-timeout {self.service} {failover_timeout_ms}\n"
-                    f"sentinel parallel-syncs {self.service} 1\n")
-                log = open(Path(self._dir.name) / f"sentinel-{i}.log", "ab")  # noqa: SIM115 - owned by the process
-                self._procs.append(subprocess.Popen([self.kind.binary, str(conf), "--sentinel"], stdout=log,
-                                                    stderr=subprocess.STDOUT, cwd=self._dir.name))
-                log.close()
-                self.sentinel_ports.append(port)
+                self._start_sentinel(i, primary.port, timeout_s)
             self.wait_settled(timeout_s)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _start_sentinel(self, i: int, primary_port: int, timeout_s: float) -> None:
+        """Start Sentinel ``i`` on a free port and wait for its PONG; on another port if it exits
+        (a port taken between the check and its bind)."""
+        assert self._dir is not None
+        down_after_ms, failover_timeout_ms = self._timing
+        quorum = self._shape[1] // 2 + 1
+        log_path = Path(self._dir.name) / f"sentinel-{i}.log"
+        for attempt in range(5):
+            port = _free_port()
+            conf = Path(self._dir.name) / f"sentinel-{i}-{attempt}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {self._dir.name}\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {primary_port} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.service} {down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} {failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {self.service} 1\n")
+            log = open(log_path, "ab")  # noqa: SIM115 - owned by the process
+            proc = subprocess.Popen([self.kind.binary, str(conf), "--sentinel"], stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=self._dir.name)
+            log.close()
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    if _cmd(port, "PING"):
+                        self._procs.append(proc)
+                        self.sentinel_ports.append(port)
+                        return
+                time.sleep(0.02)
+            stop_process(proc)
+        raise RuntimeError(f"Sentinel {i} did not start: {_tail(log_path)}")
 
     def master_port(self) -> int:
         """The primary's port as the first Sentinel that answers sees it."""
@@ -326,13 +351,16 @@ class ThrowawaySentinels:
         """Until every Sentinel agrees on the primary, knows the others and sees every replica of it
         with its link up."""
         replicas, sentinels = self._shape
+        last = [""]  # what the last check found unsettled
 
         def settled() -> bool:
             seen = set()
             for port in self.sentinel_ports:
+                last[0] = f"Sentinel on {port} does not answer"
                 with _client(port) as s:
                     master = cast(dict[str, Any], s.sentinel_master(self.service))
                     others = s.sentinel_slaves(self.service)
+                last[0] = f"Sentinel on {port} sees {master} and replicas {others}"
                 if master.get("num-other-sentinels") != sentinels - 1 or master.get("num-slaves", 0) < replicas:
                     return False
                 if "s_down" in str(master.get("flags", "")) or "o_down" in str(master.get("flags", "")):
@@ -343,8 +371,13 @@ class ThrowawaySentinels:
                     unwell = rep.get("is_odown") or rep.get("is_sdown") or rep.get("master-link-status") != "ok"
                     if unwell and int(rep["port"]) in alive:
                         return False
+            last[0] = f"the Sentinels name different primaries: {sorted(seen)}"
             return len(seen) == 1
-        _wait("sentinels settled", settled, timeout_s)
+
+        def why() -> str:
+            logs = sorted(Path(self._dir.name).glob("sentinel-*.log")) if self._dir is not None else []
+            return last[0] + "".join(f"\n--- {path.name}:\n{_tail(path)}" for path in logs)
+        _wait("sentinels settled", settled, timeout_s, why)
 
     @property
     def running(self) -> list[ThrowawayServer]:
