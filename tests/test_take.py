@@ -458,6 +458,35 @@ async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
         assert q.stats.recovered == 0
 
 
+async def test_a_pop_that_transfers_pops_what_the_list_held_first(client: Redis, make_queue: Any) -> None:
+    # A transferring POP pushes the due items behind what the list holds, and an abandoned hand-off
+    # entry's items go back to the head before it pops.
+    q = make_queue(codec="str")
+    k = q.keys
+    scripts = QueueScripts(client, k, call_timeout_s=5)
+    await q.offer_many([(x, 0) for x in "abcde"])
+    reply = await scripts.pop(b"1" * 16, 3, 20_000, 1000)
+    assert reply[0][0] == 5
+    assert reply[3:] == [b"a", b"b", b"c"]
+    assert await client.lrange(k.destination, 0, -1) == [b"d", b"e"]
+    assert await client.zcard(k.timeout_set) == 0
+    assert await client.hget(k.handoff, b"1" * 16) == b"\x00\x00\x00\x01a\x00\x00\x00\x01b\x00\x00\x00\x01c"
+    await q.offer_many([("f", 0), ("g", 0)])
+    reply = await scripts.pop(b"2" * 16, 3, 20_000, 1000)
+    assert reply[0][0] == 2
+    assert reply[3:] == [b"d", b"e", b"f"]
+    assert await client.lrange(k.destination, 0, -1) == [b"g"]
+    assert (await scripts.pop(b"3" * 16, 3, 20_000, 0))[3:] == [b"g"]
+    # A consumer that popped and died: its entry, with a lease that already ended, goes first.
+    await client.hset(k.handoff, b"x" * 16, b"\x00\x00\x00\x01x\x00\x00\x00\x01y")
+    await client.zadd(k.handoff_leases, {b"x" * 16: 1})
+    await q.offer("h", 0)
+    reply = await scripts.pop(b"4" * 16, 2, 20_000, 1000)
+    assert reply[0][0] == 1
+    assert reply[3:] == [b"x", b"y"]
+    assert await client.lrange(k.destination, 0, -1) == [b"h"]
+
+
 async def test_an_abandoned_handoff_comes_back_within_its_lease(client: Redis, make_queue: Any) -> None:
     q = make_queue(codec="str")
     k = q.keys
