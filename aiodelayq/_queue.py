@@ -394,8 +394,8 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
         """The next due item (:meth:`take`); ``StopAsyncIteration`` once the queue is closed."""
         try:
             pump = self._life.pump()
-            taken = pump.get_prefetched()  # the hot path, as in take(), without its coroutine per item
-            return cast(T, taken if taken is not NOT_PREFETCHED else (await pump.get(None, 1))[0])
+            taken: T = pump.get_prefetched()  # the hot path, as in take(), without its coroutine per item
+            return taken if taken is not NOT_PREFETCHED else (await pump.get(None, 1))[0]
         except QueueClosedError:
             raise StopAsyncIteration from None
 

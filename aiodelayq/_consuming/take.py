@@ -193,7 +193,7 @@ class TakePump:
 
     def _take_prefetched(self) -> Any:
         """The oldest prefetched item (decoded, perhaps :class:`Headed`), recorded as taken."""
-        pop, index, taken = self._buffer.pop()
+        pop, index, taken = self._buffer.take_oldest()
         pop.settle(index, "d")
         if not pop.undecided:
             self._handoff.maybe_finish(pop)

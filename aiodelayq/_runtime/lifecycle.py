@@ -166,6 +166,8 @@ class Lifecycle:
         Raises:
             QueueNotOpenError, QueueClosedError: the queue is not open.
         """
+        if self._pump is not None and self._loop is asyncio.get_running_loop() and self.state == "open":
+            return self._pump  # async for's hot path: once per item
         self.bind_loop()
         if self.state == "open" and self._pump is not None:
             return self._pump
