@@ -114,8 +114,7 @@ class Settler:
         else:
             self._acks = run = _Run("ack", 0, deadline_ms, [element])
             self._pending.append(run)
-        if self._flusher is None:
-            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
+        self._flush_soon()
         return True
 
     async def confirmed(self, settle: Settle) -> int:
@@ -156,8 +155,7 @@ class Settler:
             else:
                 pending.append(_Run(s.mode, s.delay_ms, s.deadline_ms, [s.element], s.future))
         self._acks = None  # later acks go after these
-        if self._flusher is None:
-            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
+        self._flush_soon()
 
     def take_acks(self) -> list[_Run]:
         """The written-behind acks waiting to be sent (up to MAX_SETTLES_PER_CALL), taken by a RECEIVE
@@ -200,14 +198,18 @@ class Settler:
         for run in runs:
             run.resent = run.resent or maybe_applied
         self._pending[:0] = runs
-        if self._flusher is None:
-            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
+        self._flush_soon()
 
     def _superseded(self, count: int) -> None:
         if count:
             self._events.count("unconfirmed_settles", count)
             log.warning("%d ack(s) on %r arrived after the visibility timeout and the message(s) had "
                         "been delivered again", count, self._keys.destination)
+
+    def _flush_soon(self) -> None:
+        """Start the flush task unless it runs: it sends what is pending, call after call."""
+        if self._flusher is None:
+            self._flusher = self._tasks.spawn(self._flush(), name="aiodelayq-settle")
 
     async def _flush(self) -> None:
         try:
@@ -245,9 +247,10 @@ class Settler:
             if not isinstance(exc, BackendError):
                 raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
             return
-        if len(results) != len(body) - 4 * len(batch):  # one per settle, else the replies are not SETTLE's
+        settles = len(body) - 4 * len(batch)  # each run's 4 arguments, then its elements
+        if len(results) != settles:  # one per settle, else the replies are not SETTLE's
             wrong = BackendError(f"SETTLE on {k.destination!r} answered {len(results)} results for "
-                                 f"{len(body) - 4 * len(batch)} settles", maybe_applied=True)
+                                 f"{settles} settles", maybe_applied=True)
             self._give_up(batch, wrong)
             return
         answers, at = [], 0  # each run's results
