@@ -459,8 +459,9 @@ async def test_a_pop_whose_resend_never_left_still_returns_its_items_at_once(
 
 
 async def test_a_pop_that_transfers_pops_what_the_list_held_first(client: Redis, make_queue: Any) -> None:
-    # A transferring POP pushes the due items behind what the list holds, and an abandoned hand-off
-    # entry's items go back to the head before it pops.
+    # A transferring POP hands out what the list holds before the due items it moves (those it pops
+    # skip the list when it is empty), and an abandoned hand-off entry's items before both. A
+    # backlog drain's top-up (ARGV[5] '1') moves just what it still wants after the list.
     q = make_queue(codec="str")
     k = q.keys
     scripts = QueueScripts(client, k, call_timeout_s=5)
@@ -476,15 +477,51 @@ async def test_a_pop_that_transfers_pops_what_the_list_held_first(client: Redis,
     assert reply[0][0] == 2
     assert reply[3:] == [b"d", b"e", b"f"]
     assert await client.lrange(k.destination, 0, -1) == [b"g"]
-    assert (await scripts.pop(b"3" * 16, 3, 20_000, 0))[3:] == [b"g"]
+    await q.offer_many([(x, 0) for x in "hij"])
+    reply = await scripts.pop(b"3" * 16, 3, 20_000, 500, "1")  # a top-up: g, then two moved
+    assert reply[0][0] == 2
+    assert reply[3:] == [b"g", b"h", b"i"]
+    assert await client.llen(k.destination) == 0
+    assert await client.zcard(k.timeout_set) == 1
+    assert (await scripts.pop(b"4" * 16, 3, 20_000, 500, "1"))[3:] == [b"j"]  # nothing more due
     # A consumer that popped and died: its entry, with a lease that already ended, goes first.
     await client.hset(k.handoff, b"x" * 16, b"\x00\x00\x00\x01x\x00\x00\x00\x01y")
     await client.zadd(k.handoff_leases, {b"x" * 16: 1})
     await q.offer("h", 0)
-    reply = await scripts.pop(b"4" * 16, 2, 20_000, 1000)
+    reply = await scripts.pop(b"5" * 16, 2, 20_000, 1000, "1")
     assert reply[0][0] == 1
     assert reply[3:] == [b"x", b"y"]
     assert await client.lrange(k.destination, 0, -1) == [b"h"]
+
+
+async def test_a_receiver_is_not_starved_while_takers_drain_a_backlog(client: Redis, make_queue: Any) -> None:
+    # While a backlog drains, the takers' POPs move what they pop and the transfer task stands aside;
+    # a reliable receiver that waits meanwhile makes it transfer for the list again.
+    n = 50_000
+    q = make_queue(codec="json", safety_poll_s=300)
+    for start in range(0, n, 10_000):
+        await q.offer_many([(i, 0) for i in range(start, start + 10_000)])
+    taken: list[int] = []
+    received: list[int] = []
+    async with q:
+        async def take() -> None:
+            while len(taken) + len(received) < n:
+                taken.extend(await q.take_many(1000, timeout=0.5))
+
+        taker = asyncio.ensure_future(take())
+        await until(lambda: len(taken) >= 2_000, timeout_s=10)
+        while not received and not taker.done():
+            for message in await q.receive_many(10, 30.0, timeout=0.5):
+                received.append(message.value)
+                await message.ack()
+        assert received, "the receiver got nothing while the taker drained"
+        while len(taken) + len(received) < n:
+            for message in await q.receive_many(10, 30.0, timeout=0.5):
+                received.append(message.value)
+                await message.ack()
+        await asyncio.wait_for(taker, 10)
+    assert len(taken) + len(received) == n
+    assert sorted(taken + received) == list(range(n))
 
 
 async def test_an_abandoned_handoff_comes_back_within_its_lease(client: Redis, make_queue: Any) -> None:

@@ -102,10 +102,12 @@ class Handoff:
         self.pops[pop] = None
         return pop
 
-    async def pop(self, count: int, transfer: int, *, pop: Pop | None = None) -> Popped:
+    async def pop(self, count: int, transfer: int, *, top_up: bool = False, pop: Pop | None = None) -> Popped:
         """POP up to ``count`` items, forgetting :meth:`take_done`'s pops and transferring up to
-        ``|transfer|`` elements first (``_util.observe.transfer_limit``). Unfinished from the start
-        (a flush meanwhile sends FINISH '*'); resent with the same id for ``_RESEND_HORIZON_S``.
+        ``|transfer|`` elements first (``_util.observe.transfer_limit``); ``top_up`` (a backlog
+        drain): the list's items first, then only the items still wanted are moved. Moved items it
+        pops skip the list. Unfinished from the start (a flush meanwhile sends FINISH '*'); resent
+        with the same id for ``_RESEND_HORIZON_S``.
 
         ``pop``: one of :meth:`new_pop` to use. Cancelled, it FINISHes the pops it was to forget (it
         may not have landed).
@@ -124,7 +126,7 @@ class Handoff:
         async def attempt(remaining_s: float, _resend: bool) -> Popped:
             async with self._slots:
                 reply: list[Any] = await self._scripts.pop(
-                    pop.call_id, count, HANDOFF_LEASE_MS, transfer, *forget,
+                    pop.call_id, count, HANDOFF_LEASE_MS, transfer, "1" if top_up else "0", *forget,
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
             return Popped(pop, reply[0], int(reply[1]), int(reply[2]), reply[3:])
 

@@ -302,9 +302,10 @@ class TakePump:
         return future
 
     def transfer_in_pops(self, limit: int, report: Callable[[float, float, Any], object]) -> None:
-        """While a backlog drains (``limit`` != 0), each POP transfers up to ``|limit|`` elements first
-        and hands ``(sent, received, reply)`` to ``report``, until one moves fewer or ``limit`` is 0.
-        The transfer task's own transfers go on meanwhile: this keeps the list filled between them."""
+        """While a backlog drains (``limit`` != 0; negative: with lateness), each POP tops up: it pops
+        the list, then moves the items it still wants (they skip the list), and hands ``(sent,
+        received, reply)`` to ``report``, until one finds nothing more due or ``limit`` is 0. The
+        transfer task stands aside while these POPs leave the list empty (``_runtime/transfer_task.py``)."""
         self._backlog = (limit, report) if limit else None
 
     def _answer_ask(self) -> None:
@@ -396,7 +397,7 @@ class TakePump:
             if backlog is not None:
                 limit = backlog[0]
             sent = loop.time()
-            popping = self._handoff.pop(count, limit)
+            popping = self._handoff.pop(count, limit, top_up=backlog is not None)
         else:  # sent while the last pop's items were decoded (a transfer ask waits for the next)
             popping, count, sent, backlog = ahead.task, ahead.size, ahead.sent, ahead.backlog
             limit, ask = backlog[0] if backlog is not None else 0, None
@@ -417,7 +418,7 @@ class TakePump:
             _resolve(ask, (sent, received, moved))
         elif backlog is not None and moved is not None:
             self._events.count("pops_that_transferred")
-            if int(moved[0]) + int(moved[1]) < abs(limit) and self._backlog is backlog:
+            if not _more_due(moved) and self._backlog is backlog:
                 self._backlog = None  # drained: the transfer task's own wake-ups suffice again
             loop.call_soon(backlog[1], sent, received, moved)  # after this pop, as an ask's future would
         backoff.succeeded()
@@ -473,6 +474,11 @@ class TakePump:
             self._events.dead_lettered(dead, "undecodable")
         self._give_to_waiters(entries)
         self._handoff.maybe_finish(pop)
+
+
+def _more_due(moved: Any) -> bool:
+    """Whether a POP's transfer reply says more is due: its next wake-up at or before its ``TIME``."""
+    return bool(moved[2]) and int(moved[2]) <= int(moved[3]) * 1000 + int(moved[4]) // 1000
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

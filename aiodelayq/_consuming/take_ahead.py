@@ -53,7 +53,8 @@ class ReadAhead:
         loop = asyncio.get_running_loop()
         written: asyncio.Future[None] = loop.create_future()
         pop = self._handoff.new_pop()
-        task = self._tasks.spawn(writing(written, self._handoff.pop(count, backlog[0] if backlog else 0, pop=pop)),
+        popping = self._handoff.pop(count, backlog[0] if backlog else 0, top_up=backlog is not None, pop=pop)
+        task = self._tasks.spawn(writing(written, popping),
                                  quiet=True, name=f"aiodelayq-take-ahead:{self._name}")
         self.ahead = Ahead(pop, task, count, loop.time(), backlog)
         task.add_done_callback(lambda _: self._wake.set())

@@ -29,6 +29,9 @@ _AFTER_EMPTY_S = 0.002
 # A due-time timer is armed this much early: asyncio timers fire up to 1 ms late (whole-ms
 # epoll/libuv timeouts). A transfer that comes too early is retried at the due time, without _AFTER_EMPTY_S.
 _TIMER_LEAD_S = 0.0005
+# While a backlog drains and the consumers' POPs move it (see TransferTask._stand_aside): the longest
+# this task waits for the next such POP before it transfers itself (a POP's round trip is 1-5 ms).
+_STAND_ASIDE_S = 0.05
 
 
 @dataclass
@@ -91,9 +94,13 @@ class TransferTask:
         self._anchor: tuple[float, float] | None = None
         # The due time (server ms) the latest due-time timer was armed for (see _TIMER_LEAD_S).
         self._aimed_ms: float | None = None
-        # The last transfer moved a full batch: a backlog drains. The next one runs on its own, while
-        # the consumers pop what it moved, and their POPs transfer first too (see _set_backlog).
+        # The last transfer moved a full batch: a backlog drains. The consumers' POPs top up meanwhile
+        # (see _set_backlog), and this task transfers back to back unless they keep the list empty.
         self._backlog = False
+        # While it drains: (loop time, what it moved) of the last consumer's POP that moved items and
+        # left the list empty, and a wake-up per consumer's POP that transferred (see _stand_aside).
+        self._pops_drain: tuple[float, tuple[int, int, float | None, float | None]] | None = None
+        self._pop_reported = asyncio.Event()
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
         self._permanent: BackendError | ShardCountError | None = None
@@ -149,15 +156,35 @@ class TransferTask:
             consumers.transfer_in_pops(0, self._took)
 
     def _set_backlog(self, backlog: bool) -> None:
-        """While a backlog drains, this task moves a batch per round trip, and a consumer's event loop
-        reads its replies only between decodes: so the consumers' POPs transfer a batch first too,
-        and report what they moved here (told again per batch: a pump stops by itself once a POP
-        moves less)."""
+        """While a backlog drains, the consumers' POPs top up (they move the items they pop) and
+        report what they moved here (told again per batch: a pump stops by itself once a POP finds
+        nothing more due)."""
         if backlog or self._backlog:
             limit = transfer_limit(self._batch) if backlog else 0
             for consumers in list(self._consumers):
-                consumers.transfer_in_pops(limit, self._took)
+                consumers.transfer_in_pops(limit, self._popped)
         self._backlog = backlog
+
+    def _popped(self, sent: float, received: float, reply: Any) -> None:
+        """A consumer's POP topped up while a backlog drains: accounted as this task's transfer; noted
+        when it moved items and left the list empty (see :meth:`_stand_aside`)."""
+        took = self._took(sent, received, reply)
+        self._pops_drain = (received, took) if took[0] and not int(reply[7]) else None
+        self._pop_reported.set()
+
+    async def _stand_aside(self) -> tuple[int, int, float | None, float | None] | None:
+        """While a backlog drains and the consumers' POPs move what they pop, leaving the list empty
+        (their items skip it), a transfer of this task's would fill the list and put the hop back.
+        Wait for the next such POP instead (at most _STAND_ASIDE_S) and return what it moved;
+        ``None``: transfer now (no such POP lately, or a reliable receiver waits for the list)."""
+        last = self._pops_drain
+        if last is None or self._loop.time() - last[0] > _STAND_ASIDE_S or any(
+                consumers.reliable.waiting for consumers in self._consumers):
+            return None
+        self._pop_reported.clear()
+        if not await wait_event(self._pop_reported, _STAND_ASIDE_S) or self._pops_drain is None:
+            return None
+        return self._pops_drain[1]
 
     def start(self) -> None:
         """Start the worker task; the first transfer runs at once."""
@@ -342,6 +369,8 @@ class TransferTask:
                 self.arm_at(when)
 
     async def _transfer(self) -> tuple[int, int, float | None, float | None]:
+        if self._backlog and (moved_by_pops := await self._stand_aside()) is not None:
+            return moved_by_pops  # accounted as it came (_popped)
         limit = transfer_limit(self._batch)  # negative (lateness measured) only with a sink
         delegated = None if self._backlog else await self._delegate(limit)
         if delegated is not None:

@@ -3,8 +3,12 @@
 -- uses: lib/clock.lua lib/controls.lua lib/hand_out.lua lib/item.lua lib/lists.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
--- TRANSFER's negative ARGV[1]), ARGV[5..] call ids of earlier pops whose every item was handed
--- out: forgotten here (FINISH with an all-'d' plan, without its round trip; idempotent)
+-- TRANSFER's negative ARGV[1]); the moved items it pops skip the list when the list was empty (the
+-- keys end the same, one hop less), ARGV[5] '1': a backlog drain's top-up instead: pop the list
+-- first, then move just the items still wanted (|ARGV[4]| is no bound then), which skip the list;
+-- unless a hand-off lease ended (its items go first: as for '0'), ARGV[6..] call ids of earlier
+-- pops whose every item was handed out: forgotten here (FINISH with an all-'d' plan, without its
+-- round trip; idempotent)
 -- returns: {transfer reply (see TRANSFER: its 7 fields, the destination's length after the pop,
 -- and for a negative ARGV[4] the lateness list) or false, hold, expired, popped payloads, head
 -- first...}. expired: how many popped items had an envelope whose expiry had passed: those went to
@@ -17,7 +21,7 @@
 -- the destination once the lease ends.
 -- A resend of the same call id returns the same items (or none, after a FINISH '*' that overtook
 -- it), without transferring again.
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   redis.call('hdel', K.handoff, ARGV[i])
   redis.call('zrem', K.handoff_leases, ARGV[i])
 end
@@ -27,12 +31,25 @@ if got then
   for _, v in ipairs(unpack_list(got)) do out[#out + 1] = v end
   return out
 end
-local moved, late = false, nil
-if tonumber(ARGV[4]) ~= 0 then
-  moved, late = transfer(K, tonumber(ARGV[4]))
-end
 local want, hold, level, now = controls_allow(K, tonumber(ARGV[2]))
-local items = want > 0 and redis.call('lpop', K.destination, want)
+local limit = tonumber(ARGV[4])
+local moved, late, items = false, nil, nil
+if limit ~= 0 and ARGV[5] == '1' and want > 0
+    and #redis.call('zrangebyscore', K.handoff_leases, '-inf', now_ms(), 'LIMIT', 0, 1) == 0 then
+  items = redis.call('lpop', K.destination, want) or {}
+  local need = want - #items
+  if need > 0 then  -- the list is empty now: what it moves for the pop skips it
+    local kept
+    moved, late, kept = transfer(K, limit < 0 and -need or need, need)
+    for _, v in ipairs(kept or {}) do items[#items + 1] = v end
+  end
+else
+  if limit ~= 0 then
+    -- What it moves and pops at once skips the list when the list was empty (lib/transfer.lua).
+    moved, late, items = transfer(K, limit, want)
+  end
+  items = items or (want > 0 and redis.call('lpop', K.destination, want))
+end
 local out = {moved, hold, 0}
 if items then
   now = now or now_ms()

@@ -1,6 +1,8 @@
 -- defines: transfer
 -- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
--- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves),
+-- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves,
+--          keep: up to this many of the moved payloads are returned instead of pushed, when they
+--          would be the destination's first: POP's, which would pop them at once),
 --          K: the destination, timeout_set, delay_list, dead_letter, handoff, handoff_leases,
 --          key_index, tier_index and tier_count keys
 -- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
@@ -9,7 +11,10 @@
 --          and, only for a negative limit, a second value: {lateness ms of each moved item, in
 --          the order they were pushed}: now (whole ms of TIME) minus its due score, an integer >= 0
 --          (the client adds TIME's sub-millisecond part). Only a metrics sink asks for it: it costs
---          WITHSCORES and a table; a positive limit runs exactly as before it existed.
+--          WITHSCORES and a table; a positive limit runs exactly as before it existed. A third
+--          value: the kept payloads in due order, when the destination was empty and no hand-off
+--          lease had ended (nothing goes before them), else nil: the keys end as if they were pushed
+--          and popped.
 -- The tier (lib/tiers.lua): |limit| entries of work in all, promoted or moved. First the buckets
 -- whose start has come (a promotion fallen behind: their entries may be due), then the due
 -- elements, then, with what is left, the buckets whose promotion time has come; a next wake-up at
@@ -21,7 +26,7 @@
 -- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
 -- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
-local function transfer(K, limit)
+local function transfer(K, limit, keep)
   local now, t = now_ms()
   local due, late
   -- A bucket still holding entries after its start: nothing due at or after its start moves yet.
@@ -66,8 +71,23 @@ local function transfer(K, limit)
     end
     if not fast then listed[#listed + 1] = v end
   end
+  local ended = redis.call('zrangebyscore', K.handoff_leases, '-inf', now, 'LIMIT', 0, 100)
+  local kept
+  if keep and keep > 0 and n > 0 and #ended == 0 and redis.call('llen', K.destination) == 0 then
+    if keep >= n then
+      kept, out = out, {}
+    else
+      kept = {}
+      for i = 1, keep do kept[i] = out[i] end
+      local rest = {}
+      for i = keep + 1, n do rest[i - keep] = out[i] end
+      out = rest
+    end
+  end
   -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
   -- removed before the items are safely in the destination (a script error does not roll back).
+  -- Kept payloads are safe in POP's hand-off entry, written after the removals below (writes, so
+  -- the server no longer refuses it).
   chunked('rpush', K.destination, nil, out)
   chunked('rpush', K.dead_letter, nil, bad)
   for _, v in ipairs(listed) do redis.call('lrem', K.delay_list, 1, v) end
@@ -80,7 +100,7 @@ local function transfer(K, limit)
   end
   unindex(K, owned, checked, starts)
   local recovered = 0
-  for _, id in ipairs(redis.call('zrangebyscore', K.handoff_leases, '-inf', now, 'LIMIT', 0, 100)) do
+  for _, id in ipairs(ended) do
     local blob = redis.call('hget', K.handoff, id)
     if blob and blob ~= '' then
       local items = unpack_list(blob)
@@ -93,9 +113,9 @@ local function transfer(K, limit)
   local nxt = tier_next(K)
   local lease = redis.call('zrange', K.handoff_leases, 0, 0, 'WITHSCORES')
   if late and #bad > 0 then
-    local kept = {}
-    for j = 1, #due do if late[j] then kept[#kept + 1] = late[j] end end
-    late = kept
+    local shown = {}
+    for j = 1, #due do if late[j] then shown[#shown + 1] = late[j] end end
+    late = shown
   end
-  return {#out, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late
+  return {n, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late, kept
 end
