@@ -749,6 +749,10 @@ async def _offer_and_consume(q: DelayedQueue[int], items: int, mode: str) -> Non
     close ``q`` (an open queue)."""
     async with q:
         await q.offer_many([(i, 0) for i in range(items)])
+        # Every item in its list first, moved by the transfer task, so both queues pop from their
+        # lists: takers that drain a backlog move what they pop and skip the list's hop, which a
+        # shard of 500 items (one batch) never has to do.
+        await until(lambda: _ready(q, items), timeout_s=30)
         got = 0
         while got < items:
             if mode == "take":
