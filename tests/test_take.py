@@ -76,6 +76,30 @@ async def test_take_many_returns_what_is_ready_in_one_round_trip(client: Redis, 
             await q.take_many(0)
 
 
+async def test_a_pop_of_payloads_json_loads_must_judge_is_decoded_item_by_item(client: Redis,
+                                                                                make_queue: Any) -> None:
+    # A pop of bare JSON payloads is decoded in one call; one item that is not (headers, text with
+    # spaces around, an empty or broken payload) sends the whole pop item by item: the same items in
+    # the list's order, the undecodable ones dead-lettered, none dropped or decoded twice.
+    q: DelayedQueue[Any] = make_queue()
+    await client.rpush(q.keys.destination, b"1", b" 2 ")
+    await q.offer("h", 0, headers={"k": "v"})
+    async with q:  # the opening transfer moves the headed item behind them
+        await client.rpush(q.keys.destination, b"", b"{not json", b"[3]", b'"4" ', b"5")
+        await until(lambda: llen_is(client, q, 8), timeout_s=5)
+        got: list[Any] = []
+        while len(got) < 6:
+            got += await q.take_many_with_headers(20, timeout=5)
+        assert got == [(1, {}), (2, {}), ("h", {"k": "v"}), ([3], {}), ("4", {}), (5, {})]
+        await until(lambda: _dead_letters_are(q, 2), timeout_s=5)
+        assert q.stats.undecodable == 2
+    assert sorted(d.raw for d in await q.dead_letters()) == [b"", b"{not json"]
+
+
+async def _dead_letters_are(q: DelayedQueue[Any], n: int) -> bool:
+    return len(await q.dead_letters()) == n
+
+
 # -- the prefetch: one item at a time at batch speed, nothing held for nobody ----------------------
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from itertools import repeat
 from typing import Any
 
 from .._recurring.refill import RESYNC
@@ -54,10 +55,6 @@ NOT_PREFETCHED: Any = object()
 """What :meth:`TakePump.get_prefetched` returns when the caller must call :meth:`TakePump.get`."""
 
 
-def _value(taken: Any) -> Any:
-    return taken.value if type(taken) is Headed else taken
-
-
 def _pair(taken: Any) -> tuple[Any, dict[str, str]]:
     return (taken.value, taken.headers) if type(taken) is Headed else (taken, {})
 
@@ -65,16 +62,20 @@ def _pair(taken: Any) -> tuple[Any, dict[str, str]]:
 class TakePump:
     """Serves decoded items of one queue to waiters in FIFO order.
 
+    ``decode``: a stored payload's item (raising :class:`DecodeError`); ``decode_batch``: a whole
+    pop's items at once when all are bare payloads, else ``ValueError`` (``_wire.codec.batch_decoder``).
     ``rotation``: how many pumps a caller visits in turn (a sharded queue's shards); a fully handed-out
     pop waits that many round trips for the next POP to forget it instead of a FINISH of its own.
     """
 
     def __init__(self, scripts: QueueScripts, tasks: TaskOwner, *, decode: Callable[[bytes], Any],
+                 decode_batch: Callable[[list[bytes]], list[Any]] | None = None,
                  slots: asyncio.Semaphore, events: Events, rotation: int = 1) -> None:
         self._scripts = scripts
         self._events = events
         self._keys = keys = scripts.keys
         self._decode = decode
+        self._decode_batch = decode_batch  # see _wire.codec.batch_decoder
         self._waiters = Waiters()
         self._wake = asyncio.Event()
         self._outlook = Outlook()
@@ -155,9 +156,6 @@ class TakePump:
                                      self.get(timeout_s, max_items, once=once, with_headers=True, traced=False),
                                      with_headers)
         if self._buffer and not self._waiters:  # prefetched: no round trip, no await
-            if max_items == 1:
-                taken = self._take_prefetched()
-                return [_pair(taken) if with_headers else _value(taken)]
             delivered = self._deliver(self._buffer.take(max_items), with_headers)
             if not self._buffer:
                 self._buffer_emptied()
@@ -187,20 +185,17 @@ class TakePump:
         """``async for`` and ``take()``'s hot path: the next prefetched item, as :meth:`get` of one
         item without headers would return it, without a coroutine; :data:`NOT_PREFETCHED` when
         :meth:`get` must run (nothing prefetched, callers waiting, closing, or a span to record)."""
-        if self._closed is not None or self._waiters or not self._buffer or tracer() is not None:
+        buffer = self._buffer
+        if self._closed is not None or self._waiters or not buffer or tracer() is not None:
             return NOT_PREFETCHED
-        return _value(self._take_prefetched())
-
-    def _take_prefetched(self) -> Any:
-        """The oldest prefetched item (decoded, perhaps :class:`Headed`), recorded as taken."""
-        pop, index, taken = self._buffer.take_oldest()
+        pop, index, taken = buffer.take_oldest()
         pop.settle(index, "d")
         if not pop.undecided:
             self._handoff.maybe_finish(pop)
         self._events.delivered(1)
-        if not self._buffer:
+        if not buffer:
             self._buffer_emptied()
-        return taken
+        return taken.value if type(taken) is Headed else taken  # inline: once per item of async for
 
     def _deliver(self, entries: list[Entry], with_headers: bool) -> list[Any]:
         """Record ``entries`` as taken; return their values (or pairs)."""
@@ -209,11 +204,18 @@ class TakePump:
             self._events.delivered(len(entries))
         if with_headers:
             return [_pair(taken) for _, _, taken in entries]
-        return [taken.value if type(taken) is Headed else taken for _, _, taken in entries]  # _value, inline
+        return [taken.value if type(taken) is Headed else taken for _, _, taken in entries]  # inline: per item
 
     def _settle(self, entries: list[Entry], verdict: str) -> None:
         """Record ``verdict`` for ``entries`` and finish the pops that are now settled. Entries come
         in runs of one pop's consecutive items (a batch is most often one run): settled a run at a time."""
+        if not entries:
+            return
+        first, last = entries[0], entries[-1]
+        if first[0] is last[0] and last[1] - first[1] == len(entries) - 1:  # one run: the common case
+            first[0].settle(first[1], verdict, last[1] + 1)
+            self._handoff.maybe_finish(first[0])
+            return
         pops: dict[Pop, None] = {}
         run: Pop | None = None
         start = stop = 0
@@ -455,6 +457,15 @@ class TakePump:
 
     def _received(self, pop: Pop, raws: list[bytes]) -> None:
         pop.received(len(raws))
+        if self._decode_batch is not None:
+            try:
+                values = self._decode_batch(raws)
+            except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
+                pass
+            else:  # the common case: bare payloads, no per-item code here
+                self._give_to_waiters(list(zip(repeat(pop), range(len(values)), values)))
+                self._handoff.maybe_finish(pop)
+                return
         decode, entries = self._decode, list[Entry]()
         keep = entries.append  # per item: the names bound once
         for index, raw in enumerate(raws):

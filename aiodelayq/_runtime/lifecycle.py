@@ -22,6 +22,7 @@ from .._redis.eviction import check_eviction_policy
 from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import TaskOwner, wait_through_cancellation
+from .._wire.codec import batch_decoder
 from ..exceptions import QueueClosedError, QueueNotOpenError, WrongEventLoopError
 from .client_runtime import acquire_transfer_task, release_transfer_task
 from .consumers import QueueConsumers
@@ -237,7 +238,8 @@ class Lifecycle:
             raise QueueClosedError(f"queue {keys.destination!r} was closed while opening")
         self._transfer_task = transfer_task
         self._pump = TakePump(self._scripts, self._tasks, decode=self._refill.decoder(o.resolved_codec),
-                              slots=transfer_task.slots, events=self._events, rotation=self._rotation)
+                              decode_batch=batch_decoder(o.resolved_codec), slots=transfer_task.slots,
+                              events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
         self._consumers = QueueConsumers(self._pump, self._reliable)
         transfer_task.attach(self._consumers)

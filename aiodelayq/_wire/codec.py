@@ -171,6 +171,22 @@ def scanning(codec: Codec, decode: Callable[[bytes], Any]) -> Callable[[bytes], 
     return decode_json
 
 
+def batch_decoder(codec: Codec) -> Callable[[list[bytes]], list[Any]] | None:
+    """For the JSON codec: the values of a batch of bare payloads in one call, each read as
+    :func:`scanning` reads it. Raises ``ValueError`` as soon as one is not a bare payload of one JSON
+    text (an envelope, or text that ``json.loads`` must judge), having had no side effect, so the
+    caller decodes that batch again one item at a time. ``None`` for other codecs, whose payloads
+    cannot tell an envelope from a payload without a look at each."""
+    if type(codec) is not JsonCodec:
+        return None
+    one = scanning(codec, _not_bare)
+    return lambda raws: list(map(one, raws))
+
+
+def _not_bare(data: bytes) -> Any:
+    raise ValueError("not a bare payload of one JSON text")
+
+
 # The json module's scanner (its C one where built): (value, end) of the JSON value at an index.
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
