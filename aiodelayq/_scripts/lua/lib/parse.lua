@@ -16,20 +16,23 @@
 local LSZ = string.len(struct.pack('L', 0))
 local FAST_MAGIC = 'adq' .. string.char(1)
 -- Fast elements (the default, and disjoint from strict ones by their first byte) are tried first.
+-- Runs once per moved element: the library functions are upvalues (no global and field lookup per
+-- call), and # reads the length.
+local byte_, sub_, unpack_ = string.byte, string.sub, struct.unpack
 local function parse(v)
-  local n = string.len(v)
-  local b0 = string.byte(v, 1)
-  if b0 == 20 and n >= 21 + LSZ and string.sub(v, 2, 5) == FAST_MAGIC then
-    local len = struct.unpack('L', v, 22)
-    if len == n - 21 - LSZ then return string.sub(v, 22 + LSZ), true, 14 end
+  local n = #v
+  local b0 = byte_(v, 1)
+  if b0 == 20 and n >= 21 + LSZ and sub_(v, 2, 5) == FAST_MAGIC then
+    local len = unpack_('L', v, 22)
+    if len == n - 21 - LSZ then return sub_(v, 22 + LSZ), true, 14 end
   end
   if b0 == 8 and n >= 9 + LSZ then
-    local len = struct.unpack('L', v, 10)
-    if len == n - 9 - LSZ then return string.sub(v, 10 + LSZ), false, 2 end
+    local len = unpack_('L', v, 10)
+    if len == n - 9 - LSZ then return sub_(v, 10 + LSZ), false, 2 end
   end
   if n >= 8 + LSZ then
-    local len = struct.unpack('L', v, 9)
-    if len == n - 8 - LSZ then return string.sub(v, 9 + LSZ), false, 1 end
+    local len = unpack_('L', v, 9)
+    if len == n - 8 - LSZ then return sub_(v, 9 + LSZ), false, 1 end
   end
   return nil, false, nil
 end
