@@ -88,8 +88,7 @@ async def _commandstats(bench: Bench) -> dict[str, int]:  # µs spent in each co
 
 def _client_parts(n: int) -> dict[str, float]:
     """Client CPU µs per item of the parts measured alone: the parse of a POP reply of 1,000 payloads
-    (hiredis, as redis-py reads it) and the decode of its payloads, as the pump reads a pop of bare
-    JSON payloads (one call for all)."""
+    (hiredis, as redis-py reads it) and the decode of its payloads, as the pump reads them (one call)."""
     decode_all = batch_decoder(codec := JsonCodec())
     assert decode_all is not None
     raws = [codec.encode(payload(i)) for i in range(RAW_BATCH)]
