@@ -359,8 +359,8 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
                 check=0.9)
         judge(checks, "otel: offer() traced (SDK, spans dropped) >= 0.2x without opentelemetry", rat["sdk"]["offer"],
               0.2, True)
-        judge(checks, "otel: async for traced (SDK, spans dropped) >= 0.09x without opentelemetry",
-              rat["sdk"]["drain"], 0.09, True)
+        judge(checks, "otel: async for traced (SDK, spans dropped) >= 0.075x without opentelemetry",
+              rat["sdk"]["drain"], 0.075, True)
     return bars, checks
 
 
