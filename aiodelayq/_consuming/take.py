@@ -49,8 +49,6 @@ _SHUTDOWN_FLUSH_S = 0.5
 _DONE_HOLD_MAX_S = 0.25
 
 
-
-
 NOT_PREFETCHED: Any = object()
 """What :meth:`TakePump.get_prefetched` returns when the caller must call :meth:`TakePump.get`."""
 
@@ -457,15 +455,19 @@ class TakePump:
 
     def _received(self, pop: Pop, raws: list[bytes]) -> None:
         pop.received(len(raws))
+        self._give_to_waiters(self._decoded(pop, raws))
+        self._handoff.maybe_finish(pop)
+
+    def _decoded(self, pop: Pop, raws: list[bytes]) -> list[Entry]:
+        """``pop``'s items as entries: the whole pop in one call when every item is a bare payload,
+        else item by item (an undecodable one settled 'x' and counted, a resync settled 'd')."""
         if self._decode_batch is not None:
             try:
                 values = self._decode_batch(raws)
             except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
                 pass
             else:  # the common case: bare payloads, no per-item code here
-                self._give_to_waiters(list(zip(repeat(pop), range(len(values)), values)))
-                self._handoff.maybe_finish(pop)
-                return
+                return list(zip(repeat(pop), range(len(values)), values))
         decode, entries = self._decode, list[Entry]()
         keep = entries.append  # per item: the names bound once
         for index, raw in enumerate(raws):
@@ -483,8 +485,7 @@ class TakePump:
         # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
         if len(entries) < len(raws) and (dead := pop.plan.count("x")):
             self._events.dead_lettered(dead, "undecodable")
-        self._give_to_waiters(entries)
-        self._handoff.maybe_finish(pop)
+        return entries
 
 
 def _more_due(moved: Any) -> bool:
