@@ -93,6 +93,11 @@ async def llen_is(client: Redis, q: DelayedQueue[Any], n: int) -> bool:
     return int(await client.llen(q.keys.destination)) == n
 
 
+async def dead_letters_are(q: DelayedQueue[Any], n: int) -> bool:
+    """Whether ``q``'s dead-letter list holds ``n`` letters."""
+    return len(await q.dead_letters()) == n
+
+
 def takers_waiting(q: DelayedQueue[Any]) -> int:
     """How many ``take()``/``poll()``/``take_many()`` callers of the open queue ``q`` found nothing and
     wait for a wake-up (0 while its pump is still popping or about to)."""

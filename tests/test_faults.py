@@ -27,7 +27,7 @@ from aiodelayq import BackendError, DelayedQueue, QueueCounts
 from aiodelayq._runtime.client_runtime import runtime_for
 from aiodelayq.testing import ThrowawayServer
 from tests.faults import stall_server
-from tests.helpers import first_line, queue_on, server_ms, server_past, takers_waiting, until
+from tests.helpers import dead_letters_are, first_line, queue_on, server_ms, server_past, takers_waiting, until
 
 # -- killed connections ----------------------------------------------------------------------------
 
@@ -281,14 +281,10 @@ async def test_undecodable_payload_is_dead_lettered_and_take_goes_on(client: Red
     await client.rpush(q.keys.destination, b"{not json", b'"ok"')
     async with q:
         assert await asyncio.wait_for(q.take(), 5) == "ok"
-        await until(lambda: _dead_count(q), timeout_s=5)
+        await until(lambda: dead_letters_are(q, 1), timeout_s=5)
         assert q.stats.undecodable == 1
     [letter] = await q.dead_letters()
     assert (letter.raw, letter.reason, letter.delivery_count, letter.value) == (b"{not json", "undecodable", 1, None)
-
-
-async def _dead_count(q: DelayedQueue[Any]) -> bool:
-    return len(await q.dead_letters()) == 1
 
 
 async def test_garbage_in_the_in_flight_zset_is_moved_aside(client: Redis, make_queue: Any) -> None:

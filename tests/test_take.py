@@ -23,7 +23,7 @@ from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._consuming.take_phases import DRAINED_FOR_S
 from aiodelayq._scripts import QueueScripts
-from tests.helpers import first_line, llen_is, open_with_ready, takers_waiting, until
+from tests.helpers import dead_letters_are, first_line, llen_is, open_with_ready, takers_waiting, until
 
 # -- take, poll, take_many, async for -------------------------------------------------------------
 
@@ -91,13 +91,9 @@ async def test_a_pop_of_payloads_json_loads_must_judge_is_decoded_item_by_item(c
         while len(got) < 6:
             got += await q.take_many_with_headers(20, timeout=5)
         assert got == [(1, {}), (2, {}), ("h", {"k": "v"}), ([3], {}), ("4", {}), (5, {})]
-        await until(lambda: _dead_letters_are(q, 2), timeout_s=5)
+        await until(lambda: dead_letters_are(q, 2), timeout_s=5)
         assert q.stats.undecodable == 2
     assert sorted(d.raw for d in await q.dead_letters()) == [b"", b"{not json"]
-
-
-async def _dead_letters_are(q: DelayedQueue[Any], n: int) -> bool:
-    return len(await q.dead_letters()) == n
 
 
 # -- the prefetch: one item at a time at batch speed, nothing held for nobody ----------------------
