@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Generic, TypeVar
 
 from .._wire.delays import delay_to_ms, visibility_ms
+from .._wire.elements import message_id
 from ..exceptions import InvalidDelayError
 from .lease import Lease
 from .settler import Settle, Settler
@@ -17,13 +18,12 @@ __all__ = ["Message"]
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Message(Generic[T]):
     """One delivery of a queue item, in flight until :meth:`ack` or :meth:`nack`.
 
     Attributes:
         value: the decoded item.
-        id: the message id (hex), stable across redeliveries.
         delivery_count: 1 for the first delivery, then +1 per redelivery.
         due_ms: when this delivery became due (server epoch ms); ``None`` for a first delivery.
         deadline_ms: the end of this delivery's visibility timeout (server epoch ms).
@@ -32,18 +32,27 @@ class Message(Generic[T]):
     """
 
     value: T
-    id: str
     delivery_count: int
     due_ms: int | None
     deadline_ms: int
-    _settler: Settler = field(repr=False)
-    _element: bytes = field(repr=False)
+    _settler: Settler
+    _element: bytes
     # deadline_ms on the loop clock, counted from the send so never later than the true one.
-    _expires: float = field(repr=False, default=0.0)
-    _vt_ms: int = field(repr=False, default=0)  # the visibility timeout it was received with
-    _settled: bool = field(repr=False, default=False)
-    _headers: dict[str, str] | None = field(repr=False, default=None)  # None: none (no dict per message)
-    expires_at_ms: int | None = None
+    _expires: float = 0.0
+    _vt_ms: int = 0  # the visibility timeout it was received with
+    # Not set by __init__: the class's defaults stand until a message differs (nothing per message).
+    _settled: bool = field(default=False, init=False)
+    _headers: dict[str, str] | None = field(default=None, init=False)  # None: none (no dict per message)
+    expires_at_ms: int | None = field(default=None, init=False)
+
+    def __repr__(self) -> str:
+        return (f"Message(value={self.value!r}, id={self.id!r}, delivery_count={self.delivery_count}, "
+                f"due_ms={self.due_ms}, deadline_ms={self.deadline_ms}, expires_at_ms={self.expires_at_ms})")
+
+    @property
+    def id(self) -> str:
+        """The message id (hex), stable across redeliveries."""
+        return message_id(self._element)
 
     @property
     def headers(self) -> dict[str, str]:

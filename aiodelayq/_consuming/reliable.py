@@ -30,7 +30,7 @@ from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import TaskOwner, run_through_cancellation
 from .._util.tracing import tracer
-from .._wire.codec import decode_item, scanning
+from .._wire.codec import batch_decoder, decode_item, scanning
 from .._wire.elements import ITEM_MARK, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
@@ -60,6 +60,7 @@ class ReliableConsumer(Generic[T]):
         self._scripts, self._keys, self._events = scripts, scripts.keys, events
         codec = options.resolved_codec
         self._decode = scanning(codec, functools.partial(decode_item, codec))  # a bare payload's item
+        self._decode_batch = batch_decoder(codec)  # a whole reply's, when all are bare payloads
         self._tasks, self._refill = tasks, refill
         self._call_timeout_s = options.call_timeout_s
         # Longest a waiting receiver sleeps without a wake-up: bounds any missed one.
@@ -336,10 +337,20 @@ class ReliableConsumer(Generic[T]):
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
         if dead or expired or malformed:
             wait_s = 0.0  # they took the call's room: more may be ready now
-        messages: list[Message[T]] = []
         elements = reply[7:]
         deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
-        for element, (message_id, count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
+        parsed = parse_messages(elements)
+        if self._decode_batch is not None and parsed:
+            try:
+                values = self._decode_batch([p[2] for p in parsed])
+            except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
+                pass
+            else:  # the common case: bare payloads, nothing per message but the Message
+                made = [Message(value, count, due_ms, deadline_ms, settler, element, expires, vt_ms)
+                        for value, element, (count, due_ms, _) in zip(values, elements, parsed, strict=True)]
+                return made, wait_s
+        messages: list[Message[T]] = []
+        for element, (count, due_ms, stored) in zip(elements, parsed, strict=True):
             payload, headers, expires_at_ms = stored, None, None
             if stored[:1] == ITEM_MARK:
                 unwrapped = unwrap(stored)
@@ -357,8 +368,10 @@ class ReliableConsumer(Generic[T]):
                 # the message comes back after its timeout and is tried again.
                 self.settler.behind([Settle(element, "undecodable", now_ms + vt_ms)])
                 continue
-            messages.append(Message(value, message_id, count, due_ms, deadline_ms, settler, element,
-                                    expires, vt_ms, False, headers, expires_at_ms))
+            message = Message(value, count, due_ms, deadline_ms, settler, element, expires, vt_ms)
+            if headers is not None or expires_at_ms is not None:
+                message._headers, message.expires_at_ms = headers, expires_at_ms
+            messages.append(message)
         return messages, wait_s
 
     async def _release(self, call_id: bytes, timeout_s: float | None = None) -> None:

@@ -104,7 +104,7 @@ class Outcomes(Generic[T]):
     async def settle(self, message: Message[T], how: str, delay_s: float, *, report: bool = True) -> str | None:
         """Ack, nack or dead-letter; ``None`` once applied, else why not (logged if ``report``; the
         message then comes back after its visibility timeout)."""
-        extending = self._extending.get(message.id)
+        extending = self._extending.get(message.id) if self._extending else None
         if extending is not None and how != "ack":
             # An EXTEND landing after this nack would move its delay to a full timeout.
             await asyncio.wait({extending})

@@ -224,20 +224,24 @@ def unpack_tier_entry(entry: bytes, start_ms: int) -> tuple[int, bytes]:
     return start_ms + _TIER_OFFSET.unpack_from(entry)[0], entry[_TIER_OFFSET.size:]
 
 
-def parse_messages(elements: list[bytes]) -> list[tuple[str, int, int | None, bytes]]:
-    """(id hex, delivery count, due ms or ``None`` for a first delivery, payload) of each RECEIVE message.
+def parse_messages(elements: list[bytes]) -> list[tuple[int, int | None, bytes]]:
+    """(delivery count, due ms or ``None`` for a first delivery, payload) of each RECEIVE message
+    (:func:`message_id` reads an id: most messages are settled without anyone asking for it).
 
     Raises:
         ValueError: one of them is not a message element.
     """
     unpack, magic = _MESSAGE_HEADER.unpack_from, _MESSAGE_MAGIC
-    out = []
     for element in elements:
         if element[:4] != magic or len(element) < 32:
             raise ValueError("not a message element")
-        count, due = unpack(element, 20)
-        out.append((element[4:20].hex(), count, int(due) if due else None, element[32:]))
-    return out
+    return [(count, int(due) if due else None, element[32:])
+            for element in elements for count, due in (unpack(element, 20),)]
+
+
+def message_id(element: bytes) -> str:
+    """The id (hex) of the message ``element``: the same for every delivery of one item."""
+    return element[4:20].hex()
 
 
 def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | None = None) -> list[bytes]:
