@@ -643,6 +643,37 @@ async def test_a_resent_receive_and_ack_are_not_counted_twice(own_server: Any, m
         assert await client.zcard(q.keys.in_flight) == 0
 
 
+async def test_a_resent_receive_returns_its_redeliveries_and_first_deliveries_and_its_undo_releases_them(
+        client: Redis, make_queue: Any) -> None:
+    # The call's record holds its redeliveries' ids; its first deliveries are known by the call id's
+    # prefix. A resend returns all of them, another call's message with the same deadline none.
+    q: DelayedQueue[str] = make_queue(codec="str")
+    async with q:
+        await q.offer("old", 0)
+        first = await q.receive(visibility_timeout=0.1, timeout=5)
+        assert first is not None
+        await until(lambda: server_past(client, first.deadline_ms))  # due again: a redelivery
+        await client.rpush(q.name, b"a", b"b")
+        scripts = q._life.reliable()._scripts
+        call_id = os.urandom(16)
+        reply = await scripts.receive.resend(10, 60_000, 0, call_id, durable=True)
+        made = sorted(reply[7:])
+        assert len(made) == 3
+        await client.rpush(q.name, b"c")
+        other = await scripts.receive.resend(10, 60_000, 0, os.urandom(16), durable=True)
+        assert len(other) == 8
+        if int(other[0]) != int(reply[0]):  # another deadline: make it the same, as two calls in one ms
+            [theirs] = other[7:]
+            await client.zadd(q.keys.in_flight, {theirs: int(reply[0]) + 60_000})
+        again = await scripts.receive.resend(10, 60_000, 0, call_id, durable=True)
+        assert sorted(again[7:]) == made
+        assert await scripts.release_call.resend(call_id) == 3
+        assert await client.lrange(q.name, 0, -1) == [b"a", b"b"]  # first deliveries: back in order
+        assert await client.zcard(q.keys.in_flight) == 2  # the redelivery (count lowered) and "c"
+        back = await q.receive_many(3, visibility_timeout=30, timeout=5)
+        assert sorted((m.value, m.delivery_count) for m in back) == [("a", 1), ("b", 1), ("old", 2)]
+
+
 async def test_a_resent_receive_keeps_the_true_deadline(own_server: Any, make_proxy: Any, make_client: Any,
                                                         make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backoff_module, "RETRY_BACKOFF", ConstantBackoff(0.6))

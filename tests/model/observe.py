@@ -17,7 +17,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from aiodelayq import QueueKeys
-from aiodelayq._wire.elements import parse_dead_letter, parse_messages, unwrap
+from aiodelayq._wire.elements import message_id, parse_dead_letter, parse_messages, unwrap
 from tests.helpers import unpack_list
 
 __all__ = ["Record", "Seen", "Snapshot", "Where", "snapshot"]
@@ -137,9 +137,9 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     for blob in handoff.values():
         seen += [_seen("handoff", payload) for payload in unpack_list(blob)]
     elements = [element for element, _score in in_flight]
-    for (message_id, count, _due, payload), (_element, deadline) in zip(parse_messages(elements), in_flight,
-                                                                        strict=True):
-        seen.append(_seen("in_flight", payload, score=int(deadline), message_id=message_id, delivery_count=count))
+    for (count, _due, payload), (element, deadline) in zip(parse_messages(elements), in_flight, strict=True):
+        seen.append(_seen("in_flight", payload, score=int(deadline), message_id=message_id(element),
+                          delivery_count=count))
     for entry in dead:
         letter = parse_dead_letter(entry)
         seen.append(_seen("dead", letter.raw, reason=letter.reason, delivery_count=letter.delivery_count))

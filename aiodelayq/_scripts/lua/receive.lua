@@ -22,12 +22,12 @@
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
--- The remembered record: the deadline, then each message's id, gathered as the messages are made.
+-- The remembered record: the deadline, then the ids of the redeliveries (see received()).
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
 local acked = -1
 if first then
-  out = received(K, redis.call('hget', K.call_replies, ARGV[4]))
+  out = received(K, redis.call('hget', K.call_replies, ARGV[4]), ARGV[4])
   -- Reply with the first run's time: the client computes each message's deadline from it.
   now = first
 else
@@ -68,16 +68,16 @@ else
   if want > 0 then
     local fresh = redis.call('lpop', K.destination, want)
     if fresh then
-      local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), now + vt, {}
-      local n, o, d = 0, #out, #ids  -- counted: this loop is per message
+      -- The deadline as text once: ZADD would format the number again for every member.
+      local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), string.format('%d', now + vt), {}
+      local n, o, byte_ = 0, #out, string.byte  -- counted: this loop is per message
       for i, payload in ipairs(fresh) do
-        if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, 0, now) end
+        if byte_(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, 0, now) end
         if payload then
-          local id = prefix .. struct.pack('>I4', i)
-          local m = first_delivery(id, payload)
+          local m = first_delivery(prefix, i, payload)
           scored[n + 1], scored[n + 2] = deadline, m
-          n, o, d = n + 2, o + 1, d + 1
-          out[o], ids[d] = m, id
+          n, o = n + 2, o + 1
+          out[o] = m
         else
           lapsed = lapsed + 1
         end
@@ -93,5 +93,5 @@ else
 end
 local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
 local result = {now, head[2] or false, dead, hold, lapsed, garbage, acked}
-for _, m in ipairs(out) do result[#result + 1] = m end
+for i = 1, #out do result[7 + i] = out[i] end
 return result

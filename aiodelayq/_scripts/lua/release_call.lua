@@ -11,7 +11,7 @@
 local now = now_ms()
 local n = 0
 if first_run(K, ARGV[1]) then
-  local got = received(K, redis.call('hget', K.call_replies, ARGV[1]))
+  local got = received(K, redis.call('hget', K.call_replies, ARGV[1]), ARGV[1])
   for i = #got, 1, -1 do
     release(K, got[i], now)
   end

@@ -6,10 +6,12 @@ local MSG_MAGIC = 'adq' .. string.char(2)
 local function message(id, count, due, payload)
   return MSG_MAGIC .. id .. struct.pack('>I4>d', count, due) .. payload
 end
--- message(id, 1, 0, payload), with its constant part packed once.
+-- message(prefix .. '>I4' index, 1, 0, payload): the first delivery made as message `index` of the
+-- RECEIVE whose call id starts with `prefix` (12 bytes), in one string (it runs per message).
 local FIRST_DELIVERY = struct.pack('>I4>d', 1, 0)
-local function first_delivery(id, payload)
-  return MSG_MAGIC .. id .. FIRST_DELIVERY .. payload
+local pack_ = struct.pack
+local function first_delivery(prefix, index, payload)
+  return MSG_MAGIC .. prefix .. pack_('>I4', index) .. FIRST_DELIVERY .. payload
 end
 -- Undo one delivery nobody saw: a first delivery goes back to the head of the destination, as
 -- if never received; a redelivery gets its count lowered and is visible again at once.
@@ -22,15 +24,17 @@ local function release(K, m, now)
   end
   redis.call('zrem', K.in_flight, m)
 end
--- The messages a RECEIVE call returned, from its remembered record (deadline '>d' | 16-byte ids).
-local function received(K, record)
+-- The messages the RECEIVE of `call_id` returned, from its remembered record (deadline '>d' | the
+-- 16-byte ids of its redeliveries): those in flight with that deadline whose id is in the record
+-- or starts with the call id's first 12 bytes (its first deliveries, see first_delivery).
+local function received(K, record, call_id)
   local out = {}
   if record and string.len(record) >= 8 then
     local deadline = struct.unpack('>d', record, 1)
-    local ids = {}
+    local ids, prefix = {}, string.sub(call_id, 1, 12)
     for p = 9, string.len(record), 16 do ids[string.sub(record, p, p + 15)] = true end
     for _, m in ipairs(redis.call('zrangebyscore', K.in_flight, deadline, deadline)) do
-      if ids[string.sub(m, 5, 20)] then out[#out + 1] = m end
+      if string.sub(m, 5, 16) == prefix or ids[string.sub(m, 5, 20)] then out[#out + 1] = m end
     end
   end
   return out
