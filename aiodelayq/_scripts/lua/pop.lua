@@ -41,7 +41,12 @@ if limit ~= 0 and ARGV[5] == '1' and want > 0
   if need > 0 then  -- the list is empty now: what it moves for the pop skips it
     local kept
     moved, late, kept = transfer(K, limit < 0 and -need or need, need)
-    for _, v in ipairs(kept or {}) do items[#items + 1] = v end
+    if kept and #items == 0 then
+      items = kept
+    elseif kept then
+      local n = #items
+      for i, v in ipairs(kept) do items[n + i] = v end
+    end
   end
 else
   if limit ~= 0 then
@@ -53,9 +58,9 @@ end
 local out = {moved, hold, 0}
 if items then
   now = now or now_ms()
-  local n, kept = #items, items
+  local n, kept, byte_ = #items, items, string.byte
   for i = 1, n do  -- most often only bare payloads: handed out as they are, without a copy
-    if string.byte(items[i], 1) == ITEM_BYTE then
+    if byte_(items[i], 1) == ITEM_BYTE then
       kept = nil
       break
     end

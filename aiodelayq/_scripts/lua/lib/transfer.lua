@@ -52,7 +52,7 @@ local function transfer(K, limit, keep)
   end
   if #due < room then promote(K, now, room - #due, false) end
   local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
-  local n, k = 0, 0  -- #out and #owned, counted: this loop is per moved element
+  local n, k, byte_ = 0, 0, string.byte  -- #out and #owned, counted: this loop is per moved element
   for i, v in ipairs(due) do
     local payload, fast, start = parse(v)
     if payload then
@@ -60,7 +60,7 @@ local function transfer(K, limit, keep)
       out[n] = payload
       if fast then
         -- A keyed fast element (tag bit set) owns its index field: unindex drops it unread.
-        if string.byte(v, 14) >= 128 then k = k + 1; owned[k] = string.sub(v, 14, 21) end
+        if byte_(v, 14) >= 128 then k = k + 1; owned[k] = string.sub(v, 14, 21) end
       else
         checked[#checked + 1] = v
         starts[#starts + 1] = start
