@@ -514,6 +514,26 @@ async def test_a_pop_that_transfers_pops_what_the_list_held_first(client: Redis,
     assert await client.lrange(k.destination, 0, -1) == [b"h"]
 
 
+async def test_a_top_up_moves_at_most_the_transfer_batch_per_step_and_reports_its_steps_as_one(
+        client: Redis, make_queue: Any) -> None:
+    # A top-up moves |ARGV[4]| elements per step, and takes further steps while the call is young: a
+    # zset of millions, dearer per element, is held no longer than by a TRANSFER of that batch. Its
+    # reply is one transfer's: the counts of all steps, and each moved item's lateness (negative limit).
+    q = make_queue(codec="str")
+    k = q.keys
+    scripts = QueueScripts(client, k, call_timeout_s=5)
+    names = [f"i{n:02d}" for n in range(25)]
+    await q.offer_many([(x, 0) for x in names])
+    reply = await scripts.pop(b"1" * 16, 20, 20_000, -3, "1")  # steps of 3: 7 steps (the call is young)
+    moved = reply[0]
+    assert int(moved[0]) == 20 and int(moved[1]) == 0
+    assert int(moved[7]) == 0  # the list stays empty: every moved item was popped
+    assert len(moved[8]) == 20 and all(int(late) >= 0 for late in moved[8])
+    assert reply[3:] == [x.encode() for x in names[:20]]
+    assert await client.zcard(k.timeout_set) == 5
+    assert [x.decode() for x in (await scripts.pop(b"2" * 16, 20, 20_000, 3, "1"))[3:]] == names[20:]
+
+
 async def test_a_receiver_is_not_starved_while_takers_drain_a_backlog(client: Redis, make_queue: Any) -> None:
     # While a backlog drains, the takers' POPs move what they pop and the transfer task stands aside;
     # a reliable receiver that waits meanwhile makes it transfer for the list again.

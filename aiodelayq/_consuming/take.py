@@ -391,11 +391,9 @@ class TakePump:
             self._outlook.popping()
             await self._handoff.returns_landed()  # a POP must not overtake items given back
             count = wanted if self._outlook.limited else max(wanted, self._prefetch.size)
-            limit, ask = self._transfer_ask or (0, None)
-            self._transfer_ask = None
+            (limit, ask), self._transfer_ask = self._transfer_ask or (0, None), None
             backlog = self._backlog if ask is None else None
-            if backlog is not None:
-                limit = backlog[0]
+            limit = backlog[0] if backlog is not None else limit
             sent = loop.time()
             popping = self._handoff.pop(count, limit, top_up=backlog is not None)
         else:  # sent while the last pop's items were decoded (a transfer ask waits for the next)
@@ -411,7 +409,9 @@ class TakePump:
             await self._pop_failed(exc, backoff)
             return
         received = loop.time()
-        self._prefetch.fetched(count, len(raws), received - sent)
+        # A top-up moves at most the transfer's batch: one that did, more being due, counts as full.
+        got = count if backlog is not None and moved is not None and _more_due(moved) else len(raws)
+        self._prefetch.fetched(count, got, received - sent)
         if ask is not None:
             if moved is not None:
                 self._events.count("pops_that_transferred")
@@ -426,10 +426,10 @@ class TakePump:
             self._events.dead_lettered(expired, "expired")
             log.debug("%d item(s) of %r expired before delivery; moved to dead-letter list %r",
                       expired, self._keys.destination, self._keys.dead_letter)
-        self._outlook.popped(count, len(raws), expired, hold, received)
+        self._outlook.popped(count, got, expired, hold, received)
         if raws:
             self._events.count("pops")
-            if (len(raws) == count > 1 and wanted and not hold and self._keeping_up and not self._buffer
+            if (got == count > 1 and wanted and not hold and self._keeping_up and not self._buffer
                     and self._closed is None and self._transfer_ask is None and not self._handoff.returning):
                 await self._ahead.send(max(count, self._prefetch.size), self._backlog)  # as the next would
             self._received(pop, raws)

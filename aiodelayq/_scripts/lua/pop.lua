@@ -5,7 +5,8 @@
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]); the moved items it pops skip the list when the list was empty (the
 -- keys end the same, one hop less), ARGV[5] '1': a backlog drain's top-up instead: pop the list
--- first, then move just the items still wanted (|ARGV[4]| is no bound then), which skip the list;
+-- first, then move just the items still wanted (|ARGV[4]| per move, more while the call is young),
+-- which skip the list;
 -- unless a hand-off lease ended (its items go first: as for '0'), ARGV[6..] call ids of earlier
 -- pops whose every item was handed out: forgotten here (FINISH with an all-'d' plan, without its
 -- round trip; idempotent)
@@ -21,6 +22,14 @@
 -- the destination once the lease ends.
 -- A resend of the same call id returns the same items (or none, after a FINISH '*' that overtook
 -- it), without transferring again.
+local TOP_UP_US = 1500
+-- Two moves' replies as one (TRANSFER's fields, and the lateness lists): counts added, TIME from the
+-- first, the outlook (next wake-up, earliest lease) from the second.
+local function merged(a, a_late, b, b_late)
+  if not a then return b, b_late end
+  if a_late then for _, v in ipairs(b_late) do a_late[#a_late + 1] = v end end
+  return {a[1] + b[1], a[2] + b[2], b[3], a[4], a[5], a[6] + b[6], b[7]}, a_late
+end
 for i = 6, #ARGV do
   redis.call('hdel', K.handoff, ARGV[i])
   redis.call('zrem', K.handoff_leases, ARGV[i])
@@ -37,16 +46,19 @@ local moved, late, items = false, nil, nil
 if limit ~= 0 and ARGV[5] == '1' and want > 0
     and #redis.call('zrangebyscore', K.handoff_leases, '-inf', now_ms(), 'LIMIT', 0, 1) == 0 then
   items = redis.call('lpop', K.destination, want) or {}
+  -- The list is empty now: what it moves for the pop skips it. One move is at most |limit| elements
+  -- (the transfer's bound on a call's work); another follows while the call is under TOP_UP_US, so a
+  -- zset of millions, several times dearer per element, holds the server no longer than TRANSFER.
   local need = want - #items
-  if need > 0 then  -- the list is empty now: what it moves for the pop skips it
-    local kept
-    moved, late, kept = transfer(K, limit < 0 and -need or need, need)
-    if kept and #items == 0 then
-      items = kept
-    elseif kept then
-      local n = #items
-      for i, v in ipairs(kept) do items[n + i] = v end
-    end
+  while need > 0 do
+    local step = math.min(need, math.abs(limit))
+    local m, l, kept = transfer(K, limit < 0 and -step or step, step)
+    moved, late = merged(moved, late, m, l)
+    if not kept then break end  -- (a hand-off lease ended: the moved items wait in the list)
+    local n = #items
+    for i, v in ipairs(kept) do items[n + i] = v end
+    need = need - #kept
+    if #kept < step or elapsed_us({moved[4], moved[5]}) >= TOP_UP_US then break end
   end
 else
   if limit ~= 0 then
