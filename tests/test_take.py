@@ -526,9 +526,10 @@ async def test_a_top_up_moves_at_most_the_transfer_batch_per_step_and_reports_it
     await q.offer_many([(x, 0) for x in names])
     reply = await scripts.pop(b"1" * 16, 20, 20_000, -3, "1")  # steps of 3: 7 steps (the call is young)
     moved = reply[0]
-    assert int(moved[0]) == 20 and int(moved[1]) == 0
+    assert (int(moved[0]), int(moved[1])) == (20, 0)
     assert int(moved[7]) == 0  # the list stays empty: every moved item was popped
-    assert len(moved[8]) == 20 and all(int(late) >= 0 for late in moved[8])
+    assert len(moved[8]) == 20
+    assert all(int(late) >= 0 for late in moved[8])
     assert reply[3:] == [x.encode() for x in names[:20]]
     assert await client.zcard(k.timeout_set) == 5
     assert [x.decode() for x in (await scripts.pop(b"2" * 16, 20, 20_000, 3, "1"))[3:]] == names[20:]
