@@ -65,7 +65,8 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
             O(backlog) ``LREM`` when due). ``wire_format="redisson-legacy"`` writes legacy elements.
         max_deliveries: for :meth:`receive`: a message delivered this many times and still not acked
             goes to the dead-letter list instead of a further delivery (``None``: no limit).
-        transfer_batch: most elements one transfer script call moves (Redisson uses 100).
+        transfer_batch: most elements one transfer moves at a time (Redisson uses 100): a TRANSFER call,
+            or a step of a consumer's POP while a backlog drains (more steps while the call is under 1.5 ms).
         safety_poll_s: seconds between transfers when nothing else wakes the transfer task.
         open_timeout_s: bound of ``open()`` (subscribe + first transfer), seconds; a server that
             refuses the connection fails it at once.
