@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..exceptions import ConfigurationError, DecodeError, EncodeError
@@ -156,35 +156,44 @@ def scanning(codec: Codec, decode: Callable[[bytes], Any]) -> Callable[[bytes], 
     that is one JSON text is read by the json module's scanner directly (the codec's own path is
     three calls more per item); anything else goes to ``decode``: an envelope (its first byte,
     0xC1, is never UTF-8) or text that ``json.loads`` must judge. Other codecs: ``decode`` itself."""
-    if type(codec) is not JsonCodec:
+    scan_all = batch_decoder(codec)
+    if scan_all is None:
         return decode
-    scan = _SCAN
 
     def decode_json(data: bytes) -> Any:
         try:
-            text = data.decode()
-            value, end = scan(text, 0)
-        except (ValueError, StopIteration, RecursionError):  # decode() decides, and raises its errors
+            return scan_all((data,))[0]
+        except ValueError:  # decode() decides, and raises its errors
             return decode(data)
-        return value if end == len(text) else decode(data)
 
     return decode_json
 
 
-def batch_decoder(codec: Codec) -> Callable[[list[bytes]], list[Any]] | None:
-    """For the JSON codec: the values of a batch of bare payloads in one call, each read as
-    :func:`scanning` reads it. Raises ``ValueError`` as soon as one is not a bare payload of one JSON
-    text (an envelope, or text that ``json.loads`` must judge), having had no side effect, so the
-    caller decodes that batch again one item at a time. ``None`` for other codecs, whose payloads
-    cannot tell an envelope from a payload without a look at each."""
+def batch_decoder(codec: Codec) -> Callable[[Sequence[bytes]], list[Any]] | None:
+    """For the JSON codec: the values of a batch of bare payloads in one call, each read by the json
+    module's scanner. Raises ``ValueError`` as soon as one is not a bare payload of one JSON text (an
+    envelope, or text that ``json.loads`` must judge), having had no side effect, so the caller
+    decodes that batch again one item at a time. ``None`` for other codecs, whose payloads cannot
+    tell an envelope from a payload without a look at each."""
     if type(codec) is not JsonCodec:
         return None
-    one = scanning(codec, _not_bare)
-    return lambda raws: list(map(one, raws))
+    scan = _SCAN
 
+    def scan_all(raws: Sequence[bytes]) -> list[Any]:
+        values: list[Any] = []
+        append = values.append  # (a loop, not a call per item: it runs per drained item)
+        try:
+            for data in raws:
+                text = data.decode()
+                value, end = scan(text, 0)
+                if end != len(text):
+                    raise ValueError("not one JSON text")
+                append(value)
+        except (StopIteration, RecursionError) as exc:  # (the scanner's StopIteration: an empty text)
+            raise ValueError("not a bare payload of one JSON text") from exc
+        return values
 
-def _not_bare(data: bytes) -> Any:
-    raise ValueError("not a bare payload of one JSON text")
+    return scan_all
 
 
 # The json module's scanner (its C one where built): (value, end) of the JSON value at an index.
