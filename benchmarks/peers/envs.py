@@ -22,10 +22,8 @@ NODE_DIR = NOX_DIR / "peers-node"
 
 # Pinned to the versions current when this benchmark was written; bump them here (the stamp files make
 # the next run reinstall). saq 0.26.4 imports typing_extensions without declaring it.
-PYTHON_PEERS: dict[str, list[str]] = {
-    "arq": ["arq==0.28.0"],
-    "saq": ["saq[redis,hiredis]==0.26.4", "typing_extensions>=4.7"],
-}
+PYTHON_PEERS: dict[str, list[str]] = {"arq": ["arq==0.28.0"],
+                                      "saq": ["saq[redis,hiredis]==0.26.4", "typing_extensions>=4.7"]}
 # bullmq 6 made its Redis client an optional peer dependency: ioredis is pinned to the version bullmq's
 # own development pins (its devDependencies), the combination its tests run.
 NODE_PEERS: dict[str, list[str]] = {"bullmq": ["bullmq@6.7.0", "ioredis@5.11.1"]}

@@ -66,8 +66,7 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(rounds=1, a_jobs=2000, a_delay_max_ms=2000, a_tail_s=30.0, b_jobs=10_000, b_bound_s=10.0,
-              c_jobs=5000)
+QUICK = Sizes(rounds=1, a_jobs=2000, a_delay_max_ms=2000, a_tail_s=30.0, b_jobs=10_000, b_bound_s=10.0, c_jobs=5000)
 
 
 def log(msg: str) -> None:

@@ -13,7 +13,6 @@ REGISTRY: dict[str, Scenario] = {
     "offer": paired.offer, "offer_many": paired.offer_many, "transfer": transfer.run, "lateness": lateness.run,
     "lateness_async_for": lateness.run_async_for, "reliable_lateness": lateness.run_reliable, "e2e": paired.e2e,
     "idle": idle.run, "memory": paired.memory, "drain": drain.run, "due_times": due_times.run, "keys": keys.run,
-    "startup": startup.run, "otel": otel.run, "pending_10m": pending_10m.run,
-}
+    "startup": startup.run, "otel": otel.run, "pending_10m": pending_10m.run}
 EXTRA = ("pending_10m",)  # run only when named in --only
 DEFAULT = tuple(name for name in REGISTRY if name not in EXTRA)

@@ -5,11 +5,12 @@ line (``{"error": ...}`` and exit status 1 for a failed command):
 - ``offer QUEUE CALLERS SECONDS``: as scenario ``offer`` measures ours (one unmeasured offer first);
 - ``fill QUEUE ITEMS``: items due now, the consumer queue opened and awaited until its transfer moved them;
 - ``drain QUEUE ITEMS``: that many of the filled queue's items taken by ``async for item in q``;
+- ``spans N``: ``sdk``: N of the receive spans a traced take makes per item, linked to a producer;
 - ``close``: the round's queues closed;
 - ``done``: the ``opentelemetry`` modules loaded, whether the library's tracer is active, the spans
   exported (``sdk`` flushes first); then it exits.
 
-``offer`` and ``drain`` answer ``{"items", "wall_s", "cpu_s"}`` (this process's CPU time, every thread's).
+``offer``, ``drain`` and ``spans`` answer ``{"items", "wall_s", "cpu_s"}`` (this process's CPU time, every thread's).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ async def serve(url: str, exporter: Any) -> None:
     from redis.asyncio import Redis
 
     from aiodelayq import DelayedQueue
-    from aiodelayq._util.tracing import tracer
+    from aiodelayq._util.tracing import receive_span, tracer
 
     client = Redis.from_url(url, decode_responses=False)  # the producer's
     consumer = Redis.from_url(url, decode_responses=False)
@@ -120,6 +121,10 @@ async def serve(url: str, exporter: Any) -> None:
                     done += 1
                     if done >= int(args[1]):
                         break
+            elif command == "spans":  # the SDK's own work for one traced take of an item: its receive span
+                headers, found, done = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}, tracer(), int(args[0])
+                for _ in range(done):
+                    receive_span(found, "spans", "take", time.time_ns(), [headers])
             elif command == "close":  # the queues of the round
                 producers.clear()
                 filled.clear()

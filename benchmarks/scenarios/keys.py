@@ -93,11 +93,8 @@ async def _call_times(bench: Bench, url: str, ctl: Redis, slowlog: SlowLog, n: i
         await fill(q, n, FAR_S, batch=10_000, keyed=True)
         picks = [bench.rng.randrange(n) for _ in range(2000)]
         calls: dict[str, Callable[[int], Awaitable[Any]]] = {
-            "get": lambda i: q.get(f"order-{i}"),
-            "reschedule": lambda i: q.reschedule(f"order-{i}", FAR_S + 60),
-            "cancel": lambda i: q.cancel(f"order-{i}"),
-            "offer": lambda i: q.offer(payload(i), FAR_S, key=f"order-{i}"),
-        }
+            "get": lambda i: q.get(f"order-{i}"), "reschedule": lambda i: q.reschedule(f"order-{i}", FAR_S + 60),
+            "cancel": lambda i: q.cancel(f"order-{i}"), "offer": lambda i: q.offer(payload(i), FAR_S, key=f"order-{i}")}
         out: dict[str, Any] = {}
         for call, one in calls.items():
             await slowlog.begin(1000)  # only calls over 1 ms logged

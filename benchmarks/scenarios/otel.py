@@ -54,8 +54,11 @@ async def run(bench: Bench) -> dict[str, Any]:
     turns, the processes taking turns (the first rotating from round to round) so that the three see the
     same load; the three on CPU 0, the server on the others, so that none runs where the others do not.
     Items per second (wall time) and the process's CPU time per item (every thread's), medians of the
-    rounds, the rates' ratios to ``plain``; the spans ``sdk`` exported."""
+    rounds, the rates' ratios to ``plain``; the spans ``sdk`` exported. After each round ``sdk`` makes, alone,
+    the receive span a traced take makes per item: what tracing adds to an item of ``async for`` (its µs
+    over ``plain``'s) against that span, the SDK's own work."""
     s = bench.sizes
+    span_us: list[float] = []  # the SDK's own receive span, µs (sdk, between the rounds' drains)
     got: dict[str, dict[str, dict[str, list[float]]]] = {
         v: {op: {m: [] for m in METRICS} for op in OPS} for v in VARIANTS}
     # This process on CPU 0, the server on the others; the variants' processes inherit CPU 0.
@@ -80,6 +83,8 @@ async def run(bench: Bench) -> dict[str, Any]:
                                  {v: sums[v]["drain"] for v in order})
                     for v in order:
                         await _ask(procs[v], "close")
+                    spans = await _ask(procs["sdk"], "spans", s.otel_items // 10)
+                    span_us.append(spans["wall_s"] * 1e6 / spans["items"])
                 finally:
                     await bench.drop(*(n for pair in names.values() for n in pair))
                 for v in order:
@@ -102,8 +107,10 @@ async def run(bench: Bench) -> dict[str, Any]:
     if not done["sdk"]["spans"]:
         raise RuntimeError("otel sdk: no span exported")
     med = {v: {op: {m: median(got[v][op][m]) for m in METRICS} for op in OPS} for v in VARIANTS}
+    added_us = 1e6 / med["sdk"]["drain"]["items_per_s"] - 1e6 / med["plain"]["drain"]["items_per_s"]
     return {"callers": s.offer_callers, "seconds": s.otel_offer_seconds, "items": s.otel_items,
-            "rounds": s.otel_rounds, "placement": placement,
+            "rounds": s.otel_rounds, "placement": placement, "sdk_span_us": median(span_us),
+            "traced_drain_added_us": added_us, "added_over_span": added_us / median(span_us),
             "variants": {v: {**{op: {**med[v][op], "rounds": got[v][op]} for op in OPS},
                              "otel_modules": done[v]["otel_modules"], "spans": done[v]["spans"]} for v in VARIANTS},
             "ratio": {v: {op: ratio(med[v][op]["items_per_s"], med["plain"][op]["items_per_s"]) for op in OPS}
