@@ -409,8 +409,9 @@ class TakePump:
             await self._pop_failed(exc, backoff)
             return
         received = loop.time()
-        # A top-up moves at most the transfer's batch: one that did, more being due, counts as full.
-        got = count if backlog is not None and moved is not None and _more_due(moved) else len(raws)
+        # A top-up moves at most the transfer's batch: one that stopped with more due counts as full.
+        more_due = backlog is not None and moved is not None and _more_due(moved)
+        got = count if more_due else len(raws)
         self._prefetch.fetched(count, got, received - sent)
         if ask is not None:
             if moved is not None:
@@ -418,7 +419,7 @@ class TakePump:
             _resolve(ask, (sent, received, moved))
         elif backlog is not None and moved is not None:
             self._events.count("pops_that_transferred")
-            if not _more_due(moved) and self._backlog is backlog:
+            if not more_due and self._backlog is backlog:
                 self._backlog = None  # drained: the transfer task's own wake-ups suffice again
             loop.call_soon(backlog[1], sent, received, moved)  # after this pop, as an ask's future would
         backoff.succeeded()
