@@ -62,8 +62,8 @@ class Sizes:
     idle_takers: int = 100  # of the idle queues, consumed by a waiting take() (ours)
     idle_seconds: float = 20.0
     memory_items: int = 100_000
-    drain_items: int = 100_000
-    drain_messages: int = 100_000
+    drain_items: int = 50_000  # per drain of the drain scenario, which times ``drain_rounds`` of each consumer
+    drain_rounds: int = 10
     due_calls: int = 200
     keys_transfer_n: int = 100_000
     keys_rounds: int = 7  # of keyed/unkeyed offer and transfer, after a warm-up pair
@@ -74,16 +74,15 @@ class Sizes:
     otel_items: int = 50_000  # drained in each round
     scale_items: int = 10_000_000  # pending items of the pending_10m scenario
     scale_due: int = 1_000_000  # of them due when its consumer opens
-    scale_ref_backlog: int = 200_000  # the backlog alone its move rate is compared with
 
 
 FULL = Sizes()
 QUICK = Sizes(offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
-              drain_items=50_000, drain_messages=50_000, due_calls=60, keys_transfer_n=20_000,
+              drain_items=20_000, drain_rounds=12, due_calls=60, keys_transfer_n=20_000,
               keys_rounds=3, keys_pending_n=100_000, startup_runs=5,
               otel_rounds=8, otel_offer_seconds=0.5, otel_items=20_000,
-              scale_items=1_000_000, scale_due=100_000, scale_ref_backlog=20_000)
+              scale_items=1_000_000, scale_due=100_000)
 
 
 def payload(i: int) -> dict[str, Any]:

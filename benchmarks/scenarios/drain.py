@@ -4,7 +4,9 @@ items from a zset by itself, with where a drained item's time goes."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -26,8 +28,7 @@ STEPS = {"zset read": ("zrangebyscore",), "zset remove": ("zremrangebyrank", "zr
 
 async def _raw_pop(client: Any, name: str, n: int) -> float:
     """The server alone: ``MULTI`` of ``ZRANGE z 0 999`` + ``ZREMRANGEBYRANK z 0 999`` until the zset of
-    ``n`` payloads (the same bytes ours stores) is empty; items/s. The zset's key is the queue's name (its
-    destination list's, which this mode never makes), so the scenario's cleanup deletes it."""
+    ``n`` payloads (ours' bytes) is empty; items/s. Its key is the queue's name: the cleanup deletes it."""
     codec = JsonCodec()
     for b in range(0, n, RAW_BATCH):
         await client.zadd(name, {codec.encode(payload(i)): i for i in range(b, min(n, b + RAW_BATCH))})
@@ -37,8 +38,7 @@ async def _raw_pop(client: Any, name: str, n: int) -> float:
         pipe = client.pipeline(transaction=True)
         pipe.zrange(name, 0, RAW_BATCH - 1)
         pipe.zremrangebyrank(name, 0, RAW_BATCH - 1)
-        items, _ = await pipe.execute()
-        got += len(items)
+        got += len((await pipe.execute())[0])
     return n / (time.perf_counter() - t0)
 
 
@@ -95,23 +95,21 @@ def _client_parts(n: int) -> dict[str, float]:
     reply = b"*%d\r\n" % len(raws) + b"".join(b"$%d\r\n%s\r\n" % (len(r), r) for r in raws)
     reader = hiredis.Reader()
     rounds = max(1, n // RAW_BATCH)
-    t0 = time.process_time()
-    for _ in range(rounds):
-        reader.feed(reply)
-        reader.gets()
-    parse = (time.process_time() - t0) / (rounds * RAW_BATCH) * 1e6
-    t0 = time.process_time()
-    for _ in range(rounds):
-        decode_all(raws)
-    decode = (time.process_time() - t0) / (rounds * RAW_BATCH) * 1e6
-    return {"reply parse": parse, "decode": decode}
+
+    def us_per_item(step: Callable[[], Any]) -> float:
+        t0 = time.process_time()
+        for _ in range(rounds):
+            step()
+        return (time.process_time() - t0) / (rounds * RAW_BATCH) * 1e6
+
+    return {"reply parse": us_per_item(lambda: (reader.feed(reply), reader.gets())),
+            "decode": us_per_item(lambda: decode_all(raws))}
 
 
 async def _breakdown(bench: Bench, n: int) -> dict[str, Any]:
     """``take_many(1000)`` of ``n`` due items once more, measured instead of timed: the server's µs per
     item in TRANSFER and POP (``SLOWLOG``) and in each step of theirs (``INFO commandstats``), and the
-    client's CPU µs per item, split into the parts measured alone and the rest (the pump's bookkeeping,
-    the calls and the event loop)."""
+    client's CPU µs per item: the parts measured alone, and the rest (the pump, the calls, the loop)."""
     async with bench.fresh_queue("drain", "breakdown", clients=2) as (producer, consumer, name):
         await fill(DelayedQueue(producer, name), n, 0)
         shas = {QueueScripts.transfer.sha.encode(): "TRANSFER", QueueScripts.pop.sha.encode(): "POP"}
@@ -127,8 +125,7 @@ async def _breakdown(bench: Bench, n: int) -> dict[str, Any]:
     per_script: dict[str, float] = {}
     for e in entries:
         args = bytes(e["command"]).split(b" ")
-        if args[0] == b"EVALSHA" and len(args) > 1 and args[1] in shas:
-            label = shas[args[1]]
+        if args[0] == b"EVALSHA" and (label := shas.get(args[1] if len(args) > 1 else b"")):
             per_script[label] = per_script.get(label, 0.0) + e["duration"] / n
     used = {k: after[k] - before.get(k, 0) for k in after}
     steps = {step: sum(used.get(c, 0) for c in commands) / n for step, commands in STEPS.items()}
@@ -142,20 +139,20 @@ async def _breakdown(bench: Bench, n: int) -> dict[str, Any]:
 async def run(bench: Bench) -> dict[str, Any]:
     """``drain_items`` items due before the consumer opens (filled with ``offer_many``), moved to the
     destination list by the queue's own transfer, then timed from the first take until the last item (the
-    last ack in Redis for the reliable ones), in one process, the consumers alternating, ``rounds`` times:
-    ``take_many(1000)`` and ``take_many(100)`` in a loop, ``async for item in q``, ``receive_many(100)``
-    with an ``ack()`` of each message, a sequential ``async for msg in q.messages(30): await msg.ack()``
-    and the worker (``q.worker(no-op handler, concurrency=16).run()``: a task per message); the reliable
-    ones on ``drain_messages`` items. ``take_many_1000_e2e``: ``take_many(1000)`` timed from the open, the
-    items still in the timeout zset (the transfer is part of the drain). ``raw_pop``: the server popping
-    the same payloads from a zset by itself (``MULTI`` of ``ZRANGE z 0 999`` and ``ZREMRANGEBYRANK z 0
-    999``), what ``take_many(1000)`` is compared with. Items/s; ratios against ``raw_pop`` (both
-    ``take_many(1000)``), ``take_many(100)`` and ``async for`` (the worker). Then one end-to-end
-    ``take_many(1000)`` drain measured for the breakdown (:func:`_breakdown`)."""
+    last ack in Redis for the reliable ones), in one process: ``take_many(1000)`` and ``take_many(100)`` in
+    a loop, ``async for item in q``, ``receive_many(100)`` with an ``ack()`` of each message, a sequential
+    ``async for msg in q.messages(30): await msg.ack()``, and the worker (``q.worker(no-op handler,
+    concurrency=16).run()``). ``take_many_1000_e2e``: ``take_many(1000)`` timed from the open, the items
+    still in the timeout zset. ``raw_pop``: the server popping the same payloads from a zset by itself
+    (``MULTI`` of ``ZRANGE z 0 999`` and ``ZREMRANGEBYRANK z 0 999``). Each consumer drains ``drain_rounds``
+    times, the consumers in turn (in reverse every other round); its rate is its items over its total
+    time. This machine's speed swings by up to 2x for a second or more: many short drains in turn meet
+    the same swings. Ratios against ``raw_pop``, ``take_many(100)``, and ``async for`` for the worker. Then
+    one ``take_many(1000)`` drain measured for the breakdown (:func:`_breakdown`)."""
     s = bench.sizes
 
     async def measure(mode: str) -> float:
-        n = s.drain_messages if mode in RELIABLE else s.drain_items
+        n = s.drain_items
         async with bench.fresh_queue("drain", mode, clients=2) as (producer, consumer, name):
             if mode == "raw_pop":
                 return await _raw_pop(producer, name, n)
@@ -168,9 +165,11 @@ async def run(bench: Bench) -> dict[str, Any]:
                 await _drain(q, consumer, mode, n)
                 return n / (time.perf_counter() - t0)
 
-    ours = await alternate(MODES, s.rounds, measure, "items_per_s")
+    ours = await alternate(MODES, s.drain_rounds, measure, "items_per_s", flip=True)
+    for got in ours.values():  # equal drains: their items over their total time
+        got["items_per_s"] = statistics.harmonic_mean(got["rounds"])
     rate = {mode: ours[mode]["items_per_s"] for mode in MODES}
-    return {"items": s.drain_items, "messages": s.drain_messages, "ours": ours,
+    return {"items": s.drain_items, "drains": s.drain_rounds, "ours": ours,
             "ratio": {"take_many_1000_vs_raw_pop": ratio(rate["take_many_1000"], rate["raw_pop"]),
                       "take_many_1000_e2e_vs_raw_pop": ratio(rate["take_many_1000_e2e"], rate["raw_pop"]),
                       **{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[3:-1]},

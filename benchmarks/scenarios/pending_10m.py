@@ -23,9 +23,8 @@ async def _used(bench: Bench) -> int:
     return int((await bench.ctl.info("memory"))["used_memory"])
 
 
-async def _slow_calls(bench: Bench, window: str) -> dict[str, Any]:
-    """The ``EVALSHA`` calls since :meth:`SlowLog.begin`: how many, how many over ``SLOW_MS`` and
-    ``STALL_MS``, the slowest."""
+async def _slow_calls(bench: Bench) -> dict[str, Any]:
+    """Script calls since :meth:`SlowLog.begin`: how many, how many over ``SLOW_MS`` and ``STALL_MS``, the slowest."""
     info = await bench.ctl.info("commandstats")
     calls = sum(int(v["calls"]) for k, v in info.items() if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"))
     times = await bench.slowlog.end(lambda a: a[0] in (b"EVALSHA", b"EVAL", b"FCALL")) or []
@@ -104,7 +103,7 @@ async def _drain(bench: Bench, consumer: Any, name: str, tier_after_s: float | N
             if time.perf_counter() - t0 > 600:
                 raise RuntimeError(f"pending_10m: {got:,} of {due:,} due items taken within 600 s")
         drained_s = time.perf_counter() - t0
-    slow = await _slow_calls(bench, "drain")
+    slow = await _slow_calls(bench)
     moved_s = moved_s or drained_s
     return {"move": {"items_per_s": due / moved_s},
             "drain": {"items_per_s": due / drained_s, "slow": slow, "server_read_us_per_item": read_us}}
@@ -156,7 +155,7 @@ async def _variant(bench: Bench, impl: str, tier_after_s: float | None) -> dict[
                     for part, i in (("first", 0), ("last", len(stats) - 2))}
         out["fill"] = {"items_per_s_by_tenth": rates, "last_over_first": ratio(rates[-1], rates[0]),
                        "server_us_per_item": per_item,
-                       "slow": await _slow_calls(bench, "fill"), "ended_before_due": bench.server_now_ms() < due_ms}
+                       "slow": await _slow_calls(bench), "ended_before_due": bench.server_now_ms() < due_ms}
         used = (await _used(bench) - used0) / n
         head = await bench.ctl.zrange(keys.timeout_set, -1, -1)
         counts = await q.counts()
