@@ -8,7 +8,7 @@ holds :class:`~aiodelayq._queue_contents.ContentsCalls`'; this module has the re
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast, overload
 
@@ -17,13 +17,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import AbstractBackoff
 
-from ._consuming.take import NOT_PREFETCHED
 from ._consuming.worker_slots import Worker
 from ._options import QueueOptions, WireFormat, WorkerOptions, check_client
 from ._parts.queue_parts import QueueParts
 from ._parts.roles import Parts
 from ._producing.keyed import Offered, Pending
-from ._queue_consuming import ConsumingCalls
+from ._queue_consuming import ConsumingCalls, items_of
 from ._queue_contents import ContentsCalls
 from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import QueueStats
@@ -32,7 +31,7 @@ from ._sharding.sharded import ShardedParts
 from ._wire.codec import Codec
 from ._wire.elements import ElementKind
 from ._wire.key_names import QueueKeys
-from .exceptions import ConfigurationError, QueueClosedError
+from .exceptions import ConfigurationError
 
 __all__ = ["DelayedQueue"]
 
@@ -386,19 +385,9 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
 
     # -- consuming: take, poll and receive are ConsumingCalls' (_queue_consuming.py) -------------
 
-    def __aiter__(self) -> DelayedQueue[T]:
-        """Iterate over due items (:meth:`take`) until the queue is closed."""
-        self._life.pump()
-        return self
-
-    async def __anext__(self) -> T:
-        """The next due item (:meth:`take`); ``StopAsyncIteration`` once the queue is closed."""
-        try:
-            pump = self._life.pump()
-            taken: T = pump.get_prefetched()  # the hot path, as in take(), without its coroutine per item
-            return taken if taken is not NOT_PREFETCHED else (await pump.get(None, 1))[0]
-        except QueueClosedError:
-            raise StopAsyncIteration from None
+    def __aiter__(self) -> AsyncIterator[T]:
+        """Iterate over due items (:meth:`take`) until the queue is closed. Raises as :meth:`take`."""
+        return cast("AsyncIterator[T]", items_of(self._life.pump()))
 
     # -- a worker (see _consuming/worker_slots.py) -----------------------------------------------------------------
 

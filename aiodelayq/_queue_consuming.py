@@ -4,18 +4,33 @@ The facade is made of this class, :class:`~aiodelayq._queue_contents.ContentsCal
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar, cast
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar, cast
 
 from ._consuming.messages import Message
 from ._consuming.reliable import MessageIterator
 from ._consuming.take import NOT_PREFETCHED
-from ._parts.roles import Life
+from ._parts.roles import Life, Taker
 from ._util.checks import check_max_items, check_timeout
 from ._wire.delays import visibility_ms
+from .exceptions import QueueClosedError
 
 __all__ = ["ConsumingCalls"]
 
 T = TypeVar("T")
+
+
+async def items_of(pump: Taker) -> AsyncIterator[Any]:
+    """``async for``'s items, as :meth:`ConsumingCalls.take` returns them, until the queue closes: a
+    generator resumed per item costs less than a coroutine made per item, and the prefetched ones come
+    without a call to a coroutine at all."""
+    get_prefetched, get = pump.get_prefetched, pump.get
+    try:
+        while True:
+            taken = get_prefetched()
+            yield taken if taken is not NOT_PREFETCHED else (await get(None, 1))[0]
+    except QueueClosedError:
+        return
 
 
 class ConsumingCalls(Generic[T]):

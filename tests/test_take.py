@@ -61,6 +61,29 @@ async def test_async_for_ends_when_closed(make_queue: Any) -> None:
     assert sorted(got) == list(range(5))
 
 
+async def _ready(q: Any, n: int) -> bool:
+    return bool(await q.ready_size() == n)
+
+
+async def test_async_for_loops_that_break_leave_the_rest_to_the_next_loop_in_order(make_queue: Any) -> None:
+    # Each loop is a new iterator; what the first prefetched and did not hand out stays for the
+    # next loop, and take() (neither lost nor doubled).
+    q = make_queue()
+    await q.offer_many([(i, 0) for i in range(300)])
+    async with q:
+        await until(lambda: _ready(q, 300))
+        got: list[int] = []
+        for stop in (10, 150):
+            async for item in q:
+                got.append(item)
+                if len(got) == stop:
+                    break
+        got.append(await q.take())
+        while len(got) < 300:
+            got += await q.take_many(1000, timeout=5)
+    assert got == list(range(300))
+
+
 async def test_take_many_returns_what_is_ready_in_one_round_trip(client: Redis, make_queue: Any) -> None:
     q = make_queue()
     await q.offer_many([(i, 0) for i in range(250)])

@@ -11,6 +11,8 @@ import collections
 from collections.abc import Callable
 from typing import TypeVar
 
+from .._util.tracing import tracer
+
 __all__ = ["MAX_PREFETCH", "Prefetch", "PrefetchBuffer"]
 
 E = TypeVar("E")
@@ -56,11 +58,15 @@ class Prefetch:
 class PrefetchBuffer(collections.deque[E]):
     """Prefetched entries in fetch order (a deque: ``async for``'s hot path tests it as cheaply as
     one), held :attr:`Prefetch.hold_s` from the first one kept; then, or on :meth:`give_back`,
-    ``give_back`` gets all of them and the size halves."""
+    ``give_back`` gets all of them and the size halves. :attr:`traced`: whether a tracer provider was
+    set when entries were last kept (then they are taken where spans are recorded); read once per
+    fetch rather than per item, it costs ``async for`` nothing, and a provider set meanwhile traces
+    from the next fetch."""
 
     def __init__(self, give_back: Callable[[list[E]], None]) -> None:
         super().__init__()
         self.prefetch = Prefetch()
+        self.traced = False
         self._hold: asyncio.TimerHandle | None = None
         self._give_back = give_back
 
@@ -88,6 +94,7 @@ class PrefetchBuffer(collections.deque[E]):
     def keep(self, entries: list[E]) -> None:
         """Hold ``entries`` for later callers (the hold runs from the first entry kept)."""
         self.extend(entries)
+        self.traced = tracer() is not None
         if self and self._hold is None:
             self._hold = asyncio.get_running_loop().call_later(self.prefetch.hold_s, self.give_back)
 

@@ -182,9 +182,9 @@ class TakePump:
     def get_prefetched(self) -> Any:
         """``async for`` and ``take()``'s hot path: the next prefetched item, as :meth:`get` of one
         item without headers would return it, without a coroutine; :data:`NOT_PREFETCHED` when
-        :meth:`get` must run (nothing prefetched, callers waiting, closing, or a span to record)."""
+        :meth:`get` must run (nothing prefetched, callers waiting, closing, or spans to record)."""
         buffer = self._buffer
-        if self._closed is not None or self._waiters or not buffer or tracer() is not None:
+        if self._closed is not None or self._waiters or not buffer or buffer.traced:
             return NOT_PREFETCHED
         pop, index, taken = buffer.take_oldest()
         pop.settle(index, "d")
