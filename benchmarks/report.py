@@ -302,7 +302,7 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         for what, key, goal, limit in (
                 ("take_many(1000) from the open >= 25% of the server alone", "take_many_1000_e2e_vs_raw_pop", .25, .12),
                 ("async for >= 85% of take_many(100)", "async_for", 0.85, 0.52),
-                ("receive_many(100) + ack() >= 70% of take_many(100)", "receive_many_ack", 0.7, 0.5),
+                ("receive_many(100) + ack() >= 70% of take_many(100)", "receive_many_ack", 0.7, 0.47),
                 ("messages() + ack() >= 10% of take_many(100)", "messages_ack", 0.1, 0.1),
                 ("worker (no-op handler, concurrency 16) >= 70% of async for", "worker16_vs_async_for", 0.7, 0.55)):
             bar(f"drain: {what}", d.get(key), goal, True, check=limit)
