@@ -14,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._redis.backoff import Backoff
 from .._util.tasks import wait_event
+from .._util.tracing import tracer
 from ..exceptions import AccessDeniedError, BackendError, QueueClosedError, WrongNodeError
 from .messages import Message
 from .worker_outcomes import Outcomes
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 __all__ = ["Fetcher", "Source"]
 
@@ -63,6 +67,9 @@ class Fetcher(Generic[T]):
         self.closed_is_error = False  # a closed queue ends the fetch with an error, not cleanly
         self.idle: collections.deque[asyncio.Future[None]] = collections.deque()  # parked slots
         self.waking = 0  # slots woken that have not run yet
+        # The tracer the slots use, read once per fetch rather than per message (a provider set
+        # meanwhile traces from the next fetch): None without an SDK.
+        self.tracer: Tracer | None = None
 
     def __repr__(self) -> str:
         return f"<Fetcher ahead={len(self.ahead)}/{self._max_ahead} fetching={self.fetching} parked={len(self.idle)}>"
@@ -113,6 +120,7 @@ class Fetcher(Generic[T]):
                 finally:
                     self.fetching = False
                 ahead.extend(fetched)
+                self.tracer = tracer()
             except QueueClosedError:
                 if self.closed_is_error:
                     raise

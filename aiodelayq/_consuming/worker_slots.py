@@ -17,7 +17,7 @@ from redis.backoff import EqualJitterBackoff
 
 from .._options import WorkerOptions
 from .._util.tasks import run_through_cancellation
-from .._util.tracing import process_span, tracer
+from .._util.tracing import process_span
 from ..exceptions import ConfigurationError
 from .current import CURRENT_HEADERS, CURRENT_MESSAGE
 from .handler import check_handler
@@ -183,7 +183,7 @@ class Worker(Generic[T]):
             busy[me] = message
             stats.started += 1
             # Inline, not in a helper coroutine: every layer per message costs (the drain benchmark).
-            found = tracer()
+            found = fetcher.tracer
             try:
                 if found is None:
                     await handler(item)
