@@ -61,17 +61,11 @@ async def test_async_for_ends_when_closed(make_queue: Any) -> None:
     assert sorted(got) == list(range(5))
 
 
-async def _ready(q: Any, n: int) -> bool:
-    return bool(await q.ready_size() == n)
-
-
-async def test_async_for_loops_that_break_leave_the_rest_to_the_next_loop_in_order(make_queue: Any) -> None:
+async def test_async_for_loops_that_break_leave_the_rest_to_the_next_loop_in_order(client: Redis,
+                                                                                 make_queue: Any) -> None:
     # Each loop is a new iterator; what the first prefetched and did not hand out stays for the
     # next loop, and take() (neither lost nor doubled).
-    q = make_queue()
-    await q.offer_many([(i, 0) for i in range(300)])
-    async with q:
-        await until(lambda: _ready(q, 300))
+    async with open_with_ready(client, make_queue(), 300) as q:
         got: list[int] = []
         for stop in (10, 150):
             async for item in q:
