@@ -61,9 +61,12 @@ class Reconciling:
         self._reconcile_schedules(snap, occs, problems)
         for ident, token in self.occurrences.items():
             seen = occs.pop(ident, [])
-            if not seen and any(a.kind == "ready" for a in token.alts) and self.taken_occurrences[token.value] > 0:
+            # A take names no occurrence: one of this value's takes since the last reconcile explains an
+            # occurrence that was ready, or pending and due by now (it fell due and went between two checks).
+            if (not seen and self.taken_occurrences[token.value] > 0
+                    and any(a.kind == "ready" or (a.kind == "scheduled" and a.due[0] <= now) for a in token.alts)):
                 self.taken_occurrences[token.value] -= 1
-                token.set(State("gone", taken=True), note="taken (seen ready before)")
+                token.set(State("gone", taken=True), note="taken (ready or due before)")
                 continue
             self._settle(token, seen, now, unconfirmed, faulted, problems)
         self.taken_occurrences.clear()
