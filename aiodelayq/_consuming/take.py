@@ -6,7 +6,7 @@ its read timeout desynchronises the connection. The pump pops without blocking w
 there (a waiter arrived, a transfer ran, a return was announced, the last pop came back full),
 sharing the client's transfer slots. Its phases are in ``take_phases.py``, its callers in
 ``take_waiters.py``, its read-ahead (the next POP out while a full one's items are decoded) in
-``take_ahead.py``.
+``take_ahead.py``, the decoding of a pop's items in ``take_decode.py``.
 
 POP moves items into ``aiodelayq_handoff:{N}`` under a lease; once every item of a pop is settled
 one FINISH removes the entry. What a killed process leaves goes back to the head of the
@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from itertools import repeat
 from typing import Any
 
-from .._recurring.refill import RESYNC
 from .._redis.backoff import Backoff
 from .._redis.connections import is_permanent
 from .._scripts import QueueScripts
@@ -30,10 +28,11 @@ from .._util.observe import Events
 from .._util.tasks import TaskOwner, wait_event
 from .._util.tracing import tracer
 from .._wire.codec import Headed
-from ..exceptions import BackendError, DecodeError
+from ..exceptions import BackendError
 from .handoff import Handoff, Pop, Popped
 from .prefetch import PrefetchBuffer
 from .take_ahead import Backlog, ReadAhead
+from .take_decode import PopDecoder
 from .take_phases import Outlook, Phase
 from .take_waiters import Entry, Waiter, Waiters
 from .traced import traced_take
@@ -72,8 +71,7 @@ class TakePump:
         self._scripts = scripts
         self._events = events
         self._keys = keys = scripts.keys
-        self._decode = decode
-        self._decode_batch = decode_batch  # see _wire.codec.batch_decoder
+        self._decoder = PopDecoder(decode, decode_batch, events, keys.dead_letter)
         self._waiters = Waiters()
         self._wake = asyncio.Event()
         self._outlook = Outlook()
@@ -123,6 +121,11 @@ class TakePump:
         read-ahead in flight."""
         return (self._closed is None and not self._buffer and self._transfer_ask is None
                 and self._ahead.ahead is None and (self._phase is Phase.BACKING_OFF or self._outlook.drained))
+
+    @property
+    def topping_up(self) -> bool:
+        """Whether a POP that tops up while a backlog drains is out (its report follows its reply)."""
+        return self._backlog is not None and (self._phase is Phase.POP or self._ahead.ahead is not None)
 
     def held_s(self) -> float:
         """Seconds until the queue's controls let this pump pop again (0: not held)."""
@@ -417,11 +420,13 @@ class TakePump:
             if moved is not None:
                 self._events.count("pops_that_transferred")
             _resolve(ask, (sent, received, moved))
-        elif backlog is not None and moved is not None:
-            self._events.count("pops_that_transferred")
-            if not more_due and self._backlog is backlog:
-                self._backlog = None  # drained: the transfer task's own wake-ups suffice again
-            loop.call_soon(backlog[1], sent, received, moved)  # after this pop, as an ask's future would
+        elif backlog is not None and (moved is not None or (raws and not hold)):
+            if moved is not None:
+                self._events.count("pops_that_transferred")
+                if not more_due and self._backlog is backlog:
+                    self._backlog = None  # drained: the transfer task's own wake-ups suffice again
+            # After this pop, as an ask's future would; None: the list held what it wanted.
+            loop.call_soon(backlog[1], sent, received, moved)
         backoff.succeeded()
         if expired:
             self._events.dead_lettered(expired, "expired")
@@ -456,37 +461,8 @@ class TakePump:
 
     def _received(self, pop: Pop, raws: list[bytes]) -> None:
         pop.received(len(raws))
-        self._give_to_waiters(self._decoded(pop, raws))
+        self._give_to_waiters(self._decoder.entries(pop, raws))
         self._handoff.maybe_finish(pop)
-
-    def _decoded(self, pop: Pop, raws: list[bytes]) -> list[Entry]:
-        """``pop``'s items as entries: the whole pop in one call when every item is a bare payload,
-        else item by item (an undecodable one settled 'x' and counted, a resync settled 'd')."""
-        if self._decode_batch is not None:
-            try:
-                values = self._decode_batch(raws)
-            except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
-                pass
-            else:  # the common case: bare payloads, no per-item code here
-                return list(zip(repeat(pop), range(len(values)), values))
-        decode, entries = self._decode, list[Entry]()
-        keep = entries.append  # per item: the names bound once
-        for index, raw in enumerate(raws):
-            try:
-                taken = decode(raw)
-            except DecodeError as exc:
-                self._events.count("undecodable")
-                log.error("%s; moved to dead-letter list %r", exc, self._keys.dead_letter)
-                pop.settle(index, "x")
-                continue
-            if taken is RESYNC:
-                pop.settle(index, "d")
-                continue
-            keep((pop, index, taken))
-        # Counted when decided: the FINISH that writes them goes out with the pop's other verdicts.
-        if len(entries) < len(raws) and (dead := pop.plan.count("x")):
-            self._events.dead_lettered(dead, "undecodable")
-        return entries
 
 
 def _more_due(moved: Any) -> bool:

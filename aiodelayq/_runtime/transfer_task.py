@@ -98,8 +98,9 @@ class TransferTask:
         # (see _set_backlog), and this task transfers back to back unless they keep the list empty.
         self._backlog = False
         # While it drains: (loop time, what it moved) of the last consumer's POP that moved items and
-        # left the list empty, and a wake-up per consumer's POP that transferred (see _stand_aside).
-        self._pops_drain: tuple[float, tuple[int, int, float | None, float | None]] | None = None
+        # left the list empty (None: it moved nothing, the list held all it wanted), and a wake-up per
+        # consumer's POP that topped up (see _stand_aside).
+        self._pops_drain: tuple[float, tuple[int, int, float | None, float | None] | None] | None = None
         self._pop_reported = asyncio.Event()
         self._task = tasks.supervise(f"aiodelayq-transfer:{keys.destination}", self._run, restart_after_s=1.0,
                                     on_crash=self._crashed)
@@ -167,24 +168,30 @@ class TransferTask:
 
     def _popped(self, sent: float, received: float, reply: Any) -> None:
         """A consumer's POP topped up while a backlog drains: accounted as this task's transfer; noted
-        when it moved items and left the list empty (see :meth:`_stand_aside`)."""
-        took = self._took(sent, received, reply)
-        self._pops_drain = (received, took) if took[0] and not int(reply[7]) else None
+        when it moved items and left the list empty, or found all it wanted in the list (``reply``
+        ``None``: it moved nothing), see :meth:`_stand_aside`."""
+        if reply is None:
+            self._pops_drain = (received, None)
+        else:
+            took = self._took(sent, received, reply)
+            self._pops_drain = (received, took) if took[0] and not int(reply[7]) else None
         self._pop_reported.set()
 
     async def _stand_aside(self) -> tuple[int, int, float | None, float | None] | None:
-        """While a backlog drains and the consumers' POPs move what they pop, leaving the list empty
-        (their items skip it), a transfer of this task's would fill the list and put the hop back.
-        Wait for the next such POP instead (at most _STAND_ASIDE_S) and return what it moved;
-        ``None``: transfer now (no such POP lately, or a reliable receiver waits for the list)."""
-        last = self._pops_drain
-        if last is None or self._loop.time() - last[0] > _STAND_ASIDE_S or any(
-                consumers.reliable.waiting for consumers in self._consumers):
+        """While a backlog drains and the consumers' POPs top up (they pop the list, then move what
+        they still want, which skips the list), a transfer of this task's would fill the list and put
+        the hop back. Wait for the next such POP instead (at most _STAND_ASIDE_S) and return what it
+        moved; ``None``: transfer now (no such POP lately or out, one that left the list holding
+        items it moved, or a reliable receiver waits for the list)."""
+        last, consumers = self._pops_drain, self._consumers
+        lately = last is not None and self._loop.time() - last[0] <= _STAND_ASIDE_S
+        if not (lately or any(c.pump.topping_up for c in consumers)) or any(c.reliable.waiting for c in consumers):
             return None
         self._pop_reported.clear()
         if not await wait_event(self._pop_reported, _STAND_ASIDE_S) or self._pops_drain is None:
             return None
-        return self._pops_drain[1]
+        # A POP that found all it wanted in the list moved nothing: the backlog is as last seen.
+        return self._pops_drain[1] or (0, 0, self._head_ms, None)
 
     def start(self) -> None:
         """Start the worker task; the first transfer runs at once."""
