@@ -39,6 +39,15 @@ def unpack_list(blob: bytes) -> list[bytes]:
     return out
 
 
+def handoff_payloads(blob: bytes) -> list[bytes]:
+    """The payloads of a hand-off entry (``lua/lib/handoff.lua``): a packed list, or after byte 255 and
+    '>I4' n, a packed list of n payloads, then fast elements (their payload after 29 bytes)."""
+    if blob[:1] != b"\xff":
+        return unpack_list(blob)
+    items, bare = unpack_list(blob[5:]), int.from_bytes(blob[1:5], "big")
+    return items[:bare] + [element[29:] for element in items[bare:]]
+
+
 async def server_ms(r: Redis) -> float:
     """The server's clock in epoch milliseconds."""
     seconds, micros = await r.time()

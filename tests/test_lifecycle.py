@@ -29,7 +29,7 @@ from aiodelayq import (
     WrongEventLoopError,
 )
 from aiodelayq._runtime.client_runtime import TRANSFER_SLOTS, runtime_for
-from tests.helpers import free_socket, receivers_waiting, takers_waiting, until
+from tests.helpers import free_socket, handoff_payloads, receivers_waiting, takers_waiting, until
 
 # -- opening and closing ---------------------------------------------------------------------------
 
@@ -370,7 +370,7 @@ async def test_a_forced_shutdown_loses_no_popped_item_and_returns_promptly(
     pending = await client.zcard(keys.timeout_set)
     in_handoff = 0
     for blob in (await client.hgetall(keys.handoff)).values():
-        in_handoff += _count_packed(blob)
+        in_handoff += len(handoff_payloads(blob))
     assert not set(consumed) & set(left)
     assert len(consumed) + len(left) + pending + in_handoff == 3000
 
@@ -414,14 +414,6 @@ async def test_a_forced_shutdown_counts_no_delivery_nobody_saw(redis_server: Any
     assert set(in_flight) <= seen  # in flight only what a consumer saw (at most the one not yet acked)
     left = await client.llen(qname) + await client.zcard(keys.timeout_set)
     assert len(seen) + left == 2000
-
-
-def _count_packed(blob: bytes) -> int:
-    n, pos = 0, 0
-    while pos + 4 <= len(blob):
-        pos += 4 + int.from_bytes(blob[pos:pos + 4], "big")
-        n += 1
-    return n
 
 
 # -- the event loop a queue belongs to, and what it keeps alive -------------------------------------

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import DelayedQueue, QueueCounts, Reject
+from aiodelayq._consuming.handoff import payloads
 from aiodelayq._runtime.client_runtime import runtime_for
 from aiodelayq._scripts import QueueScripts
 from aiodelayq._util import observe as _observe
@@ -154,7 +155,7 @@ async def test_the_transfer_scripts_return_lateness_only_when_their_limit_asks_f
         assert len(reply[0]) == length
         assert reply[0][0] == 1
         assert reply[1] == 0  # not held by the queue's controls
-        assert reply[-1] == f'"pop{limit}"'.encode()
+        assert payloads(*reply[3:])[-1] == f'"pop{limit}"'.encode()
 
 
 async def test_without_a_sink_the_library_asks_no_lateness(client: Redis, make_queue: Any,

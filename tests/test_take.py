@@ -20,10 +20,19 @@ from redis.backoff import ConstantBackoff
 
 import aiodelayq._redis.backoff as backoff_module
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError
+from aiodelayq._consuming.handoff import payloads
 from aiodelayq._consuming.prefetch import MAX_PREFETCH
 from aiodelayq._consuming.take_phases import DRAINED_FOR_S
 from aiodelayq._scripts import QueueScripts
-from tests.helpers import dead_letters_are, first_line, llen_is, open_with_ready, takers_waiting, until
+from tests.helpers import (
+    dead_letters_are,
+    first_line,
+    handoff_payloads,
+    llen_is,
+    open_with_ready,
+    takers_waiting,
+    until,
+)
 
 # -- take, poll, take_many, async for -------------------------------------------------------------
 
@@ -505,29 +514,35 @@ async def test_a_pop_that_transfers_pops_what_the_list_held_first(client: Redis,
     await q.offer_many([(x, 0) for x in "abcde"])
     reply = await scripts.pop(b"1" * 16, 3, 20_000, 1000)
     assert reply[0][0] == 5
-    assert reply[3:] == [b"a", b"b", b"c"]
+    assert reply[3] == 0  # fast elements, handed out whole
+    assert payloads(*reply[3:]) == [b"a", b"b", b"c"]
     assert await client.lrange(k.destination, 0, -1) == [b"d", b"e"]
     assert await client.zcard(k.timeout_set) == 0
-    assert await client.hget(k.handoff, b"1" * 16) == b"\x00\x00\x00\x01a\x00\x00\x00\x01b\x00\x00\x00\x01c"
+    assert handoff_payloads(await client.hget(k.handoff, b"1" * 16)) == [b"a", b"b", b"c"]
     await q.offer_many([("f", 0), ("g", 0)])
     reply = await scripts.pop(b"2" * 16, 3, 20_000, 1000)
     assert reply[0][0] == 2
-    assert reply[3:] == [b"d", b"e", b"f"]
+    assert reply[3] == 3  # from the list: payloads
+    assert payloads(*reply[3:]) == [b"d", b"e", b"f"]
+    assert await client.hget(k.handoff, b"2" * 16) == b"\x00\x00\x00\x01d\x00\x00\x00\x01e\x00\x00\x00\x01f"
     assert await client.lrange(k.destination, 0, -1) == [b"g"]
     await q.offer_many([(x, 0) for x in "hij"])
     reply = await scripts.pop(b"3" * 16, 3, 20_000, 500, "1")  # a top-up: g, then two moved
     assert reply[0][0] == 2
-    assert reply[3:] == [b"g", b"h", b"i"]
+    assert reply[3] == 1
+    assert payloads(*reply[3:]) == [b"g", b"h", b"i"]
+    assert handoff_payloads(await client.hget(k.handoff, b"3" * 16)) == [b"g", b"h", b"i"]
+    assert (await scripts.pop(b"3" * 16, 3, 20_000, 500, "1"))[3:] == [3, 0, [b"g", b"h", b"i"]]  # a resend
     assert await client.llen(k.destination) == 0
     assert await client.zcard(k.timeout_set) == 1
-    assert (await scripts.pop(b"4" * 16, 3, 20_000, 500, "1"))[3:] == [b"j"]  # nothing more due
+    assert payloads(*(await scripts.pop(b"4" * 16, 3, 20_000, 500, "1"))[3:]) == [b"j"]  # nothing more due
     # A consumer that popped and died: its entry, with a lease that already ended, goes first.
     await client.hset(k.handoff, b"x" * 16, b"\x00\x00\x00\x01x\x00\x00\x00\x01y")
     await client.zadd(k.handoff_leases, {b"x" * 16: 1})
     await q.offer("h", 0)
     reply = await scripts.pop(b"5" * 16, 2, 20_000, 1000, "1")
     assert reply[0][0] == 1
-    assert reply[3:] == [b"x", b"y"]
+    assert payloads(*reply[3:]) == [b"x", b"y"]
     assert await client.lrange(k.destination, 0, -1) == [b"h"]
 
 
@@ -547,9 +562,9 @@ async def test_a_top_up_moves_at_most_the_transfer_batch_per_step_and_reports_it
     assert int(moved[7]) == 0  # the list stays empty: every moved item was popped
     assert len(moved[8]) == 20
     assert all(int(late) >= 0 for late in moved[8])
-    assert reply[3:] == [x.encode() for x in names[:20]]
+    assert payloads(*reply[3:]) == [x.encode() for x in names[:20]]
     assert await client.zcard(k.timeout_set) == 5
-    assert [x.decode() for x in (await scripts.pop(b"2" * 16, 20, 20_000, 3, "1"))[3:]] == names[20:]
+    assert [x.decode() for x in payloads(*(await scripts.pop(b"2" * 16, 20, 20_000, 3, "1"))[3:])] == names[20:]
 
 
 async def test_a_receiver_is_not_starved_while_takers_drain_a_backlog(client: Redis, make_queue: Any) -> None:

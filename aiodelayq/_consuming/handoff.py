@@ -23,7 +23,7 @@ from .._util.clock import reached
 from .._util.tasks import TaskOwner, wait_through_cancellation
 from ..exceptions import BackendError
 
-__all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop", "Popped"]
+__all__ = ["HANDOFF_LEASE_MS", "Handoff", "Pop", "Popped", "payloads"]
 
 log = logging.getLogger("aiodelayq")
 
@@ -77,6 +77,16 @@ class Popped(NamedTuple):
     items: list[bytes]
 
 
+def payloads(bare: int | bytes, header: int | bytes, items: list[bytes]) -> list[bytes]:
+    """A POP reply's items as payloads: the first ``bare`` are; the rest are fast elements handed out
+    whole, each with its payload after ``header`` bytes (the script never makes those payloads)."""
+    bare = int(bare)
+    if bare >= len(items):
+        return items
+    header = int(header)
+    return items[:bare] + [raw[header:] for raw in items[bare:]]
+
+
 class Handoff:
     """The unfinished pops of one take pump (see the module docstring)."""
 
@@ -128,7 +138,7 @@ class Handoff:
                 reply: list[Any] = await self._scripts.pop(
                     pop.call_id, count, HANDOFF_LEASE_MS, transfer, "1" if top_up else "0", *forget,
                     timeout_s=min(remaining_s, self._call_timeout_s), what=f"pop from {k.destination!r}")
-            return Popped(pop, reply[0], int(reply[1]), int(reply[2]), reply[3:])
+            return Popped(pop, reply[0], int(reply[1]), int(reply[2]), payloads(*reply[3:]))
 
         try:
             popped = await resend_within(attempt, timeout_s=_RESEND_HORIZON_S)

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from aiodelayq import QueueKeys
 from aiodelayq._wire.elements import message_id, parse_dead_letter, parse_messages, unwrap
-from tests.helpers import unpack_list
+from tests.helpers import handoff_payloads, unpack_list
 
 __all__ = ["Record", "Seen", "Snapshot", "Where", "snapshot"]
 
@@ -135,7 +135,7 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
                           element=element))
     seen += [_seen("ready", payload) for payload in ready]
     for blob in handoff.values():
-        seen += [_seen("handoff", payload) for payload in unpack_list(blob)]
+        seen += [_seen("handoff", payload) for payload in handoff_payloads(blob)]
     elements = [element for element, _score in in_flight]
     for (count, _due, payload), (element, deadline) in zip(parse_messages(elements), in_flight, strict=True):
         seen.append(_seen("in_flight", payload, score=int(deadline), message_id=message_id(element),

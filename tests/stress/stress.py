@@ -85,7 +85,7 @@ from aiodelayq._consuming.handoff import HANDOFF_LEASE_MS  # noqa: E402
 from aiodelayq._scripts import QueueScripts  # noqa: E402
 from aiodelayq.testing import ThrowawayServer, find_server_kinds, server_version  # noqa: E402
 from tests.faults import FaultProxy, SubprocessConsumer, debug_args, stall_server  # noqa: E402
-from tests.helpers import unpack_list  # noqa: E402
+from tests.helpers import handoff_payloads  # noqa: E402
 
 POISON_EVERY = 97
 MAX_DELIVERIES = 3  # the reliable queue's, here and in stress_consumer.py
@@ -500,7 +500,7 @@ async def plain_phase(ctx: Ctx, seconds: float) -> dict[str, Any]:
         second = await handoff_entries(admin, k.handoff)
         left = {pop: blob for pop, blob in first.items() if second.get(pop) == blob and pop not in leftovers}
         leftovers.update(left)
-        items = [int(x) for blob in left.values() for x in unpack_list(blob)]
+        items = [int(x) for blob in left.values() for x in handoff_payloads(blob)]
         mine = set(child.got)
         risky = {i for i in items if i in mine}
         at_risk[kind] |= risky

@@ -1,6 +1,6 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
 -- KEYS: destination handoff handoff_leases dead_letter channel
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/reversed.lua
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/handoff.lua lib/reversed.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
 --         head of the destination); or '*': return them all (the pop's reply never came).
@@ -18,7 +18,7 @@ if not blob then
   return 0
 end
 if blob == '' then return 0 end
-local items = unpack_list(blob)
+local items = handoff_items(blob)
 local back, dead = {}, {}
 for i, v in ipairs(items) do
   local c = ARGV[2] == '*' and 'r' or string.sub(ARGV[2], i, i)

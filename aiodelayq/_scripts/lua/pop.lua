@@ -1,6 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
 -- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
--- uses: lib/clock.lua lib/controls.lua lib/hand_out.lua lib/item.lua lib/lists.lua lib/transfer.lua
+-- uses: lib/clock.lua lib/controls.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]); the moved items it pops skip the list when the list was empty (the
@@ -11,15 +11,18 @@
 -- pops whose every item was handed out: forgotten here (FINISH with an all-'d' plan, without its
 -- round trip; idempotent)
 -- returns: {transfer reply (see TRANSFER: its 7 fields, the destination's length after the pop,
--- and for a negative ARGV[4] the lateness list) or false, hold, expired, popped payloads, head
--- first...}. expired: how many popped items had an envelope whose expiry had passed: those went to
--- the dead-letter list (reason expired) instead, and fewer than asked are returned. Handing out an
--- occurrence of a recurring item schedules its next occurrence (lib/hand_out.lua).
+-- and for a negative ARGV[4] the lateness list) or false, hold, expired, bare, header, {popped
+-- items, head first}}: the first `bare` items are payloads; the rest are fast elements handed out
+-- whole (moved by this pop, each with a bare payload after `header` bytes: the caller strips them),
+-- so the script never makes their payloads. expired: how many popped items had an envelope whose
+-- expiry had passed: those went to the dead-letter list (reason expired) instead, and fewer than
+-- asked are returned. Handing out an occurrence of a recurring item schedules its next occurrence
+-- (lib/hand_out.lua).
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
--- are recorded in the hand-off under the call id until FINISH (or a later POP) says what became of
--- them; if neither comes (the process died, or was cut off), TRANSFER returns them to the head of
--- the destination once the lease ends.
+-- are recorded in the hand-off under the call id (lib/handoff.lua) until FINISH (or a later POP)
+-- says what became of them; if neither comes (the process died, or was cut off), TRANSFER returns
+-- them to the head of the destination once the lease ends.
 -- A resend of the same call id returns the same items (or none, after a FINISH '*' that overtook
 -- it), without transferring again.
 local TOP_UP_US = 1500
@@ -36,63 +39,73 @@ for i = 6, #ARGV do
 end
 local got = redis.call('hget', K.handoff, ARGV[1])
 if got then
-  local out = {false, 0, 0}
-  for _, v in ipairs(unpack_list(got)) do out[#out + 1] = v end
-  return out
+  local items = handoff_items(got)
+  return {false, 0, 0, #items, 0, items}
 end
 local want, hold, level, now = controls_allow(K, tonumber(ARGV[2]))
 local limit = tonumber(ARGV[4])
-local moved, late, items = false, nil, nil
+local moved, late, items, bare = false, nil, nil, 0
 if limit ~= 0 and ARGV[5] == '1' and want > 0
     and #redis.call('zrangebyscore', K.handoff_leases, '-inf', now_ms(), 'LIMIT', 0, 1) == 0 then
   items = redis.call('lpop', K.destination, want) or {}
+  bare = #items
   -- The list is empty now: what it moves for the pop skips it. One move is at most |limit| elements
   -- (the transfer's bound on a call's work); another follows while the call is under TOP_UP_US, so a
   -- zset of millions, several times dearer per element, holds the server no longer than TRANSFER.
   local need = want - #items
   while need > 0 do
     local step = math.min(need, math.abs(limit))
-    local m, l, kept = transfer(K, limit < 0 and -step or step, step)
+    local m, l, kept, whole = transfer(K, limit < 0 and -step or step, step)
     moved, late = merged(moved, late, m, l)
     if not kept then break end  -- (a hand-off lease ended: the moved items wait in the list)
     local n = #items
-    for i, v in ipairs(kept) do items[n + i] = v end
+    if not whole then
+      for i = bare + 1, n do items[i] = (parse(items[i])) end  -- payloads after elements: all payloads
+      bare = n + #kept
+    end
+    if n == 0 then items = kept else for i = 1, #kept do items[n + i] = kept[i] end end
     need = need - #kept
     if #kept < step or elapsed_us({moved[4], moved[5]}) >= TOP_UP_US then break end
   end
 else
   if limit ~= 0 then
     -- What it moves and pops at once skips the list when the list was empty (lib/transfer.lua).
-    moved, late, items = transfer(K, limit, want)
+    local whole
+    moved, late, items, whole = transfer(K, limit, want)
+    bare = items and not whole and #items or 0
   end
-  items = items or (want > 0 and redis.call('lpop', K.destination, want))
+  if not items and want > 0 then
+    items = redis.call('lpop', K.destination, want)
+    bare = items and #items or 0
+  end
 end
-local out = {moved, hold, 0}
+local out = {moved, hold, 0, 0, FAST_HEADER, {}}
 if items then
   now = now or now_ms()
   local n, kept, byte_ = #items, items, string.byte
-  for i = 1, n do  -- most often only bare payloads: handed out as they are, without a copy
+  for i = 1, bare do  -- most often only bare payloads: handed out as they are, without a copy
     if byte_(items[i], 1) == ITEM_BYTE then
       kept = nil
       break
     end
   end
   if not kept then
-    local k = 0
-    kept = {}
-    for _, v in ipairs(items) do
-      if string.byte(v, 1) == ITEM_BYTE then v = hand_out(K, v, 0, now) end
+    local k, was = 0, bare
+    kept, bare = {}, 0
+    for i = 1, n do
+      local v = items[i]
+      if i <= was and byte_(v, 1) == ITEM_BYTE then v = hand_out(K, v, 0, now) end
       if v then
         k = k + 1
         kept[k] = v
+        if i <= was then bare = k end
       end
     end
   end
-  for i, v in ipairs(kept) do out[i + 3] = v end
-  out[3] = n - #kept
+  out[3], out[4], out[6] = n - #kept, bare, kept
   controls_charge(K, now, level, #kept)
   if #kept > 0 then
-    redis.call('hset', K.handoff, ARGV[1], pack_list(kept))
+    redis.call('hset', K.handoff, ARGV[1], handoff_entry(kept, bare))
     redis.call('zadd', K.handoff_leases, now + tonumber(ARGV[3]), ARGV[1])
   end
 end

@@ -2,17 +2,19 @@
 -- A list of strings as one string: each '>I4' length-prefixed (hand-off entries, call replies).
 -- pack_list runs per popped item (POP's hand-off entry): one table.concat of prefix and value pieces,
 -- each prefix packed once per length, makes no new string per value.
-local function pack_list(values)
-  local parts, prefixes = {}, {}
-  for i, v in ipairs(values) do
+-- head: a string put before them (nil: none).
+local function pack_list(values, head)
+  local parts, prefixes, at = {head}, {}, head and 0 or -1
+  for i = 1, #values do
+    local v = values[i]
     local len = #v
     local prefix = prefixes[len]
     if not prefix then
       prefix = struct.pack('>I4', len)
       prefixes[len] = prefix
     end
-    parts[2 * i - 1] = prefix
-    parts[2 * i] = v
+    parts[2 * i + at] = prefix
+    parts[2 * i + at + 1] = v
   end
   return table.concat(parts)
 end

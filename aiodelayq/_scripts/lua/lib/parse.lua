@@ -1,4 +1,4 @@
--- defines: parse LSZ FAST_MAGIC
+-- defines: parse is_fast LSZ FAST_HEADER FAST_MAGIC
 -- Element kinds (the layouts, seen from Python, are in aiodelayq/_wire/elements.py):
 -- - strict (Redisson >= 3.21.1, and strict=True): struct.pack('Bc0Lc0', 8, <8 random bytes>,
 --   #payload, payload), in the timeout zset and in Redisson's insertion-order list;
@@ -36,4 +36,14 @@ local function parse(v)
     if len == n - 8 - LSZ then return sub_(v, 9 + LSZ), false, 1 end
   end
   return nil, false, nil
+end
+-- The bytes of a fast element before its payload. is_fast(v): whether v is a fast element, checked
+-- as parse checks it, without making its payload (POP hands such elements out whole: the client
+-- strips FAST_HEADER bytes).
+local FAST_HEADER = 21 + LSZ
+local function is_fast(v)
+  local n = #v
+  local b0, b1, b2, b3, b4 = byte_(v, 1, 5)
+  return b0 == 20 and n >= FAST_HEADER and b1 == M1 and b2 == M2 and b3 == M3 and b4 == M4
+    and unpack_('L', v, 22) == n - FAST_HEADER
 end

@@ -1,5 +1,5 @@
 -- defines: transfer
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/lists.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
 -- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves,
 --          keep: up to this many of the moved payloads are returned instead of pushed, when they
 --          would be the destination's first: POP's, which would pop them at once),
@@ -12,9 +12,10 @@
 --          the order they were pushed}: now (whole ms of TIME) minus its due score, an integer >= 0
 --          (the client adds TIME's sub-millisecond part). Only a metrics sink asks for it: it costs
 --          WITHSCORES and a table; a positive limit runs exactly as before it existed. A third
---          value: the kept payloads in due order, when the destination was empty and no hand-off
+--          value: the kept items in due order, when the destination was empty and no hand-off
 --          lease had ended (nothing goes before them), else nil: the keys end as if they were pushed
---          and popped.
+--          and popped. A fourth: whether the kept are whole fast elements, each with a bare payload
+--          after FAST_HEADER bytes (so each payload is never made here), else they are payloads.
 -- The tier (lib/tiers.lua): |limit| entries of work in all, promoted or moved. First the buckets
 -- whose start has come (a promotion fallen behind: their entries may be due), then the due
 -- elements, then, with what is left, the buckets whose promotion time has come; a next wake-up at
@@ -51,42 +52,57 @@ local function transfer(K, limit, keep)
     due = redis.call('zrangebyscore', K.timeout_set, '-inf', upto, 'LIMIT', 0, room)
   end
   if #due < room then promote(K, now, room - #due, false) end
-  local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
-  local n, k, byte_ = 0, 0, string.byte  -- #out and #owned, counted: this loop is per moved element
-  for i, v in ipairs(due) do
-    local payload, fast, start = parse(v)
-    if payload then
-      n = n + 1
-      out[n] = payload
-      if fast then
-        -- A keyed fast element (tag bit set) owns its index field: unindex drops it unread.
-        if byte_(v, 14) >= 128 then k = k + 1; owned[k] = string.sub(v, 14, 21) end
-      else
-        checked[#checked + 1] = v
-        starts[#starts + 1] = start
-      end
-    else
-      bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
-      if late then late[i] = false end  -- dead-lettered, not moved: dropped from the lateness below
-    end
-    if not fast then listed[#listed + 1] = v end
-  end
   local ended = redis.call('zrangebyscore', K.handoff_leases, '-inf', now, 'LIMIT', 0, 100)
-  local kept
-  if keep and keep > 0 and n > 0 and #ended == 0 and redis.call('llen', K.destination) == 0 then
-    if keep >= n then
-      kept, out = out, {}
-    else
-      kept = {}
-      for i = 1, keep do kept[i] = out[i] end
-      local rest = {}
-      for i = keep + 1, n do rest[i - keep] = out[i] end
-      out = rest
+  local out, bad, listed, owned, checked, starts = {}, {}, {}, {}, {}, {}
+  local kept, whole  -- (see keep): the kept items, and whether they are whole fast elements
+  if keep and keep > 0 and #due > 0 and #ended == 0 and redis.call('llen', K.destination) == 0 then
+    kept, whole = {}, true
+  end
+  -- #out, #owned and #kept, counted: this loop is per moved element.
+  local n, k, nk, byte_, sub_ = 0, 0, 0, string.byte, string.sub
+  for i = 1, #due do
+    local v = due[i]
+    local taken = false
+    if kept and nk < keep then
+      -- A fast element with a bare payload is kept whole: its payload is never made here.
+      if whole and is_fast(v) and byte_(v, FAST_HEADER + 1) ~= ITEM_BYTE then
+        nk = nk + 1
+        kept[nk] = v
+        taken = true
+        if byte_(v, 14) >= 128 then k = k + 1; owned[k] = sub_(v, 14, 21) end
+      elseif whole then  -- another kind, or an envelope: the kept become payloads (rare)
+        for j = 1, nk do kept[j] = (parse(kept[j])) end
+        whole = false
+      end
+    end
+    if not taken then
+      local payload, fast, start = parse(v)
+      if payload then
+        if kept and nk < keep then
+          nk = nk + 1
+          kept[nk] = payload
+        else
+          n = n + 1
+          out[n] = payload
+        end
+        if fast then
+          -- A keyed fast element (tag bit set) owns its index field: unindex drops it unread.
+          if byte_(v, 14) >= 128 then k = k + 1; owned[k] = sub_(v, 14, 21) end
+        else
+          checked[#checked + 1] = v
+          starts[#starts + 1] = start
+        end
+      else
+        bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
+        if late then late[i] = false end  -- dead-lettered, not moved: dropped from the lateness below
+      end
+      if not fast then listed[#listed + 1] = v end
     end
   end
+  if kept and nk == 0 then kept, whole = nil, nil end
   -- Pushes first: under maxmemory the server refuses a script's *first* write, so nothing may be
   -- removed before the items are safely in the destination (a script error does not roll back).
-  -- Kept payloads are safe in POP's hand-off entry, written after the removals below (writes, so
+  -- Kept items are safe in POP's hand-off entry, written after the removals below (writes, so
   -- the server no longer refuses it).
   chunked('rpush', K.destination, nil, out)
   chunked('rpush', K.dead_letter, nil, bad)
@@ -103,7 +119,7 @@ local function transfer(K, limit, keep)
   for _, id in ipairs(ended) do
     local blob = redis.call('hget', K.handoff, id)
     if blob and blob ~= '' then
-      local items = unpack_list(blob)
+      local items = handoff_items(blob)
       chunked('lpush', K.destination, nil, reversed(items))
       recovered = recovered + #items
     end
@@ -117,5 +133,5 @@ local function transfer(K, limit, keep)
     for j = 1, #due do if late[j] then shown[#shown + 1] = late[j] end end
     late = shown
   end
-  return {n, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late, kept
+  return {n + nk, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late, kept, whole
 end
