@@ -246,7 +246,7 @@ async def test_an_undone_receive_wakes_a_receiver_that_found_nothing(client: Red
         consumer = here._life.reliable()
         call_id = os.urandom(16)
         reply = await consumer._scripts.receive.resend(10, 30_000, 0, call_id, durable=True)
-        assert len(reply) > 5  # the RECEIVE took it
+        assert reply[7]  # the RECEIVE took it
         await consumer._release(call_id)  # as a receive cancelled mid-call is undone
         got = await receiver
         assert got is not None
@@ -368,7 +368,7 @@ async def test_acks_a_receive_carried_are_applied_once_when_its_reply_is_lost(
         assert proxy.killed == 1
         assert reply[6] == -1  # the resend: the first run applied them
         assert q.stats.settle_calls == 0  # the acks went with the receive
-        assert len(reply[7:]) == 20
+        assert len(reply[7]) == 20
         assert await admin.zcard(q.keys.in_flight) == 20  # the second batch only: the first's acks landed
     assert q.stats.unconfirmed_settles == 0
     assert not [r for r in caplog.records if "visibility timeout" in r.getMessage()]
@@ -657,16 +657,16 @@ async def test_a_resent_receive_returns_its_redeliveries_and_first_deliveries_an
         scripts = q._life.reliable()._scripts
         call_id = os.urandom(16)
         reply = await scripts.receive.resend(10, 60_000, 0, call_id, durable=True)
-        made = sorted(reply[7:])
+        made = sorted(reply[7])
         assert len(made) == 3
         await client.rpush(q.name, b"c")
         other = await scripts.receive.resend(10, 60_000, 0, os.urandom(16), durable=True)
-        assert len(other) == 8
+        assert len(other[7]) == 1
         if int(other[0]) != int(reply[0]):  # another deadline: make it the same, as two calls in one ms
-            [theirs] = other[7:]
+            [theirs] = other[7]
             await client.zadd(q.keys.in_flight, {theirs: int(reply[0]) + 60_000})
         again = await scripts.receive.resend(10, 60_000, 0, call_id, durable=True)
-        assert sorted(again[7:]) == made
+        assert sorted(again[7]) == made
         assert await scripts.release_call.resend(call_id) == 3
         assert await client.lrange(q.name, 0, -1) == [b"a", b"b"]  # first deliveries: back in order
         assert await client.zcard(q.keys.in_flight) == 2  # the redelivery (count lowered) and "c"

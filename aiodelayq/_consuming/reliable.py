@@ -228,7 +228,7 @@ class ReliableConsumer(Generic[T]):
     def _fetched(self, reply: list[Any], asked: int, vt_ms: int, sent: float, prefetch: bool) -> int:
         """Note a RECEIVE's ``reply`` (``asked`` messages of ``vt_ms``, sent at loop time ``sent``):
         the prefetch size, the rate limit, and whether a read-ahead may follow; returns the hold."""
-        got, hold = len(reply) - 7, int(reply[3])
+        got, hold = len(reply[7]), int(reply[3])
         self._prefetch.fetched(asked, got, asyncio.get_running_loop().time() - sent)
         self._limited = hold > 0
         # A read-ahead once fetches come back full at the largest prefetch: a backlog drains.
@@ -337,7 +337,7 @@ class ReliableConsumer(Generic[T]):
         wait_s = recheck_s if head is None else min(recheck_s, max(0.001, (float(head) - now_ms) / 1000))
         if dead or expired or malformed:
             wait_s = 0.0  # they took the call's room: more may be ready now
-        elements = reply[7:]
+        elements = reply[7]
         deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
         parsed = parse_messages(elements)
         if self._decode_batch is not None and parsed:

@@ -7,7 +7,7 @@
 -- flight first, as SETTLE's acks (they ride on the call instead of a SETTLE call of their own)
 -- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
 --           dead-lettered count (past max deliveries), hold, expired count, malformed count,
---           acks applied (-1 on a resend: the first run applied them), messages...}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
+--           acks applied (-1 on a resend: the first run applied them), {messages}}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
 --           ms until the rate limit lets one more message out. expired: items whose envelope's
 --           expiry had passed when they were due for a delivery, moved to the dead-letter list
 --           (reason expired) instead. malformed: in-flight entries that are not message elements
@@ -71,7 +71,8 @@ else
       -- The deadline as text once: ZADD would format the number again for every member.
       local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), string.format('%d', now + vt), {}
       local n, o, byte_ = 0, #out, string.byte  -- counted: this loop is per message
-      for i, payload in ipairs(fresh) do
+      for i = 1, #fresh do
+        local payload = fresh[i]
         if byte_(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, 0, now) end
         if payload then
           local m = first_delivery(prefix, i, payload)
@@ -92,6 +93,4 @@ else
   if #out > 0 or acked > 0 then remember(K, ARGV[4], now, table.concat(ids)) end
 end
 local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
-local result = {now, head[2] or false, dead, hold, lapsed, garbage, acked}
-for i = 1, #out do result[7 + i] = out[i] end
-return result
+return {now, head[2] or false, dead, hold, lapsed, garbage, acked, out}
