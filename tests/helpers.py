@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from aiodelayq import DelayedQueue
+from aiodelayq._consuming.handoff import payloads
 
 if TYPE_CHECKING:
     from aiodelayq.testing import ThrowawayCluster, ThrowawayServer
@@ -44,8 +45,7 @@ def handoff_payloads(blob: bytes) -> list[bytes]:
     '>I4' n, a packed list of n payloads, then fast elements (their payload after 29 bytes)."""
     if blob[:1] != b"\xff":
         return unpack_list(blob)
-    items, bare = unpack_list(blob[5:]), int.from_bytes(blob[1:5], "big")
-    return items[:bare] + [element[29:] for element in items[bare:]]
+    return payloads(int.from_bytes(blob[1:5], "big"), 29, unpack_list(blob[5:]))
 
 
 async def server_ms(r: Redis) -> float:

@@ -15,17 +15,19 @@
 -- and where its key tag would start (see lib/index.lua).
 local LSZ = string.len(struct.pack('L', 0))
 local FAST_MAGIC = 'adq' .. string.char(1)
--- Fast elements (the default, and disjoint from strict ones by their first byte) are tried first.
--- Runs once per moved element: the library functions are upvalues (no global and field lookup per
--- call), and # reads the length.
+-- The bytes of a fast element before its payload.
+local FAST_HEADER = 21 + LSZ
+-- Fast elements (the default, and disjoint from strict ones by their first byte) are tried first:
+-- is_fast's test, inlined (parse runs once per moved element). The library functions are upvalues
+-- (no global and field lookup per call), and # reads the length.
 local byte_, sub_, unpack_ = string.byte, string.sub, struct.unpack
 local M1, M2, M3, M4 = byte_(FAST_MAGIC, 1, 4)
 local function parse(v)
   local n = #v
   local b0, b1, b2, b3, b4 = byte_(v, 1, 5)  -- (one call, no string made for the magic's compare)
-  if b0 == 20 and n >= 21 + LSZ and b1 == M1 and b2 == M2 and b3 == M3 and b4 == M4 then
-    local len = unpack_('L', v, 22)
-    if len == n - 21 - LSZ then return sub_(v, 22 + LSZ), true, 14 end
+  if b0 == 20 and n >= FAST_HEADER and b1 == M1 and b2 == M2 and b3 == M3 and b4 == M4
+      and unpack_('L', v, 22) == n - FAST_HEADER then
+    return sub_(v, FAST_HEADER + 1), true, 14
   end
   if b0 == 8 and n >= 9 + LSZ then
     local len = unpack_('L', v, 10)
@@ -37,10 +39,8 @@ local function parse(v)
   end
   return nil, false, nil
 end
--- The bytes of a fast element before its payload. is_fast(v): whether v is a fast element, checked
--- as parse checks it, without making its payload (POP hands such elements out whole: the client
--- strips FAST_HEADER bytes).
-local FAST_HEADER = 21 + LSZ
+-- Whether v is a fast element, checked as parse checks it, without making its payload (POP hands
+-- such elements out whole: the client strips FAST_HEADER bytes).
 local function is_fast(v)
   local n = #v
   local b0, b1, b2, b3, b4 = byte_(v, 1, 5)
