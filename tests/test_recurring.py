@@ -19,8 +19,11 @@ from redis.asyncio import Redis
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidDelayError, ScheduledKeyError
 from aiodelayq._recurring import cron as recurrence
 from aiodelayq._recurring.refill import CronRefill
+from aiodelayq._scripts import QueueScripts
+from aiodelayq._util.tasks import TaskOwner
 from aiodelayq._wire.elements import parse_schedule, wrap
 from aiodelayq.cli._render import pending_json
+from tests.faults import pause_server
 from tests.helpers import server_ms, server_past, until
 
 
@@ -271,6 +274,49 @@ async def test_a_cron_schedule_lists_more_times_as_consumers_go(client: Redis, m
             seen.append(nxt.due_ms)
         assert [b - a for a, b in itertools.pairwise(seen)] == [1000, 1000]
         assert await _pending_of(client, q) == 1
+
+
+async def test_a_cron_listing_that_falls_behind_before_its_call_runs_is_made_again(
+        own_server: Any, make_client: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One time listed (at most a second ahead) and the server held for 1.5 s: when SCHEDULE runs,
+    # every listed time is past, and the client lists again from the clock the script returns.
+    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
+    server = own_server()
+    r = make_client(server)
+    q: DelayedQueue[Any] = make_queue(redis=r, codec="str")
+    await q.schedule("warm", "w", cron="0 0 1 1 *")  # reads the server's clock: later listings use its estimate
+    pause_server(server.url, 1500)
+    due = await asyncio.wait_for(q.schedule("sec", "s", cron="* * * * * *"), 30)
+    assert due > await server_ms(r) - 1000  # listed from the clock after the pause, not before it
+    pending = await q.get("sec")
+    assert pending is not None
+    assert pending.due_ms == due
+
+
+async def test_a_refill_whose_times_pass_before_its_call_runs_lists_again(
+        own_server: Any, make_client: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stalled per-second schedule; its consumer's refill lists one time, and the server holds
+    # writes (REFILL) for 1.5 s: the listed time passes, REFILL stalls the record again and lists
+    # nothing, and the refill lists again from a later clock instead of waiting for the resync.
+    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
+    server = own_server()
+    r = make_client(server)
+    q: DelayedQueue[Any] = make_queue(redis=r, codec="str")
+    await q.schedule("sec", "s", cron="* * * * * *")
+    handed: list[bytes] = []
+    monkeypatch.setattr(CronRefill, "soon", lambda self, key, payload: handed.append(payload))
+    async with q:
+        assert await asyncio.wait_for(q.take(), 10) == "s"
+    assert (await _record(r, q, "sec")).stalled
+    scripts = QueueScripts(r, q.keys, call_timeout_s=5)
+    tasks = TaskOwner("test")
+    await r.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+    await asyncio.wait_for(CronRefill(scripts, tasks)._refill("sec", handed[0]), 30)
+    assert await tasks.aclose(asyncio.get_running_loop().time() + 5)  # the refill spawns nothing
+    assert not (await _record(r, q, "sec")).stalled
+    nxt = await q.get("sec")
+    assert nxt is not None
+    assert nxt.due_ms < await server_ms(r) + 2_000  # the next second, not the resync a minute away
 
 
 async def _restarted(client: Redis, q: DelayedQueue[Any], key: str) -> bool:

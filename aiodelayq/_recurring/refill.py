@@ -77,8 +77,8 @@ class CronRefill:
         try:
             for _ in range(_TRIES):
                 try:
-                    await self._once(key, payload)
-                    return
+                    if await self._once(key, payload):
+                        return
                 except BackendError as exc:
                     await asyncio.sleep(backoff.failed(exc))
                 except ConfigurationError as exc:  # croniter is missing in this process
@@ -87,17 +87,20 @@ class CronRefill:
         finally:
             self._running.discard(key)
 
-    async def _once(self, key: str, payload: bytes) -> None:
+    async def _once(self, key: str, payload: bytes) -> bool:
+        """One listing; False when every time it listed had passed before REFILL ran (a stalled loop
+        or server, or a short listing of a frequent schedule): list again, from a later clock."""
         scripts = self._scripts
         record = await call_idempotent(scripts.client, "HGET", self._keys.schedules, key, what="read a schedule",
                                        timeout_s=scripts.call_timeout_s, route=self._keys.schedules)
         if record is None:
-            return  # cancelled
+            return True  # cancelled
         parsed = parse_schedule(record)
         if not parsed.spec:
-            return
+            return True
         now_ms = await server_ms_at(scripts.client, asyncio.get_running_loop().time(), route=self._keys.destination,
                                     timeout_s=scripts.call_timeout_s)
         after = max(now_ms, parsed.times_ms[-1]) if parsed.times_ms else now_ms
         times = cron_times(parsed.spec, after)
-        await scripts.refill.resend(key, payload, pack_times(times), parsed.spec, durable=True)
+        listed = await scripts.refill.resend(key, payload, pack_times(times), parsed.spec, durable=True)
+        return not times or listed != 0

@@ -27,6 +27,8 @@ from .cron import cron_spec, cron_times
 
 __all__ = ["Schedules"]
 
+_LISTINGS = 3  # cron listings tried when each falls behind the server's clock before its call runs
+
 
 class Schedules:
     """``schedule`` of one queue object (see :meth:`~aiodelayq.DelayedQueue.schedule`)."""
@@ -51,15 +53,22 @@ class Schedules:
         envelope = wrap(encode_item(self._codec, item), pack_headers(headers), None, raw)
         check_item_bytes(self._max_item_bytes, [envelope])
         issued = asyncio.get_running_loop().time()
-        times = b""
+        listed: list[int] = []
         if spec:
             now_ms = await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
                                         timeout_s=self._scripts.call_timeout_s)
-            times = pack_times(cron_times(spec, now_ms))
+            listed = cron_times(spec, now_ms)
         issue_arg = facts_for(self._scripts.client).clock.issue_arg(issued)
         first_number = int.from_bytes(os.urandom(4), "big") >> 1  # never reused for the key (see SCHEDULE)
-        due = await self._scripts.schedule.resend(raw, key_tag(raw), envelope, every_ms, spec, times, issue_arg,
-                                                  first_number, durable=True)
-        if due is None:
-            raise ConfigurationError(f"cron {cron!r} has no due time after now")
-        return int(due)
+        for _ in range(_LISTINGS):
+            if spec and not listed:
+                break
+            due, server_now_ms = await self._scripts.schedule.resend(
+                raw, key_tag(raw), envelope, every_ms, spec, pack_times(listed), issue_arg, first_number,
+                durable=True)
+            if due:
+                return int(due)
+            # Every listed time passed before the call ran (a stalled loop or server, or a short
+            # listing of a frequent schedule): list again from the server's clock.
+            listed = cron_times(spec, int(server_now_ms))
+        raise ConfigurationError(f"cron {cron!r} has no due time after now")

@@ -7,8 +7,9 @@
 -- ARGV[7] issue time (server ms as the client estimates it, '' = none), ARGV[8] a random number
 -- below 2^31: a new record's first occurrence number (numbers are never reused for a key, so an
 -- occurrence of a cancelled schedule cannot pass for one of a later schedule of that key)
--- returns: the first occurrence's due time (ms), or false when no listed cron time is after now
--- (nothing written). The key's pending item, if any, is replaced. A schedule replaced by another
+-- returns: {the first occurrence's due time (ms), the server's clock (ms)}; the due time is 0 when
+-- no listed cron time is after now (nothing written: the client lists again from the clock
+-- returned). The key's pending item, if any, is replaced. A schedule replaced by another
 -- keeps no occurrence of its own: the new record's number is the next one, so an occurrence of the
 -- old one that is ready or in flight continues nothing. Resending it is harmless: it replaces the
 -- schedule again.
@@ -24,7 +25,7 @@ else
     local t = struct.unpack('>d', blob, pos)
     if t > now then due, times = t, string.sub(blob, pos + 8); break end
   end
-  if not due then return false end
+  if not due then return {0, now} end
 end
 local rec = redis.call('hget', K.schedules, key)
 local seq = rec and (struct.unpack('>I4', rec) + 1) % 4294967296 or tonumber(ARGV[8])
@@ -45,4 +46,4 @@ local etag = tag
 if field ~= tag then etag = string.char(string.byte(tag, 1) % 128) .. string.sub(tag, 2) end
 redis.call('hset', K.schedules, key, schedule_record(seq, 0, every, base, field, etag, ARGV[5], times))
 add_occurrence(K, key, field, etag, item_with_occurrence(ARGV[3], seq), due, now)
-return due
+return {due, now}
