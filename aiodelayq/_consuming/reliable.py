@@ -31,7 +31,7 @@ from .._util.observe import Events
 from .._util.tasks import TaskOwner, run_through_cancellation
 from .._util.tracing import tracer
 from .._wire.codec import batch_decoder, decode_item, scanning
-from .._wire.elements import ITEM_MARK, parse_messages, unwrap
+from .._wire.elements import ITEM_MARK, MESSAGE_HEADER, message_payloads, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import hold_s
 from .messages import Message
@@ -339,18 +339,20 @@ class ReliableConsumer(Generic[T]):
             wait_s = 0.0  # they took the call's room: more may be ready now
         elements = reply[7]
         deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
-        parsed = parse_messages(elements)
-        if self._decode_batch is not None and parsed:
+        if self._decode_batch is not None and elements:
             try:
-                values = self._decode_batch([p[2] for p in parsed])
+                values = self._decode_batch(message_payloads(elements))
             except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
                 pass
-            else:  # the common case: bare payloads, nothing per message but the Message
-                made = [Message(value, count, due_ms, deadline_ms, settler, element, expires, vt_ms)
-                        for value, element, (count, due_ms, _) in zip(values, elements, parsed, strict=True)]
+            else:  # the common case: bare payloads, nothing per message but its header and the Message
+                header, made = MESSAGE_HEADER.unpack_from, []
+                for value, element in zip(values, elements, strict=True):
+                    count, due = header(element, 20)
+                    made.append(Message(value, count, int(due) if due else None, deadline_ms, settler, element,
+                                        expires, vt_ms))
                 return made, wait_s
         messages: list[Message[T]] = []
-        for element, (count, due_ms, stored) in zip(elements, parsed, strict=True):
+        for element, (count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
             payload, headers, expires_at_ms = stored, None, None
             if stored[:1] == ITEM_MARK:
                 unwrapped = unwrap(stored)

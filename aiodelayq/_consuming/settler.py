@@ -114,7 +114,8 @@ class Settler:
         else:
             self._acks = run = _Run("ack", 0, deadline_ms, [element])
             self._pending.append(run)
-        self._flush_soon()
+        if self._flusher is None:  # (_flush_soon's test: most acks find the flusher running)
+            self._flush_soon()
         return True
 
     async def confirmed(self, settle: Settle) -> int:

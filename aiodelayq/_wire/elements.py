@@ -60,6 +60,7 @@ __all__ = [
     "ITEM_MAGIC",
     "ITEM_MARK",
     "MAX_HEADERS_BYTES",
+    "MESSAGE_HEADER",
     "TIER_WIDTH_MS",
     "ScheduleRecord",
     "Unwrapped",
@@ -88,7 +89,8 @@ ElementKind = Literal["fast", "strict", "legacy"]
 _FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
 _FRAME = struct.Struct(">dI")  # delay ms, element length: one frame of OFFER's 'fast' blob
 _MESSAGE_MAGIC = b"adq\x02"
-_MESSAGE_HEADER = struct.Struct(">I d")  # delivery count, due ms of this delivery (0: unknown)
+MESSAGE_HEADER = struct.Struct(">I d")
+"""A message element's delivery count and due ms of this delivery (0: unknown), at offset 20."""
 _DEAD_MAGIC = b"adq\x03"
 _DEAD_HEADER = struct.Struct(">B I d")  # reason, delivery count, dead at (server ms)
 DeadReason = Literal["max_deliveries", "undecodable", "malformed", "nacked", "expired"]
@@ -231,12 +233,26 @@ def parse_messages(elements: list[bytes]) -> list[tuple[int, int | None, bytes]]
     Raises:
         ValueError: one of them is not a message element.
     """
-    unpack, magic = _MESSAGE_HEADER.unpack_from, _MESSAGE_MAGIC
+    unpack, magic = MESSAGE_HEADER.unpack_from, _MESSAGE_MAGIC
     for element in elements:
         if element[:4] != magic or len(element) < 32:
             raise ValueError("not a message element")
     return [(count, int(due) if due else None, element[32:])
             for element in elements for count, due in (unpack(element, 20),)]
+
+
+def message_payloads(elements: list[bytes]) -> list[bytes]:
+    """The stored payload of each RECEIVE message (see :func:`parse_messages`), for a caller that
+    reads each one's :data:`MESSAGE_HEADER` as it makes its message.
+
+    Raises:
+        ValueError: one of them is not a message element.
+    """
+    magic = _MESSAGE_MAGIC
+    for element in elements:
+        if element[:4] != magic or len(element) < 32:
+            raise ValueError("not a message element")
+    return [element[32:] for element in elements]
 
 
 def message_id(element: bytes) -> str:
