@@ -90,12 +90,10 @@ async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, interval_s
 
 @contextlib.asynccontextmanager
 async def open_with_ready(client: Redis, q: DelayedQueue[Any], n: int) -> AsyncIterator[DelayedQueue[Any]]:
-    """``q`` open, its destination list holding items ``0..n-1`` in that order (offered due now, and
-    moved). One ``offer_many`` call per 1,000: a longer one sends its calls at once, and the one
-    that lands first is due first."""
+    """``q`` open, its destination list holding items ``0..n-1`` in that order (offered due now in one
+    ``offer_many``, whose calls share its issue time, and moved)."""
     async with q:
-        for first in range(0, n, 1000):
-            await q.offer_many([(i, 0) for i in range(first, min(n, first + 1000))])
+        await q.offer_many([(i, 0) for i in range(n)])
         await until(lambda: llen_is(client, q, n), timeout_s=5)
         yield q
 

@@ -30,6 +30,7 @@ from aiodelayq import (
     delay_to_ms,
 )
 from aiodelayq._producing.call_cost import BUDGET_US, MAX_CALL_ITEMS, MIN_CALL_ITEMS, CallCost
+from aiodelayq._redis.client_facts import facts_for
 from aiodelayq._redis.connections import run_script
 from aiodelayq._scripts import QueueScripts
 from aiodelayq._wire.clock import STALE_S, ServerClock
@@ -257,6 +258,28 @@ async def test_an_issue_time_older_than_a_second_is_not_trusted(
     dues, issued = await _offer_while_held(server.url, q, 1300, 10)
     # Held 1.3 s: the script's own clock counts (the bound is 1 s), so the items are late, not early.
     assert min(dues) >= _server_at(anchor, issued) + DELAY_MS + 1000
+
+
+async def test_the_calls_of_one_offer_many_share_its_issue_time(own_server: Any, make_client: Any,
+                                                                make_queue: Any) -> None:
+    # The client's estimate of the server's clock is 500 ms ahead of it (as after a failover to a
+    # server whose clock runs behind: an estimate is never behind the server). 10,000 items go out
+    # as ten calls at once; they run over several ms, all before the estimate's time, and share its
+    # issue time: items of one delay are due together (late, never early), in list order whichever
+    # call lands first.
+    server = own_server()
+    client, admin = make_client(server), make_client(server)
+    q: DelayedQueue[int] = make_queue("shared", redis=client)
+    await q.offer(-1, 2 * DELAY_S)  # anchors the estimate
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    ahead = int(await server_ms(admin)) + 500
+    facts_for(client).clock.observe(sent, loop.time(), ahead)
+    dues = await q.offer_many([(i, DELAY_S) for i in range(10_000)])
+    assert len(set(dues)) == 1
+    assert dues[0] >= ahead + DELAY_MS - 50
+    members = await admin.zrange(q.keys.timeout_set, 0, -1)
+    assert [json.loads(m[29:]) for m in members] == [*range(10_000), -1]
 
 
 # -- offer_many, and concurrent offers sharing script calls ----------------------------------------------

@@ -166,6 +166,11 @@ class Producer:
 
         if len(chunks) == 1:
             return await send(chunks[0])
+        if self._facts.clock.server_ms(issued) is None:
+            # One issue time for every call, whichever lands first (OFFER's base): items of one delay
+            # keep their order. Without an estimate of the server's clock each would take its own TIME.
+            await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
+                               timeout_s=self._call_timeout_s)
         if entries is not None and _repeated_keys(entries):
             # A key given twice: calls in order, so the later item sees the earlier one pending.
             return [due for chunk in chunks for due in await send(chunk)]
