@@ -4,7 +4,8 @@ side to the contents, ``take``/``poll`` to the take pump and ``receive`` to the 
 its lifecycle, which owns the queue's life. Those are one ordinary queue's parts
 (``_parts/queue_parts.py``), or for ``shards > 1`` composites over the shards' (``_sharding/``). The
 consuming calls are :class:`~aiodelayq._queue_consuming.ConsumingCalls`', the calls on what the queue
-holds :class:`~aiodelayq._queue_contents.ContentsCalls`'; this module has the rest."""
+holds :class:`~aiodelayq._queue_contents.ContentsCalls`', the controls
+:class:`~aiodelayq._queue_controls.ControlsCalls`'; this module has the rest."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ._parts.roles import Parts
 from ._producing.keyed import Offered, Pending
 from ._queue_consuming import ConsumingCalls, items_of
 from ._queue_contents import ContentsCalls
+from ._queue_controls import ControlsCalls
 from ._redis.cluster import is_cluster
 from ._runtime.lifecycle import QueueStats
 from ._sharding.layout import check_shards
@@ -39,7 +41,7 @@ T = TypeVar("T")
 _Q = TypeVar("_Q", bound="DelayedQueue[Any]")
 
 
-class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
+class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncResource):
     """A delayed queue on Redis that shares keys and element format with Redisson's ``RDelayedQueue``.
 
     Producers (``offer``/``offer_many``) and the pending-side calls work without opening the queue.
@@ -436,50 +438,4 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], AsyncResource):
             await worker.run()
 
     # -- what the queue holds and its dead letters: ContentsCalls' (_queue_contents.py) ------------
-
-    # -- controls, for every consumer in every process (see _consuming/controls.py) -----------------
-
-    async def pause(self) -> None:
-        """Pause every consumer of the queue, in every process, from its next call: ``take``,
-        ``receive``, ``async for`` and workers hand nothing out (what a consumer already fetched, at
-        most one round trip's prefetch, still goes out). Offers are accepted, and due items keep
-        moving to the ready list. Kept in Redis until :meth:`resume`. Java consumers ignore it.
-
-        Raises:
-            BackendError: the call failed within ``call_timeout_s`` (resent: it is idempotent).
-        """
-        await self._life.enter()
-        await self._controls.pause()
-
-    async def resume(self) -> None:
-        """Undo :meth:`pause`: consumers that wait get items again within 0.5 s plus a round trip.
-
-        Raises:
-            BackendError: the call failed within ``call_timeout_s``.
-        """
-        await self._life.enter()
-        await self._controls.resume()
-
-    async def is_paused(self) -> bool:
-        """Whether the queue is paused (one read).
-
-        Raises:
-            BackendError: the read failed within ``call_timeout_s``.
-        """
-        await self._life.enter()
-        return await self._controls.is_paused()
-
-    async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None:
-        """Limit all consumers of the queue together, in every process, to ``per_second`` items a
-        second, in bursts of at most ``burst`` (default: one second's worth, at least 1): at most
-        ``burst + per_second * t`` items in any ``t`` seconds, a token bucket on the server clock
-        that ``POP`` and ``RECEIVE`` take from. ``None`` removes the limit. Redelivered messages
-        count too; Java consumers ignore it.
-
-        Raises:
-            ConfigurationError: ``per_second`` is not a finite number above 0 (or ``None``), or
-                ``burst`` not an int >= 1; nothing is written.
-            BackendError: the call failed within ``call_timeout_s``.
-        """
-        await self._life.enter()
-        await self._controls.set_rate_limit(per_second, burst)
+    # -- its controls: ControlsCalls' (_queue_controls.py) ------------------------------------------

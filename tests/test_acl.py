@@ -79,6 +79,22 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await held.ack(confirm=True)
         await q.set_rate_limit(None)
         assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
+        # The concurrency limit: RECEIVE and SETTLE count what is held, a nack with a delay enters the
+        # nacked zset, an ack that makes room publishes.
+        await q.set_concurrency_limit(1)
+        await q.offer_many([(97, 0), (98, 0)])
+        first = await q.receive(30, timeout=5)
+        assert first is not None
+        assert await first.nack(0.3)  # waits out its delay, not held: room for the other
+        second = await q.receive(30, timeout=5)
+        assert second is not None
+        assert await second.ack(confirm=True)
+        again = await q.receive(30, timeout=5)  # the nacked one, back after its delay
+        assert again is not None
+        assert (again.value, again.delivery_count) == (first.value, 2)
+        assert await again.ack(confirm=True)
+        await q.set_concurrency_limit(None)
+        assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
         # Headers, expiry and recurring items as the same user (a cron schedule lists its times
         # with a HGET of its record; each hand-out writes the next occurrence).
         await q.offer(400, 0, headers={"h": "v"}, expires=60)

@@ -84,7 +84,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodelayq._runtime",),
     ("aiodelayq._parts",),
     ("aiodelayq._sharding",),
-    ("aiodelayq._queue", "aiodelayq._queue_consuming", "aiodelayq._queue_contents"),
+    ("aiodelayq._queue", "aiodelayq._queue_consuming", "aiodelayq._queue_contents", "aiodelayq._queue_controls"),
     ("aiodelayq._admin",),
     ("aiodelayq.dashboard",),
     ("aiodelayq", "aiodelayq._web", "aiodelayq.worker", "aiodelayq.prometheus", "aiodelayq.cli",

@@ -148,7 +148,8 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
     (entry,) = doc["queues"]
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
                      "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "lag_ms": 0,
-                     "paused": False, "rate_limit_per_s": None, "rate_burst": None, "recurring": 0}
+                     "paused": False, "rate_limit_per_s": None, "rate_burst": None, "concurrency_limit": None,
+                     "recurring": 0}
 
 
 async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:
@@ -159,17 +160,26 @@ async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: A
     limited = await cli("rate-limit", qname, "600/min", "--burst", "3")
     assert limited.code == 0, limited.err
     assert "10/s" in limited.out
+    capped = await cli("concurrency", qname, "20")
+    assert capped.code == 0, capped.err
+    assert "concurrency limit of" in capped.out
     stats = await cli("stats", qname, "--json")
     (entry,) = json.loads(stats.out)["queues"]
-    assert (entry["paused"], entry["rate_limit_per_s"], entry["rate_burst"]) == (True, 10.0, 3)
+    assert (entry["paused"], entry["rate_limit_per_s"], entry["rate_burst"], entry["concurrency_limit"]) == (
+        True, 10.0, 3, 20)
     table = await cli("stats", qname)
-    assert "paused, 10/s (burst 3)" in table.out
+    assert "paused, 10/s (burst 3), at most 20 held" in table.out
     assert (await cli("resume", qname)).code == 0
     assert (await cli("rate-limit", qname, "off")).code == 0
+    assert (await cli("concurrency", qname, "off")).code == 0
     assert await q.counts() == aiodelayq.QueueCounts(0, 0, 0, 0, None)
     bad = await cli("rate-limit", qname, "fast")
     assert bad.code == 2
     assert "RATE must be like" in bad.err
+    for wrong in ("0", "1.5", "many"):
+        refused = await cli("concurrency", qname, wrong)
+        assert refused.code == 2
+        assert "N must be an int >= 1 or 'off'" in refused.err
 
 
 async def test_watch_stops_after_count_refreshes(make_queue: Any, cli: Cli, qname: str) -> None:
@@ -665,6 +675,7 @@ USAGES = {
     ("pause",): "pause [OPTIONS] NAME",
     ("resume",): "resume [OPTIONS] NAME",
     ("rate-limit",): "rate-limit [OPTIONS] NAME RATE",
+    ("concurrency",): "concurrency [OPTIONS] NAME N",
     ("ls",): "ls [OPTIONS]",
     ("worker",): "worker [OPTIONS] MODULE:FUNC",
     ("doctor",): "doctor [OPTIONS] [NAMES...]",

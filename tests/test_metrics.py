@@ -99,6 +99,7 @@ async def test_metrics_over_http_after_real_traffic(client: Redis, make_queue: A
         await q.offer("ready", 0)  # offered 9
         await until(lambda: _counts_are(q, ready=1))
         await q.offer_many([("later-1", 3600), ("later-2", 7200)])  # offered 11
+        await q.set_concurrency_limit(10)
 
         web_app = web.Application()
         web_app.router.add_get("/metrics", metrics.aiohttp_handler)
@@ -108,11 +109,14 @@ async def test_metrics_over_http_after_real_traffic(client: Redis, make_queue: A
             assert content_type.startswith("text/plain")
             got = _samples(text)
             real = await q.counts()
-            assert real == QueueCounts(pending=2, ready=1, in_flight=1, dead_letters=3, next_due_ms=real.next_due_ms)
+            assert real == QueueCounts(pending=2, ready=1, in_flight=1, dead_letters=3, next_due_ms=real.next_due_ms,
+                                       concurrency_limit=10)
             for gauge in ("pending", "ready", "in_flight", "dead_letters"):
                 assert _value(got, f"aiodelayq_{gauge}", queue=name) == getattr(real, gauge), gauge
             assert _value(got, "aiodelayq_next_due_timestamp_seconds", queue=name) == real.next_due_ms / 1000
             assert _value(got, "aiodelayq_lag_seconds", queue=name) == 0  # nothing due is left behind
+            assert _value(got, "aiodelayq_concurrency_limit", queue=name) == 10
+            assert _value(got, "aiodelayq_rate_limit_per_second", queue=name) is None  # absent without one
             expected = {"offered": 11, "moved": 9, "delivered": 9, "redelivered": 1, "acked": 1, "nacked": 3,
                         "transfer_errors": 0}
             assert {k: _value(got, f"aiodelayq_{k}_total", queue=name) for k in expected} == expected

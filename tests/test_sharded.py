@@ -408,6 +408,14 @@ async def test_whole_queue_calls_cover_every_shard(sharded: Queues) -> None:
         await q.set_rate_limit(0)
     await q.set_rate_limit(None)
     assert (await q.counts()).rate_limit_per_s is None
+    # A whole-queue concurrency limit: 10 over 3 shards is 4, 3, 3; counts show the whole.
+    await q.set_concurrency_limit(10)
+    assert [int(await r.hget(keys.controls, "cap")) for keys in q.shard_keys] == [4, 3, 3]
+    assert (await q.counts()).concurrency_limit == 10
+    with pytest.raises(ConfigurationError, match="limit"):
+        await q.set_concurrency_limit(2)  # below the shard count: a shard would hand nothing out
+    await q.set_concurrency_limit(None)
+    assert (await q.counts()).concurrency_limit is None
     # Dead letters: each message dies on its shard; read merged, oldest first; requeued and purged on all.
     async with q:
         await until(lambda: _ready(q, 6), timeout_s=10)

@@ -1,9 +1,11 @@
-"""The controls every consumer of a queue obeys, in every process: pause and a rate limit.
+"""The controls every consumer of a queue obeys, in every process: pause, a rate limit and a
+concurrency limit.
 
 They live in the queue's ``controls`` hash; POP and RECEIVE read them in the call that hands items
 out (``lua/lib/controls.lua``), so nothing is cached. A rate limit is a token bucket on the server
-clock: at most ``burst + per_second * t`` items in any ``t`` seconds. Redisson's consumers do not
-read the controls.
+clock: at most ``burst + per_second * t`` items in any ``t`` seconds. A concurrency limit caps the
+messages reliable consumers hold at once (RECEIVE counts them: ``lua/lib/controls.lua``); ``take``
+holds nothing, so it is not counted. Redisson's consumers do not read the controls.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._util.checks import count, positive
 
-__all__ = ["PAUSED_RECHECK_S", "Controls", "hold_s"]
+__all__ = ["HOLD_CAPPED", "PAUSED_RECHECK_S", "Controls", "hold_s"]
 
+# RECEIVE's hold when the concurrency limit leaves no room (lua/lib/controls.lua): the consumer waits
+# for a wake-up (an ack or a nack publishes one) or the next visibility deadline, not a period.
+HOLD_CAPPED = -2
 # A paused consumer's recheck period: bounds how late delivery restarts after resume(), and the
 # calls a paused queue costs.
 PAUSED_RECHECK_S = 0.5
@@ -31,7 +36,8 @@ def hold_s(hold_ms: int) -> float:
 
 
 class Controls:
-    """``pause``/``resume``/``is_paused``/``set_rate_limit`` of one queue (``counts()`` shows them)."""
+    """``pause``/``resume``/``is_paused``/``set_rate_limit``/``set_concurrency_limit`` of one queue
+    (``counts()`` shows them)."""
 
     def __init__(self, scripts: QueueScripts) -> None:
         self._scripts = scripts
@@ -75,3 +81,14 @@ class Controls:
         rate = positive("per_second", per_second)
         size = max(1, math.ceil(rate)) if burst is None else count("burst", burst)
         await self._set("rate", repr(rate), size, what="set the rate limit of")
+
+    async def set_concurrency_limit(self, limit: int | None) -> None:
+        """Let reliable consumers hold at most ``limit`` messages at once (``None``: no limit).
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= 1 (or ``None``); nothing is written.
+        """
+        if limit is None:
+            await self._set("uncap", what="remove the concurrency limit of")
+            return
+        await self._set("cap", count("limit", limit), what="set the concurrency limit of")

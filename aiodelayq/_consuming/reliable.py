@@ -33,7 +33,7 @@ from .._util.tracing import tracer
 from .._wire.codec import batch_decoder, decode_item, scanning
 from .._wire.elements import ITEM_MARK, MESSAGE_HEADER, message_payloads, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
-from .controls import hold_s
+from .controls import HOLD_CAPPED, hold_s
 from .messages import Message
 from .prefetch import PrefetchBuffer
 from .settler import Settle, Settler
@@ -79,7 +79,7 @@ class ReliableConsumer(Generic[T]):
         self._waits = WaitLoop()
         # Receivers the controls refused wait for this or their hold: wake-ups cannot end a pause.
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._limited = False  # the last RECEIVE met the rate limit: receive only what callers want
+        self._limited = False  # the last RECEIVE met a rate or concurrency limit: receive only what callers want
         # The read-ahead: at most one RECEIVE sent before anyone asked, its messages for the buffer.
         self._ahead: asyncio.Task[None] | None = None
         self._ahead_vt_ms = 0
@@ -160,9 +160,9 @@ class ReliableConsumer(Generic[T]):
             self._events.count("receives")
             self._keep(messages[max_items:], vt_ms)
             return self._delivered(messages[:max_items]), signal, 0.0
-        if hold:  # refused by the controls: ask again after the hold, only closing cuts it short
+        if hold and hold != HOLD_CAPPED:  # paused or rate limited: ask again after the hold, or at closing
             return [], self._closing, hold_s(hold)
-        return [], signal, wait_s
+        return [], signal, wait_s  # (a full concurrency limit too: an ack or nack wakes it, or a deadline)
 
     def _from_buffer(self, max_items: int, vt_ms: int) -> list[Message[T]]:
         """Up to ``max_items`` prefetched messages of ``vt_ms``, for a caller (see :meth:`_hand`).
@@ -230,7 +230,8 @@ class ReliableConsumer(Generic[T]):
         the prefetch size, the rate limit, and whether a read-ahead may follow; returns the hold."""
         got, hold = len(reply[7]), int(reply[3])
         self._prefetch.fetched(asked, got, asyncio.get_running_loop().time() - sent)
-        self._limited = hold > 0
+        # Receive only what callers want under a rate or concurrency limit: a prefetch takes their room.
+        self._limited = hold > 0 or bool(reply[8])
         # A read-ahead once fetches come back full at the largest prefetch: a backlog drains.
         full = prefetch and got >= asked and not hold and self._prefetch.saturated
         self._full = (asked, vt_ms) if full else None

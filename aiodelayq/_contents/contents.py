@@ -111,12 +111,13 @@ class QueueContents:
         """The queue's counts and earliest due time (one read-only call)."""
         k = self._keys
         reply = await self._page(self._scripts.counts, [], what=f"counts of {k.destination!r}")
-        head, rate, burst = reply[4], reply[6], reply[7]
+        head, rate, burst, cap = reply[4], reply[6], reply[7], reply[11]
         return QueueCounts(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            None if head is None else int(float(head)), paused=bool(reply[5]),
                            rate_limit_per_s=None if rate is None else float(rate),
                            rate_burst=None if burst is None else int(burst), recurring=int(reply[8]),
-                           lag_ms=int(reply[9]), tiered=int(reply[10]))
+                           lag_ms=int(reply[9]), tiered=int(reply[10]),
+                           concurrency_limit=None if cap is None else int(cap))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, tier included, decoded where possible.

@@ -25,6 +25,8 @@ class QueueCounts:
         lag_ms: server clock minus the earliest due pending item's due time (ms; 0 when none is due);
             a growing lag means no transfer runs.
         tiered: how many ``pending`` items wait in the tier's buckets (``tier_after_s``).
+        concurrency_limit: the most messages reliable consumers hold at once
+            (:meth:`DelayedQueue.set_concurrency_limit`), or ``None``.
     """
 
     pending: int
@@ -38,3 +40,4 @@ class QueueCounts:
     recurring: int = 0
     lag_ms: int = 0
     tiered: int = 0
+    concurrency_limit: int | None = None

@@ -79,14 +79,15 @@ def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
     """The counts of the shards as one queue's: pending, ready, in flight, dead letters, recurring and
     tiered items summed; the earliest due time and the largest lag; paused when any shard is (its consumers
     get nothing); the rate limit and burst summed over the shards that have one (``None`` when none
-    has): the whole queue's, as ``set_rate_limit`` split it."""
+    has): the whole queue's, as ``set_rate_limit`` split it; likewise the concurrency limit."""
     dues = [c.next_due_ms for c in counts if c.next_due_ms is not None]
     rates = [c.rate_limit_per_s for c in counts if c.rate_limit_per_s is not None]
     bursts = [c.rate_burst for c in counts if c.rate_burst is not None]
+    caps = [c.concurrency_limit for c in counts if c.concurrency_limit is not None]
     return QueueCounts(
         pending=sum(c.pending for c in counts), ready=sum(c.ready for c in counts),
         in_flight=sum(c.in_flight for c in counts), dead_letters=sum(c.dead_letters for c in counts),
         next_due_ms=min(dues) if dues else None, paused=any(c.paused for c in counts),
         rate_limit_per_s=round(math.fsum(rates), 9) if rates else None, rate_burst=sum(bursts) if bursts else None,
         recurring=sum(c.recurring for c in counts), lag_ms=max((c.lag_ms for c in counts), default=0),
-        tiered=sum(c.tiered for c in counts))
+        tiered=sum(c.tiered for c in counts), concurrency_limit=sum(caps) if caps else None)

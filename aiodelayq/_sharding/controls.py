@@ -1,8 +1,10 @@
-"""The controls of a sharded queue: a pause or a rate limit goes to every shard's controls hash.
+"""The controls of a sharded queue: a pause, a rate limit or a concurrency limit goes to every shard's
+controls hash.
 
 A pause that failed part way leaves some shards paused: call it again (each call is idempotent). A rate of R
 becomes R/K on each shard with a burst of ``ceil(burst / K)``, so items bunched on a few shards (one hot key)
-come out slower than R.
+come out slower than R. A concurrency limit of N becomes ``N // K`` per shard, the first ``N % K`` shards one
+more: the shards hold at most N together, and messages bunched on a few shards wait for their shards' room.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ __all__ = ["ShardedControls"]
 
 
 class ShardedControls:
-    """``pause``/``resume``/``is_paused``/``set_rate_limit`` of a sharded queue object."""
+    """``pause``/``resume``/``is_paused``/``set_rate_limit``/``set_concurrency_limit`` of a sharded
+    queue object."""
 
     def __init__(self, shards: Sequence[Controls]) -> None:
         self._shards = shards
@@ -56,3 +59,18 @@ class ShardedControls:
         rate = positive("per_second", per_second)
         size = max(1, math.ceil(rate)) if burst is None else count("burst", burst)
         await on_every(self._shards, lambda controls: controls.set_rate_limit(rate / k, max(1, math.ceil(size / k))))
+
+    async def set_concurrency_limit(self, limit: int | None) -> None:
+        """Let the whole queue's reliable consumers hold at most ``limit`` messages at once (``None``:
+        no limit), split over the shards (see the module docstring).
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= the shard count (or ``None``); nothing is written.
+        """
+        k = len(self._shards)
+        if limit is None:
+            await on_every(self._shards, lambda controls: controls.set_concurrency_limit(None))
+            return
+        total = count("limit", limit, minimum=k)
+        shares = [(controls, total // k + (i < total % k)) for i, controls in enumerate(self._shards)]
+        await on_every(shares, lambda share: share[0].set_concurrency_limit(share[1]))

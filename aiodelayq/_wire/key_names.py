@@ -14,7 +14,7 @@ __all__ = ["KEY_TYPES", "QueueKeys", "prefix_name"]
 KEY_TYPES: dict[str, str] = {
     "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
-    "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string",
+    "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string", "nacked": "zset",
 }
 
 
@@ -49,12 +49,15 @@ class QueueKeys:
             element. Entries whose element is no longer pending are stale: ignored, then removed.
         controls: hash of the queue's controls, shared by every process:
             ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
-            token bucket: items per second, its size, its level at ``at``, server ms).
+            token bucket: items per second, its size, its level at ``at``, server ms); ``cap``, the
+            concurrency limit (messages held at once).
         schedules: hash of the queue's recurring items: field = the key, value =
             its record (``lua/lib/recur.lua``).
         tier_index: zset of the tier's buckets: member = a bucket's start, score = when it is
             promoted into the timeout zset (its start minus its width).
         tier_count: string, the number of items the tier's buckets hold; absent when none.
+        nacked: zset of the in-flight messages nacked with a delay, scored by when they are visible
+            again: they wait, and the concurrency limit does not count them.
     """
 
     destination: str
@@ -72,6 +75,7 @@ class QueueKeys:
     schedules: str
     tier_index: str
     tier_count: str
+    nacked: str
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
@@ -101,6 +105,7 @@ class QueueKeys:
             schedules=prefix_name("aiodelayq_schedules", name),
             tier_index=prefix_name("aiodelayq_tier_index", name),
             tier_count=prefix_name("aiodelayq_tier_count", name),
+            nacked=prefix_name("aiodelayq_nacked", name),
         )
         if cluster:
             keys.check_one_slot()
@@ -136,4 +141,4 @@ class QueueKeys:
         """Every key of the queue but the channel and the tier's buckets."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
-                self.schedules, self.tier_index, self.tier_count)
+                self.schedules, self.tier_index, self.tier_count, self.nacked)

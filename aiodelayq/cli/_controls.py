@@ -1,5 +1,5 @@
-"""``pause``, ``resume`` and ``rate-limit``: the controls every consumer of a queue obeys, in every
-process."""
+"""``pause``, ``resume``, ``rate-limit`` and ``concurrency``: the controls every consumer of a queue
+obeys, in every process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ._running import fail, on_queue, run
 if TYPE_CHECKING:
     from .._queue import DelayedQueue
 
-__all__ = ["pause", "rate_limit", "resume"]
+__all__ = ["concurrency", "pause", "rate_limit", "resume"]
 
 
 @connection_options
@@ -47,6 +47,22 @@ def rate_limit(name: QueueName,
         fail(str(exc), 2)
     _control(connection, name, lambda queue: queue.set_rate_limit(per_second, burst),
              f"rate limit of {name}: " + ("none" if per_second is None else f"{per_second:g}/s"))
+
+
+@connection_options
+def concurrency(name: QueueName,
+                limit: Annotated[str, typer.Argument(metavar="N", help="Most messages all reliable consumers "
+                                                     "together hold at once (an int >= 1), or off.")],
+                *, connection: Connection) -> None:
+    """Limit how many messages the reliable consumers of the queue hold at once, in every process together."""
+    if limit.strip().lower() == "off":
+        most = None
+    elif limit.strip().isdigit() and int(limit) >= 1:
+        most = int(limit)
+    else:
+        fail(f"N must be an int >= 1 or 'off', not {limit!r}", 2)  # before connecting: a usage error
+    _control(connection, name, lambda queue: queue.set_concurrency_limit(most),
+             f"concurrency limit of {name}: " + ("none" if most is None else str(most)))
 
 
 def _control(connection: Connection, name: str, call: Callable[[DelayedQueue[Any]], Awaitable[None]],

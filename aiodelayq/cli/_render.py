@@ -125,10 +125,12 @@ def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = N
 
 
 def _controls(c: QueueCounts) -> str:
-    """``paused``, ``100/s (burst 100)``, both, or ``-``."""
+    """``paused``, ``100/s (burst 100)``, ``at most 20 held``, ``3 recurring``, several, or ``-``."""
     shown = ["paused"] if c.paused else []
     if c.rate_limit_per_s is not None:
         shown.append(f"{c.rate_limit_per_s:g}/s (burst {c.rate_burst})")
+    if c.concurrency_limit is not None:
+        shown.append(f"at most {c.concurrency_limit} held")
     if c.recurring:
         shown.append(f"{c.recurring} recurring")
     return ", ".join(shown) or "-"
@@ -141,7 +143,8 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
             "dead_letters": c.dead_letters, "next_due_ms": c.next_due_ms,
             "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "lag_ms": c.lag_ms,
             "paused": c.paused,
-            "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst, "recurring": c.recurring}
+            "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst,
+            "concurrency_limit": c.concurrency_limit, "recurring": c.recurring}
 
 
 def _marker(decodable: bool, malformed: bool = False, headers: dict[str, str] | None = None,

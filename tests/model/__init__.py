@@ -21,7 +21,7 @@ Modules, in the order a step goes through them:
 **The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``), ``offer_many`` (keys,
 duplicates in one list, per-item headers and expiry), ``cancel``, ``reschedule``, ``get``,
 ``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer`` with a schedule's key (refused
-while the schedule is live), ``pause``/``resume``, ``clear``,
+while the schedule is live), ``pause``/``resume``, ``set_concurrency_limit``, ``clear``,
 ``requeue_dead_letters``, ``purge_dead_letters``, ``take_many_with_headers``, ``receive_many``,
 ``ack`` (written behind, and confirmed), ``nack`` (a delay, or ``dead_letter=True``), ``extend``,
 with ``max_deliveries`` of ``None``, 2 or 3. Messages are settled by the client that received them,
@@ -43,8 +43,11 @@ fails, ``maybe_applied``, and what the stall held lands when it ends).
 * nothing early: no item in the ready list or handed out before its due time, no redelivery before
   the previous deadline, no occurrence of a schedule before its grid point, nothing handed out after
   its expiry, every due time within the call's bounds plus its delay;
-* ``counts()`` (pending + ready, in flight, dead letters, recurring, paused), ``size()`` and
-  ``ready_size()`` equal the keys, and the keys the model;
+* ``counts()`` (pending + ready, in flight, dead letters, recurring, paused, the concurrency limit),
+  ``size()`` and ``ready_size()`` equal the keys, and the keys the model;
+* a receive that hands out messages under a concurrency limit leaves at most that many held (in
+  flight before their deadline, not waiting out a nack's delay), unless an extend took back a message
+  past its deadline since the limit was set;
 * each live schedule has its record and exactly one current occurrence, pending (under its key, on
   its grid) or ready; the key index names only pending elements; the take pumps and reliable
   consumers hold nothing (prefetch, hand-off, settles) for over a round trip without a fault.

@@ -69,16 +69,23 @@ class QueueMachine(RuleBasedStateMachine):
         self.world: World | None = None
         self.model = Model(None)
         self.held: list[tuple[int, Message[str]]] = []
+        # The concurrency limit: a receive handed out messages under it (checked at the next check), and
+        # whether an extend took back a message past its deadline since it was set (then held may exceed it).
+        self.limited_delivery = False
+        self.limit_revived = False
 
-    @initialize(max_deliveries=st.sampled_from([None, 2, 3]),
+    @initialize(max_deliveries=st.sampled_from([None, 2, 3]), limit=st.sampled_from([None, None, 1, 2]),
                 items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS), max_size=6))
-    def start(self, max_deliveries: int | None, items: list[tuple[int, str | None, dict[str, str], int | None]]
-              ) -> None:
-        """A queue (with this ``max_deliveries`` for both queue objects), and a few items offered."""
+    def start(self, max_deliveries: int | None, limit: int | None,
+              items: list[tuple[int, str | None, dict[str, str], int | None]]) -> None:
+        """A queue (with this ``max_deliveries`` for both queue objects, and this concurrency limit
+        from the start), and a few items offered."""
         if TRACE:
-            print(f"--- example: max_deliveries={max_deliveries}", flush=True)
+            print(f"--- example: max_deliveries={max_deliveries}, concurrency limit={limit}", flush=True)
         self.world = World(self.server_url, self.proxies, Config(max_deliveries))
         self.model = Model(max_deliveries)
+        if limit is not None:
+            self.concurrency_limit(0, limit, None)
         if items:
             self.offer_many(0, items, False, None)
 
@@ -198,6 +205,19 @@ class QueueMachine(RuleBasedStateMachine):
         q = self.w.queues[c]
         self.model.pause(paused, self.step(q.pause if paused else q.resume, fault))
 
+    @rule(c=CLIENT, limit=st.sampled_from([None, None, 1, 2, 3]), fault=FAULTS)
+    def concurrency_limit(self, c: int, limit: int | None, fault: Fault | None) -> None:
+        """``set_concurrency_limit(limit)``, then 100 ms: messages prefetched before it (held 50 ms at
+        most) are given back, so every delivery after it came from a RECEIVE that applied it."""
+        q = self.w.queues[c]
+
+        async def set_limit() -> None:
+            await q.set_concurrency_limit(limit)
+            await asyncio.sleep(0.1)
+
+        self.model.concurrency_limit(limit, self.step(set_limit, fault))
+        self.limit_revived = False
+
     @rule(c=CLIENT, fault=FAULTS)
     def clear(self, c: int, fault: Fault | None) -> None:
         self.model.clear(self.step(self.w.queues[c].clear, fault))
@@ -246,6 +266,8 @@ class QueueMachine(RuleBasedStateMachine):
         for d in deliveries:
             tally("receive: a redelivery" if d.count > 1 else "receive: a first delivery")
         self.model.receive(deliveries, vt, out)
+        if deliveries and len(self.model.caps) == 1 and self.model.caps[0] is not None:
+            self.limited_delivery = True
         self.held = [*self.held, *((c, m) for m in messages)][-HELD_MESSAGES:]
         if then is not None:
             for msg in messages:
@@ -261,8 +283,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     def settle_message(self, c: int, msg: Message[str], how: str, delay: int, vt: int, fault: Fault | None) -> None:
         if how == "extend":
+            deadline = msg.deadline_ms
             out = self.step(lambda: msg.extend(vt / 1000), fault, "extend")
             self.model.extend(msg.id, msg.delivery_count, vt, out, msg.deadline_ms)
+            if out.result is not None and deadline <= out.t1:
+                self.limit_revived = True  # held again past its deadline, whatever the limit
             return
         before = self.w.unconfirmed(c)
         behind = [False]
@@ -339,6 +364,12 @@ class QueueMachine(RuleBasedStateMachine):
             raise Violation("a queue object held prefetched items, messages or settles (or the hand-off kept "
                             f"entries) for over 3 s without a fault:\n{snap.describe()}")
         self.model.reconcile(snap, self.w.unconfirmed, self.w.faulted)
+        if self.limited_delivery and not self.limit_revived and snap.cap is not None:
+            tally("check: deliveries under a concurrency limit")
+        if self.limited_delivery and not self.limit_revived and snap.cap is not None and snap.held > snap.cap:
+            raise Violation(f"a receive handed out messages, and {snap.held} are held under a concurrency limit "
+                            f"of {snap.cap}:\n{snap.describe()}")
+        self.limited_delivery = False
         for where in ("pending", "ready", "in_flight", "dead"):
             if snap.at(where):
                 tally(f"check: something {where}")

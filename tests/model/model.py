@@ -48,6 +48,7 @@ class Model(Reconciling):
         self.incarnations: dict[str, Incarnation] = {}  # every schedule() call's, by its item
         self.schedules: dict[str, list[Incarnation | None]] = {}  # live schedule of each key (alternatives)
         self.paused: list[bool] = [False]
+        self.caps: list[int | None] = [None]  # the concurrency limit (alternatives)
         self.dead_order: list[Token] = []  # the dead-letter list as last seen, oldest first
         self.messages: dict[str, Token] = {}  # every message id received, and its token
         self.unseen_possible = False  # a receive met a fault: deliveries nobody saw may have been counted
@@ -76,7 +77,8 @@ class Model(Reconciling):
         return [t for t in self.items.values() if any(a.kind == "scheduled" and a.key == key for a in t.alts)]
 
     def describe(self) -> str:
-        lines = [f"paused {self.paused}; unseen deliveries possible: {self.unseen_possible}"]
+        lines = [f"paused {self.paused}; concurrency limit {self.caps}; unseen deliveries possible: "
+                 f"{self.unseen_possible}"]
         for key, alts in sorted(self.schedules.items()):
             shown = [None if i is None else (i.value, i.every_ms, i.anchor) for i in alts]
             lines.append(f"  schedule {key!r}: {shown}")
@@ -340,6 +342,13 @@ class Model(Reconciling):
             self.paused = [paused]
         elif out.maybe:
             self.paused = sorted({*self.paused, paused})
+
+    def concurrency_limit(self, limit: int | None, out: Outcome) -> None:
+        """``set_concurrency_limit(limit)``."""
+        if out.ok:
+            self.caps = [limit]
+        elif out.maybe:
+            self.caps = sorted({*self.caps, limit}, key=lambda cap: -1 if cap is None else cap)
 
     def clear(self, out: Outcome) -> None:
         """``clear()``: every pending item and every schedule goes; ready, in-flight and dead stay."""

@@ -79,12 +79,15 @@ class Snapshot:
     paused: bool
     handoff_entries: int  # hand-off fields, tombstones included
     delay_list: int  # Redisson's insertion-order list (the model's queues write fast elements only)
+    cap: int | None = None  # the concurrency limit
+    held: int = 0  # messages the concurrency limit counts: in flight before their deadline, not waiting out a nack
 
     def at(self, where: Where) -> list[Seen]:
         return [s for s in self.seen if s.where == where]
 
     def describe(self) -> str:
-        lines = [f"server time {self.now_ms}, paused={self.paused}, schedules={self.records}"]
+        lines = [f"server time {self.now_ms}, paused={self.paused}, concurrency limit={self.cap} (held "
+                 f"{self.held}), schedules={self.records}"]
         lines += [f"  {s.describe()}" for s in self.seen]
         return "\n".join(lines)
 
@@ -117,9 +120,11 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         pipe.hgetall(keys.schedules)
         pipe.hget(keys.controls, "paused")
         pipe.llen(keys.delay_list)
+        pipe.hget(keys.controls, "cap")
+        pipe.zrange(keys.nacked, 0, -1, withscores=True)
         pipe.time()
-        pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, (secs, micros) = \
-            await pipe.execute()
+        (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked,
+         (secs, micros)) = await pipe.execute()
     now_ms = int(secs) * 1000 + int(micros) // 1000
     index: dict[bytes, str] = {}
     for field_name, blob in index_hash.items():
@@ -147,5 +152,7 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     for key, record in schedules.items():
         occurrence, _stalled, every_ms, anchor_ms, _field_len = _RECORD.unpack_from(record)
         records[key.decode()] = Record(occurrence, int(every_ms), int(anchor_ms))
+    waiting = {element for element, due in nacked if due > now_ms}
+    held = sum(1 for element, deadline in in_flight if deadline > now_ms and element not in waiting)
     return Snapshot(now_ms, seen, records, index, stale, paused is not None, len(handoff),
-                    delay_list)
+                    delay_list, None if cap is None else int(cap), held)

@@ -27,6 +27,7 @@ class Reconciling:
     incarnations: dict[str, Incarnation]
     schedules: dict[str, list[Incarnation | None]]
     paused: list[bool]
+    caps: list[int | None]
     dead_order: list[Token]
     messages: dict[str, Token]
     unseen_possible: bool
@@ -82,6 +83,9 @@ class Reconciling:
         if snap.paused not in self.paused:
             problems.append(f"paused is {snap.paused}, the model allows {self.paused}")
         self.paused = [snap.paused]
+        if snap.cap not in self.caps:
+            problems.append(f"the concurrency limit is {snap.cap}, the model allows {self.caps}")
+        self.caps = [snap.cap]
         self.dead_order = self._dead_order(snap)
         if problems:
             raise Violation("\n".join(["the queue differs from the model:", *problems, "--- the queue:",

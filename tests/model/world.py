@@ -241,6 +241,8 @@ class World:
             problems.append(f"counts().recurring {first.recurring} != {len(snap.records)} schedule records")
         if first.paused != snap.paused:
             problems.append(f"counts().paused {first.paused} != {snap.paused} in the keys")
+        if first.concurrency_limit != snap.cap:
+            problems.append(f"counts().concurrency_limit {first.concurrency_limit} != {snap.cap} in the keys")
         problems += await self._check_peek(snap)
         if problems:
             raise Violation("\n".join(["counts() disagrees with the keys:", *problems, snap.describe()]))

@@ -5,14 +5,14 @@
 -- returns: {pending (the tier's items included), ready, in flight, dead letters, earliest due ms
 -- (text) or false, paused (1/0), rate limit (items per second, text) or false, its burst (text) or
 -- false, recurring items, lag ms (the server clock minus the zset head's due time when that has
--- passed, else 0), tiered (how many of the pending wait in the tier)}: O(1) each but the earliest
--- due time (O(log N)), in one atomic read. Read-only.
+-- passed, else 0), tiered (how many of the pending wait in the tier), concurrency limit (text) or
+-- false}: O(1) each but the earliest due time (O(log N)), in one atomic read. Read-only.
 -- The earliest due time is the zset head's, unless the first bucket of the tier starts before it:
 -- then the earliest of that bucket's entries when it holds at most COUNTS_SCAN, else its start (never
 -- later than the truth).
 local COUNTS_SCAN = 1000
 local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
-local c = redis.call('hmget', K.controls, 'paused', 'rate', 'burst')
+local c = redis.call('hmget', K.controls, 'paused', 'rate', 'burst', 'cap')
 local lag = 0
 if head[2] then
   lag = math.max(0, now_ms() - tonumber(head[2]))
@@ -35,4 +35,4 @@ end
 local tiered = tonumber(redis.call('get', K.tier_count)) or 0
 return {redis.call('zcard', K.timeout_set) + tiered, redis.call('llen', K.destination),
         redis.call('zcard', K.in_flight), redis.call('llen', K.dead_letter), earliest, c[1] and 1 or 0,
-        c[2] or false, c[3] or false, redis.call('hlen', K.schedules), lag, tiered}
+        c[2] or false, c[3] or false, redis.call('hlen', K.schedules), lag, tiered, c[4] or false}

@@ -1,5 +1,5 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/hand_out.lua lib/item.lua lib/messages.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
@@ -7,8 +7,11 @@
 -- flight first, as SETTLE's acks (they ride on the call instead of a SETTLE call of their own)
 -- returns: {now ms (a resend: the first run's), earliest in-flight deadline (ms, text) or false,
 --           dead-lettered count (past max deliveries), hold, expired count, malformed count,
---           acks applied (-1 on a resend: the first run applied them), {messages}}; hold as POP's: 0, -1 while the queue is paused (nothing received), or the
---           ms until the rate limit lets one more message out. expired: items whose envelope's
+--           acks applied (-1 on a resend: the first run applied them), {messages}, capped (1 while
+--           a concurrency limit is set, else 0; 0 on a resend)}; hold as POP's: 0, -1 while the
+--           queue is paused (nothing received), or the ms until the rate limit lets one more message
+--           out, and HOLD_CAPPED (-2) when the concurrency limit leaves no room (nothing received:
+--           an ack, a nack or the next deadline makes some). expired: items whose envelope's
 --           expiry had passed when they were due for a delivery, moved to the dead-letter list
 --           (reason expired) instead. malformed: in-flight entries that are not message elements
 --           (someone else's garbage), moved there as they were. Each of the three counts takes its
@@ -22,6 +25,7 @@
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
+local cap  -- the concurrency limit, if one is set (read with the other controls)
 -- The remembered record: the deadline, then the ids of the redeliveries (see received()).
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
@@ -35,8 +39,15 @@ else
   for c = 5, #ARGV, 1000 do  -- (ZREM counts a member given twice once)
     acked = acked + redis.call('zrem', K.in_flight, unpack(ARGV, c, math.min(c + 999, #ARGV)))
   end
-  local level
-  limit, hold, level = controls_allow(K, limit, now)
+  local level, held, _
+  limit, hold, level, _, cap = controls_allow(K, limit, now)
+  if cap then  -- the concurrency limit: room for cap - held more (the acks above made some)
+    held = held_messages(K, now)
+    if limit > cap - held then
+      limit = math.max(0, cap - held)
+      if limit == 0 and hold == 0 then hold = HOLD_CAPPED end
+    end
+  end
   local expired = limit > 0 and redis.call('zrangebyscore', K.in_flight, '-inf', now, 'LIMIT', 0, limit) or {}
   for _, e in ipairs(expired) do
     local valid = string.len(e) >= 32 and string.sub(e, 1, 4) == MSG_MAGIC
@@ -89,8 +100,12 @@ else
     end
   end
   controls_charge(K, now, level, #out)
+  if cap and acked > 0 and held + acked >= cap and held + #out < cap then
+    -- Its acks made room that it leaves: consumers the limit held back, here or elsewhere, look again.
+    redis.call('publish', K.channel, string.format('%d', now))
+  end
   -- (remembered with acks too: a resend must not count them again)
   if #out > 0 or acked > 0 then remember(K, ARGV[4], now, table.concat(ids)) end
 end
 local head = redis.call('zrange', K.in_flight, 0, 0, 'WITHSCORES')
-return {now, head[2] or false, dead, hold, lapsed, garbage, acked, out}
+return {now, head[2] or false, dead, hold, lapsed, garbage, acked, out, cap and 1 or 0}

@@ -1,6 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel calls call_replies
--- uses: lib/calls.lua lib/clock.lua lib/dead.lua lib/messages.lua
+-- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked
+-- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/messages.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -14,6 +14,9 @@
 --         remembers its reply by call id for CALL_WINDOW_MS, and a resend of it answers that reply
 --         and writes nothing.
 -- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
+-- A nack with a delay also enters the message in K.nacked until it is visible again: it waits, and
+-- the concurrency limit does not count it. While a limit is set, a call that makes room in a full
+-- one publishes now, so the consumers it held back look again.
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()
@@ -26,6 +29,8 @@ if resend and first_run(K, id) then
   return answered
 end
 local results, earliest, remembered = {}, false, false
+local cap = tonumber(redis.call('hget', K.controls, 'cap'))
+local held = cap and held_messages(K, now)
 -- Acks come in runs (a consumer's written-behind acks): consecutive ones go together (ack_deliveries).
 -- The other modes go one by one, in order.
 local acks, ack_deadlines, ack_slots = {}, {}, {}  -- each ack's element, deadline and result slot
@@ -58,6 +63,10 @@ local function settle_one(m, mode, delay, deadline)
     else
       local due = now + delay
       redis.call('zadd', K.in_flight, 'XX', due, m)
+      if delay > 0 then
+        forget_ended_nacks(K, now)
+        redis.call('zadd', K.nacked, due, m)
+      end
       if not earliest or due < earliest then earliest = due end
     end
   end
@@ -81,6 +90,9 @@ while i <= #ARGV do
 end
 flush_acks()
 if remembered then remember(K, id, now, table.concat(results, ',')) end
+if cap and held >= cap and earliest ~= now and held_messages(K, now) < cap then
+  redis.call('publish', K.channel, string.format('%d', now))  -- room in a full limit: look again
+end
 if earliest then
   -- Every process's transfer task wakes at that time (a nack's due time; now after a release), and its
   -- receivers look again.
