@@ -276,14 +276,20 @@ async def test_a_cron_schedule_lists_more_times_as_consumers_go(client: Redis, m
         assert await _pending_of(client, q) == 1
 
 
+def _listing_one_time(own_server: Any, make_client: Any, make_queue: Any,
+                      monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Redis, DelayedQueue[Any]]:
+    """A private server (the tests hold it), a client of it, and a queue whose cron records list one time."""
+    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
+    server = own_server()
+    r = make_client(server)
+    return server, r, make_queue(redis=r, codec="str")
+
+
 async def test_a_cron_listing_that_falls_behind_before_its_call_runs_is_made_again(
         own_server: Any, make_client: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # One time listed (at most a second ahead) and the server held for 1.5 s: when SCHEDULE runs,
     # every listed time is past, and the client lists again from the clock the script returns.
-    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
-    server = own_server()
-    r = make_client(server)
-    q: DelayedQueue[Any] = make_queue(redis=r, codec="str")
+    server, r, q = _listing_one_time(own_server, make_client, make_queue, monkeypatch)
     await q.schedule("warm", "w", cron="0 0 1 1 *")  # reads the server's clock: later listings use its estimate
     pause_server(server.url, 1500)
     due = await asyncio.wait_for(q.schedule("sec", "s", cron="* * * * * *"), 30)
@@ -298,10 +304,7 @@ async def test_a_refill_whose_times_pass_before_its_call_runs_lists_again(
     # A stalled per-second schedule; its consumer's refill lists one time, and the server holds
     # writes (REFILL) for 1.5 s: the listed time passes, REFILL stalls the record again and lists
     # nothing, and the refill lists again from a later clock instead of waiting for the resync.
-    monkeypatch.setattr(recurrence, "CRON_LISTED", 1)
-    server = own_server()
-    r = make_client(server)
-    q: DelayedQueue[Any] = make_queue(redis=r, codec="str")
+    _, r, q = _listing_one_time(own_server, make_client, make_queue, monkeypatch)
     await q.schedule("sec", "s", cron="* * * * * *")
     handed: list[bytes] = []
     monkeypatch.setattr(CronRefill, "soon", lambda self, key, payload: handed.append(payload))
