@@ -160,21 +160,24 @@ class Producer:
             chunks[-1].append(i)
             size += size_of
 
+        bases: list[int] = []
+
         def send(chunk: list[int]) -> Awaitable[list[int]]:
             return self._send([fragments[i] for i in chunk], issued,
-                              None if entries is None else [entries[i] for i in chunk], each=False)
+                              None if entries is None else [entries[i] for i in chunk], each=False,
+                              base=bases[0] if bases else None, bases=bases)
 
+        first = await send(chunks[0])
         if len(chunks) == 1:
-            return await send(chunks[0])
-        if self._facts.clock.server_ms(issued) is None:
-            # One issue time for every call, whichever lands first (OFFER's base): items of one delay
-            # keep their order. Without an estimate of the server's clock each would take its own TIME.
-            await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
-                               timeout_s=self._call_timeout_s)
+            return first
+        # The rest count from the first call's base (OFFER's issue time, or its clock when the estimate
+        # was ahead of it): one base for every call, whichever lands first, so items of one delay keep
+        # their order; and it is not after any later call's clock, so items of no delay are due at once.
+        rest = chunks[1:]
         if entries is not None and _repeated_keys(entries):
             # A key given twice: calls in order, so the later item sees the earlier one pending.
-            return [due for chunk in chunks for due in await send(chunk)]
-        return [due for dues in await gather_all(send(chunk) for chunk in chunks) for due in dues]
+            return first + [due for chunk in rest for due in await send(chunk)]
+        return first + [due for dues in await gather_all(send(chunk) for chunk in rest) for due in dues]
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
@@ -217,10 +220,11 @@ class Producer:
         return await self._send(fragments, first, entries if any(entries) else None, each=True)
 
     async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None, *,
-                    each: bool) -> list[Any]:
+                    each: bool, base: int | None = None, bases: list[int] | None = None) -> list[Any]:
         """One OFFER call (resent with its call id), its items' due times. Under ``capacity``,
         ``each`` admits items one by one (a refused one's result is a :class:`QueueFullError`);
-        else all or nothing.
+        else all or nothing. ``base``: the issue time to send (server ms) instead of the estimate's
+        at ``issued``; ``bases`` gets the base the call counted from.
 
         Raises:
             QueueFullError: the call was refused whole (nothing written).
@@ -228,7 +232,7 @@ class Producer:
         k = self._keys
         clock = self._facts.clock
         limit = f"{'' if self._capacity is None else self._capacity}{'e' if each else 'a'}"
-        args = [os.urandom(16), clock.issue_arg(issued),
+        args = [os.urandom(16), clock.issue_arg(issued) if base is None else base,
                 *offer_args(self._kind, fragments, entries, limit, self._tier_after_ms)]
         loop = asyncio.get_running_loop()
 
@@ -247,6 +251,8 @@ class Producer:
         if len(reply) > 3:  # a fresh run measured itself
             self._cost.observe(len(fragments), int(reply[3]))
         base = int(reply[0])
+        if bases is not None:
+            bases.append(base)
         if entries is None and not reply[2]:
             self._events.offered(len(fragments))
             return [base + fragment[0] for fragment in fragments]

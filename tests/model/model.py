@@ -126,10 +126,9 @@ class Model(Reconciling):
             result = results[index]
             due_ms = int(result)
             fresh = key is None or result.added or result.replaced
-            if fresh and not out.t0 + delay_ms <= due_ms <= out.t1 + CLOCK_AHEAD_MS + delay_ms:
+            if fresh and not out.t0 + delay_ms <= due_ms <= out.t1 + delay_ms:
                 raise Violation(f"offer of {value!r} (delay {delay_ms} ms) returned due {due_ms}, not within "
-                                f"[{out.t0 + delay_ms}, {out.t1 + CLOCK_AHEAD_MS + delay_ms}]: due times count "
-                                "from the call")
+                                f"[{out.t0 + delay_ms}, {out.t1 + delay_ms}]: due times count from the call")
             # The expiry is the issue time + delay + expires, the issue time from the producer's
             # estimate of the server clock: never behind it, ahead by less than the fastest round trip
             # of the last 10 s (the due time reads the same estimate, once more: they can differ).
@@ -230,9 +229,9 @@ class Model(Reconciling):
             self._moved(olds, key, out, f"reschedule({key!r}) returned None")
             return
         due = int(out.result)
-        if not out.t0 + delay_ms <= due <= out.t1 + CLOCK_AHEAD_MS + delay_ms:
+        if not out.t0 + delay_ms <= due <= out.t1 + delay_ms:
             raise Violation(f"reschedule({key!r}, {delay_ms} ms) returned {due}, not within "
-                            f"[{out.t0 + delay_ms}, {out.t1 + CLOCK_AHEAD_MS + delay_ms}]")
+                            f"[{out.t0 + delay_ms}, {out.t1 + delay_ms}]")
         fits = [(t, a) for t in olds for a in t.alts if a.kind == "scheduled" and a.key == key]
         if not fits:
             raise Violation(f"reschedule({key!r}) returned {due}, but the model has no pending item of the key")
@@ -272,10 +271,9 @@ class Model(Reconciling):
             self.schedules[key] = [*old, inc]
             return
         due = int(out.result)
-        if not out.t0 + every_ms <= due <= out.t1 + CLOCK_AHEAD_MS + every_ms:
+        if not out.t0 + every_ms <= due <= out.t1 + every_ms:
             raise Violation(f"schedule({key!r}, every={every_ms} ms) returned {due}, not within "
-                            f"[{out.t0 + every_ms}, {out.t1 + CLOCK_AHEAD_MS + every_ms}]: the first one is a "
-                            "period from now")
+                            f"[{out.t0 + every_ms}, {out.t1 + every_ms}]: the first one is a period from now")
         inc = Incarnation(key, value, every_ms, (due - every_ms, due - every_ms), headers)
         self.incarnations[value] = inc
         self.schedules[key] = [inc]
@@ -378,7 +376,7 @@ class Model(Reconciling):
             return
         dead = [t for t in self.dead_order if t.certain and t.alts[0].kind == "dead"]
         n = len(dead) if limit is None else min(limit, len(dead))
-        due: Span = (out.t0 + delay_ms, out.t1 + CLOCK_AHEAD_MS + delay_ms if out.ok else INF)
+        due: Span = (out.t0 + delay_ms, out.t1 + delay_ms if out.ok else INF)
         if out.ok and out.result != n:
             raise Violation(f"requeue_dead_letters({limit}) returned {out.result}, the list held {len(dead)}")
         for token in dead[:n]:

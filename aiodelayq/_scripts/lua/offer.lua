@@ -28,7 +28,8 @@
 --             legacy: a decimal long, or for a keyed item the 8 bytes of the double), payload;
 --             packed here; zset + list.
 -- returns: {base, now, outcome, us}: each item is due at base + its delay. base is the issue time when
--- it is sane (within MAX_ISSUE_AGE_MS of now), else now, the server time (ms) of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
+-- it is sane (not after now, at most MAX_ISSUE_AGE_MS before it), else now, the server time (ms)
+-- of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
 -- item, 'a' added, 'r' replaced a pending item of its key, 'p' kept the pending item of its key
 -- (nothing written), 'f' refused (the queue was full), 's' refused (its key is a recurring
 -- schedule's), then for every 'p' ',' and that item's due
@@ -286,6 +287,6 @@ if earliest ~= nil and (old == nil or earliest < old) then
 end
 local outcome = table.concat(letters) .. table.concat(kept)
 if keys then sweep_index(K, 2) end
--- Remembered by base (within MAX_ISSUE_AGE_MS of now): a resend returns it.
+-- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.
 remember(K, ARGV[1], base, outcome ~= '' and outcome or nil)
 return {base, now, outcome, elapsed_us(started)}
