@@ -310,7 +310,8 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
-        items, ``max_call_bytes`` and about 2 ms of server time, each atomic, all sent at once: a list
+        items, ``max_call_bytes`` and about 2 ms of server time, each atomic: the first alone, the
+        others then at once, counting from its base, so items of one delay keep their order; a list
         of at most 50 items within ``max_call_bytes`` is one call); returns their due times (epoch
         ms, server clock) in input order. ``keys``: one key (or ``None``) per item, the rules of
         :meth:`offer`; then :class:`Offered` results. A key given twice: the first item is added,

@@ -141,8 +141,9 @@ class Producer:
 
     async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
         """:meth:`prepare`'s items, issued at loop time ``issued``, in calls of at most
-        :class:`CallCost`'s items and ``max_call_bytes`` bytes (one under ``capacity``), all sent at
-        once; their due times in order. A failed call's error is raised once all are done.
+        :class:`CallCost`'s items and ``max_call_bytes`` bytes (one under ``capacity``): the first,
+        then the others at once (in order for a key given twice), counting from the first one's base;
+        their due times in order. A failed call's error is raised once all are done.
 
         Raises:
             QueueFullError: under ``capacity``, the call was refused (nothing written).
