@@ -87,6 +87,9 @@ class ReliableConsumer(Generic[T]):
         self._full: tuple[int, int] | None = None  # (asked, vt ms) of the last fetch, when it came back full
         self._keeping_up = True  # no prefetched message went back since the buffer last emptied
         self._held_back: list[Message[T]] = []  # given back while a read-ahead was out (oldest first)
+        # The settler's task sending messages given back to the head of the list: the next RECEIVE
+        # waits for it (bounded), so that it cannot pop what comes after them first.
+        self._returning: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return (f"<ReliableConsumer {self._keys.destination!r} buffered={len(self._buffer)} "
@@ -146,6 +149,10 @@ class ReliableConsumer(Generic[T]):
         signal: asyncio.Future[None] = self._signal
         prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
         asked = max(max_items, self._prefetch.size) if prefetch else max_items
+        if (returning := self._returning) is not None:
+            self._returning = None
+            if not returning.done():  # (it ends within its call's bound; a failure is its own to report)
+                await asyncio.wait({returning}, timeout=self._call_timeout_s)
         sent = loop.time()
         reply = await self._call(asked, vt_ms)
         hold = self._fetched(reply, asked, vt_ms, sent, prefetch)
@@ -224,6 +231,7 @@ class ReliableConsumer(Generic[T]):
             return
         self._events.count("released", len(messages))
         self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
+        self._returning = self.settler.sending
 
     def _fetched(self, reply: list[Any], asked: int, vt_ms: int, sent: float, prefetch: bool) -> int:
         """Note a RECEIVE's ``reply`` (``asked`` messages of ``vt_ms``, sent at loop time ``sent``):
