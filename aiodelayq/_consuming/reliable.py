@@ -87,8 +87,8 @@ class ReliableConsumer(Generic[T]):
         self._full: tuple[int, int] | None = None  # (asked, vt ms) of the last fetch, when it came back full
         self._keeping_up = True  # no prefetched message went back since the buffer last emptied
         self._held_back: list[Message[T]] = []  # given back while a read-ahead was out (oldest first)
-        # The settler's task sending messages given back to the head of the list: the next RECEIVE
-        # waits for it (bounded), so that it cannot pop what comes after them first.
+        # Done once the settler's call that gives messages back to the head of the list ended: the next
+        # RECEIVE waits for it (bounded), so that it cannot pop what comes after them first.
         self._returning: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
@@ -151,7 +151,7 @@ class ReliableConsumer(Generic[T]):
         asked = max(max_items, self._prefetch.size) if prefetch else max_items
         if (returning := self._returning) is not None:
             self._returning = None
-            if not returning.done():  # (it ends within its call's bound; a failure is its own to report)
+            if not returning.done():  # (the call ends within its bound; a failure is the settler's to report)
                 await asyncio.wait({returning}, timeout=self._call_timeout_s)
         sent = loop.time()
         reply = await self._call(asked, vt_ms)
@@ -230,8 +230,8 @@ class ReliableConsumer(Generic[T]):
             self._held_back += messages
             return
         self._events.count("released", len(messages))
-        self.settler.behind([Settle(m._element, "release", m.deadline_ms) for m in reversed(messages)])
-        self._returning = self.settler.sending
+        self._returning = self.settler.returned([Settle(m._element, "release", m.deadline_ms)
+                                                 for m in reversed(messages)])
 
     def _fetched(self, reply: list[Any], asked: int, vt_ms: int, sent: float, prefetch: bool) -> int:
         """Note a RECEIVE's ``reply`` (``asked`` messages of ``vt_ms``, sent at loop time ``sent``):

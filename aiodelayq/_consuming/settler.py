@@ -51,13 +51,14 @@ class _Run:
     """Settles of one mode, delay and deadline, sent as one run of SETTLE's arguments: a confirmed
     settle alone (its ``future``), written-behind ones together (a consumer's acks of one receive)."""
 
-    __slots__ = ("deadline_ms", "delay_ms", "elements", "future", "mode", "resent")
+    __slots__ = ("deadline_ms", "delay_ms", "elements", "future", "landed", "mode", "resent")
 
     def __init__(self, mode: SettleMode, delay_ms: int, deadline_ms: int, elements: list[bytes],
                  future: asyncio.Future[int] | None = None) -> None:
         self.mode, self.delay_ms, self.deadline_ms = mode, delay_ms, deadline_ms
         self.elements, self.future = elements, future
         self.resent = False  # sent before (by a RECEIVE that failed): it may have been applied
+        self.landed: asyncio.Future[None] | None = None  # done once the call that sends its last part ended
 
     def split(self, count: int) -> _Run:
         """The first ``count`` settles as a run of their own; this run keeps the rest."""
@@ -103,10 +104,6 @@ class Settler:
         """Nothing waits to be sent and no call is in flight."""
         return self._flusher is None
 
-    @property
-    def sending(self) -> asyncio.Future[None] | None:
-        """The task that sends what is pending, call after call, while there is any; else None."""
-        return self._flusher
 
     def ack_behind(self, element: bytes, deadline_ms: int, expires: float) -> bool:
         """Write an ack behind if the queue is open and more than ``call_timeout_s`` (the call's bound)
@@ -150,6 +147,15 @@ class Settler:
     def behind(self, settles: Sequence[Settle]) -> None:
         """Send ``settles`` with the next call, written behind."""
         self._submit(settles)
+
+    def returned(self, settles: Sequence[Settle]) -> asyncio.Future[None]:
+        """:meth:`behind`, and a future done once the call that sends the last of them ended (applied
+        or not: a failure is reported as for any settle written behind)."""
+        self._submit(settles)
+        run = self._pending[-1]
+        if run.landed is None:
+            run.landed = self._loop.create_future()
+        return run.landed
 
     def _submit(self, settles: Sequence[Settle]) -> None:
         pending = self._pending
@@ -223,11 +229,16 @@ class Settler:
                 if all(run.behind_acks for run in self._pending) and (ride := self.ride()) is not None:
                     await asyncio.wait({ride})  # the RECEIVE it sends as it lands carries them
                     continue
-                await self._send(self._take(lambda _run: True))
+                batch = self._take(lambda _run: True)
+                try:
+                    await self._send(batch)
+                finally:
+                    _landed(batch)
         finally:
             self._flusher, self._acks = None, None
             left, self._pending = self._pending, []
             self._give_up(left, BackendError(f"settle on {self._keys.destination!r} not sent: cancelled"))
+            _landed(left)
 
     async def _send(self, batch: list[_Run]) -> None:
         k = self._keys
@@ -339,3 +350,11 @@ def _report(events: Events, batch: list[_Run], answers: list[list[int]]) -> None
         dead["max_deliveries"] = exhausted
     for reason, n in dead.items():
         events.dead_lettered(n, reason)
+
+
+def _landed(runs: list[_Run]) -> None:
+    """The call that carried ``runs`` ended, or they will not be sent: their :meth:`Settler.returned`
+    futures are done."""
+    for run in runs:
+        if run.landed is not None and not run.landed.done():
+            run.landed.set_result(None)
