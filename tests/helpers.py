@@ -54,6 +54,12 @@ async def server_ms(r: Redis) -> float:
     return seconds * 1000 + micros / 1000
 
 
+async def script_calls(client: Redis) -> int:
+    """Script calls the server has run so far (``INFO commandstats``)."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
 async def server_clock_at(r: Redis, clock: Callable[[], float], samples: int = 10) -> tuple[float, float]:
     """``(clock() in the middle of a TIME round trip, the server's epoch ms then)``, from the fastest
     of ``samples`` round trips: a busy machine's slow replies do not shift the pair."""

@@ -15,13 +15,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import ConfigurationError, DelayedQueue
-from tests.helpers import receivers_waiting, until
-
-
-async def _evalsha_calls(client: Redis) -> int:
-    """Script calls the server has run so far (INFO commandstats)."""
-    stats = await client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+from tests.helpers import receivers_waiting, script_calls, until
 
 
 async def test_consumers_on_three_clients_never_hold_more_than_the_limit_together(
@@ -67,9 +61,9 @@ async def test_an_ack_or_a_nack_wakes_a_consumer_held_back_and_waiting_costs_no_
         waiting = asyncio.create_task(two.receive(30))
         await until(lambda: receivers_waiting(two))
         if not isinstance(client, RedisCluster):
-            before, started = await _evalsha_calls(client), time.monotonic()
+            before, started = await script_calls(client), time.monotonic()
             await asyncio.sleep(1.0)
-            calls, elapsed = await _evalsha_calls(client) - before, time.monotonic() - started
+            calls, elapsed = await script_calls(client) - before, time.monotonic() - started
             assert calls <= 2 * elapsed + 2, calls  # no busy loop: none is due, nothing wakes it
         assert not waiting.done()
         assert await first[0].ack()

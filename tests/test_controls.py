@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiodelayq import ConfigurationError, DelayedQueue, QueueCounts
-from tests.helpers import llen_is, receivers_waiting, takers_waiting, until
+from tests.helpers import llen_is, receivers_waiting, script_calls, takers_waiting, until
 
 # A worker in another process: prints "ready", then "got <item>" per item it handles, until the
 # stop key exists.
@@ -48,12 +48,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-async def _evalsha_calls(client: Redis) -> int:
-    """Script calls the server has run so far (INFO commandstats)."""
-    stats = await client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 async def test_a_pause_holds_every_consumer_in_every_process_while_offers_and_transfers_go_on(
@@ -120,9 +114,9 @@ async def test_a_paused_waiting_consumer_asks_about_twice_a_second_not_in_a_busy
         taking = asyncio.create_task(q.take())
         receiving = asyncio.create_task(q.receive(30))
         await until(lambda: takers_waiting(q) and receivers_waiting(q))
-        before, started = await _evalsha_calls(client), time.monotonic()
+        before, started = await script_calls(client), time.monotonic()
         await asyncio.sleep(2.0)
-        calls, elapsed = await _evalsha_calls(client) - before, time.monotonic() - started
+        calls, elapsed = await script_calls(client) - before, time.monotonic() - started
         assert not taking.done()
         assert not receiving.done()
         # Each of the two consumers asks once per PAUSED_RECHECK_S (0.5 s); the transfer task's transfers
@@ -156,13 +150,13 @@ async def test_a_rate_limit_is_held_by_all_consumers_together(client: Redis, mak
                 await message.ack()
 
     async with one, two:
-        before = await _evalsha_calls(client) if not isinstance(client, RedisCluster) else 0
+        before = await script_calls(client) if not isinstance(client, RedisCluster) else 0
         consumers = [asyncio.create_task(take()), asyncio.create_task(receive())]
         await until(lambda: len(got) >= n, timeout_s=30)  # does not hang: about 2 s expected
         for task in consumers:
             task.cancel()
         await asyncio.gather(*consumers, return_exceptions=True)
-        calls = await _evalsha_calls(client) - before if not isinstance(client, RedisCluster) else 0
+        calls = await script_calls(client) - before if not isinstance(client, RedisCluster) else 0
         counts = await one.counts()
     assert sorted(item for item, _ in got) == list(range(n))  # none lost, none doubled
     times = sorted(t for _, t in got)

@@ -91,10 +91,7 @@ class Message(Generic[T]):
         """
         if self._settled:
             return False
-        settler = self._settler  # (_ack_behind inlined: one call less per acked message)
-        if not (settler.acks_confirmed if confirm is None else confirm) and settler.ack_behind(
-                self._element, self.deadline_ms, self._expires):
-            self._settled = True
+        if self._ack_behind(confirm):
             return True
         return await self._settle(Settle(self._element, "ack", self.deadline_ms))
 

@@ -104,7 +104,6 @@ class Settler:
         """Nothing waits to be sent and no call is in flight."""
         return self._flusher is None
 
-
     def ack_behind(self, element: bytes, deadline_ms: int, expires: float) -> bool:
         """Write an ack behind if the queue is open and more than ``call_timeout_s`` (the call's bound)
         is left before ``expires`` (loop time), so it lands in time; whether it did."""

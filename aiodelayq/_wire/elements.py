@@ -233,12 +233,10 @@ def parse_messages(elements: list[bytes]) -> list[tuple[int, int | None, bytes]]
     Raises:
         ValueError: one of them is not a message element.
     """
-    unpack, magic = MESSAGE_HEADER.unpack_from, _MESSAGE_MAGIC
-    for element in elements:
-        if element[:4] != magic or len(element) < 32:
-            raise ValueError("not a message element")
-    return [(count, int(due) if due else None, element[32:])
-            for element in elements for count, due in (unpack(element, 20),)]
+    unpack = MESSAGE_HEADER.unpack_from
+    return [(count, int(due) if due else None, payload)
+            for element, payload in zip(elements, message_payloads(elements), strict=True)
+            for count, due in (unpack(element, 20),)]
 
 
 def message_payloads(elements: list[bytes]) -> list[bytes]:
