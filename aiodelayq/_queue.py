@@ -258,13 +258,15 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
 
     @overload
     async def offer(self, item: T, delay: float | timedelta, *, headers: Mapping[str, str] | None = None,
-                    expires: float | timedelta | None = None) -> int: ...
+                    expires: float | timedelta | None = None, group: str | None = None) -> int: ...
     @overload
     async def offer(self, item: T, delay: float | timedelta, *, key: str, replace: bool = False,
-                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> Offered: ...
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None) -> Offered: ...
 
     async def offer(self, item: T, delay: float | timedelta, *, key: str | None = None, replace: bool = False,
-                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
 
         "Now" is the Redis server's clock. Concurrent offers share script calls (each still gets its
@@ -284,6 +286,13 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         clock: :meth:`reschedule` does not move it). An item with either is stored in an envelope
         that Redisson consumers see as part of its payload (see the docs' "Controls" page).
 
+        ``group`` (a ``str``) puts the item in an ordered group ("Groups and limits" on the docs'
+        "Controls" page): a group's items are handed out in due order, then offer order, and
+        reliable consumers hold at most :meth:`set_group_concurrency` of them at once (1 by
+        default: one at a time), while groups take turns. A grouped item waits in keys only
+        aiodelayq's scripts move: Java consumers never see it. It combines with ``key``,
+        ``headers`` and ``expires``.
+
         Returns:
             The due time in epoch milliseconds (server clock). With a key, an :class:`Offered` (an
             ``int``) whose ``added`` is ``False`` when an item with that key was already pending (its
@@ -292,6 +301,8 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         Raises:
             InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
             InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes.
+            InvalidGroupError: a group that is not a non-empty ``str`` of at most 256 UTF-8 bytes,
+                or a group on a queue of strict or legacy elements; nothing is written.
             InvalidHeadersError: headers that are not ``str`` to ``str``, or over 16 KiB; nothing is
                 written. (InvalidDelayError also for an ``expires`` that is not > 0.)
             EncodeError: the codec cannot encode ``item``; nothing is written.
@@ -303,12 +314,13 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
             BackendError: any other Redis failure (see ``maybe_applied``).
         """
         await self._life.enter()
-        return await self._producer.offer(item, delay, key, replace, headers, expires)
+        return await self._producer.offer(item, delay, key, replace, headers, expires, group)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]], *,
                          keys: Iterable[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
-                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
+                         groups: Sequence[str | None] | None = None) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
         items, ``max_call_bytes`` and about 2 ms of server time, each atomic: the first alone, the
         others then at once, counting from its base, so items of one delay keep their order; a list
@@ -319,10 +331,11 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         writes nothing); with more than one call, a failure can leave others written. Under
         ``capacity`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
         item, parallel to ``keys``; ``expires``: one value for every item, or one (or ``None``) per
-        item. Raises as :meth:`offer`."""
+        item; ``groups``: one group (or ``None``) per item, parallel to ``keys``. Raises as
+        :meth:`offer`."""
         await self._life.enter()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
-                                               headers, expires)
+                                               headers, expires, None if groups is None else list(groups))
 
     # -- recurring items (see _recurring/schedules.py) --------------------------------------------------
 

@@ -9,7 +9,8 @@ __all__ = ["ControlsCalls"]
 
 
 class ControlsCalls:
-    """Pause, resume, the rate limit and the concurrency limit of a :class:`~aiodelayq.DelayedQueue`."""
+    """Pause, resume, the rate limit, the concurrency limit and the group limit of a
+    :class:`~aiodelayq.DelayedQueue`."""
 
     _life: Life
     _controls: ControlCalls
@@ -76,3 +77,19 @@ class ControlsCalls:
         """
         await self._life.enter()
         await self._controls.set_concurrency_limit(limit)
+
+    async def set_group_concurrency(self, limit: int) -> None:
+        """Let the reliable consumers of the queue, in every process together, hold at most ``limit``
+        messages of one group (:meth:`offer`'s ``group``) at once; the default is 1: each group's
+        items are handled one at a time, in order. The next item of a group is handed out once one
+        in flight is acked or dead-lettered (a nacked or timed-out one stays first, and is delivered
+        again before the next). Raising it lets the groups at the old limit hand out more at once
+        (a wake-up is published); lowering it takes nothing back. Kept in Redis; on a sharded queue,
+        in every shard.
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+            BackendError: the call failed within ``call_timeout_s``.
+        """
+        await self._life.enter()
+        await self._controls.set_group_concurrency(limit)

@@ -13,6 +13,7 @@ __all__ = [
     "EncodeError",
     "InvalidDelayError",
     "InvalidHeadersError",
+    "InvalidGroupError",
     "InvalidKeyError",
     "InvalidNameError",
     "ItemTooLargeError",
@@ -43,6 +44,12 @@ class InvalidNameError(DelayedQueueError, ValueError):
 class InvalidKeyError(DelayedQueueError, ValueError):
     """An item key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes, or ``keys`` that do
     not match the items (``offer_many``). Nothing was written."""
+
+
+class InvalidGroupError(InvalidKeyError):
+    """An item group (``offer(..., group=...)``) that is not a non-empty ``str`` of at most 256 UTF-8
+    bytes, ``groups`` that do not match the items (``offer_many``), or a group on a queue whose
+    elements Java must see (``strict=True``, the legacy format). Nothing was written."""
 
 
 class ScheduledKeyError(InvalidKeyError):

@@ -30,7 +30,8 @@ def test_the_envelope_round_trips_and_bare_payloads_stay_bare() -> None:
     block = pack_headers(TRACE)
     assert unwrap(wrap(b"payload", block, 1234))[:3] == (b"payload", TRACE, 1234)
     assert unwrap(wrap(b"payload", b"", 99))[:3] == (b"payload", {}, 99)
-    assert unwrap(wrap(b"p", block, None, "clé".encode(), 7)) == (b"p", TRACE, None, "clé", 7, False, False)
+    assert unwrap(wrap(b"p", block, None, "clé".encode(), 7)) == (b"p", TRACE, None, "clé", 7, False, False, None)
+    assert unwrap(wrap(b"p", block, None, group="é{".encode())) == (b"p", TRACE, None, None, 0, False, False, "é{")
     assert wrap(b'{"a":1}', b"", None) == b'{"a":1}'  # nothing to carry: the payload as it is
     # A payload that starts with the marker is wrapped, so it reads back as it was.
     tricky = ITEM_MAGIC + b"\x00" * 20

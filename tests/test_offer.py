@@ -347,12 +347,12 @@ def _count_calls(q: DelayedQueue[Any]) -> dict[str, Any]:
     real = producer._send
     seen: dict[str, Any] = {"in_flight": 0, "most": 0, "sizes": []}
 
-    async def counting(fragments: Any, issued: float, entries: Any, *, each: bool) -> list[Any]:
+    async def counting(fragments: Any, issued: float, entries: Any, *, each: bool, grouped: bool = False) -> list[Any]:
         seen["in_flight"] += 1
         seen["most"] = max(seen["most"], seen["in_flight"])
         seen["sizes"].append(len(fragments))
         try:
-            return await real(fragments, issued, entries, each=each)
+            return await real(fragments, issued, entries, each=each, grouped=grouped)
         finally:
             seen["in_flight"] -= 1
 

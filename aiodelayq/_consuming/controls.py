@@ -36,8 +36,8 @@ def hold_s(hold_ms: int) -> float:
 
 
 class Controls:
-    """``pause``/``resume``/``is_paused``/``set_rate_limit``/``set_concurrency_limit`` of one queue
-    (``counts()`` shows them)."""
+    """``pause``/``resume``/``is_paused``/``set_rate_limit``/``set_concurrency_limit``/
+    ``set_group_concurrency`` of one queue (``counts()`` shows them)."""
 
     def __init__(self, scripts: QueueScripts) -> None:
         self._scripts = scripts
@@ -92,3 +92,11 @@ class Controls:
             await self._set("uncap", what="remove the concurrency limit of")
             return
         await self._set("cap", count("limit", limit), what="set the concurrency limit of")
+
+    async def set_group_concurrency(self, limit: int) -> None:
+        """Let reliable consumers hold at most ``limit`` messages of one group at once.
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+        """
+        await self._set("group_limit", count("limit", limit), what="set the group concurrency of")

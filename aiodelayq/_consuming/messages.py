@@ -29,6 +29,7 @@ class Message(Generic[T]):
         deadline_ms: the end of this delivery's visibility timeout (server epoch ms).
         expires_at_ms: when it expires (server epoch ms; ``None``: never); a delivery due then goes
             to the dead-letter list instead (reason ``"expired"``).
+        group: the group it was offered in (``None``: none); see :meth:`DelayedQueue.offer`.
     """
 
     value: T
@@ -44,10 +45,12 @@ class Message(Generic[T]):
     _settled: bool = field(default=False, init=False)
     _headers: dict[str, str] | None = field(default=None, init=False)  # None: none (no dict per message)
     expires_at_ms: int | None = field(default=None, init=False)
+    group: str | None = field(default=None, init=False)
 
     def __repr__(self) -> str:
         return (f"Message(value={self.value!r}, id={self.id!r}, delivery_count={self.delivery_count}, "
-                f"due_ms={self.due_ms}, deadline_ms={self.deadline_ms}, expires_at_ms={self.expires_at_ms})")
+                f"due_ms={self.due_ms}, deadline_ms={self.deadline_ms}, expires_at_ms={self.expires_at_ms}"
+                + ("" if self.group is None else f", group={self.group!r}") + ")")
 
     @property
     def id(self) -> str:

@@ -362,10 +362,11 @@ class ReliableConsumer(Generic[T]):
                 return made, wait_s
         messages: list[Message[T]] = []
         for element, (count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):
-            payload, headers, expires_at_ms = stored, None, None
+            payload, headers, expires_at_ms, group = stored, None, None, None
             if stored[:1] == ITEM_MARK:
                 unwrapped = unwrap(stored)
                 payload, headers, expires_at_ms = unwrapped[:3]
+                group = unwrapped.group
                 if self._refill.handed_out(unwrapped, stored):  # a stalled recurring item's resync: nothing to deliver
                     self.settler.behind([Settle(element, "ack", deadline_ms)])
                     continue
@@ -382,6 +383,8 @@ class ReliableConsumer(Generic[T]):
             message = Message(value, count, due_ms, deadline_ms, settler, element, expires, vt_ms)
             if headers is not None or expires_at_ms is not None:
                 message._headers, message.expires_at_ms = headers, expires_at_ms
+            if group is not None:
+                message.group = group
             messages.append(message)
         return messages, wait_s
 

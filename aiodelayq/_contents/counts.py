@@ -13,8 +13,8 @@ class QueueCounts:
     """How much a queue holds, read in one atomic script call (:meth:`DelayedQueue.counts`).
 
     Attributes:
-        pending: scheduled items not yet due (every element kind, Java's included).
-        ready: due items waiting in the destination list.
+        pending: scheduled items not yet due (every element kind, Java's included, grouped ones too).
+        ready: due items waiting in the destination list and in the groups' lists.
         in_flight: received messages not acked, nacked ones awaiting redelivery included.
         dead_letters: entries of the dead-letter list.
         next_due_ms: the earliest pending due time (server epoch ms), or ``None``.
@@ -27,6 +27,9 @@ class QueueCounts:
         tiered: how many ``pending`` items wait in the tier's buckets (``tier_after_s``).
         concurrency_limit: the most messages reliable consumers hold at once
             (:meth:`DelayedQueue.set_concurrency_limit`), or ``None``.
+        groups: how many groups have due items waiting (:meth:`DelayedQueue.offer`'s ``group``).
+        group_concurrency: the most messages of one group reliable consumers hold at once
+            (:meth:`DelayedQueue.set_group_concurrency`; 1 unless set).
     """
 
     pending: int
@@ -41,3 +44,5 @@ class QueueCounts:
     lag_ms: int = 0
     tiered: int = 0
     concurrency_limit: int | None = None
+    groups: int = 0
+    group_concurrency: int = 1

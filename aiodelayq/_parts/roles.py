@@ -39,13 +39,14 @@ class Producing(Protocol):
     """Writes items: ``offer`` and ``offer_many`` (their arguments as the facade's, checked here)."""
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
-                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int: ...
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None) -> int: ...
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
-                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None
-                         ) -> list[int]: ...
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
+                         groups: Sequence[str | None] | None = None) -> list[int]: ...
 
 
 class Contents(Protocol):
@@ -85,13 +86,14 @@ class DeadLetterCalls(Protocol):
 
 
 class ControlCalls(Protocol):
-    """Pause, resume, the rate limit and the concurrency limit of the queue's consumers."""
+    """Pause, resume, the rate limit, the concurrency limit and the group limit of the queue's consumers."""
 
     async def pause(self) -> None: ...
     async def resume(self) -> None: ...
     async def is_paused(self) -> bool: ...
     async def set_rate_limit(self, per_second: float | None, burst: int | None = None) -> None: ...
     async def set_concurrency_limit(self, limit: int | None) -> None: ...
+    async def set_group_concurrency(self, limit: int) -> None: ...
 
 
 class Taker(Protocol):

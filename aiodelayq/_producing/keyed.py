@@ -65,6 +65,7 @@ class Pending(Generic[T]):
         headers: the headers it was offered with (``{}`` when none).
         expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
         recurring: it is the next occurrence of a recurring item (:meth:`DelayedQueue.schedule`).
+        group: the group it was offered in (``None``: none).
     """
 
     key: str
@@ -73,6 +74,7 @@ class Pending(Generic[T]):
     headers: dict[str, str] = field(default_factory=dict)
     expires_at_ms: int | None = None
     recurring: bool = False
+    group: str | None = None
 
 
 def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:
@@ -123,4 +125,4 @@ class KeyedItems:
             return None
         unwrapped = unwrap(reply[0])
         return Pending(key, decode_item(self._codec, unwrapped.payload), int(reply[1]), unwrapped.headers,
-                       unwrapped.expires_at_ms, unwrapped.schedule_key is not None)
+                       unwrapped.expires_at_ms, unwrapped.schedule_key is not None, unwrapped.group)

@@ -37,9 +37,10 @@ from .._wire.elements import (
     pack_headers,
     wrap,
 )
-from .._wire.item_keys import check_key, key_tag
+from .._wire.item_keys import check_group, check_key, key_tag
 from ..exceptions import (
     InvalidDelayError,
+    InvalidGroupError,
     InvalidHeadersError,
     InvalidKeyError,
     QueueFullError,
@@ -51,7 +52,8 @@ from .keyed import Offered, parse_outcome
 
 __all__ = ["Producer", "SendMany", "check_item_bytes"]
 
-SendMany = Callable[[list[Fragment], "list[bytes] | None", float], Awaitable[list[int]]]
+SendMany = Callable[[list[Fragment], "list[bytes] | None", float, "list[bytes | None] | None"],
+                   Awaitable[list[int]]]
 """What sends an ``offer_many``'s packed items: ``(fragments, OFFER entries or None, issued loop time)``
 to their due times (see :meth:`Producer.send_many`)."""
 
@@ -87,59 +89,86 @@ class Producer:
         self._batcher = None
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
-                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock), an
         :class:`Offered` for a keyed item. Traced (a PRODUCER span, its context in the item's
         headers) while an OpenTelemetry SDK is set up."""
         found = tracer()
         if found is None:
-            return await self._offer(item, delay, key, replace, headers, expires)
+            return await self._offer(item, delay, key, replace, headers, expires, group)
         with send_span(found, self._keys.destination, 1, key, inject=self._kind == "fast") as carrier:
             return await self._offer(item, delay, key, replace, with_context(headers, carrier) if carrier else headers,
-                                     expires)
+                                     expires, group)
 
     async def _offer(self, item: Any, delay: float | timedelta, key: str | None, replace: bool,
-                     headers: Mapping[str, str] | None, expires: float | timedelta | None) -> int:
+                     headers: Mapping[str, str] | None, expires: float | timedelta | None, group: str | None) -> int:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, True)
         fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace,
-                                                envelope=envelope, issued=issued)
+                                                envelope=envelope, issued=issued,
+                                                groups=None if group is None else [group])
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=lambda: self._cost.max_items,
                                          max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
-        return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b""))
+        return await self._batcher.submit((fragments[0], issued, entries[0] if entries else b"", group is not None))
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
-                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
+                         groups: Sequence[str | None] | None = None) -> list[int]:
         """Many items (see :meth:`send_many`); due times in input order (:class:`Offered` with
         ``keys``). Traced as :meth:`offer` (one span)."""
         if not pairs:
             if keys:
                 raise InvalidKeyError(f"{len(keys)} keys for 0 items")
+            if groups:
+                raise InvalidGroupError(f"{len(groups)} groups for 0 items")
             return []
         found = tracer()
         if found is None:
-            return await self._offer_many(pairs, keys, replace, headers, expires)
+            return await self._offer_many(pairs, keys, replace, headers, expires, groups)
         with send_span(found, self._keys.destination, len(pairs), inject=self._kind == "fast") as carrier:
             if carrier and headers is None:
                 headers = [carrier] * len(pairs)
             elif carrier and isinstance(headers, Sequence) and not isinstance(headers, (str, bytes, Mapping)):
                 headers = [with_context(h, carrier) for h in headers]
-            return await self._offer_many(pairs, keys, replace, headers, expires)
+            return await self._offer_many(pairs, keys, replace, headers, expires, groups)
 
     async def _offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None,
                           replace: bool, headers: Sequence[Mapping[str, str] | None] | None,
-                          expires: float | timedelta | Sequence[float | timedelta | None] | None) -> list[int]:
+                          expires: float | timedelta | Sequence[float | timedelta | None] | None,
+                          groups: Sequence[str | None] | None) -> list[int]:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, False)
-        fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued)
-        return await self._send_many(fragments, entries, issued)
+        raw_groups = self.check_groups(groups, len(pairs))
+        fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued,
+                                                groups=groups)
+        return await self._send_many(fragments, entries, issued, raw_groups)
 
-    async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
+    def check_groups(self, groups: Sequence[str | None] | None, count: int) -> list[bytes | None] | None:
+        """The UTF-8 bytes of ``groups`` (one group or ``None`` per item; ``None``: no groups).
+
+        Raises:
+            InvalidGroupError: not one per item, a bad group, or a group on a queue whose elements
+                are not the default (fast) ones: Java must see strict and legacy elements.
+        """
+        if groups is None:
+            return None
+        if isinstance(groups, (str, bytes)) or len(groups) != count:
+            raise InvalidGroupError(f"groups must be a sequence of one group (or None) per item, {count} items")
+        raws = [None if group is None else check_group(group) for group in groups]
+        if self._kind != "fast" and any(raws):
+            raise InvalidGroupError(
+                f"queue {self._keys.destination!r} writes {self._kind} elements (for Java consumers), which "
+                "cannot hold grouped items: Java's transfer and consumers would ignore their groups")
+        return raws
+
+    async def send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float,
+                        groups: list[bytes | None] | None = None) -> list[int]:
         """:meth:`prepare`'s items, issued at loop time ``issued``, in calls of at most
         :class:`CallCost`'s items and ``max_call_bytes`` bytes (one under ``capacity``): the first,
         then the others at once (in order for a key given twice), counting from the first one's base;
@@ -166,7 +195,8 @@ class Producer:
         def send(chunk: list[int]) -> Awaitable[list[int]]:
             return self._send([fragments[i] for i in chunk], issued,
                               None if entries is None else [entries[i] for i in chunk], each=False,
-                              base=bases[0] if bases else None, bases=bases)
+                              base=bases[0] if bases else None, bases=bases,
+                              grouped=groups is not None and any(groups[i] for i in chunk))
 
         first = await send(chunks[0])
         if len(chunks) == 1:
@@ -182,20 +212,23 @@ class Producer:
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
-                      issued: float = 0.0) -> tuple[list[Fragment], list[bytes] | None]:
+                      issued: float = 0.0, groups: Sequence[str | None] | None = None
+                      ) -> tuple[list[Fragment], list[bytes] | None]:
         """Validate, encode and pack every pair (``_wire.elements.pack_fragments``) with its key's OFFER
-        entry, before anything is sent. ``envelope``: ``(headers, expires, single)``.
+        entry, before anything is sent. ``envelope``: ``(headers, expires, single)``; ``groups``: one
+        group (or ``None``) per item, carried in its envelope.
 
         Raises:
-            InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError: bad input
-                (nothing is sent).
+            InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError, InvalidGroupError:
+                bad input (nothing is sent).
             BackendError: the server's long layout (or, for an expiry, its clock) could not be read.
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
         check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # before any I/O
-        if envelope is not None:
-            items = await self._wrap(items, *envelope, issued=issued)
+        raw_groups = self.check_groups(groups, len(items))
+        if envelope is not None or raw_groups:
+            items = await self._wrap(items, *(envelope or (None, None, False)), issued=issued, groups=raw_groups)
         elif not self._bare_safe and any(payload.startswith(ITEM_MAGIC) for _, payload in items):
             items = [(delay_ms, wrap(payload, b"", None)) for delay_ms, payload in items]
         check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # headers and envelope too
@@ -211,21 +244,24 @@ class Producer:
         fmt = await self._native_long_format() if self._kind == "fast" else None
         return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt, tags=tags), entries
 
-    async def _send_issued(self, batch: list[tuple[Fragment, float, bytes]]) -> list[int]:
+    async def _send_issued(self, batch: list[tuple[Fragment, float, bytes, bool]]) -> list[int]:
         """Coalesced offers in one call issued with the first; later ones' delays grow by how much
         later they were issued (rounded up: never early)."""
-        first = min(issued for _, issued, _ in batch)
+        first = min(issued for _, issued, _, _ in batch)
         fragments = [fragment if issued == first else _later(fragment, math.ceil((issued - first) * 1000))
-                     for fragment, issued, _ in batch]
-        entries = [entry for _, _, entry in batch]
-        return await self._send(fragments, first, entries if any(entries) else None, each=True)
+                     for fragment, issued, _, _ in batch]
+        entries = [entry for _, _, entry, _ in batch]
+        return await self._send(fragments, first, entries if any(entries) else None, each=True,
+                                grouped=any(grouped for _, _, _, grouped in batch))
 
     async def _send(self, fragments: list[Fragment], issued: float, entries: list[bytes] | None, *,
-                    each: bool, base: int | None = None, bases: list[int] | None = None) -> list[Any]:
+                    each: bool, base: int | None = None, bases: list[int] | None = None,
+                    grouped: bool = False) -> list[Any]:
         """One OFFER call (resent with its call id), its items' due times. Under ``capacity``,
         ``each`` admits items one by one (a refused one's result is a :class:`QueueFullError`);
         else all or nothing. ``base``: the issue time to send (server ms) instead of the estimate's
-        at ``issued``; ``bases`` gets the base the call counted from.
+        at ``issued``; ``bases`` gets the base the call counted from; ``grouped``: some items have a
+        group (OFFER checks each then).
 
         Raises:
             QueueFullError: the call was refused whole (nothing written).
@@ -234,7 +270,7 @@ class Producer:
         clock = self._facts.clock
         limit = f"{'' if self._capacity is None else self._capacity}{'e' if each else 'a'}"
         args = [os.urandom(16), clock.issue_arg(issued) if base is None else base,
-                *offer_args(self._kind, fragments, entries, limit, self._tier_after_ms)]
+                *offer_args("grouped" if grouped else self._kind, fragments, entries, limit, self._tier_after_ms)]
         loop = asyncio.get_running_loop()
 
         async def attempt(remaining_s: float, _resend: bool) -> Any:
@@ -269,8 +305,9 @@ class Producer:
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
 
     async def _wrap(self, items: list[tuple[int, bytes]], headers: Any, expires: Any, single: bool, *,
-                    issued: float) -> list[tuple[int, bytes]]:
-        """``items`` in envelopes with headers and expiry (server epoch ms: issue time + delay + ``expires``).
+                    issued: float, groups: list[bytes | None] | None = None) -> list[tuple[int, bytes]]:
+        """``items`` in envelopes with headers, expiry (server epoch ms: issue time + delay + ``expires``)
+        and groups (checked UTF-8, one or ``None`` per item).
 
         Raises:
             InvalidHeadersError, InvalidDelayError: bad headers or expires (nothing is sent).
@@ -287,8 +324,10 @@ class Producer:
         if any(ms is not None for ms in lifetimes):
             issued_ms = await server_ms_at(self._scripts.client, issued, route=self._keys.destination,
                                            timeout_s=self._call_timeout_s)
-        return [(delay_ms, wrap(payload, block or b"", None if life is None else issued_ms + delay_ms + life))
-                for (delay_ms, payload), block, life in zip(items, blocks, lifetimes, strict=True)]
+        grouping = groups or [None] * count
+        return [(delay_ms, wrap(payload, block or b"", None if life is None else issued_ms + delay_ms + life,
+                                group=group or b""))
+                for (delay_ms, payload), block, life, group in zip(items, blocks, lifetimes, grouping, strict=True)]
 
     def _full(self, room: int, count: int) -> QueueFullError:
         what = "the item" if count == 1 else f"{count} items"

@@ -3,7 +3,8 @@
 ``aiodelayq doctor`` check that asks the server (``ACL DRYRUN``) whether a user may run each of them.
 
 The pattern ``aiodelayq_*:{N}`` covers every aiodelayq key of the queue, the tier's bucket lists
-(``aiodelayq_tier_<start>:{N}``, named by the scripts as they need them) included.
+(``aiodelayq_tier_<start>:{N}``) and the groups' lists (``aiodelayq_group_<group>:{N}``), named by the
+scripts as they need them, included.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", 
 MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
     "zcount", "zrank", "zremrangebyrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex",
-    "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "ltrim", "get", "incrby", "publish", "subscribe",
-    "unsubscribe", "ping", "unlink", "wait", "type",
+    "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "hincrby", "hexists", "hgetall", "ltrim", "get",
+    "incrby", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait", "type",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -56,6 +57,9 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "hlen": ("HLEN", "{key_index}"),
     "hmget": ("HMGET", "{controls}", "f"),
     "hrandfield": ("HRANDFIELD", "{key_index}"),
+    "hincrby": ("HINCRBY", "{groups}", "f", "1"),
+    "hexists": ("HEXISTS", "{groups}", "f"),
+    "hgetall": ("HGETALL", "{group_flight}"),
     "ltrim": ("LTRIM", "{dead_letter}", "0", "1"),
     "get": ("GET", "{tier_count}"),
     "incrby": ("INCRBY", "{tier_count}", "1"),
@@ -106,7 +110,7 @@ def acl_literal(text: str) -> str:
 def acl_probes(keys: QueueKeys, *, waitaof: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """``(what, call)`` pairs for ``ACL DRYRUN user *call``: one per command of the minimal ACL, then
     one ``EVALSHA`` declaring each key of the queue (a tier bucket among them)."""
-    fields: dict[str, str] = {**asdict(keys), "tier_bucket": keys.tier_bucket(0)}
+    fields: dict[str, str] = {**asdict(keys), "tier_bucket": keys.tier_bucket(0), "group_list": keys.group_list("g")}
     commands = MINIMAL_COMMANDS + (WAITAOF_COMMANDS if waitaof else ())
     probes = [(command, tuple(arg.format(**fields) for arg in _PROBES[command])) for command in commands]
     probes += [(f"key {key}", ("EVALSHA", "0" * 40, "1", key)) for attr, key in sorted(fields.items())

@@ -90,4 +90,5 @@ def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
         next_due_ms=min(dues) if dues else None, paused=any(c.paused for c in counts),
         rate_limit_per_s=round(math.fsum(rates), 9) if rates else None, rate_burst=sum(bursts) if bursts else None,
         recurring=sum(c.recurring for c in counts), lag_ms=max((c.lag_ms for c in counts), default=0),
-        tiered=sum(c.tiered for c in counts), concurrency_limit=sum(caps) if caps else None)
+        tiered=sum(c.tiered for c in counts), concurrency_limit=sum(caps) if caps else None,
+        groups=sum(c.groups for c in counts), group_concurrency=max(c.group_concurrency for c in counts))

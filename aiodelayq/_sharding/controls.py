@@ -74,3 +74,12 @@ class ShardedControls:
         total = count("limit", limit, minimum=k)
         shares = [(controls, total // k + (i < total % k)) for i, controls in enumerate(self._shards)]
         await on_every(shares, lambda share: share[0].set_concurrency_limit(share[1]))
+
+    async def set_group_concurrency(self, limit: int) -> None:
+        """The group limit of every shard (a group lives in one shard: the limit is per group).
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+        """
+        n = count("limit", limit)
+        await on_every(self._shards, lambda controls: controls.set_group_concurrency(n))

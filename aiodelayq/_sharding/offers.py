@@ -17,7 +17,7 @@ from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import gather_all
 from .._wire.elements import Fragment
-from .._wire.item_keys import check_key
+from .._wire.item_keys import check_group, check_key
 from .layout import Rotation, shard_of
 
 __all__ = ["ShardedProducer"]
@@ -39,43 +39,55 @@ class ShardedProducer:
     def __repr__(self) -> str:
         return f"<ShardedProducer shards={len(self._shards)} {self._rotation!r}>"
 
-    def shard_for(self, key: str | None) -> int:
-        """The shard of an item offered with ``key`` (``None``: the next one of the rotation).
+    def shard_for(self, key: str | None, group: str | None = None) -> int:
+        """The shard of an item offered with ``key`` and ``group``: its group's, else its key's, else
+        (neither) the next one of the rotation.
 
         Raises:
-            InvalidKeyError: a bad key.
+            InvalidKeyError: a bad key (InvalidGroupError: a bad group).
         """
+        if group is not None:
+            if key is not None:
+                check_key(key)
+            return shard_of(check_group(group), len(self._shards))
         if key is None:
             return self._rotation.next()
         return shard_of(check_key(key), len(self._shards))
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
-                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None) -> int:
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None) -> int:
         """One item, to its shard (see :meth:`Producer.offer`)."""
-        return await self._shards[self.shard_for(key)].offer(item, delay, key, replace, headers, expires)
+        return await self._shards[self.shard_for(key, group)].offer(item, delay, key, replace, headers, expires,
+                                                                    group)
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
-                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None) -> list[int]:
+                         expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
+                         groups: Sequence[str | None] | None = None) -> list[int]:
         """Many items, every one checked and packed first, then one ``offer_many`` part per shard
         touched, all sent at once; due times in input order."""
-        return await self._router.offer_many(pairs, keys, replace, headers, expires)
+        return await self._router.offer_many(pairs, keys, replace, headers, expires, groups)
 
-    async def _send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float) -> list[int]:
-        """Split packed items by shard (a keyed item's entry is a flag byte and its key) and send each
-        shard its part; due times in input order."""
+    async def _send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float,
+                         groups: list[bytes | None] | None = None) -> list[int]:
+        """Split packed items by shard (a grouped item's group, else a keyed item's key: its entry is
+        a flag byte and the key) and send each shard its part; due times in input order."""
         parts: dict[int, list[int]] = {}
         count = len(self._shards)
         for index in range(len(fragments)):
             entry = entries[index] if entries is not None else b""
-            shard = shard_of(entry[1:], count) if entry else self._rotation.next()
+            group = groups[index] if groups is not None else None
+            shard = (shard_of(group, count) if group else shard_of(entry[1:], count) if entry
+                     else self._rotation.next())
             parts.setdefault(shard, []).append(index)
 
         async def send(shard: int, indexes: list[int]) -> list[int]:
-            return await self._shards[shard].send_many([fragments[i] for i in indexes],
-                                                        None if entries is None else [entries[i] for i in indexes],
-                                                        issued)
+            part_entries = None if entries is None else [entries[i] for i in indexes]
+            part_groups = None if groups is None else [groups[i] for i in indexes]
+            return await self._shards[shard].send_many([fragments[i] for i in indexes], part_entries, issued,
+                                                        part_groups)
 
         results = await gather_all(send(shard, indexes) for shard, indexes in parts.items())
         dues: list[int] = [0] * len(fragments)

@@ -30,8 +30,9 @@ in the list reads as ``malformed``.
 An **item envelope** (headers, expiry, schedule) takes the bare payload's place inside the element, so
 every layout and Redisson's own transfer carry it unchanged: 0xC1 ``adq`` 0x04 | ``>d`` expiry, server
 epoch ms (0: none) | ``>H`` headers block length | ``>H`` schedule key length (0: not recurring) |
-``>I4`` occurrence number | ``>B`` flags (1: list more cron times; 2: resync, not an item) | headers
-(``>H`` key length, key, ``>H`` value length, value, per header) | schedule key | payload. 0xC1 starts
+``>I4`` occurrence number | ``>B`` flags (1: list more cron times; 2: resync, not an item; 4:
+grouped) | headers (``>H`` key length, key, ``>H`` value length, value, per header) | schedule key |
+for a grouped item ``>H`` group length, group | payload. 0xC1 starts
 no UTF-8 text and no MessagePack value; another codec's payload starting with the marker is wrapped
 in an empty envelope. ``lib/item.lua`` reads the same fixed offsets.
 
@@ -173,18 +174,19 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
     return [(delay_ms, legacy_ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
 
 
-def offer_args(kind: ElementKind, fragments: list[Fragment], entries: list[bytes] | None = None, limit: str = "",
-               tier_after_ms: int | None = None) -> list[bytes | int | str]:
+def offer_args(kind: ElementKind | Literal["grouped"], fragments: list[Fragment], entries: list[bytes] | None = None,
+               limit: str = "", tier_after_ms: int | None = None) -> list[bytes | int | str]:
     """OFFER's ARGV after the call id and the issue time (``lua/offer.lua``): key ``entries`` (``b""``:
-    no key; ``None``: no keys), ``capacity`` ``limit`` (``""``: none), tier horizon ``tier_after_ms``."""
+    no key; ``None``: no keys), ``capacity`` ``limit`` (``""``: none), tier horizon ``tier_after_ms``;
+    ``"grouped"``: fast elements, some of them grouped items."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
                                         + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
-    if kind == "fast":
+    if kind in ("fast", "grouped"):
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)
         if tier_after_ms is None:
-            return ["fast", keys, limit, blob, len(fragments)]
-        return ["fast", keys, limit, blob, len(fragments), tier_after_ms, tier_width_ms(tier_after_ms)]
+            return [kind, keys, limit, blob, len(fragments)]
+        return [kind, keys, limit, blob, len(fragments), tier_after_ms, tier_width_ms(tier_after_ms)]
     args: list[bytes | int | str] = [kind, keys, limit]
     for fragment in fragments:
         args.extend(fragment)
@@ -314,6 +316,8 @@ _FIXED = struct.Struct(">dHHIB")
 _PREFIX = len(ITEM_MAGIC) + _FIXED.size
 _LENGTH = struct.Struct(">H")
 
+_GROUPED = 4  # the flag of an envelope that carries a group
+
 MAX_HEADERS_BYTES = 16_384
 """The largest headers block: keys and values in UTF-8, plus 4 bytes per header."""
 
@@ -328,6 +332,7 @@ class Unwrapped(NamedTuple):
     occurrence: int = 0
     refill: bool = False
     resync: bool = False
+    group: str | None = None
 
 
 def pack_headers(headers: object, option: str = "headers") -> bytes:
@@ -361,12 +366,16 @@ def pack_headers(headers: object, option: str = "headers") -> bytes:
 
 
 def wrap(payload: bytes, headers_block: bytes, expires_at_ms: int | None, schedule_key: bytes = b"",
-         occurrence: int = 0) -> bytes:
+         occurrence: int = 0, group: bytes = b"") -> bytes:
     """``payload`` in an envelope, or as it is when there is nothing to carry and it cannot be
-    mistaken for an envelope."""
-    if not headers_block and expires_at_ms is None and not schedule_key and not payload.startswith(ITEM_MAGIC):
+    mistaken for an envelope. ``group``: a grouped item's group (UTF-8, checked by the caller)."""
+    if (not headers_block and expires_at_ms is None and not schedule_key and not group
+            and not payload.startswith(ITEM_MAGIC)):
         return payload
-    fixed = _FIXED.pack(expires_at_ms or 0, len(headers_block), len(schedule_key), occurrence, 0)
+    fixed = _FIXED.pack(expires_at_ms or 0, len(headers_block), len(schedule_key), occurrence,
+                        _GROUPED if group else 0)
+    if group:
+        return b"".join((ITEM_MAGIC, fixed, headers_block, schedule_key, _LENGTH.pack(len(group)), group, payload))
     return b"".join((ITEM_MAGIC, fixed, headers_block, schedule_key, payload))
 
 
@@ -393,8 +402,18 @@ def unwrap(data: bytes) -> Unwrapped:
         return Unwrapped(data, {}, None)
     if pos != end:
         return Unwrapped(data, {}, None)
-    return Unwrapped(data[end + key_len:], headers, int(expires_ms) if expires_ms > 0 else None, schedule_key,
-                     occurrence, bool(flags & 1), bool(flags & 2))
+    start, group = end + key_len, None
+    if flags & _GROUPED:
+        try:
+            (n,) = _LENGTH.unpack_from(data, start)
+            group = data[start + 2:start + 2 + n].decode()
+        except (struct.error, UnicodeDecodeError):
+            return Unwrapped(data, {}, None)
+        if not group or start + 2 + n > len(data):
+            return Unwrapped(data, {}, None)
+        start += 2 + n
+    return Unwrapped(data[start:], headers, int(expires_ms) if expires_ms > 0 else None, schedule_key,
+                     occurrence, bool(flags & 1), bool(flags & 2), group)
 
 
 # -- schedules of recurring items -------------------------------------------------------------------

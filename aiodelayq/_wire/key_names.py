@@ -15,6 +15,7 @@ KEY_TYPES: dict[str, str] = {
     "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
     "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string", "nacked": "zset",
+    "grouped": "zset", "groups": "hash", "group_flight": "hash", "group_turns": "list",
 }
 
 
@@ -58,6 +59,13 @@ class QueueKeys:
         tier_count: string, the number of items the tier's buckets hold; absent when none.
         nacked: zset of the in-flight messages nacked with a delay, scored by when they are visible
             again: they wait, and the concurrency limit does not count them.
+        grouped: zset of pending grouped items (fast elements) scored by due time; Redisson never
+            reads it. Once due, their payloads wait in their group's list (:meth:`group_list`).
+        groups: hash of the groups with due items waiting: field = the group, value = how many;
+            the field ``""`` (no group's name) holds their total.
+        group_flight: hash of the groups with messages in flight: field = the group, value = how many.
+        group_turns: list of the groups that may hand out one more item (items waiting, fewer than
+            the group limit in flight), in turn.
     """
 
     destination: str
@@ -76,6 +84,10 @@ class QueueKeys:
     tier_index: str
     tier_count: str
     nacked: str
+    grouped: str
+    groups: str
+    group_flight: str
+    group_turns: str
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
@@ -106,6 +118,10 @@ class QueueKeys:
             tier_index=prefix_name("aiodelayq_tier_index", name),
             tier_count=prefix_name("aiodelayq_tier_count", name),
             nacked=prefix_name("aiodelayq_nacked", name),
+            grouped=prefix_name("aiodelayq_grouped", name),
+            groups=prefix_name("aiodelayq_groups", name),
+            group_flight=prefix_name("aiodelayq_groups_in_flight", name),
+            group_turns=prefix_name("aiodelayq_groups_turns", name),
         )
         if cluster:
             keys.check_one_slot()
@@ -121,7 +137,7 @@ class QueueKeys:
                 two keys in different slots).
         """
         slots: dict[int, str] = {}
-        for key in (*astuple(self), self.tier_bucket(0)):
+        for key in (*astuple(self), self.tier_bucket(0), self.group_list("g{1}")):
             slots.setdefault(key_slot(key.encode()), key)
         if len(slots) > 1:
             (slot_a, key_a), (slot_b, key_b) = list(slots.items())[:2]
@@ -136,9 +152,16 @@ class QueueKeys:
         ``lua/lib/tiers.lua`` builds the same name."""
         return prefix_name(f"aiodelayq_tier_{start_ms}", self.destination)
 
+    def group_list(self, group: str) -> str:
+        """The list of a group's due items, in the queue's slot (``%`` and ``{`` in the group escaped,
+        so its hash tag is the queue's); ``lua/lib/groups.lua`` builds the same name."""
+        escaped = group.replace("%", "%25").replace("{", "%7B")
+        return f"aiodelayq_group_{escaped}{self.groups[len('aiodelayq_groups'):]}"
+
     @property
     def all(self) -> tuple[str, ...]:
         """Every key of the queue but the channel and the tier's buckets."""
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
-                self.schedules, self.tier_index, self.tier_count, self.nacked)
+                self.schedules, self.tier_index, self.tier_count, self.nacked, self.grouped, self.groups,
+                self.group_flight, self.group_turns)

@@ -1,14 +1,14 @@
 -- CANCEL: remove the pending element of a key, once per call id.
--- KEYS: timeout_set delay_list key_index channel calls call_replies schedules
+-- KEYS: timeout_set delay_list key_index channel calls call_replies schedules grouped
 -- uses: lib/calls.lua lib/clock.lua lib/index.lua lib/parse.lua
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag
 -- returns: 1 if the pending item of the key was removed or its recurring item stopped, 0 if
 -- neither (a stale index entry is dropped). A resend of the call id returns the first run's answer.
 if first_run(K, ARGV[1]) then return tonumber(redis.call('hget', K.call_replies, ARGV[1])) end
-local v, score, field = index_find(K, ARGV[3], ARGV[2])
+local v, score, field, zset = index_find(K, ARGV[3], ARGV[2])
 local removed = 0
 if score then
-  redis.call('zrem', K.timeout_set, v)
+  redis.call('zrem', zset, v)
   local _, fast = parse(v)
   if not fast then redis.call('lrem', K.delay_list, 1, v) end
   removed = 1

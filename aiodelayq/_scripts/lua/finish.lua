@@ -1,9 +1,9 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
--- KEYS: destination handoff handoff_leases dead_letter channel
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/handoff.lua lib/reversed.lua
+-- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_flight group_turns
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
---         head of the destination); or '*': return them all (the pop's reply never came).
+--         head of the destination, or of its group's list); or '*': return them all (the pop's reply never came).
 -- ARGV[3] lease ms (for the tombstone below)
 -- returns: how many items the plan was applied to; 0 if the entry was already finished (a resend).
 -- A '*' that finds no entry leaves an empty one (a tombstone, cleared when its lease ends): the
@@ -25,7 +25,7 @@ for i, v in ipairs(items) do
   if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
   elseif c ~= 'd' then back[#back + 1] = v end
 end
-chunked('lpush', K.destination, nil, reversed(back))
+to_head(K, back, false)
 chunked('rpush', K.dead_letter, nil, dead)
 redis.call('hdel', K.handoff, ARGV[1])
 redis.call('zrem', K.handoff_leases, ARGV[1])

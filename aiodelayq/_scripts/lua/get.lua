@@ -1,5 +1,5 @@
 -- GET: the pending element of a key and its due time.
--- KEYS: timeout_set key_index
+-- KEYS: timeout_set key_index grouped
 -- uses: lib/index.lua lib/parse.lua
 -- ARGV[1] key, ARGV[2] its tag
 -- returns: {payload, due ms (text)} of the pending item of the key, or false (none, or a

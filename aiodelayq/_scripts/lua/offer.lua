@@ -1,15 +1,16 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules grouped groups
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/groups.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua
 -- A 'shards' field in the controls hash: the name is a sharded queue's, refused (error reply
 -- 'SHARDED <count>').
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
--- estimates it ('' = no estimate), ARGV[3] element kind, ARGV[4] keys: '' for a call without
+-- estimates it ('' = no estimate), ARGV[3] element kind ('grouped': fast elements, some of them
+-- grouped items, which go to K.grouped instead: lib/groups.lua), ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
 -- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
 -- element of a keyed item carries its key's tag.
 -- ARGV[5] capacity, the most items the queue may hold, pending (tiered included) + ready ('' for
--- no limit), then how the call's items are refused: 'a' (all or nothing: a call whose new items do
+-- no limit; grouped items count, pending and due), then how the call's items are refused: 'a' (all or nothing: a call whose new items do
 -- not all fit writes nothing and returns {false, now, room}; one with the key of a recurring
 -- schedule writes nothing and returns {false, now, 'scheduled', that key}) or 'e' (coalesced
 -- offers, each item on its own: 'f' in the outcome when it does not fit, 's' when its key is a
@@ -38,7 +39,8 @@
 -- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
 -- transfer task re-arms (Redisson publishes when the new element becomes the head); likewise a new
--- bucket's promotion time earlier than both the zset head and the first bucket's.
+-- bucket's promotion time earlier than both the zset head and the first bucket's; and a grouped
+-- item's due time earlier than both zsets' heads.
 local sharded = redis.call('hget', K.controls, 'shards')
 if sharded then return redis.error_reply('SHARDED ' .. sharded) end
 local first = first_run(K, ARGV[1])
@@ -52,12 +54,26 @@ local moved_ms = tonumber(ARGV[2]) and base - math.floor(tonumber(ARGV[2])) or 0
 local head = redis.call('zrange', K.timeout_set, 0, 0, 'WITHSCORES')
 local old = head[2] and tonumber(head[2]) or nil
 local kind = ARGV[3]
+-- Whether the call has grouped items: each is checked (else none is, at no cost).
+local grouping = kind == 'grouped'
+if grouping then kind = 'fast' end
+local grouped_head = nil  -- the earliest pending grouped item's due time (with grouping)
+if grouping then
+  local h = redis.call('zrange', K.grouped, 0, 0, 'WITHSCORES')[2]
+  grouped_head = h and tonumber(h)
+end
+-- A fast element of a grouped item.
+local function is_grouped(v)
+  return grouping and string.byte(v, FAST_HEADER + 1) == ITEM_BYTE and group_of(string.sub(v, FAST_HEADER + 1)) ~= nil
+end
+local grouped_earliest = nil
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
 -- The items this call may add under capacity (nil: no limit), and whether they are admitted one by one.
 local room, each, cap = nil, string.sub(ARGV[5], -1) == 'e', string.match(ARGV[5], '^%d+')
 if cap then
   room = tonumber(cap) - redis.call('zcard', K.timeout_set) - redis.call('llen', K.destination)
-    - (tonumber(redis.call('get', K.tier_count)) or 0)
+    - (tonumber(redis.call('get', K.tier_count)) or 0) - redis.call('zcard', K.grouped)
+    - (tonumber(redis.call('hget', K.groups, '')) or 0)
 end
 local added = 0
 local letters, kept = {}, {}
@@ -88,7 +104,7 @@ end
 if not keys and kind == 'fast' then
   local blob, pos, n = ARGV[6], 1, tonumber(ARGV[7])
   if room and not each and n > room then return {false, now, room} end
-  local zargs = {}
+  local zargs, gargs = {}, {}
   local after, width = tonumber(ARGV[8] or ''), tonumber(ARGV[9] or '')
   local buckets, starts, tiered = {}, {}, 0  -- bucket start -> its new entries; the starts in order
   for _ = 1, n do
@@ -98,7 +114,11 @@ if not keys and kind == 'fast' then
     if admit() then
       local due = base + d
       local start = after and due - due % width
-      if after and start - after > now then
+      if is_grouped(v) then
+        gargs[#gargs + 1] = due
+        gargs[#gargs + 1] = v
+        if grouped_earliest == nil or due < grouped_earliest then grouped_earliest = due end
+      elseif after and start - after > now then
         local entries = buckets[start]
         if not entries then
           entries = {}
@@ -115,6 +135,7 @@ if not keys and kind == 'fast' then
     end
   end
   chunked('zadd', K.timeout_set, 'NX', zargs)
+  chunked('zadd', K.grouped, 'NX', gargs)
   if tiered > 0 then
     local bucket_head = redis.call('zrange', K.tier_index, 0, 0, 'WITHSCORES')
     local listed = {}
@@ -205,7 +226,7 @@ else
   local function score_of(v)
     if written[v] then return written[v] end
     if gone[v] then return nil end
-    return redis.call('zscore', K.timeout_set, v)
+    return pending_score(K, v)
   end
   for i = 1, count do
     local v, due, key = values[i], dues[i], names[i]
@@ -255,18 +276,24 @@ else
     end
   end
   for _, replaced in ipairs(removed) do
-    redis.call('zrem', K.timeout_set, replaced)
+    if redis.call('zrem', K.timeout_set, replaced) == 0 then redis.call('zrem', K.grouped, replaced) end
     local _, fast = parse(replaced)
     if not fast then redis.call('lrem', K.delay_list, 1, replaced) end
   end
-  local zargs, listed, hargs = {}, {}, {}
+  local zargs, gargs, listed, hargs = {}, {}, {}, {}
   for _, i in ipairs(adds) do
     local v, due = values[i], dues[i]
     if not gone[v] then
-      zargs[#zargs + 1] = due
-      zargs[#zargs + 1] = v
-      if kind ~= 'fast' then listed[#listed + 1] = v end
-      if earliest == nil or due < earliest then earliest = due end
+      if is_grouped(v) then
+        gargs[#gargs + 1] = due
+        gargs[#gargs + 1] = v
+        if grouped_earliest == nil or due < grouped_earliest then grouped_earliest = due end
+      else
+        zargs[#zargs + 1] = due
+        zargs[#zargs + 1] = v
+        if kind ~= 'fast' then listed[#listed + 1] = v end
+        if earliest == nil or due < earliest then earliest = due end
+      end
     end
   end
   for _, field in ipairs(dirty) do
@@ -278,12 +305,17 @@ else
     hargs[#hargs + 1] = '1'
   end
   chunked('zadd', K.timeout_set, 'NX', zargs)
+  chunked('zadd', K.grouped, 'NX', gargs)
   chunked('rpush', K.delay_list, nil, listed)
   chunked('hset', K.key_index, nil, hargs)
 end
 if promotion ~= nil and (earliest == nil or promotion < earliest) then earliest = promotion end
 if earliest ~= nil and (old == nil or earliest < old) then
+  if grouped_earliest ~= nil and grouped_earliest < earliest then earliest = grouped_earliest end
   redis.call('publish', K.channel, string.format('%d', earliest))
+elseif grouped_earliest ~= nil and (old == nil or grouped_earliest < old)
+    and (grouped_head == nil or grouped_earliest < grouped_head) then
+  redis.call('publish', K.channel, string.format('%d', grouped_earliest))
 end
 local outcome = table.concat(letters) .. table.concat(kept)
 if keys then sweep_index(K, 2) end

@@ -1,6 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count
--- uses: lib/clock.lua lib/controls.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_flight group_turns
+-- uses: lib/clock.lua lib/controls.lua lib/groups.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]); the moved items it pops skip the list when the list was empty (the
@@ -18,6 +18,9 @@
 -- expiry had passed: those went to the dead-letter list (reason expired) instead, and fewer than
 -- asked are returned. Handing out an occurrence of a recurring item schedules its next occurrence
 -- (lib/hand_out.lua).
+-- Grouped items (lib/groups.lua) come one per group in turn; while groups have turns, they get
+-- half of what is asked (for one item: every other millisecond), and either kind takes what the
+-- other leaves. Their order in the reply is not their due order across groups.
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id (lib/handoff.lua) until FINISH (or a later POP)
@@ -43,6 +46,10 @@ if got then
   return {false, 0, 0, #items, 0, items}
 end
 local want, hold, level, now = controls_allow(K, tonumber(ARGV[2]))
+local asked = want
+if want > 0 and redis.call('llen', K.group_turns) > 0 then
+  want = want - (want >= 2 and math.floor(want / 2) or (now or now_ms()) % 2)
+end
 local limit = tonumber(ARGV[4])
 local moved, late, items, bare = false, nil, nil, 0
 if limit ~= 0 and ARGV[5] == '1' and want > 0
@@ -79,6 +86,20 @@ else
     bare = items and #items or 0
   end
 end
+if asked > (items and #items or 0) then
+  -- The groups' share, and what the destination gave short of its own (lib/groups.lua).
+  items = items or {}
+  local grouped = groups_hand_out(K, asked - #items, false)
+  local more = want < asked and #items + #grouped < asked
+    and redis.call('lpop', K.destination, asked - #items - #grouped) or {}
+  if #grouped + #more > 0 then
+    for i = bare + 1, #items do items[i] = (parse(items[i])) end  -- payloads after elements: all payloads
+    for _, p in ipairs(grouped) do items[#items + 1] = p end
+    for _, p in ipairs(more) do items[#items + 1] = p end
+    bare = #items
+  end
+  if #items == 0 then items = nil end
+end
 local out = {moved, hold, 0, 0, FAST_HEADER, {}}
 if items then
   now = now or now_ms()
@@ -110,7 +131,7 @@ if items then
   end
 end
 if moved then
-  moved[#moved + 1] = redis.call('llen', K.destination)
+  moved[#moved + 1] = redis.call('llen', K.destination) + redis.call('llen', K.group_turns)
   if late then moved[#moved + 1] = late end
 end
 return out

@@ -1,6 +1,6 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/hand_out.lua lib/item.lua lib/messages.lua
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_flight group_turns
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index), ARGV[5...] message elements this consumer acked, written behind: removed from
@@ -19,13 +19,16 @@
 --           schedules its next occurrence (lib/hand_out.lua).
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
--- destination. Every message returned is already in flight: a reply lost on the way, or a consumer
+-- destination and the groups' lists (lib/groups.lua: one per group in turn, each counted in its
+-- group's flight until it is settled; while groups have turns they get half of the fresh ones, for
+-- one message every other millisecond, and either source takes what the other leaves). Every message returned is already in flight: a reply lost on the way, or a consumer
 -- that dies, only delays it until its deadline. A resend of the call id returns the same messages
 -- (those still in flight as that delivery), without popping or counting anything.
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
 local cap  -- the concurrency limit, if one is set (read with the other controls)
+local turned = false  -- a group took a turn again: consumers elsewhere look
 -- The remembered record: the deadline, then the ids of the redeliveries (see received()).
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
@@ -36,8 +39,29 @@ if first then
   now = first
 else
   acked = 0
-  for c = 5, #ARGV, 1000 do  -- (ZREM counts a member given twice once)
-    acked = acked + redis.call('zrem', K.in_flight, unpack(ARGV, c, math.min(c + 999, #ARGV)))
+  -- Acks of grouped messages go one by one (each leaves its group's flight); the others in batches.
+  local plain, grouped = ARGV, {}
+  for c = 5, #ARGV do
+    if string.byte(ARGV[c], 33) == ITEM_BYTE and group_of(string.sub(ARGV[c], 33)) then
+      plain = {}
+      break
+    end
+  end
+  if plain ~= ARGV then
+    for c = 5, #ARGV do
+      local a = ARGV[c]
+      if string.byte(a, 33) == ITEM_BYTE and group_of(string.sub(a, 33)) then grouped[#grouped + 1] = a else plain[#plain + 1] = a end
+    end
+  end
+  local from = plain == ARGV and 5 or 1
+  for c = from, #plain, 1000 do  -- (ZREM counts a member given twice once)
+    acked = acked + redis.call('zrem', K.in_flight, unpack(plain, c, math.min(c + 999, #plain)))
+  end
+  for _, a in ipairs(grouped) do
+    if redis.call('zrem', K.in_flight, a) == 1 then
+      acked = acked + 1
+      if group_settled(K, group_of(string.sub(a, 33))) then turned = true end
+    end
   end
   local level, held, _
   limit, hold, level, _, cap = controls_allow(K, limit, now)
@@ -59,6 +83,8 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
+      local g = group_of(string.sub(e, 33))
+      if g and group_settled(K, g) then turned = true end
     else
       local payload = string.sub(e, 33)
       if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, count, now) end
@@ -71,34 +97,45 @@ else
         ids[#ids + 1] = id
       else
         lapsed = lapsed + 1
+        local g = group_of(string.sub(e, 33))
+        if g and group_settled(K, g) then turned = true end
       end
     end
     redis.call('zrem', K.in_flight, e)
   end
   local want = limit - #out - dead - lapsed - garbage
   if want > 0 then
-    local fresh = redis.call('lpop', K.destination, want)
-    if fresh then
-      -- The deadline as text once: ZADD would format the number again for every member.
-      local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), string.format('%d', now + vt), {}
-      local n, o, byte_ = 0, #out, string.byte  -- counted: this loop is per message
+    -- The deadline as text once: ZADD would format the number again for every member.
+    local prefix, deadline, scored = string.sub(ARGV[4], 1, 12), string.format('%d', now + vt), {}
+    local n, o, index, byte_ = 0, #out, 0, string.byte  -- counted: the loop is per message
+    -- Fresh payloads become first deliveries (ids: the call id's prefix and a running index); a
+    -- grouped one that lapses leaves its group's flight (`counted`).
+    local function deliver(fresh, counted)
       for i = 1, #fresh do
         local payload = fresh[i]
         if byte_(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, 0, now) end
         if payload then
-          local m = first_delivery(prefix, i, payload)
+          local m = first_delivery(prefix, index + i, payload)
           scored[n + 1], scored[n + 2] = deadline, m
           n, o = n + 2, o + 1
           out[o] = m
         else
           lapsed = lapsed + 1
+          if counted and group_settled(K, group_of(fresh[i])) then turned = true end
         end
       end
-      -- One ZADD per 500 messages, not one per message: a receive of 100 cost 4.3 us of server
-      -- time per message with a call each.
-      chunked('zadd', K.in_flight, nil, scored)
+      index = index + #fresh
     end
+    local share = 0  -- the groups' (lib/groups.lua)
+    if redis.call('llen', K.group_turns) > 0 then share = want >= 2 and math.floor(want / 2) or now % 2 end
+    if want > share then deliver(redis.call('lpop', K.destination, want - share) or {}, false) end
+    if index < want then deliver(groups_hand_out(K, want - index, true), true) end
+    if share > 0 and index < want then deliver(redis.call('lpop', K.destination, want - index) or {}, false) end
+    -- One ZADD per 500 messages, not one per message: a receive of 100 cost 4.3 us of server
+    -- time per message with a call each.
+    chunked('zadd', K.in_flight, nil, scored)
   end
+  if turned then redis.call('publish', K.channel, string.format('%d', now)) end
   controls_charge(K, now, level, #out)
   if cap and acked > 0 and held + acked >= cap and held + #out < cap then
     -- Its acks made room that it leaves: consumers the limit held back, here or elsewhere, look again.

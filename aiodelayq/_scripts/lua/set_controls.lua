@@ -1,13 +1,15 @@
--- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, or its
--- concurrency limit.
--- KEYS: controls channel
--- uses: lib/clock.lua
--- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap' or 'uncap'; for 'rate': ARGV[2] items per
--- second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most messages
--- held at once (>= 1)
+-- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, its
+-- concurrency limit, or set its group limit.
+-- KEYS: controls channel groups group_flight group_turns
+-- uses: lib/clock.lua lib/groups.lua
+-- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap' or 'group_limit'; for 'rate': ARGV[2]
+-- items per second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most
+-- messages held at once (>= 1); for 'group_limit': ARGV[2] the most messages of one group in
+-- flight at once (>= 1; lib/groups.lua)
 -- returns: 1. Every consumer's next POP or RECEIVE sees the change (nothing is cached). Setting a
 -- rate limit starts a full bucket. Setting or removing a concurrency limit publishes now, so the
--- consumers a lower one held back look again. Idempotent.
+-- consumers a lower one held back look again; so does a group limit, and a higher one gives a turn
+-- to each group it lets hand out more (O(groups in flight)). Idempotent.
 local op = ARGV[1]
 if op == 'pause' then
   redis.call('hset', K.controls, 'paused', 1)
@@ -16,6 +18,19 @@ elseif op == 'resume' then
 elseif op == 'rate' then
   redis.call('hset', K.controls, 'rate', ARGV[2], 'burst', ARGV[3])
   redis.call('hdel', K.controls, 'tokens', 'at')
+elseif op == 'group_limit' then
+  local old, new = group_limit(K), tonumber(ARGV[2])
+  if new == 1 then redis.call('hdel', K.controls, 'group_limit') else redis.call('hset', K.controls, 'group_limit', new) end
+  if new > old then
+    local flights = redis.call('hgetall', K.group_flight)
+    for i = 1, #flights, 2 do
+      local flight = tonumber(flights[i + 1])
+      if flight >= old and flight < new and redis.call('hexists', K.groups, flights[i]) == 1 then
+        redis.call('rpush', K.group_turns, flights[i])
+      end
+    end
+  end
+  redis.call('publish', K.channel, string.format('%d', now_ms()))
 elseif op == 'unrate' then
   redis.call('hdel', K.controls, 'rate', 'burst', 'tokens', 'at')
 else

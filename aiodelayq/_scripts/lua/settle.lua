@@ -1,6 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked
--- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/messages.lua
+-- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_flight group_turns
+-- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/item.lua lib/messages.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -16,7 +16,9 @@
 -- Settles are applied in order (releases of first deliveries are LPUSHed: send them last first).
 -- A nack with a delay also enters the message in K.nacked until it is visible again: it waits, and
 -- the concurrency limit does not count it. While a limit is set, a call that makes room in a full
--- one publishes now, so the consumers it held back look again.
+-- one publishes now, so the consumers it held back look again. A grouped message that leaves flight
+-- (acked, dead-lettered, released) lets its group hand out the next (lib/groups.lua); when its
+-- group takes a turn again, the call publishes now too.
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()
@@ -29,6 +31,14 @@ if resend and first_run(K, id) then
   return answered
 end
 local results, earliest, remembered = {}, false, false
+local turned = false  -- a group took a turn again
+-- A message that left flight for good: its group, if any, may hand out the next.
+local function left_flight(m)
+  if string.byte(m, 33) == ITEM_BYTE then
+    local g = group_of(string.sub(m, 33))
+    if g and group_settled(K, g) then turned = true end
+  end
+end
 local cap = tonumber(redis.call('hget', K.controls, 'cap'))
 local held = cap and held_messages(K, now)
 -- Acks come in runs (a consumer's written-behind acks): consecutive ones go together (ack_deliveries).
@@ -38,6 +48,7 @@ local function flush_acks()
   local found = ack_deliveries(K, acks)
   for j = 1, #acks do
     results[ack_slots[j]] = (found[j] or (resend and now < ack_deadlines[j])) and 1 or 0
+    if found[j] then left_flight(acks[j]) end
   end
   acks, ack_deadlines, ack_slots = {}, {}, {}
 end
@@ -49,6 +60,7 @@ local function settle_one(m, mode, delay, deadline)
     local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
     redis.call('rpush', K.dead_letter, dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
     redis.call('zrem', K.in_flight, m)
+    left_flight(m)
   elseif mode == 'release' then
     release(K, m, now)
     -- Visible again now: receivers that looked before this landed, here or elsewhere, look again.
@@ -59,6 +71,7 @@ local function settle_one(m, mode, delay, deadline)
       -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
       redis.call('zrem', K.in_flight, m)
+      left_flight(m)
       result = 2
     else
       local due = now + delay
@@ -90,8 +103,9 @@ while i <= #ARGV do
 end
 flush_acks()
 if remembered then remember(K, id, now, table.concat(results, ',')) end
-if cap and held >= cap and earliest ~= now and held_messages(K, now) < cap then
-  redis.call('publish', K.channel, string.format('%d', now))  -- room in a full limit: look again
+if earliest ~= now and (turned or cap and held >= cap and held_messages(K, now) < cap) then
+  -- Room in a full limit, or a group's turn: consumers look again.
+  redis.call('publish', K.channel, string.format('%d', now))
 end
 if earliest then
   -- Every process's transfer task wakes at that time (a nack's due time; now after a release), and its

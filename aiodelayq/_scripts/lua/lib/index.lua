@@ -1,4 +1,4 @@
--- defines: element_tag index_pairs index_pair overflow_field index_find INDEX_V1 INDEX_OVERFLOW
+-- defines: element_tag index_pairs index_pair overflow_field pending_score index_find INDEX_V1 INDEX_OVERFLOW
 -- uses: lib/lists.lua lib/parse.lua
 -- Keys (aiodelayq/_producing/keyed.py). The key index hash maps a field to 0x01 (version) | pack_list({key,
 -- element}): one pair per field, the key and its pending element. The field is the key's tag (the
@@ -28,14 +28,26 @@ end
 local function overflow_field(key)
   return '#' .. redis.sha1hex(key)
 end
--- The pending element of `key`, its score (nil: not pending, a stale entry) and its field; nil
--- when the index has no entry for the key.
+-- The score of a pending element, and the zset it waits in (the timeout zset, or K.grouped for a
+-- grouped item when the script declares that key); nil: not pending.
+local function pending_score(K, v)
+  local score = redis.call('zscore', K.timeout_set, v)
+  if score then return score, K.timeout_set end
+  if K.grouped then
+    score = redis.call('zscore', K.grouped, v)
+    if score then return score, K.grouped end
+  end
+  return nil, nil
+end
+-- The pending element of `key`, its score (nil: not pending, a stale entry), its field and its
+-- zset (pending_score); nil when the index has no entry for the key.
 local function index_find(K, tag, key)
   local field, kv = tag, index_pairs(redis.call('hget', K.key_index, tag))
   if kv[1] ~= key and redis.call('hget', K.key_index, INDEX_OVERFLOW) then
     field = overflow_field(key)
     kv = index_pairs(redis.call('hget', K.key_index, field))
   end
-  if kv[1] ~= key then return nil, nil, nil end
-  return kv[2], redis.call('zscore', K.timeout_set, kv[2]), field
+  if kv[1] ~= key then return nil, nil, nil, nil end
+  local score, zset = pending_score(K, kv[2])
+  return kv[2], score, field, zset
 end

@@ -1,4 +1,5 @@
 -- defines: MSG_MAGIC message first_delivery received release ack_deliveries
+-- uses: lib/groups.lua
 -- Message elements (layout in aiodelayq/_wire/elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery
 -- count | '>d' due ms of this delivery (0 = unknown: a first delivery) | payload. A message in flight
 -- sits in the in-flight zset scored by its visibility deadline (server ms).
@@ -13,12 +14,13 @@ local pack_ = struct.pack
 local function first_delivery(prefix, index, payload)
   return MSG_MAGIC .. prefix .. pack_('>I4', index) .. FIRST_DELIVERY .. payload
 end
--- Undo one delivery nobody saw: a first delivery goes back to the head of the destination, as
--- if never received; a redelivery gets its count lowered and is visible again at once.
+-- Undo one delivery nobody saw: a first delivery goes back to the head of the destination (of its
+-- group's list, for a grouped one: lib/groups.lua), as if never received; a redelivery gets its
+-- count lowered and is visible again at once.
 local function release(K, m, now)
   local count, due = struct.unpack('>I4>d', m, 21)
   if count <= 1 then
-    redis.call('lpush', K.destination, string.sub(m, 33))
+    to_head(K, {string.sub(m, 33)}, true)
   else
     redis.call('zadd', K.in_flight, now, message(string.sub(m, 5, 20), count - 1, due, string.sub(m, 33)))
   end

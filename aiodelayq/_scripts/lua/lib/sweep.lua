@@ -5,6 +5,6 @@
 local function sweep_index(K, probes)
   for _, field in ipairs(redis.call('hrandfield', K.key_index, probes)) do
     local kv = index_pairs(redis.call('hget', K.key_index, field))
-    if kv[2] and not redis.call('zscore', K.timeout_set, kv[2]) then redis.call('hdel', K.key_index, field) end
+    if kv[2] and not pending_score(K, kv[2]) then redis.call('hdel', K.key_index, field) end
   end
 end

@@ -1,10 +1,11 @@
 -- defines: transfer
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/reversed.lua lib/tiers.lua lib/unindex.lua
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/tiers.lua lib/unindex.lua
 -- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves,
 --          keep: up to this many of the moved payloads are returned instead of pushed, when they
 --          would be the destination's first: POP's, which would pop them at once),
 --          K: the destination, timeout_set, delay_list, dead_letter, handoff, handoff_leases,
---          key_index, tier_index and tier_count keys
+--          key_index, tier_index, tier_count, controls, grouped, groups, group_flight and
+--          group_turns keys
 -- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
 --           tier bucket's promotion time, whichever is earlier) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
@@ -25,8 +26,33 @@
 -- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
 -- order list (strict, legacy, malformed ones) are LREMed from it: O(list) each. Fast elements cost
 -- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
--- Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
+-- With the room left (at least a quarter of |limit|), due grouped items (K.grouped: lib/groups.lua) join their groups' lists, the
+-- same way (counted as moved). Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
+-- Up to `room` due grouped elements join their groups (lib/groups.lua); returns how many moved and
+-- how many were dead-lettered (malformed), and with `late` appends each moved one's lateness to it.
+local function groups_transfer(K, now, room, late)
+  if room < 1 then return 0, 0 end
+  local scored = redis.call('zrangebyscore', K.grouped, '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
+  if #scored == 0 then return 0, 0 end
+  local payloads, owned, bad = {}, {}, {}
+  for i = 1, #scored, 2 do
+    local v = scored[i]
+    local payload, fast = parse(v)
+    if payload and fast then
+      payloads[#payloads + 1] = payload
+      if late then late[#late + 1] = now - scored[i + 1] end
+      if string.byte(v, 14) >= 128 then owned[#owned + 1] = string.sub(v, 14, 21) end
+    else
+      bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
+    end
+  end
+  groups_arrive(K, payloads)
+  chunked('rpush', K.dead_letter, nil, bad)
+  redis.call('zremrangebyrank', K.grouped, 0, #scored / 2 - 1)
+  unindex(K, owned, {}, {})
+  return #payloads, #bad
+end
 local function transfer(K, limit, keep)
   local now, t = now_ms()
   local due, late
@@ -115,23 +141,29 @@ local function transfer(K, limit, keep)
     chunked('zrem', K.timeout_set, nil, due)
   end
   unindex(K, owned, checked, starts)
+  if late and #bad > 0 then
+    local shown = {}
+    for j = 1, #due do if late[j] then shown[#shown + 1] = late[j] end end
+    late = shown
+  end
+  -- Grouped items get what is left, and at least a quarter of the budget: a backlog of ungrouped
+  -- items does not hold them back.
+  local room_left = math.max(math.abs(limit) - promoted - #due, math.floor(math.abs(limit) / 4))
+  local grouped_moved, grouped_bad = groups_transfer(K, now, room_left, late)
   local recovered = 0
   for _, id in ipairs(ended) do
     local blob = redis.call('hget', K.handoff, id)
     if blob and blob ~= '' then
       local items = handoff_items(blob)
-      chunked('lpush', K.destination, nil, reversed(items))
+      to_head(K, items, false)
       recovered = recovered + #items
     end
     redis.call('hdel', K.handoff, id)
     redis.call('zrem', K.handoff_leases, id)
   end
   local nxt = tier_next(K)
+  local grouped_head = redis.call('zrange', K.grouped, 0, 0, 'WITHSCORES')[2]
+  if grouped_head and (not nxt or tonumber(grouped_head) < tonumber(nxt)) then nxt = grouped_head end
   local lease = redis.call('zrange', K.handoff_leases, 0, 0, 'WITHSCORES')
-  if late and #bad > 0 then
-    local shown = {}
-    for j = 1, #due do if late[j] then shown[#shown + 1] = late[j] end end
-    late = shown
-  end
-  return {n + nk, #bad, nxt, t[1], t[2], recovered, lease[2] or false}, late, kept, whole
+  return {n + nk + grouped_moved, #bad + grouped_bad, nxt, t[1], t[2], recovered, lease[2] or false}, late, kept, whole
 end

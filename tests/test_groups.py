@@ -1,0 +1,245 @@
+"""Ordered groups: a group's items handed out in order, at most ``group_concurrency`` of them in flight
+across every consumer, groups taking turns; with keys, ``take``, the concurrency limit, and bad input
+refused with nothing written. Java's keys never hold a grouped item."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from aiodelayq import ConfigurationError, DelayedQueue, InvalidGroupError, InvalidKeyError, Message
+from tests.helpers import until
+
+
+async def test_two_consumers_handle_each_group_in_order_and_one_at_a_time(
+        make_client: Any, make_queue: Any) -> None:
+    groups, per_group = 20, 50
+    queues: list[DelayedQueue[str]] = [make_queue(), make_queue(redis=make_client())]
+    items = [(f"{g}:{i}", 0) for i in range(per_group) for g in range(groups)]
+    await queues[0].offer_many(items, groups=[f"g{i.split(':')[0]}" for i, _ in items])
+    events: list[tuple[str, str, int]] = []  # (start|end, group, index)
+    done: list[str] = []
+
+    async def handle(m: Message[str]) -> None:
+        group, index = m.value.split(":")
+        assert m.group == f"g{group}"
+        events.append(("start", group, int(index)))
+        await asyncio.sleep(random.uniform(0, 0.003))
+        events.append(("end", group, int(index)))
+        done.append(m.value)
+        assert await m.ack()
+
+    async def consume(q: DelayedQueue[str]) -> None:
+        handlers: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                for m in await q.receive_many(5, 30):
+                    task = asyncio.create_task(handle(m))
+                    handlers.add(task)
+                    task.add_done_callback(handlers.discard)
+        finally:
+            for task in handlers:
+                task.cancel()
+
+    async with queues[0], queues[1]:
+        consumers = [asyncio.create_task(consume(q)) for q in queues]
+        await until(lambda: len(done) >= groups * per_group, timeout_s=60)  # does not hang: a few s expected
+        for task in consumers:
+            task.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+    assert sorted(done) == sorted(item for item, _ in items)  # every item exactly once
+    running: dict[str, int] = {}
+    seen: dict[str, list[int]] = {}
+    for kind, group, index in events:
+        if kind == "start":
+            assert group not in running, f"group {group}: {index} started while {running[group]} ran"
+            running[group] = index
+            seen.setdefault(group, []).append(index)
+        else:
+            del running[group]
+    assert all(order == list(range(per_group)) for order in seen.values())  # offer order, per group
+    counts = await queues[0].counts()
+    assert (counts.ready, counts.in_flight, counts.groups) == (0, 0, 0)
+
+
+async def test_a_nack_and_an_expired_timeout_keep_the_group_first(make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue()
+    await q.offer_many([(i, 0) for i in range(3)], groups=["g"] * 3)
+    async with q:
+        first = await q.receive(0.3, timeout=5)
+        assert first is not None
+        assert first.value == 0
+        assert await q.receive(30, timeout=0.1) is None  # the group's one message is in flight
+        again = await q.receive(30, timeout=5)  # its visibility timeout ends: it comes back first
+        assert again is not None
+        assert (again.value, again.delivery_count) == (0, 2)
+        assert await again.nack()
+        third = await q.receive(30, timeout=5)
+        assert third is not None
+        assert (third.value, third.delivery_count) == (0, 3)
+        assert await third.ack()
+        nxt = await q.receive(30, timeout=5)
+        assert nxt is not None
+        assert nxt.value == 1
+        assert await nxt.nack(dead_letter=True)
+        last = await q.receive(30, timeout=5)
+        assert last is not None
+        assert last.value == 2
+
+
+async def test_a_hot_group_does_not_hold_back_the_cold_ones(make_queue: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    items = [(f"hot:{i}", 0) for i in range(10_000)] + [(f"cold{i}:0", 0) for i in range(100)]
+    await q.offer_many(items, groups=[item.split(":")[0] for item, _ in items])
+    order: list[str] = []
+
+    async def consume() -> None:
+        while True:
+            m = await q.receive(30)
+            order.append(m.value)
+            await asyncio.sleep(0.001)
+            assert await m.ack()
+
+    async with q:
+        consumers = [asyncio.create_task(consume()) for _ in range(2)]
+        await until(lambda: sum(v.startswith("cold") for v in order) == 100, timeout_s=60)
+        for task in consumers:
+            task.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+    hot_before = sum(v.startswith("hot") for v in order[:max(i for i, v in enumerate(order) if v.startswith("cold"))])
+    assert hot_before < 200, hot_before
+
+
+async def test_take_hands_each_group_out_in_order(make_queue: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    items = [(f"{g}:{i}", 0) for i in range(30) for g in "abc"]
+    await q.offer_many(items, groups=[item[0] for item, _ in items])
+    got: list[str] = []
+    async with q:
+        while len(got) < len(items):
+            got += await q.take_many(7, timeout=5)
+    for g in "abc":
+        assert [v for v in got if v[0] == g] == [f"{g}:{i}" for i in range(30)]
+    assert (await q.counts()).groups == 0
+
+
+async def test_grouped_items_wait_where_java_does_not_look(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    await q.offer("grouped", 0, group="g")
+    await q.offer("later", 60, group="g")
+    k = q.keys
+    assert await client.zcard(k.timeout_set) == 0
+    assert await client.zcard(k.grouped) == 2
+    async with q:
+        await until(lambda: client.llen(k.group_list("g")))
+        assert await client.llen(k.destination) == 0  # Java's consumers BLPOP it: never a grouped item
+        assert await q.size() == 1
+        counts = await q.counts()
+        assert (counts.pending, counts.ready, counts.groups) == (1, 1, 1)
+        m = await q.receive(30, timeout=5)
+        assert m is not None
+        assert (m.value, m.group) == ("grouped", "g")
+
+
+async def test_a_raised_group_limit_hands_out_more_of_a_group_at_once(make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue()
+    await q.offer_many([(i, 0) for i in range(6)], groups=["g"] * 6)
+    async with q:
+        first = await q.receive_many(10, 30, timeout=5)
+        assert [m.value for m in first] == [0]
+        waiting = asyncio.create_task(q.receive_many(10, 30))
+        await asyncio.sleep(0.1)
+        await q.set_group_concurrency(3)  # publishes: the waiting consumer looks again at once
+        more = await asyncio.wait_for(waiting, 10)
+        assert [m.value for m in more] == [1, 2]
+        assert (await q.counts()).group_concurrency == 3
+        await q.set_group_concurrency(1)  # lowering takes nothing back
+        for m in first + more:
+            assert await m.ack()
+        last = await q.receive_many(10, 30, timeout=5)
+        assert [m.value for m in last] == [3]
+
+
+async def test_the_concurrency_limit_holds_with_groups(make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue()
+    await q.set_concurrency_limit(2)
+    await q.offer_many([(i, 0) for i in range(10)], groups=[f"g{i % 5}" for i in range(10)])
+    async with q:
+        held = await q.receive_many(10, 30, timeout=5)
+        assert len(held) == 2
+        assert await q.receive_many(10, 30, timeout=0.2) == []
+        assert await held[0].ack()
+        nxt = await q.receive_many(10, 30, timeout=5)
+        assert len(nxt) == 1
+
+
+async def test_a_keyed_grouped_item_is_found_by_its_key(make_queue: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    first = await q.offer("a", 60, key="k", group="g")
+    assert first.added
+    again = await q.offer("b", 60, key="k")  # the key is taken, whatever the group
+    assert not again.added
+    assert again == first
+    pending = await q.get("k")
+    assert pending is not None
+    assert pending.value == "a"
+    assert pending.group == "g"
+    assert await q.reschedule("k", 0) is not None
+    async with q:
+        m = await q.receive(30, timeout=5)
+        assert m is not None
+        assert (m.value, m.group) == ("a", "g")
+    await q.offer("c", 60, key="k2", group="g")
+    assert await q.cancel("k2")
+    assert await q.size() == 0
+
+
+@pytest.mark.parametrize("group", ["", "x" * 257, 5, "\ud800"])
+async def test_a_bad_group_writes_nothing(client: Redis, make_queue: Any, group: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    with pytest.raises(InvalidGroupError, match="group"):
+        await q.offer("a", 0, group=group)
+    with pytest.raises(InvalidKeyError):  # (a subclass)
+        await q.offer_many([("a", 0), ("b", 0)], groups=["ok", group])
+    assert not await client.exists(*q.keys.all)
+
+
+async def test_groups_are_refused_where_java_must_see_the_elements(client: Redis, make_queue: Any) -> None:
+    strict: DelayedQueue[str] = make_queue(strict=True)
+    with pytest.raises(InvalidGroupError, match="strict"):
+        await strict.offer("a", 0, group="g")
+    q: DelayedQueue[str] = make_queue()
+    with pytest.raises(InvalidGroupError, match="one group"):
+        await q.offer_many([("a", 0), ("b", 0)], groups=["g"])
+    with pytest.raises(ConfigurationError, match="limit"):
+        await q.set_group_concurrency(0)
+    assert not await client.exists(*q.keys.all)
+
+
+async def test_messages_given_back_and_dead_letters_requeued_keep_their_group(make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue()
+    await q.offer_many([(i, 0) for i in range(3)], groups=["g"] * 3)
+    async with q:
+        first = await q.receive(30, timeout=5)
+        assert first is not None
+        assert first.value == 0
+        assert await first.release()  # nobody saw it: back to the head of its group
+        again = await q.receive(30, timeout=5)
+        assert again is not None
+        assert (again.value, again.delivery_count) == (0, 1)
+        assert await again.nack(dead_letter=True)
+        assert await q.requeue_dead_letters() == 1  # behind the group's due items, in the group
+        got = []
+        while len(got) < 3:
+            m = await q.receive(30, timeout=5)
+            assert m is not None
+            assert m.group == "g"
+            got.append(m.value)
+            assert await m.ack()
+    assert got == [1, 2, 0]
+    counts = await q.counts()
+    assert (counts.pending, counts.ready, counts.in_flight, counts.groups) == (0, 0, 0, 0)
