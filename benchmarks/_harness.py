@@ -64,6 +64,7 @@ class Sizes:
     memory_items: int = 100_000
     drain_items: int = 50_000  # per drain of the drain scenario, which times ``drain_rounds`` of each consumer
     drain_rounds: int = 10
+    group_items: int = 100_000  # drained by take_many(1000) in 10 groups, then in as many groups as items
     due_calls: int = 200
     keys_transfer_n: int = 100_000
     keys_rounds: int = 7  # of keyed/unkeyed offer and transfer, after a warm-up pair
@@ -79,7 +80,7 @@ class Sizes:
 FULL = Sizes()
 QUICK = Sizes(offer_seconds=1.0, offer_many_items=20_000, transfer_ns=(10_000, 100_000), ref_bound_s=4.0,
               lateness_seconds=3.0, reliable_seconds=3.0, e2e_seconds=2.0, idle_seconds=6.0, memory_items=20_000,
-              drain_items=20_000, drain_rounds=12, due_calls=60, keys_transfer_n=20_000,
+              drain_items=20_000, drain_rounds=12, group_items=20_000, due_calls=60, keys_transfer_n=20_000,
               keys_rounds=3, keys_pending_n=100_000, startup_runs=5,
               otel_rounds=8, otel_offer_seconds=0.5, otel_items=20_000,
               scale_items=1_000_000, scale_due=100_000)
@@ -375,14 +376,16 @@ async def until(read: Callable[[], Awaitable[Any]], done: Callable[[Any], bool],
 
 
 async def fill(q: DelayedQueue[Any], n: int, delay: float | Callable[[int], float], *, batch: int = 1000,
-               keyed: bool = False) -> list[int]:
+               keyed: bool = False, groups: int = 0) -> list[int]:
     """Items ``0 .. n-1`` (:func:`payload`) offered by ``offer_many`` calls of ``batch``, due after ``delay``
-    (or ``delay(i)``) seconds, with the key ``order-i`` each when ``keyed``: their due times."""
+    (or ``delay(i)``) seconds, with the key ``order-i`` each when ``keyed``, in the group ``g<i % groups>``
+    with ``groups``: their due times."""
     dues: list[int] = []
     for b in range(0, n, batch):
         ids = range(b, min(n, b + batch))
         dues += await q.offer_many([(payload(i), delay(i) if callable(delay) else delay) for i in ids],
-                                   keys=[f"order-{i}" for i in ids] if keyed else None)
+                                   keys=[f"order-{i}" for i in ids] if keyed else None,
+                                   groups=[f"g{i % groups}" for i in ids] if groups else None)
     return dues
 
 

@@ -295,7 +295,7 @@ def test_log_messages_leave_the_logger_name_to_the_format() -> None:
 # Sizes that creep back unseen: each limit is one a reader can still take in (KB = 1,000 bytes).
 REPO = PACKAGE.parent
 SIZE_LIMITS = {"README.md": 12_000, "benchmarks/README.md": 15_000, "docs/design.md": 40_000}
-BENCHMARK_LINES = 3_700
+BENCHMARK_LINES = 3_750
 
 
 def test_the_long_pages_stay_within_their_limits() -> None:
