@@ -36,7 +36,8 @@ class ContentsCalls(Generic[T]):
         return await self._pending.size()
 
     async def ready_size(self) -> int:
-        """Number of due items waiting in the destination list."""
+        """Number of due items waiting in the destination list (``LLEN``; grouped items waiting in
+        their groups' lists count in :meth:`counts`'s ``ready``, not here)."""
         await self._life.enter()
         return await self._pending.ready_size()
 

@@ -95,6 +95,23 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await again.ack(confirm=True)
         await q.set_concurrency_limit(None)
         assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
+        # Groups: the grouped zset, a group's list, its turn and counts; a raised limit reads the flights.
+        assert (await q.offer(60, 3600, key="k60", group="g")).added
+        assert (await q.get("k60")).group == "g"  # type: ignore[union-attr]
+        assert await q.cancel("k60")
+        await q.offer_many([(61, 0), (62, 0), (63, 0)], groups=["g", "g", "h"])
+        grouped = await q.receive_many(10, 30, timeout=5)
+        assert sorted(m.value for m in grouped) == [61, 63]
+        await q.set_group_concurrency(2)
+        assert await grouped[0].release()
+        grouped = [*grouped[1:], *await q.receive_many(10, 30, timeout=5)]
+        assert sorted(m.value for m in grouped) == [61, 62, 63]
+        for m in grouped:
+            assert await m.ack(confirm=True)
+        await q.offer(64, 0, group="g")
+        assert await asyncio.wait_for(q.take(), 5) == 64
+        await q.set_group_concurrency(1)
+        assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
         # Headers, expiry and recurring items as the same user (a cron schedule lists its times
         # with a HGET of its record; each hand-out writes the next occurrence).
         await q.offer(400, 0, headers={"h": "v"}, expires=60)

@@ -149,7 +149,7 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
                      "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "lag_ms": 0,
                      "paused": False, "rate_limit_per_s": None, "rate_burst": None, "concurrency_limit": None,
-                     "recurring": 0}
+                     "groups": 0, "group_concurrency": 1, "recurring": 0}
 
 
 async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:
@@ -295,6 +295,28 @@ async def test_peek_and_ls_mark_recurring_items_headers_and_expiry(make_queue: A
         (recurring, True, {}, None), (expiring, False, {"a": "1", "b": "2"}, expiring + 3_600_000)]
     [queue] = json.loads(listed.out)["queues"]
     assert queue["recurring"] == 1
+
+
+async def test_ls_stats_and_peek_show_groups(make_queue: Any, cli: Cli, qname: str) -> None:
+    q = make_queue(codec="json")
+    later = await q.offer({"job": 1}, 3600, group="tenant-1")
+    await q.offer_many([({"job": 2}, 0), ({"job": 3}, 0)], groups=["tenant-2", "tenant-3"])
+    await q.set_group_concurrency(2)
+    async with q:
+        await until(lambda: _groups_waiting(q, 2), timeout_s=10)
+    peeked, stats, table, listed = await asyncio.gather(
+        cli("peek", qname, "--json"), cli("stats", qname, "--json"), cli("stats", qname),
+        cli("ls", "--match", qname, "--json"))
+    [item] = json.loads(peeked.out)["items"]
+    assert (item["due_ms"], item["group"]) == (later, "tenant-1")
+    (entry,) = json.loads(stats.out)["queues"]
+    assert (entry["pending"], entry["ready"], entry["groups"], entry["group_concurrency"]) == (1, 2, 2, 2)
+    assert "2 groups (2 at a time)" in table.out
+    assert [queue["name"] for queue in json.loads(listed.out)["queues"]] == [qname]  # only grouped keys
+
+
+async def _groups_waiting(q: aiodelayq.DelayedQueue[Any], n: int) -> bool:
+    return (await q.counts()).groups == n
 
 
 # -- offer, cancel ---------------------------------------------------------------------------------

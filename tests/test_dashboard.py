@@ -328,7 +328,7 @@ async def test_the_charts_count_pending_items_by_due_time(client: Redis, make_qu
 
 async def test_a_pending_item_is_found_by_its_key(client: Redis, make_queue: Any, served: Any) -> None:
     q: DelayedQueue[Any] = make_queue()
-    await q.offer({"order": 42}, 1800, key="order-42")
+    await q.offer({"order": 42}, 1800, key="order-42", group="acme")
     await q.offer({"order": 43}, 1800)
     base = await served(Dashboard(client))
     async with httpx.AsyncClient(timeout=10) as http:
@@ -338,6 +338,8 @@ async def test_a_pending_item_is_found_by_its_key(client: Redis, make_queue: Any
     [result] = re.findall(r'<tr data-found="yes">(.*?)</tr>', found.html, re.S)
     assert "order-42" in result
     assert "{&#34;order&#34;:42}" in result  # escaped
+    assert 'data-group="acme"' in result
+    assert found.counts["groups"] == "0"  # pending: no group has a due item waiting
     assert 'data-found="no"' in missing.html
     assert "No pending item has the key order-7" in missing.text
     assert too_long.status_code == 400

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
+import textwrap
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from aiodelayq import ConfigurationError, DelayedQueue, InvalidGroupError, InvalidKeyError, Message
-from tests.helpers import until
+from tests.helpers import first_line, until
 
 
 async def test_two_consumers_handle_each_group_in_order_and_one_at_a_time(
@@ -243,3 +245,37 @@ async def test_messages_given_back_and_dead_letters_requeued_keep_their_group(ma
     assert got == [1, 2, 0]
     counts = await q.counts()
     assert (counts.pending, counts.ready, counts.in_flight, counts.groups) == (0, 0, 0, 0)
+
+
+HOLDER = textwrap.dedent("""
+    import asyncio, sys
+    from redis.asyncio import Redis
+    from aiodelayq import DelayedQueue
+
+    async def main(url, name):
+        async with DelayedQueue(Redis.from_url(url), name) as q:
+            held = await q.receive_many(10, visibility_timeout=1.0, timeout=10)
+            print(",".join(m.value for m in held), flush=True)
+            await asyncio.sleep(60)  # never acks: the test kills this process
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+async def test_a_group_goes_on_in_order_after_its_consumer_is_killed(redis_server: Any, make_queue: Any,
+                                                                     qname: str, spawn_consumer: Any) -> None:
+    q: DelayedQueue[str] = make_queue()
+    await q.offer_many([(f"{g}{i}", 0) for i in range(3) for g in "ab"], groups=[g for _ in range(3) for g in "ab"])
+    child = spawn_consumer(HOLDER, args=[redis_server.url, qname])
+    assert sorted((await first_line(child)).strip().split(",")) == ["a0", "b0"]  # one of each group
+    child.send_signal(signal.SIGKILL)
+    await child.await_exit(10)
+    got: list[tuple[str, int]] = []
+    async with q:
+        while len(got) < 6:
+            m = await q.receive(30, timeout=10)  # the first after the dead one's visibility timeout
+            assert m is not None
+            got.append((m.value, m.delivery_count))
+            assert await m.ack()
+    for g in "ab":
+        assert [entry for entry in got if entry[0][0] == g] == [(f"{g}0", 2), (f"{g}1", 1), (f"{g}2", 1)]

@@ -252,6 +252,24 @@ async def test_keyed_python_items_are_delivered_by_javas_transfer_and_their_keys
 
 
 @pytest.mark.java
+async def test_java_never_sees_a_grouped_item(java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
+    q = make_queue(name=f"{qname}-grouped", codec="str")
+    items = [f"g-{i}" for i in range(6)]
+    await q.offer_many([(item, 0.2) for item in items], groups=["a", "b"] * 3)
+    # Java's transfer runs for 1.5 s past their due time and its consumer waits: it gets none of them.
+    got = await jcall(java, "drain", name=q.name, count=1, timeout_ms=1_500)
+    assert got == []
+    assert await client.zcard(q.keys.timeout_set) == 0
+    assert await client.zcard(q.keys.grouped) == 6
+    assert await client.llen(q.keys.destination) == 0
+    async with q:
+        taken = [await asyncio.wait_for(q.take(), 5) for _ in items]
+    assert [v for v in taken if v in items[0::2]] == items[0::2]  # group a, in order
+    assert sorted(taken) == sorted(items)
+    await jcall(java, "destroy", name=q.name)
+
+
+@pytest.mark.java
 async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, make_queue: Any,
                                                              client: Redis) -> None:
     q = make_queue(codec="str")

@@ -819,3 +819,35 @@ async def test_a_sharded_queue_names_its_shards_keys_not_its_names(sharded: Queu
     with pytest.raises(ConfigurationError, match="shard_keys"):
         q.keys  # noqa: B018
     assert len(q.shard_keys) == 3
+
+
+async def test_a_group_lives_in_one_shard_and_keeps_its_order(sharded: Queues) -> None:
+    q = sharded(shards=3)
+    r = sharded.client
+    items = [(f"{g}:{i}", 0) for i in range(10) for g in ("alpha", "beta", "gamma", "delta")]
+    await q.offer_many(items, groups=[value.split(":")[0] for value, _ in items])
+    for group in ("alpha", "beta", "gamma", "delta"):
+        home = q.shard_keys[_shard(group, 3)]
+        assert await r.zcard(home.grouped) >= 10
+    # A keyed grouped item goes where its group goes; the keyed calls still find it.
+    key = next(k for k in ("k1", "k2", "k3", "k4") if _shard(k, 3) != _shard("alpha", 3))
+    before = await r.zcard(q.shard_keys[_shard("alpha", 3)].grouped)
+    assert (await q.offer("keyed", 3600, key=key, group="alpha")).added
+    assert await r.zcard(q.shard_keys[_shard("alpha", 3)].grouped) == before + 1
+    pending = await q.get(key)
+    assert pending is not None
+    assert pending.group == "alpha"
+    assert await q.reschedule(key, 7200) is not None
+    assert await q.cancel(key)
+    assert await q.get(key) is None
+    got: list[str] = []
+    async with q:
+        while len(got) < len(items):
+            m = await q.receive(30, timeout=10)
+            assert m is not None
+            got.append(m.value)
+            assert await m.ack()
+    for group in ("alpha", "beta", "gamma", "delta"):
+        assert [v for v in got if v.startswith(group)] == [f"{group}:{i}" for i in range(10)]
+    await q.set_group_concurrency(2)
+    assert (await q.counts()).group_concurrency == 2

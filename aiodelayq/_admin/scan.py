@@ -19,10 +19,11 @@ from .reads import recorded_shards
 
 __all__ = ["QUEUE_KEY_PREFIXES", "ScanResult", "queue_name_of", "scan_queues"]
 
-# The tier index because all pending items may be tiered; the two lists because a queue keeps them when
-# nothing is pending. The destination list has the bare name: it cannot be told from any other list.
-QUEUE_KEY_PREFIXES = ("redisson_delay_queue_timeout", "aiodelayq_tier_index", "aiodelayq_dead_letter",
-                      "aiodelayq_in_flight")
+# The tier index because all pending items may be tiered, the grouped zset and the groups' hash because
+# all may be grouped; the two lists because a queue keeps them when nothing is pending. The destination
+# list has the bare name: it cannot be told from any other list.
+QUEUE_KEY_PREFIXES = ("redisson_delay_queue_timeout", "aiodelayq_tier_index", "aiodelayq_grouped", "aiodelayq_groups",
+                      "aiodelayq_dead_letter", "aiodelayq_in_flight")
 
 
 @dataclass(frozen=True)

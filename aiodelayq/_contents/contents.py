@@ -49,6 +49,7 @@ class PendingItem(Generic[T]):
         headers: the headers it was offered with (``{}`` when none).
         expires_at_ms: when it expires, epoch ms of the server clock (``None``: never).
         recurring: it is the next occurrence of a recurring item (:meth:`DelayedQueue.schedule`).
+        group: the group it was offered in (``None``: none).
     """
 
     due_ms: int
@@ -60,6 +61,7 @@ class PendingItem(Generic[T]):
     headers: dict[str, str] = field(default_factory=dict)
     expires_at_ms: int | None = None
     recurring: bool = False
+    group: str | None = None
 
 
 class QueueContents:
@@ -145,7 +147,7 @@ class QueueContents:
                 value, decodable = None, False
             items.append(PendingItem(due_ms, value, unwrapped.payload, key_text, decodable, headers=unwrapped.headers,
                                      expires_at_ms=unwrapped.expires_at_ms,
-                                     recurring=unwrapped.schedule_key is not None))
+                                     recurring=unwrapped.schedule_key is not None, group=unwrapped.group))
         return items
 
     async def contains(self, item: Any) -> bool:

@@ -20,8 +20,8 @@ __all__ = ["MINIMAL_COMMANDS", "WAITAOF_COMMANDS", "acl_literal", "acl_probes", 
 MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
     "zcount", "zrank", "zremrangebyrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex",
-    "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "hincrby", "hexists", "hgetall", "ltrim", "get",
-    "incrby", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait", "type",
+    "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "hincrby", "hexists", "hgetall", "hsetnx", "ltrim",
+    "get", "incrby", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait", "type",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -60,6 +60,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "hincrby": ("HINCRBY", "{groups}", "f", "1"),
     "hexists": ("HEXISTS", "{groups}", "f"),
     "hgetall": ("HGETALL", "{group_flight}"),
+    "hsetnx": ("HSETNX", "{group_flight}", "f", "1"),
     "ltrim": ("LTRIM", "{dead_letter}", "0", "1"),
     "get": ("GET", "{tier_count}"),
     "incrby": ("INCRBY", "{tier_count}", "1"),

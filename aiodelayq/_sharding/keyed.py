@@ -1,6 +1,7 @@
 """The calls about one key of a sharded queue (``cancel``, ``reschedule``, ``get``, ``schedule``), each on
 the key's shard (:func:`.layout.shard_of`). A recurring item stays there: each occurrence is scheduled by the
-call that hands the previous one out."""
+call that hands the previous one out. A keyed item with a group lives in its group's shard instead: a call
+that finds nothing in the key's shard looks in the others, in order."""
 
 from __future__ import annotations
 
@@ -25,20 +26,33 @@ class ShardedKeyed:
     def __repr__(self) -> str:
         return f"<ShardedKeyed shards={len(self._shards)}>"
 
-    def _of(self, key: str) -> KeyedItems:
-        return self._shards[shard_of(check_key(key), len(self._shards))]
+    def _in_turn(self, key: str) -> list[KeyedItems]:
+        """The shards to ask about ``key``: its own first (a grouped item's is its group's), then the others."""
+        home = shard_of(check_key(key), len(self._shards))
+        return [self._shards[home], *(shard for i, shard in enumerate(self._shards) if i != home)]
 
     async def cancel(self, key: str) -> bool:
         """Remove the pending item of ``key`` (see :meth:`KeyedItems.cancel`)."""
-        return await self._of(key).cancel(key)
+        for shard in self._in_turn(key):
+            if await shard.cancel(key):
+                return True
+        return False
 
     async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
         """Move the pending item of ``key`` (see :meth:`KeyedItems.reschedule`)."""
-        return await self._of(key).reschedule(key, delay)
+        for shard in self._in_turn(key):
+            due = await shard.reschedule(key, delay)
+            if due is not None:
+                return due
+        return None
 
     async def get(self, key: str) -> Pending[Any] | None:
         """The pending item of ``key`` (see :meth:`KeyedItems.get`)."""
-        return await self._of(key).get(key)
+        for shard in self._in_turn(key):
+            pending = await shard.get(key)
+            if pending is not None:
+                return pending
+        return None
 
 
 class ShardedSchedules:

@@ -125,12 +125,15 @@ def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = N
 
 
 def _controls(c: QueueCounts) -> str:
-    """``paused``, ``100/s (burst 100)``, ``at most 20 held``, ``3 recurring``, several, or ``-``."""
+    """``paused``, ``100/s (burst 100)``, ``at most 20 held``, ``3 groups (2 at a time)``, ``3 recurring``,
+    several, or ``-``."""
     shown = ["paused"] if c.paused else []
     if c.rate_limit_per_s is not None:
         shown.append(f"{c.rate_limit_per_s:g}/s (burst {c.rate_burst})")
     if c.concurrency_limit is not None:
         shown.append(f"at most {c.concurrency_limit} held")
+    if c.groups or c.group_concurrency != 1:
+        shown.append(f"{c.groups} group{'s' if c.groups != 1 else ''} ({c.group_concurrency} at a time)")
     if c.recurring:
         shown.append(f"{c.recurring} recurring")
     return ", ".join(shown) or "-"
@@ -144,12 +147,16 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
             "next_due_in_ms": None if c.next_due_ms is None else c.next_due_ms - now_ms, "lag_ms": c.lag_ms,
             "paused": c.paused,
             "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst,
-            "concurrency_limit": c.concurrency_limit, "recurring": c.recurring}
+            "concurrency_limit": c.concurrency_limit, "groups": c.groups, "group_concurrency": c.group_concurrency,
+            "recurring": c.recurring}
 
 
 def _marker(decodable: bool, malformed: bool = False, headers: dict[str, str] | None = None,
-            expires_at_ms: int | None = None, now_ms: int = 0, recurring: bool = False) -> str:
+            expires_at_ms: int | None = None, now_ms: int = 0, recurring: bool = False,
+            group: str | None = None) -> str:
     marks = ["malformed" if malformed else "" if decodable else "undecodable", "recurring" if recurring else ""]
+    if group is not None:
+        marks.append(f"group {group}")
     if expires_at_ms is not None:
         marks.append(f"expires {relative(expires_at_ms, now_ms)}")
     if headers:
@@ -168,7 +175,8 @@ def pending_table(items: Sequence[PendingItem[Any]], now_ms: int, *, title: str,
     for item in items:
         value = show_value(item.value) if item.decodable else repr(item.raw)
         table.add_row(relative(item.due_ms, now_ms), iso_utc(item.due_ms), _cell(item.key or ""), _cell(value),
-                      _marker(item.decodable, item.malformed, item.headers, item.expires_at_ms, now_ms, item.recurring))
+                      _marker(item.decodable, item.malformed, item.headers, item.expires_at_ms, now_ms, item.recurring,
+                              item.group))
     return table
 
 
@@ -177,7 +185,7 @@ def pending_json(item: PendingItem[Any], now_ms: int) -> dict[str, Any]:
     return {"due_ms": item.due_ms, "due_in_ms": item.due_ms - now_ms, "due_iso": iso_utc(item.due_ms),
             "key": item.key, "value": _json_value(item.value) if item.decodable else None,
             "decodable": item.decodable, "malformed": item.malformed, "recurring": item.recurring,
-            "headers": item.headers,
+            "group": item.group, "headers": item.headers,
             "expires_at_ms": item.expires_at_ms, "raw_b64": base64.b64encode(item.raw).decode()}
 
 

@@ -93,7 +93,8 @@ async def count_queues(client: AnyRedis, names: Sequence[str], shards: Mapping[s
 def is_empty(counts: QueueCounts) -> bool:
     """Nothing of the queue is in Redis: no items, no dead letters, no controls, no schedules."""
     return (counts.pending == counts.ready == counts.in_flight == counts.dead_letters == counts.recurring == 0
-            and not counts.paused and counts.rate_limit_per_s is None and counts.concurrency_limit is None)
+            and not counts.paused and counts.rate_limit_per_s is None and counts.concurrency_limit is None
+            and counts.group_concurrency == 1)
 
 
 # -- the due-time histogram ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from aiodelayq._wire.elements import unwrap
 from tests.faults import FaultProxy
 
 from .model import Model
+from .observe import Snapshot
 from .state import Delivery, Outcome, Violation
 from .tally import tally
 from .world import CALL_TIMEOUT_S, LOST_REPLY_SCRIPTS, OUTAGE_MS, Config, Fault, World
@@ -37,6 +38,8 @@ TRACE = bool(os.environ.get("AIODELAYQ_MODEL_TRACE"))  # print every call, its o
 CLIENT = st.integers(0, 1)
 DELAY_MS = st.sampled_from([0, 20, 60, 150, 300])
 KEY = st.sampled_from(["k0", "k1", "k2"])
+GROUPS = ("g0", "g1")
+GROUP = st.sampled_from([None, None, *GROUPS])
 SCHEDULE_KEY = st.sampled_from(["r0", "r1"])
 HEADERS = st.sampled_from([{}, {}, {"tenant": "acme"}, {"trace": "t-1", "tenant": "ü"}])
 EXPIRES_MS = st.sampled_from([None, None, 40, 250, 1000])
@@ -73,11 +76,12 @@ class QueueMachine(RuleBasedStateMachine):
         # whether an extend took back a message past its deadline since it was set (then held may exceed it).
         self.limited_delivery = False
         self.limit_revived = False
+        self.group_limit = 1  # the highest group limit set in the example (lowering takes nothing back)
 
     @initialize(max_deliveries=st.sampled_from([None, 2, 3]), limit=st.sampled_from([None, None, 1, 2]),
-                items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS), max_size=6))
+                items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS, GROUP), max_size=6))
     def start(self, max_deliveries: int | None, limit: int | None,
-              items: list[tuple[int, str | None, dict[str, str], int | None]]) -> None:
+              items: list[tuple[int, str | None, dict[str, str], int | None, str | None]]) -> None:
         """A queue (with this ``max_deliveries`` for both queue objects, and this concurrency limit
         from the start), and a few items offered."""
         if TRACE:
@@ -132,28 +136,33 @@ class QueueMachine(RuleBasedStateMachine):
     # -- producing ---------------------------------------------------------------------------------
 
     @rule(c=CLIENT, delay=DELAY_MS, key=st.none() | KEY, replace=st.booleans(), headers=HEADERS, expires=EXPIRES_MS,
-          fault=FAULTS)
+          group=GROUP, fault=FAULTS)
     def offer(self, c: int, delay: int, key: str | None, replace: bool, headers: dict[str, str],
-              expires: int | None, fault: Fault | None) -> None:
+              expires: int | None, group: str | None, fault: Fault | None) -> None:
         value, q = self.model.new_value(), self.w.queues[c]
-        kwargs: dict[str, Any] = {"headers": headers or None, "expires": None if expires is None else expires / 1000}
+        kwargs: dict[str, Any] = {"headers": headers or None, "expires": None if expires is None else expires / 1000,
+                                  "group": group}
         if key is not None:
             kwargs.update(key=key, replace=replace)
         out = self.step(lambda: q.offer(value, delay / 1000, **kwargs), fault)
-        self.model.offer(value, delay, key, replace and key is not None, headers, expires, out)
+        self.model.offer(value, delay, key, replace and key is not None, headers, expires, out, group)
 
-    @rule(c=CLIENT, entries=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS), min_size=1, max_size=5),
+    @rule(c=CLIENT, entries=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS, GROUP), min_size=1,
+                                     max_size=5),
           replace=st.booleans(), fault=FAULTS)
-    def offer_many(self, c: int, entries: list[tuple[int, str | None, dict[str, str], int | None]],
+    def offer_many(self, c: int, entries: list[tuple[int, str | None, dict[str, str], int | None, str | None]],
                    replace: bool, fault: Fault | None) -> None:
         q = self.w.queues[c]
-        items = [(self.model.new_value(), delay, key, headers, expires) for delay, key, headers, expires in entries]
-        keys = [key for _v, _d, key, _h, _e in items]
+        items = [(self.model.new_value(), delay, key, headers, expires, group)
+                 for delay, key, headers, expires, group in entries]
+        keys = [item[2] for item in items]
+        groups = [item[5] for item in items]
         out = self.step(lambda: q.offer_many(
-            [(value, delay / 1000) for value, delay, *_rest in items],
+            [(item[0], item[1] / 1000) for item in items],
             keys=keys if any(k is not None for k in keys) else None, replace=replace,
-            headers=[h or None for *_rest, h, _e in items],
-            expires=[None if e is None else e / 1000 for *_rest, e in items]), fault)
+            headers=[item[3] or None for item in items],
+            expires=[None if item[4] is None else item[4] / 1000 for item in items],
+            groups=groups if any(g is not None for g in groups) else None), fault)
         self.model.offer_many(items, replace and any(k is not None for k in keys), out)
 
     @rule(c=CLIENT, key=KEY, fault=FAULTS)
@@ -218,6 +227,15 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.concurrency_limit(limit, self.step(set_limit, fault))
         self.limit_revived = False
 
+    @rule(c=CLIENT, limit=st.sampled_from([1, 1, 2]), fault=FAULTS)
+    def group_concurrency(self, c: int, limit: int, fault: Fault | None) -> None:
+        """``set_group_concurrency(limit)``: checked through the groups' bookkeeping (see :meth:`check`)."""
+        q = self.w.queues[c]
+        out = self.step(lambda: q.set_group_concurrency(limit), fault)
+        if out.error is not None and not out.maybe and not out.faulty:
+            raise out.error
+        self.group_limit = max(self.group_limit, limit)
+
     @rule(c=CLIENT, fault=FAULTS)
     def clear(self, c: int, fault: Fault | None) -> None:
         self.model.clear(self.step(self.w.queues[c].clear, fault))
@@ -262,7 +280,7 @@ class QueueMachine(RuleBasedStateMachine):
             item = unwrap(msg._element[32:])
             deliveries.append(Delivery(c, msg.value, msg.headers, msg.id, msg.delivery_count, msg.due_ms,
                                        msg.deadline_ms, msg.expires_at_ms, item.schedule_key,
-                                       item.occurrence if item.schedule_key is not None else None))
+                                       item.occurrence if item.schedule_key is not None else None, msg.group))
         for d in deliveries:
             tally("receive: a redelivery" if d.count > 1 else "receive: a first delivery")
         self.model.receive(deliveries, vt, out)
@@ -319,14 +337,17 @@ class QueueMachine(RuleBasedStateMachine):
     def drain(self, c: int) -> None:
         """Liveness: every item pending or ready now is handed out within 5 s of its due time, and
         every message in flight now comes back within 5 s of its deadline (each then acked), or dies
-        (expired, or past ``max_deliveries``). Not while paused: then nothing may come (which every
-        take and receive checks)."""
+        (expired, or past ``max_deliveries``); for what was overdue when the drain began, within 5 s
+        of that (only a consumer's call hands out, and none may have run since: a group's next item
+        waits for its message in flight). Not while paused: then nothing may come (which every take
+        and receive checks)."""
         if self.model.paused != [False]:
             return
         self.w.clear_faults()
         q = self.w.queues[c]
         self.check()
         targets = self.model.unfinished()
+        start = self.w.run(self.w.server_ms())
         while True:
             left = {name: at for name, at in self.model.unfinished().items() if name in targets}
             if not left:
@@ -334,15 +355,18 @@ class QueueMachine(RuleBasedStateMachine):
             now = self.w.run(self.w.server_ms())
             # A safety poll of 1 s five times over; 25 s with popped items in the hand-off (a fault
             # cut their pop off: its 20 s lease brings them back).
-            bound = max(min(at, now) for at in left.values()) + (25_000 if self.model.in_handoff else 5_000)
+            bound = max(min(max(at, start), now) for at in left.values()) + (
+                25_000 if self.model.in_handoff else 5_000)
             if now > bound:
                 raise Violation(f"not delivered in time (server time {now}): {sorted(left)}\n{self.model.describe()}")
+            taken = False
             if any(name in self.model.undelivered_names() for name in left):
                 out = self.step(lambda: q.take_many_with_headers(10, 0.2))
                 if out.error is not None:
                     raise out.error
                 self.model.take([Delivery(c, value, headers) for value, headers in out.result], out)
-            else:
+                taken = bool(out.result)
+            if not taken:  # (also when a group's message in flight holds its items back from take)
                 self.receive_then(c, 10, 300, 0.2, None, None)
                 self.check()  # the receive may have dead-lettered messages past their deadline
                 for client, msg in [(k, m) for k, m in self.held if m.deadline_ms and not m.settled]:
@@ -351,6 +375,32 @@ class QueueMachine(RuleBasedStateMachine):
             self.check()
 
     # -- the check ---------------------------------------------------------------------------------
+
+    def _check_groups(self, snap: Snapshot) -> None:
+        """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): each group's
+        count of waiting items is its list's length (and ``""`` their total), its count in flight its
+        in-flight messages, which are never more than the group limit; and a group with items waiting
+        and room has a turn."""
+        flying: dict[str, int] = {}
+        for s in snap.at("in_flight"):
+            if s.group is not None:
+                flying[s.group] = flying.get(s.group, 0) + 1
+        waiting = {group: n for group, n in snap.group_lists.items() if n}
+        problems = []
+        expected = {**waiting, "": sum(waiting.values())} if waiting else {}
+        if snap.group_waiting != expected:
+            problems.append(f"the groups hash {snap.group_waiting} != the lists' lengths {expected}")
+        if snap.group_flight != flying:
+            problems.append(f"the groups' in-flight hash {snap.group_flight} != the messages in flight {flying}")
+        if any(n > self.group_limit for n in flying.values()):
+            problems.append(f"more messages of a group in flight than the group limit ({self.group_limit}): {flying}")
+        for group in waiting:
+            if flying.get(group, 0) < snap.group_limit and group not in snap.group_turns:
+                problems.append(f"group {group!r} has items waiting and room, but no turn")
+        if flying:
+            tally("check: a group's message in flight")
+        if problems:
+            raise Violation("\n".join(["the groups' bookkeeping:", *problems, snap.describe()]))
 
     @invariant()
     def check(self) -> None:
@@ -369,6 +419,7 @@ class QueueMachine(RuleBasedStateMachine):
         if self.limited_delivery and not self.limit_revived and snap.cap is not None and snap.held > snap.cap:
             raise Violation(f"a receive handed out messages, and {snap.held} are held under a concurrency limit "
                             f"of {snap.cap}:\n{snap.describe()}")
+        self._check_groups(snap)
         self.limited_delivery = False
         for where in ("pending", "ready", "in_flight", "dead"):
             if snap.at(where):

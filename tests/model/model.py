@@ -32,6 +32,9 @@ from typing import Any
 from .reconcile import Reconciling
 from .state import GONE, INF, Delivery, Incarnation, Outcome, Span, State, Token, Violation, expiry_fits, span_text
 
+# One item of an offer: value, delay ms, key, headers, expires ms, group.
+Offering = tuple[str, int, str | None, dict[str, str], int | None, str | None]
+
 __all__ = ["Model"]
 
 # How far ahead of the server's clock a producer's estimate of it may be: less than a round trip.
@@ -56,7 +59,7 @@ class Model(Reconciling):
         self._current_pending = 0  # live schedules whose current occurrence was pending at the last reconcile
         self._in_handoff = 0  # tokens found in the hand-off at the last reconcile
         self._ids = itertools.count()
-        self._groups = itertools.count(1)
+        self._batches = itertools.count(1)
 
     # -- names ------------------------------------------------------------------------------------
 
@@ -66,8 +69,9 @@ class Model(Reconciling):
     def new_schedule_value(self) -> str:
         return f"s{next(self._ids)}"
 
-    def _token(self, value: str, headers: dict[str, str], *alts: State, note: str, group: int | None = None) -> Token:
-        token = Token(value, headers, [], group=group)
+    def _token(self, value: str, headers: dict[str, str], *alts: State, note: str, batch: int | None = None,
+               group: str | None = None) -> Token:
+        token = Token(value, headers, [], batch=batch, group=group)
         token.set(*alts, note=note)
         self.items[value] = token
         return token
@@ -90,27 +94,27 @@ class Model(Reconciling):
     # -- producing ----------------------------------------------------------------------------------
 
     def offer(self, value: str, delay_ms: int, key: str | None, replace_: bool, headers: dict[str, str],
-              expires_ms: int | None, out: Outcome) -> None:
-        """``offer(value, delay, key=, replace=, headers=, expires=)``."""
-        self._offers([(value, delay_ms, key, headers, expires_ms)], replace_, out,
+              expires_ms: int | None, out: Outcome, group: str | None = None) -> None:
+        """``offer(value, delay, key=, replace=, headers=, expires=, group=)``."""
+        self._offers([(value, delay_ms, key, headers, expires_ms, group)], replace_, out,
                      [out.result] if out.ok else None)
 
-    def offer_many(self, entries: list[tuple[str, int, str | None, dict[str, str], int | None]], replace_: bool,
+    def offer_many(self, entries: list[Offering], replace_: bool,
                    out: Outcome) -> None:
-        """``offer_many([(value, delay), ...], keys=, replace=, headers=, expires=)``: as many offers in
+        """``offer_many([(value, delay), ...], keys=, replace=, headers=, expires=, groups=)``: as many offers in
         order, one call (the lists are small): all or nothing."""
         if out.ok and len(out.result) != len(entries):
             raise Violation(f"offer_many of {len(entries)} items returned {len(out.result)} due times")
         self._offers(entries, replace_, out, list(out.result) if out.ok else None)
 
-    def _offers(self, entries: list[tuple[str, int, str | None, dict[str, str], int | None]], replace_: bool,
+    def _offers(self, entries: list[Offering], replace_: bool,
                 out: Outcome, results: list[Any] | None) -> None:
         if out.surely_not:
             return
         # One call, all or nothing: its unkeyed items land together (a keyed one may find its key
         # pending, an earlier item of the list's included, and not land).
-        group = next(self._groups) if len(entries) > 1 and out.maybe else None
-        for index, (value, delay_ms, key, headers, expires_ms) in enumerate(entries):
+        batch = next(self._batches) if len(entries) > 1 and out.maybe else None
+        for index, (value, delay_ms, key, headers, expires_ms, group) in enumerate(entries):
             if results is None:  # maybe applied, maybe not, as a whole
                 due: Span = (out.t0 + delay_ms, INF)  # landed late (held by a stall): later, never earlier
                 expires = None if expires_ms is None else (due[0] + expires_ms, INF)
@@ -121,7 +125,7 @@ class Model(Reconciling):
                 self._token(value, headers, replace(GONE, why="offer maybe not applied"),
                             State("scheduled", due, key, expires, life=expires_ms, landed=INF,
                                   why="offer maybe applied"),
-                            note=f"offer raised {out.error!r}", group=group if key is None else None)
+                            note=f"offer raised {out.error!r}", batch=batch if key is None else None, group=group)
                 continue
             result = results[index]
             due_ms = int(result)
@@ -136,7 +140,7 @@ class Model(Reconciling):
                                                        out.t1 + CLOCK_AHEAD_MS + delay_ms + expires_ms)
             if key is None:
                 self._token(value, headers, State("scheduled", (due_ms, due_ms), None, expires, life=expires_ms,
-                                                  landed=out.t1), note="offered")
+                                                  landed=out.t1), note="offered", group=group)
                 continue
             olds = self.keyed(key)
             if result.replaced:
@@ -152,7 +156,7 @@ class Model(Reconciling):
                 self.items[value] = Token(value, headers, [GONE], history=["offer found the key pending"])
                 continue
             self._token(value, headers, State("scheduled", (due_ms, due_ms), key, expires, life=expires_ms,
-                                              landed=out.t1), note="offered")
+                                              landed=out.t1), note="offered", group=group)
 
     def _pending_now(self, olds: list[Token], key: str, out: Outcome, what: str, then: State | None,
                      due: int | None = None) -> None:
@@ -249,7 +253,8 @@ class Model(Reconciling):
             return
         fits = [(t, a) for t in olds for a in t.alts if a.kind == "scheduled" and a.key == key
                 and t.value == pending.value and a.due[0] <= pending.due_ms <= a.due[1]
-                and t.headers == pending.headers and expiry_fits(a.expires, pending.expires_at_ms)]
+                and t.headers == pending.headers and t.group == pending.group
+                and expiry_fits(a.expires, pending.expires_at_ms)]
         if pending.key != key or pending.recurring or not fits:
             raise Violation(f"get({key!r}) returned {pending}; the model has {[t.describe() for t in olds]}")
         token, alt = fits[0]
@@ -294,7 +299,7 @@ class Model(Reconciling):
             if None not in alts:
                 raise Violation(f"offer(key={key!r}) was added though the key's schedule is live: {alts}")
             self.schedules[key] = [None]
-        self._offers([(value, delay_ms, key, {}, None)], True, out, [out.result] if out.ok else None)
+        self._offers([(value, delay_ms, key, {}, None, None)], True, out, [out.result] if out.ok else None)
 
     def _drop_keyed(self, key: str, out: Outcome, what: str) -> None:
         """A call removed the pending item of ``key``, if any: the plain items that may hold it are
@@ -495,6 +500,8 @@ class Model(Reconciling):
                             f"{token.describe()}")
         if d.headers != token.headers:
             raise Violation(f"{call} handed out {token.name} with headers {d.headers}, offered with {token.headers}")
+        if d.message_id is not None and d.group != token.group:
+            raise Violation(f"{call} handed out {token.name} in group {d.group!r}, offered in {token.group!r}")
         return token
 
     def _message_token(self, d: Delivery) -> Token:

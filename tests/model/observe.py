@@ -20,7 +20,9 @@ from aiodelayq import QueueKeys
 from aiodelayq._wire.elements import message_id, parse_dead_letter, parse_messages, unwrap
 from tests.helpers import handoff_payloads, unpack_list
 
-__all__ = ["Record", "Seen", "Snapshot", "Where", "snapshot"]
+__all__ = ["GROUPS", "Record", "Seen", "Snapshot", "Where", "snapshot"]
+
+GROUPS = ("g0", "g1")  # the groups the model offers in (their lists are read by name)
 
 Where = Literal["pending", "ready", "handoff", "in_flight", "dead"]
 
@@ -45,6 +47,7 @@ class Seen:
     delivery_count: int | None = None  # in flight, dead
     reason: str | None = None  # dead
     element: bytes = b""  # pending: the element as stored
+    group: str | None = None  # the group it was offered in (ready: its group's list, not the destination)
 
     def describe(self) -> str:
         parts = [self.where, repr(self.value)]
@@ -55,6 +58,8 @@ class Seen:
                 parts.append(f"{name}={getattr(self, name)!r}")
         if self.headers:
             parts.append(f"headers={self.headers!r}")
+        if self.group is not None:
+            parts.append(f"group={self.group!r}")
         return " ".join(parts)
 
 
@@ -81,13 +86,20 @@ class Snapshot:
     delay_list: int  # Redisson's insertion-order list (the model's queues write fast elements only)
     cap: int | None = None  # the concurrency limit
     held: int = 0  # messages the concurrency limit counts: in flight before their deadline, not waiting out a nack
+    group_lists: dict[str, int] = field(default_factory=dict)  # each group's due items (its list's length)
+    group_waiting: dict[str, int] = field(default_factory=dict)  # the groups hash ("": the total)
+    group_flight: dict[str, int] = field(default_factory=dict)  # the groups' in-flight hash
+    group_turns: list[str] = field(default_factory=list)
+    group_limit: int = 1
+    ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: groups' lists)
 
     def at(self, where: Where) -> list[Seen]:
         return [s for s in self.seen if s.where == where]
 
     def describe(self) -> str:
         lines = [f"server time {self.now_ms}, paused={self.paused}, concurrency limit={self.cap} (held "
-                 f"{self.held}), schedules={self.records}"]
+                 f"{self.held}), schedules={self.records}, group limit {self.group_limit}, waiting "
+                 f"{self.group_waiting}, in flight {self.group_flight}, turns {self.group_turns}"]
         lines += [f"  {s.describe()}" for s in self.seen]
         return "\n".join(lines)
 
@@ -105,7 +117,7 @@ def _payload_of_element(element: bytes) -> bytes:
 def _seen(where: Where, stored: bytes, **extra: object) -> Seen:
     item = unwrap(stored)
     return Seen(where, item.payload.decode(), item.headers, item.expires_at_ms, item.schedule_key, item.occurrence,
-                **extra)  # type: ignore[arg-type]
+                group=item.group, **extra)  # type: ignore[arg-type]
 
 
 async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
@@ -122,9 +134,16 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         pipe.llen(keys.delay_list)
         pipe.hget(keys.controls, "cap")
         pipe.zrange(keys.nacked, 0, -1, withscores=True)
+        pipe.zrange(keys.grouped, 0, -1, withscores=True)
+        for group in GROUPS:
+            pipe.lrange(keys.group_list(group), 0, -1)
+        pipe.hgetall(keys.groups)
+        pipe.hgetall(keys.group_flight)
+        pipe.lrange(keys.group_turns, 0, -1)
+        pipe.hget(keys.controls, "group_limit")
         pipe.time()
-        (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked,
-         (secs, micros)) = await pipe.execute()
+        (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked, grouped,
+         *lists, group_waiting, flight, turns, group_limit, (secs, micros)) = await pipe.execute()
     now_ms = int(secs) * 1000 + int(micros) // 1000
     index: dict[bytes, str] = {}
     for field_name, blob in index_hash.items():
@@ -132,6 +151,7 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
             continue
         key_bytes, element = unpack_list(blob[1:])
         index[element] = key_bytes.decode()
+    pending = [*pending, *grouped]
     pending_elements = {element for element, _score in pending}
     stale = sorted(k for e, k in index.items() if e not in pending_elements)
     seen: list[Seen] = []
@@ -139,6 +159,8 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         seen.append(_seen("pending", _payload_of_element(element), score=int(score), key=index.get(element),
                           element=element))
     seen += [_seen("ready", payload) for payload in ready]
+    for payloads in lists:
+        seen += [_seen("ready", payload) for payload in payloads]
     for blob in handoff.values():
         seen += [_seen("handoff", payload) for payload in handoff_payloads(blob)]
     elements = [element for element, _score in in_flight]
@@ -155,4 +177,8 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     waiting = {element for element, due in nacked if due > now_ms}
     held = sum(1 for element, deadline in in_flight if deadline > now_ms and element not in waiting)
     return Snapshot(now_ms, seen, records, index, stale, paused is not None, len(handoff),
-                    delay_list, None if cap is None else int(cap), held)
+                    delay_list, None if cap is None else int(cap), held,
+                    {group: len(payloads) for group, payloads in zip(GROUPS, lists, strict=True)},
+                    {k.decode(): int(v) for k, v in group_waiting.items()},
+                    {k.decode(): int(v) for k, v in flight.items()},
+                    [t.decode() for t in turns], int(group_limit or 1), len(ready))

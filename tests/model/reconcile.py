@@ -74,7 +74,7 @@ class Reconciling:
         for (key, number), seen in occs.items():
             if seen:
                 self._new_occurrence(key, number, seen, snap, problems)
-        self._check_groups(problems)
+        self._check_batches(problems)
         self._check_due_order(snap, problems)
         if snap.stale_index:
             problems.append(f"the key index names keys whose element is not pending: {snap.stale_index}")
@@ -126,7 +126,7 @@ class Reconciling:
         if len(seen) != 1:
             return None
         s = seen[0]
-        if s.headers != token.headers:
+        if s.headers != token.headers or s.group != token.group:
             return None
         if alt.kind in ("scheduled", "ready"):
             if s.where == "pending":
@@ -192,29 +192,29 @@ class Reconciling:
         it), among the items whose due time the model knows: an item due earlier behind one due later
         only if its offer may have reached Redis after that one was moved (an offer held past its own
         due time is moved at once, behind what was moved before it arrived)."""
-        seen: list[State] = []
+        seen: dict[str | None, list[State]] = defaultdict(list)  # per list: the destination, each group's
         for s in snap.at("ready"):
             token = self.items.get(s.value) if s.schedule_key is None else None
             if token is None or not token.certain or token.alts[0].due[0] != token.alts[0].due[1]:
                 continue
             later = token.alts[0]
-            for earlier in seen:
+            for earlier in seen[s.group]:
                 if later.due[0] < earlier.due[0] and later.landed < earlier.due[0]:
                     problems.append(f"the ready list is not in due order: {s.value!r} (due {later.due[0]}, offered "
                                     f"by {later.landed}) behind an item due {earlier.due[0]}")
-            seen.append(later)
+            seen[s.group].append(later)
 
-    def _check_groups(self, problems: list[str]) -> None:
-        groups: dict[int, list[Token]] = defaultdict(list)
+    def _check_batches(self, problems: list[str]) -> None:
+        batches: dict[int, list[Token]] = defaultdict(list)
         for token in self.items.values():
-            if token.group is not None and token.certain:
-                groups[token.group].append(token)
-        for tokens in groups.values():
+            if token.batch is not None and token.certain:
+                batches[token.batch].append(token)
+        for tokens in batches.values():
             outcomes = {"gone" if t.alts[0].kind == "gone" and not t.alts[0].taken else "landed" for t in tokens}
             if len(outcomes) > 1:
                 problems.append(f"offer_many applied in part: {[t.describe() for t in tokens]}")
             for t in tokens:
-                t.group = None
+                t.batch = None
 
     def _reconcile_schedules(self, snap: Snapshot, occs: dict[tuple[str, int], list[Seen]],
                              problems: list[str]) -> None:

@@ -101,7 +101,8 @@ class Token:
     alts: list[State]
     schedule_key: str | None = None
     occurrence: int | None = None
-    group: int | None = None  # tokens of one call that was all or nothing
+    batch: int | None = None  # tokens of one call that was all or nothing
+    group: str | None = None  # the group it was offered in
     history: list[str] = field(default_factory=list)
 
     @property
@@ -158,6 +159,7 @@ class Delivery:
     expires_at_ms: int | None = None
     schedule_key: str | None = None
     occurrence: int | None = None
+    group: str | None = None
 
 
 def expiry_fits(expected: Span | None, seen: int | None) -> bool:

@@ -1,5 +1,5 @@
--- PEEK: the soonest-due pending elements with their due times and keys, the tier's included.
--- KEYS: timeout_set key_index tier_index
+-- PEEK: the soonest-due pending elements with their due times and keys, the tier's and the grouped included.
+-- KEYS: timeout_set key_index tier_index grouped
 -- uses: lib/index.lua lib/parse.lua lib/tiers.lua lib/walk.lua
 -- ARGV[1] at most this many elements (the soonest due)
 -- returns: {element, due ms (text), payload or false (malformed), key or false, ...} in due order
@@ -14,6 +14,21 @@ local PEEK_TIER = 1000
 local n = tonumber(ARGV[1])
 local indexed = redis.call('hlen', K.key_index) > 0
 local head = redis.call('zrange', K.timeout_set, 0, n - 1, 'WITHSCORES')
+local function sooner(a, b)
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return bytes_lt(a[1], b[1])
+end
+-- Pending grouped items (lib/groups.lua) are in their own zset: merged into the head, as one zset.
+local grouped = redis.call('zrange', K.grouped, 0, n - 1, 'WITHSCORES')
+if #grouped > 0 then
+  local both = {}
+  for _, z in ipairs({head, grouped}) do
+    for p = 1, #z, 2 do both[#both + 1] = {z[p], tonumber(z[p + 1]), z[p + 1]} end
+  end
+  table.sort(both, sooner)
+  head = {}
+  for p = 1, math.min(n, #both) do head[2 * p - 1], head[2 * p] = both[p][1], both[p][3] end
+end
 local tiered = {}  -- {element, due} of the tier's entries read
 local rank, before = 0, 0  -- before: the zset's elements due before the current bucket's start
 while #tiered < PEEK_TIER do
@@ -27,10 +42,6 @@ while #tiered < PEEK_TIER do
     tiered[#tiered + 1] = {v, due}
   end
   rank = rank + 1
-end
-local function sooner(a, b)
-  if a[2] ~= b[2] then return a[2] < b[2] end
-  return bytes_lt(a[1], b[1])
 end
 table.sort(tiered, sooner)
 local out = {}

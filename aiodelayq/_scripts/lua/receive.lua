@@ -39,28 +39,28 @@ if first then
   now = first
 else
   acked = 0
-  -- Acks of grouped messages go one by one (each leaves its group's flight); the others in batches.
-  local plain, grouped = ARGV, {}
+  -- With an ack of a grouped message among them, each is found (ack_deliveries), so that it leaves
+  -- its group's flight (lib/groups.lua); else they are removed in batches, unread.
+  local grouped = false
   for c = 5, #ARGV do
     if string.byte(ARGV[c], 33) == ITEM_BYTE and group_of(string.sub(ARGV[c], 33)) then
-      plain = {}
+      grouped = true
       break
     end
   end
-  if plain ~= ARGV then
-    for c = 5, #ARGV do
-      local a = ARGV[c]
-      if string.byte(a, 33) == ITEM_BYTE and group_of(string.sub(a, 33)) then grouped[#grouped + 1] = a else plain[#plain + 1] = a end
+  if grouped then
+    local acks = {}
+    for c = 5, #ARGV do acks[c - 4] = ARGV[c] end
+    for j, found in ipairs(ack_deliveries(K, acks)) do
+      if found then
+        acked = acked + 1
+        local g = string.byte(acks[j], 33) == ITEM_BYTE and group_of(string.sub(acks[j], 33))
+        if g and group_settled(K, g) then turned = true end
+      end
     end
-  end
-  local from = plain == ARGV and 5 or 1
-  for c = from, #plain, 1000 do  -- (ZREM counts a member given twice once)
-    acked = acked + redis.call('zrem', K.in_flight, unpack(plain, c, math.min(c + 999, #plain)))
-  end
-  for _, a in ipairs(grouped) do
-    if redis.call('zrem', K.in_flight, a) == 1 then
-      acked = acked + 1
-      if group_settled(K, group_of(string.sub(a, 33))) then turned = true end
+  else
+    for c = 5, #ARGV, 1000 do  -- (ZREM counts a member given twice once)
+      acked = acked + redis.call('zrem', K.in_flight, unpack(ARGV, c, math.min(c + 999, #ARGV)))
     end
   end
   local level, held, _

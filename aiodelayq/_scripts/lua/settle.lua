@@ -17,8 +17,8 @@
 -- A nack with a delay also enters the message in K.nacked until it is visible again: it waits, and
 -- the concurrency limit does not count it. While a limit is set, a call that makes room in a full
 -- one publishes now, so the consumers it held back look again. A grouped message that leaves flight
--- (acked, dead-lettered, released) lets its group hand out the next (lib/groups.lua); when its
--- group takes a turn again, the call publishes now too.
+-- (acked, dead-lettered, released) lets its group hand out the next (lib/groups.lua); when that
+-- gives the groups their only turn (consumers found nothing to hand out), the call publishes now too.
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
 local now = now_ms()

@@ -24,16 +24,29 @@ local function group_of(payload)
   local glen = struct.unpack('>I2', payload, at)
   return string.sub(payload, at + 2, at + 1 + glen)
 end
--- The list of a group's due items.
+-- The list of a group's due items (made once per group in a call).
+local LIST_NAMES = {}
 local function group_list(K, g)
-  return 'aiodelayq_group_' .. (string.gsub(g, '[%%{]', GROUP_ESCAPES)) .. string.sub(K.groups, 17)
+  local name = LIST_NAMES[g]
+  if not name then
+    name = 'aiodelayq_group_' .. (string.gsub(g, '[%%{]', GROUP_ESCAPES)) .. string.sub(K.groups, 17)
+    LIST_NAMES[g] = name
+  end
+  return name
 end
--- How many messages of one group may be in flight at once (set_group_concurrency; default 1).
+-- How many messages of one group may be in flight at once (set_group_concurrency; default 1), read
+-- once per call.
+local GROUP_LIMIT = nil
 local function group_limit(K)
-  return tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
+  GROUP_LIMIT = GROUP_LIMIT or tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
+  return GROUP_LIMIT
 end
 local function in_flight(K, g)
   return tonumber(redis.call('hget', K.group_flight, g)) or 0
+end
+-- `n` (negative: fewer) items more wait in the groups' lists: their total (field '', gone at 0).
+local function waiting_total(K, n)
+  if n ~= 0 and redis.call('hincrby', K.groups, '', n) <= 0 then redis.call('hdel', K.groups, '') end
 end
 -- Due grouped payloads (in due order) join the tails of their groups' lists; a group that had
 -- nothing waiting and may hand out takes a turn. (One without a group, never written there by
@@ -64,7 +77,7 @@ local function groups_arrive(K, payloads)
       if in_flight(K, g) < limit then turns[#turns + 1] = g end
     end
   end
-  if #plain < #payloads then redis.call('hincrby', K.groups, '', #payloads - #plain) end
+  waiting_total(K, #payloads - #plain)
   chunked('rpush', K.group_turns, nil, turns)
 end
 -- Up to `want` payloads, one per group in turn; `held`: for reliable consumers (each counts in its
@@ -72,38 +85,45 @@ end
 -- waits for its reliable consumers all the same).
 local function groups_hand_out(K, want, held)
   local out = {}
-  if want < 1 or redis.call('llen', K.group_turns) == 0 then return out end
+  local n = want >= 1 and redis.call('llen', K.group_turns) or 0
+  if n == 0 then return out end
   local limit = group_limit(K)
-  local n = redis.call('llen', K.group_turns)
+  -- take reads a group's flight only while some group has messages in flight.
+  local flying = held or redis.call('hlen', K.group_flight) > 0
   while #out < want and n > 0 do
     n = n - 1
     local g = redis.call('lpop', K.group_turns)
     if not g then break end
-    local flight = in_flight(K, g)
-    if flight < limit then  -- (else a stale turn: the group takes one again when a message settles)
-      local p = redis.call('lpop', group_list(K, g))
-      local left = 0
-      if p then
-        out[#out + 1] = p
-        left = redis.call('hincrby', K.groups, g, -1)
-        if held then
-          redis.call('hincrby', K.group_flight, g, 1)
-          flight = flight + 1
-        end
-      end
-      if left <= 0 then
+    local flight = 0
+    if held and limit == 1 then  -- counted first, in one call: HSETNX sets 1 only where none is in flight
+      flight = redis.call('hsetnx', K.group_flight, g, 1) == 1 and 1 or 2
+    elseif held then  -- counted first; undone below if it had no room or nothing waits
+      flight = redis.call('hincrby', K.group_flight, g, 1)
+    elseif flying then
+      flight = in_flight(K, g) + 1
+    end
+    local p = flight <= limit and redis.call('lpop', group_list(K, g)) or nil
+    if not p and held and (limit > 1 or flight == 1) then
+      if redis.call('hincrby', K.group_flight, g, -1) <= 0 then redis.call('hdel', K.group_flight, g) end
+    end
+    -- (no room: a stale turn; the group takes one again when a message of it settles)
+    if p then
+      out[#out + 1] = p
+      if redis.call('hincrby', K.groups, g, -1) <= 0 then
         redis.call('hdel', K.groups, g)
-      elseif flight < limit then
+      elseif flight < limit or not held then  -- (take: it handed out only with room, and holds none)
         redis.call('rpush', K.group_turns, g)
         n = n + 1
       end
+    elseif flight <= limit then  -- its turn, but nothing waits (never left so by aiodelayq)
+      redis.call('hdel', K.groups, g)
     end
   end
-  if #out > 0 then redis.call('hincrby', K.groups, '', -#out) end
+  waiting_total(K, -#out)
   return out
 end
 -- A message of group g left flight (acked, dead-lettered, expired). Returns true when the group
--- took a turn again (consumers should look).
+-- took a turn and it is the only one (consumers that found nothing should look again).
 local function group_settled(K, g)
   local flight = redis.call('hincrby', K.group_flight, g, -1)
   if flight <= 0 then
@@ -111,8 +131,7 @@ local function group_settled(K, g)
     flight = 0
   end
   if flight == group_limit(K) - 1 and redis.call('hexists', K.groups, g) == 1 then
-    redis.call('rpush', K.group_turns, g)
-    return true
+    return redis.call('rpush', K.group_turns, g) == 1
   end
   return false
 end
@@ -151,5 +170,5 @@ local function to_head(K, payloads, held)
     -- It had no turn when nothing waited or its flight was full; now it has one, first.
     if flight < limit and (waiting == #list or before >= limit) then redis.call('lpush', K.group_turns, g) end
   end
-  redis.call('hincrby', K.groups, '', total)
+  waiting_total(K, total)
 end
