@@ -369,15 +369,19 @@ class _QueueCollector(Collector):
                                  "items per second (absent without one).", labels=("queue",))
         cap = GaugeMetricFamily(f"{ns}_concurrency_limit", "The most messages the queue's reliable consumers "
                                 "hold at once, together (absent without a limit).", labels=("queue",))
+        groups = GaugeMetricFamily(f"{ns}_groups", "Groups of the queue with due items waiting or messages in "
+                                   "flight.", labels=("queue",))
         for queue, counts in sorted(snapshot.items()):
             paused.add_metric((queue,), 1.0 if counts.paused else 0.0)
             if counts.rate_limit_per_s is not None:
                 rate.add_metric((queue,), counts.rate_limit_per_s)
             if counts.concurrency_limit is not None:
                 cap.add_metric((queue,), counts.concurrency_limit)
+            groups.add_metric((queue,), counts.groups)
         yield paused
         yield rate
         yield cap
+        yield groups
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str, *, head: bool = False,

@@ -116,6 +116,7 @@ async def test_metrics_over_http_after_real_traffic(client: Redis, make_queue: A
             assert _value(got, "aiodelayq_next_due_timestamp_seconds", queue=name) == real.next_due_ms / 1000
             assert _value(got, "aiodelayq_lag_seconds", queue=name) == 0  # nothing due is left behind
             assert _value(got, "aiodelayq_concurrency_limit", queue=name) == 10
+            assert _value(got, "aiodelayq_groups", queue=name) == 0
             assert _value(got, "aiodelayq_rate_limit_per_second", queue=name) is None  # absent without one
             expected = {"offered": 11, "moved": 9, "delivered": 9, "redelivered": 1, "acked": 1, "nacked": 3,
                         "transfer_errors": 0}

@@ -31,7 +31,7 @@ from .._util.observe import Events
 from .._util.tasks import TaskOwner, run_through_cancellation
 from .._util.tracing import tracer
 from .._wire.codec import batch_decoder, decode_item, scanning
-from .._wire.elements import ITEM_MARK, MESSAGE_HEADER, message_payloads, parse_messages, unwrap
+from .._wire.elements import ITEM_MARK, MESSAGE_HEADER, grouped_payloads, message_payloads, parse_messages, unwrap
 from ..exceptions import BackendError, DecodeError, QueueClosedError
 from .controls import HOLD_CAPPED, hold_s
 from .messages import Message
@@ -349,9 +349,15 @@ class ReliableConsumer(Generic[T]):
         elements = reply[7]
         deadline_ms, expires, settler, decode = now_ms + vt_ms, sent + vt_ms / 1000, self.settler, self._decode
         if self._decode_batch is not None and elements:
+            groups: list[str | None] | None = None
             try:
-                values = self._decode_batch(message_payloads(elements))
-            except ValueError:  # an envelope, or a payload json.loads must judge: one at a time below
+                payloads = message_payloads(elements)
+                try:
+                    values = self._decode_batch(payloads)
+                except ValueError:  # an envelope: of a group alone (decoded in one batch too), or of more
+                    payloads, groups = grouped_payloads(payloads)
+                    values = self._decode_batch(payloads)
+            except ValueError:  # an envelope of more, or a payload json.loads must judge: one at a time below
                 pass
             else:  # the common case: bare payloads, nothing per message but its header and the Message
                 header, made = MESSAGE_HEADER.unpack_from, []
@@ -359,6 +365,9 @@ class ReliableConsumer(Generic[T]):
                     count, due = header(element, 20)
                     made.append(Message(value, count, int(due) if due else None, deadline_ms, settler, element,
                                         expires, vt_ms))
+                if groups is not None:
+                    for message, group in zip(made, groups, strict=True):
+                        message.group = group
                 return made, wait_s
         messages: list[Message[T]] = []
         for element, (count, due_ms, stored) in zip(elements, parse_messages(elements), strict=True):

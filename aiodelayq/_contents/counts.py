@@ -27,7 +27,8 @@ class QueueCounts:
         tiered: how many ``pending`` items wait in the tier's buckets (``tier_after_s``).
         concurrency_limit: the most messages reliable consumers hold at once
             (:meth:`DelayedQueue.set_concurrency_limit`), or ``None``.
-        groups: how many groups have due items waiting (:meth:`DelayedQueue.offer`'s ``group``).
+        groups: how many groups have due items waiting or messages in flight (:meth:`DelayedQueue.offer`'s
+            ``group``).
         group_concurrency: the most messages of one group reliable consumers hold at once
             (:meth:`DelayedQueue.set_group_concurrency`; 1 unless set).
     """

@@ -72,6 +72,7 @@ __all__ = [
     "classify_element",
     "element_kind",
     "fragment_size",
+    "grouped_payloads",
     "long_format",
     "offer_args",
     "pack_dead_letter",
@@ -255,6 +256,32 @@ def message_payloads(elements: list[bytes]) -> list[bytes]:
     return [element[32:] for element in elements]
 
 
+def grouped_payloads(stored: list[bytes]) -> tuple[list[bytes], list[str | None]]:
+    """The codec's payloads in ``stored`` (message payloads: bare, or envelopes that carry a group and
+    nothing else), and each one's group (``None``: bare).
+
+    Raises:
+        ValueError: an envelope that carries more than a group (or is malformed).
+    """
+    payloads: list[bytes] = []
+    groups: list[str | None] = []
+    fixed, length, mark, grouped = _FIXED.unpack_from, _LENGTH.unpack_from, ITEM_MARK, _GROUPED
+    for data in stored:
+        if data[:1] != mark:
+            payloads.append(data)
+            groups.append(None)
+            continue
+        if len(data) < _PREFIX + 2:
+            raise ValueError("a short envelope")
+        expires_ms, block_len, key_len, _occurrence, flags = fixed(data, 5)
+        (n,) = length(data, _PREFIX)
+        if flags != grouped or block_len or key_len or expires_ms or not 0 < n <= len(data) - _PREFIX - 2:
+            raise ValueError("an envelope that carries more than a group")
+        payloads.append(data[_PREFIX + 2 + n:])
+        groups.append(data[_PREFIX + 2:_PREFIX + 2 + n].decode())  # (UnicodeDecodeError: a ValueError)
+    return payloads, groups
+
+
 def message_id(element: bytes) -> str:
     """The id (hex) of the message ``element``: the same for every delivery of one item."""
     return element[4:20].hex()
@@ -384,6 +411,13 @@ def unwrap(data: bytes) -> Unwrapped:
     if not data.startswith(ITEM_MAGIC) or len(data) < _PREFIX:
         return Unwrapped(data, {}, None)
     expires_ms, block_len, key_len, occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
+    if flags == _GROUPED and not block_len and not key_len and not expires_ms:  # a group alone: most often
+        (n,) = _LENGTH.unpack_from(data, _PREFIX)
+        if n > 0 and _PREFIX + 2 + n <= len(data):
+            try:
+                return Unwrapped(data[_PREFIX + 2 + n:], {}, None, group=data[_PREFIX + 2:_PREFIX + 2 + n].decode())
+            except UnicodeDecodeError:
+                return Unwrapped(data, {}, None)
     end = _PREFIX + block_len
     if end + key_len > len(data):
         return Unwrapped(data, {}, None)

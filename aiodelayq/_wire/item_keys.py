@@ -19,15 +19,7 @@ def check_key(key: object) -> bytes:
     Raises:
         InvalidKeyError: not a non-empty ``str`` of at most ``MAX_KEY_BYTES`` UTF-8 bytes.
     """
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"key must be a str, not {type(key).__name__}")
-    try:
-        raw = key.encode()
-    except UnicodeEncodeError as exc:  # lone surrogates
-        raise InvalidKeyError(f"key is not valid UTF-8: {exc}") from exc
-    if not raw or len(raw) > MAX_KEY_BYTES:
-        raise InvalidKeyError(f"key must be 1..{MAX_KEY_BYTES} UTF-8 bytes, got {len(raw)}")
-    return raw
+    return _utf8(key, "key", MAX_KEY_BYTES, InvalidKeyError)
 
 
 def check_group(group: object) -> bytes:
@@ -36,14 +28,18 @@ def check_group(group: object) -> bytes:
     Raises:
         InvalidGroupError: not a non-empty ``str`` of at most ``MAX_GROUP_BYTES`` UTF-8 bytes.
     """
-    if not isinstance(group, str):
-        raise InvalidGroupError(f"group must be a str, not {type(group).__name__}")
+    return _utf8(group, "group", MAX_GROUP_BYTES, InvalidGroupError)
+
+
+def _utf8(text: object, what: str, most: int, error: type[InvalidKeyError]) -> bytes:
+    if not isinstance(text, str):
+        raise error(f"{what} must be a str, not {type(text).__name__}")
     try:
-        raw = group.encode()
+        raw = text.encode()
     except UnicodeEncodeError as exc:  # lone surrogates
-        raise InvalidGroupError(f"group is not valid UTF-8: {exc}") from exc
-    if not raw or len(raw) > MAX_GROUP_BYTES:
-        raise InvalidGroupError(f"group must be 1..{MAX_GROUP_BYTES} UTF-8 bytes, got {len(raw)}")
+        raise error(f"{what} is not valid UTF-8: {exc}") from exc
+    if not raw or len(raw) > most:
+        raise error(f"{what} must be 1..{most} UTF-8 bytes, got {len(raw)}")
     return raw
 
 

@@ -377,21 +377,20 @@ class QueueMachine(RuleBasedStateMachine):
     # -- the check ---------------------------------------------------------------------------------
 
     def _check_groups(self, snap: Snapshot) -> None:
-        """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): each group's
-        count of waiting items is its list's length (and ``""`` their total), its count in flight its
-        in-flight messages, which are never more than the group limit; and a group with items waiting
-        and room has a turn."""
+        """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): a field per
+        group with items waiting or in flight, its in-flight messages (never more than the group limit),
+        ``""`` the items waiting in all the lists; and a group with items waiting and room has a turn."""
         flying: dict[str, int] = {}
         for s in snap.at("in_flight"):
             if s.group is not None:
                 flying[s.group] = flying.get(s.group, 0) + 1
         waiting = {group: n for group, n in snap.group_lists.items() if n}
         problems = []
-        expected = {**waiting, "": sum(waiting.values())} if waiting else {}
-        if snap.group_waiting != expected:
-            problems.append(f"the groups hash {snap.group_waiting} != the lists' lengths {expected}")
-        if snap.group_flight != flying:
-            problems.append(f"the groups' in-flight hash {snap.group_flight} != the messages in flight {flying}")
+        expected = {group: flying.get(group, 0) for group in {*waiting, *flying}}
+        if waiting:
+            expected[""] = sum(waiting.values())
+        if snap.groups_hash != expected:
+            problems.append(f"the groups hash {snap.groups_hash} != {expected} (lists {waiting}, in flight {flying})")
         if any(n > self.group_limit for n in flying.values()):
             problems.append(f"more messages of a group in flight than the group limit ({self.group_limit}): {flying}")
         for group in waiting:

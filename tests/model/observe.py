@@ -87,8 +87,7 @@ class Snapshot:
     cap: int | None = None  # the concurrency limit
     held: int = 0  # messages the concurrency limit counts: in flight before their deadline, not waiting out a nack
     group_lists: dict[str, int] = field(default_factory=dict)  # each group's due items (its list's length)
-    group_waiting: dict[str, int] = field(default_factory=dict)  # the groups hash ("": the total)
-    group_flight: dict[str, int] = field(default_factory=dict)  # the groups' in-flight hash
+    groups_hash: dict[str, int] = field(default_factory=dict)  # group -> in flight, and "": the total waiting
     group_turns: list[str] = field(default_factory=list)
     group_limit: int = 1
     ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: groups' lists)
@@ -99,7 +98,7 @@ class Snapshot:
     def describe(self) -> str:
         lines = [f"server time {self.now_ms}, paused={self.paused}, concurrency limit={self.cap} (held "
                  f"{self.held}), schedules={self.records}, group limit {self.group_limit}, waiting "
-                 f"{self.group_waiting}, in flight {self.group_flight}, turns {self.group_turns}"]
+                 f"{self.groups_hash}, turns {self.group_turns}"]
         lines += [f"  {s.describe()}" for s in self.seen]
         return "\n".join(lines)
 
@@ -138,12 +137,11 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         for group in GROUPS:
             pipe.lrange(keys.group_list(group), 0, -1)
         pipe.hgetall(keys.groups)
-        pipe.hgetall(keys.group_flight)
         pipe.lrange(keys.group_turns, 0, -1)
         pipe.hget(keys.controls, "group_limit")
         pipe.time()
         (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked, grouped,
-         *lists, group_waiting, flight, turns, group_limit, (secs, micros)) = await pipe.execute()
+         *lists, groups_hash, turns, group_limit, (secs, micros)) = await pipe.execute()
     now_ms = int(secs) * 1000 + int(micros) // 1000
     index: dict[bytes, str] = {}
     for field_name, blob in index_hash.items():
@@ -179,6 +177,5 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
     return Snapshot(now_ms, seen, records, index, stale, paused is not None, len(handoff),
                     delay_list, None if cap is None else int(cap), held,
                     {group: len(payloads) for group, payloads in zip(GROUPS, lists, strict=True)},
-                    {k.decode(): int(v) for k, v in group_waiting.items()},
-                    {k.decode(): int(v) for k, v in flight.items()},
+                    {k.decode(): int(v) for k, v in groups_hash.items() if len(k) <= 256},  # (not the hash-table field)
                     [t.decode() for t in turns], int(group_limit or 1), len(ready))

@@ -220,7 +220,7 @@ class World:
         for _ in range(20):
             first = await self.reader.counts()
             size, ready = await self.reader.size(), await self.reader.ready_size()
-            grouped_ready = int(await self.admin.hget(self.queues[0].keys.groups, "") or 0)
+            grouped_ready = int(await self.admin.hget(self.queues[0].keys.groups, "") or 0)  # (the lists' total)
             again = await self.reader.counts()
             if (first.pending, first.ready) == (again.pending, again.ready):
                 break

@@ -1,12 +1,12 @@
 -- COUNTS: pending, ready, in-flight and dead-letter counts, the earliest due time and the controls, in one read.
 -- KEYS: timeout_set destination in_flight dead_letter controls schedules tier_index tier_count grouped groups
--- uses: lib/clock.lua lib/tiers.lua
+-- uses: lib/clock.lua lib/groups.lua lib/tiers.lua
 -- ARGV: (none)
 -- returns: {pending (the tier's items included), ready, in flight, dead letters, earliest due ms
 -- (text) or false, paused (1/0), rate limit (items per second, text) or false, its burst (text) or
 -- false, recurring items, lag ms (the server clock minus the zset head's due time when that has
 -- passed, else 0), tiered (how many of the pending wait in the tier), concurrency limit (text) or
--- false, groups with due items waiting, the group limit}; pending and ready count grouped items
+-- false, groups with items waiting or in flight, the group limit}; pending and ready count grouped items
 -- (lib/groups.lua) too: O(1) each but the earliest due time (O(log N)), in one atomic read. Read-only.
 -- The earliest due time is the zset head's, unless the first bucket of the tier starts before it:
 -- then the earliest of that bucket's entries when it holds at most COUNTS_SCAN, else its start (never
@@ -35,8 +35,8 @@ if first[1] and (not head[2] or tonumber(first[1]) < tonumber(head[2])) then
 end
 local tiered = tonumber(redis.call('get', K.tier_count)) or 0
 local waiting = tonumber(redis.call('hget', K.groups, '')) or 0
-local groups = redis.call('hlen', K.groups)
-if redis.call('hexists', K.groups, '') == 1 then groups = groups - 1 end
+local groups = redis.call('hlen', K.groups) - redis.call('hexists', K.groups, '')
+  - redis.call('hexists', K.groups, GROUPS_HASH_TABLE)
 local grouped_head = redis.call('zrange', K.grouped, 0, 0, 'WITHSCORES')[2]
 if grouped_head and (not earliest or tonumber(grouped_head) < tonumber(earliest)) then earliest = grouped_head end
 return {redis.call('zcard', K.timeout_set) + tiered + redis.call('zcard', K.grouped), redis.call('llen', K.destination) + waiting,

@@ -1,5 +1,5 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
--- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_flight group_turns
+-- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_turns
 -- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the

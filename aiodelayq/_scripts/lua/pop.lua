@@ -1,5 +1,5 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_flight group_turns
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_turns
 -- uses: lib/clock.lua lib/controls.lua lib/groups.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as

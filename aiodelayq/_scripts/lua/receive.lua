@@ -1,5 +1,5 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_flight group_turns
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_turns
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and

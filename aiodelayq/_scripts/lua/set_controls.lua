@@ -1,6 +1,6 @@
 -- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, its
 -- concurrency limit, or set its group limit.
--- KEYS: controls channel groups group_flight group_turns
+-- KEYS: controls channel groups group_turns
 -- uses: lib/clock.lua lib/groups.lua
 -- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap' or 'group_limit'; for 'rate': ARGV[2]
 -- items per second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most
@@ -9,7 +9,7 @@
 -- returns: 1. Every consumer's next POP or RECEIVE sees the change (nothing is cached). Setting a
 -- rate limit starts a full bucket. Setting or removing a concurrency limit publishes now, so the
 -- consumers a lower one held back look again; so does a group limit, and a higher one gives a turn
--- to each group it lets hand out more (O(groups in flight)). Idempotent.
+-- to each group it lets hand out more (O(groups with items waiting or in flight)). Idempotent.
 local op = ARGV[1]
 if op == 'pause' then
   redis.call('hset', K.controls, 'paused', 1)
@@ -22,11 +22,11 @@ elseif op == 'group_limit' then
   local old, new = group_limit(K), tonumber(ARGV[2])
   if new == 1 then redis.call('hdel', K.controls, 'group_limit') else redis.call('hset', K.controls, 'group_limit', new) end
   if new > old then
-    local flights = redis.call('hgetall', K.group_flight)
+    local flights = redis.call('hgetall', K.groups)
     for i = 1, #flights, 2 do
-      local flight = tonumber(flights[i + 1])
-      if flight >= old and flight < new and redis.call('hexists', K.groups, flights[i]) == 1 then
-        redis.call('rpush', K.group_turns, flights[i])
+      local g, flight = flights[i], tonumber(flights[i + 1])
+      if g ~= '' and g ~= GROUPS_HASH_TABLE and flight >= old and flight < new and redis.call('llen', group_list(K, g)) > 0 then
+        redis.call('rpush', K.group_turns, g)
       end
     end
   end

@@ -1,5 +1,5 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_flight group_turns
+-- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_turns
 -- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/item.lua lib/messages.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may

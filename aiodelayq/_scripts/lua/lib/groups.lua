@@ -1,17 +1,22 @@
--- defines: GROUP_FLAG group_of group_list group_limit groups_arrive groups_hand_out group_settled to_head
+-- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_arrive groups_hand_out group_settled to_head
 -- uses: lib/chunked.lua lib/item.lua lib/reversed.lua
--- Ordered groups (docs/design.md, "Groups"). A grouped item's envelope is flagged GROUP_FLAG and
--- carries '>H' length | group after its schedule key (aiodelayq/_wire/elements.py). While pending it
--- waits in K.grouped (a zset by due ms that Redisson's transfer never reads); once due, its payload
--- waits in its group's list 'aiodelayq_group_<group>:{N}' (the group with '%' and '{' escaped, so
--- the hash tag stays the queue's), in order. K.groups maps each group with items waiting there to
--- their number, and '' (no group's name) to their total; K.group_flight maps a group to its
--- messages in flight (reliable consumers). K.group_turns lists the groups that may hand out one
--- more: items waiting and fewer than the group limit in flight. Consumers take one item of the
--- group at the head, which goes to the tail if it may hand out more: round robin, so a group with
--- many items waits its turn like one with a single item. A group is listed at most once, but a
--- stale entry (the limit was lowered) is harmless: every entry is checked when its turn comes.
+-- Ordered groups (docs/controls.md, "Groups and limits"). A grouped item's envelope is flagged
+-- GROUP_FLAG and carries '>H' length | group after its schedule key (aiodelayq/_wire/elements.py).
+-- While pending it waits in K.grouped (a zset by due ms that Redisson's transfer never reads); once
+-- due, its payload waits in its group's list 'aiodelayq_group_<group>:{N}' (the group with '%' and
+-- '{' escaped, so the hash tag stays the queue's), in order. K.groups holds a field per group with
+-- items waiting there or messages in flight (reliable consumers), valued its messages in flight (0
+-- while only waiting), and '' (no group's name) holding how many items wait in all the lists.
+-- K.group_turns lists the groups that may hand out one more: items waiting and fewer than the group
+-- limit in flight. Consumers take one item of the group at the head, which goes to the tail if it
+-- may hand out more: round robin, so a group with many items waits its turn like one with a single
+-- item. A group is listed at most once, but a stale entry (the limit was lowered) is harmless: every
+-- entry is checked when its turn comes. A group with nothing waiting and nothing in flight has no
+-- field, no list and no turn. While K.groups exists it also holds the field GROUPS_HASH_TABLE, longer
+-- than any group (at most 256 bytes) and than a listpack's values: so Redis keeps the hash a hash
+-- table, where a group's field is found in O(1), not in a scan of up to 512 fields (a listpack).
 local GROUP_FLAG = 4
+local GROUPS_HASH_TABLE = string.rep('#', 300)
 local GROUP_ESCAPES = {['%'] = '%25', ['{'] = '%7B'}
 -- The group of a payload, or nil (a bare payload, or an envelope without one).
 local function group_of(payload)
@@ -41,18 +46,27 @@ local function group_limit(K)
   GROUP_LIMIT = GROUP_LIMIT or tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
   return GROUP_LIMIT
 end
-local function in_flight(K, g)
-  return tonumber(redis.call('hget', K.group_flight, g)) or 0
+local function flight_of(K, g)
+  return tonumber(redis.call('hget', K.groups, g)) or 0
+end
+-- Before a group's field is added: the hash is a hash table (see above).
+local function groups_hash(K)
+  redis.call('hsetnx', K.groups, GROUPS_HASH_TABLE, 1)
+end
+-- Drop a field of K.groups; the hash goes with the last but GROUPS_HASH_TABLE.
+local function groups_drop(K, field)
+  redis.call('hdel', K.groups, field)
+  if redis.call('hlen', K.groups) == 1 and redis.call('hexists', K.groups, GROUPS_HASH_TABLE) == 1 then
+    redis.call('unlink', K.groups)
+  end
 end
 -- `n` (negative: fewer) items more wait in the groups' lists: their total (field '', gone at 0).
 local function waiting_total(K, n)
-  if n ~= 0 and redis.call('hincrby', K.groups, '', n) <= 0 then redis.call('hdel', K.groups, '') end
+  if n ~= 0 and redis.call('hincrby', K.groups, '', n) <= 0 then groups_drop(K, '') end
 end
--- Due grouped payloads (in due order) join the tails of their groups' lists; a group that had
--- nothing waiting and may hand out takes a turn. (One without a group, never written there by
--- aiodelayq, goes to the destination.)
-local function groups_arrive(K, payloads)
-  if #payloads == 0 then return end
+-- `payloads` by group: {group -> its payloads in order}, the groups in order of first payload, and
+-- the payloads without a group.
+local function by_group(payloads)
   local by, order, plain = {}, {}, {}
   for _, p in ipairs(payloads) do
     local g = group_of(p)
@@ -67,14 +81,25 @@ local function groups_arrive(K, payloads)
       plain[#plain + 1] = p
     end
   end
+  return by, order, plain
+end
+-- Due grouped payloads (in due order) join the tails of their groups' lists; a group that had
+-- nothing waiting and may hand out takes a turn. (One without a group, never written there by
+-- aiodelayq, goes to the destination.)
+local function groups_arrive(K, payloads)
+  if #payloads == 0 then return end
+  local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
-  local limit, turns = nil, {}
+  local limit, turns = group_limit(K), {}
+  if #order > 0 then groups_hash(K) end
   for _, g in ipairs(order) do
-    local list = by[g]
-    chunked('rpush', group_list(K, g), nil, list)
-    if redis.call('hincrby', K.groups, g, #list) == #list then
-      limit = limit or group_limit(K)
-      if in_flight(K, g) < limit then turns[#turns + 1] = g end
+    local list, length = by[g], 0
+    for i = 1, #list, 1000 do
+      length = redis.call('rpush', group_list(K, g), unpack(list, i, math.min(i + 999, #list)))
+    end
+    -- Nothing waited: a turn if it has room (a new field: none in flight).
+    if length == #list and (redis.call('hsetnx', K.groups, g, 0) == 1 or flight_of(K, g) < limit) then
+      turns[#turns + 1] = g
     end
   end
   waiting_total(K, #payloads - #plain)
@@ -88,35 +113,27 @@ local function groups_hand_out(K, want, held)
   local n = want >= 1 and redis.call('llen', K.group_turns) or 0
   if n == 0 then return out end
   local limit = group_limit(K)
-  -- take reads a group's flight only while some group has messages in flight.
-  local flying = held or redis.call('hlen', K.group_flight) > 0
   while #out < want and n > 0 do
     n = n - 1
     local g = redis.call('lpop', K.group_turns)
     if not g then break end
-    local flight = 0
-    if held and limit == 1 then  -- counted first, in one call: HSETNX sets 1 only where none is in flight
-      flight = redis.call('hsetnx', K.group_flight, g, 1) == 1 and 1 or 2
-    elseif held then  -- counted first; undone below if it had no room or nothing waits
-      flight = redis.call('hincrby', K.group_flight, g, 1)
-    elseif flying then
-      flight = in_flight(K, g) + 1
-    end
-    local p = flight <= limit and redis.call('lpop', group_list(K, g)) or nil
-    if not p and held and (limit > 1 or flight == 1) then
-      if redis.call('hincrby', K.group_flight, g, -1) <= 0 then redis.call('hdel', K.group_flight, g) end
-    end
-    -- (no room: a stale turn; the group takes one again when a message of it settles)
+    local list = group_list(K, g)
+    -- Counted first (as if, for take): taken back below when it had no room or nothing waits.
+    local flight = held and redis.call('hincrby', K.groups, g, 1) or flight_of(K, g) + 1
+    local p = flight <= limit and redis.call('lpop', list) or nil
     if p then
       out[#out + 1] = p
-      if redis.call('hincrby', K.groups, g, -1) <= 0 then
-        redis.call('hdel', K.groups, g)
-      elseif flight < limit or not held then  -- (take: it handed out only with room, and holds none)
-        redis.call('rpush', K.group_turns, g)
-        n = n + 1
+      if flight < limit or not held then  -- room for more: its turn again while items wait
+        if redis.call('llen', list) > 0 then
+          redis.call('rpush', K.group_turns, g)
+          n = n + 1
+        elseif flight == 1 and not held then  -- (take: nothing waits, nothing in flight)
+          groups_drop(K, g)
+        end
       end
-    elseif flight <= limit then  -- its turn, but nothing waits (never left so by aiodelayq)
-      redis.call('hdel', K.groups, g)
+    else  -- a stale turn, or nothing waits (never left so by aiodelayq)
+      flight = held and redis.call('hincrby', K.groups, g, -1) or flight - 1
+      if flight <= 0 and redis.call('llen', list) == 0 then groups_drop(K, g) end
     end
   end
   waiting_total(K, -#out)
@@ -125,50 +142,49 @@ end
 -- A message of group g left flight (acked, dead-lettered, expired). Returns true when the group
 -- took a turn and it is the only one (consumers that found nothing should look again).
 local function group_settled(K, g)
-  local flight = redis.call('hincrby', K.group_flight, g, -1)
-  if flight <= 0 then
-    redis.call('hdel', K.group_flight, g)
+  local flight = redis.call('hincrby', K.groups, g, -1)
+  if flight < 0 then  -- (not counted: a grouped payload that came another way)
     flight = 0
+    redis.call('hset', K.groups, g, 0)
   end
-  if flight == group_limit(K) - 1 and redis.call('hexists', K.groups, g) == 1 then
-    return redis.call('rpush', K.group_turns, g) == 1
+  local limit = group_limit(K)
+  if flight >= limit then return false end  -- still full (the limit was lowered)
+  if redis.call('llen', group_list(K, g)) == 0 then
+    if flight == 0 then groups_drop(K, g) end
+    return false
   end
-  return false
+  return flight == limit - 1 and redis.call('rpush', K.group_turns, g) == 1
 end
 -- Payloads nobody took go back to the head of where they came from, in order: the destination
 -- for ungrouped ones, their group's list for grouped ones (whose turn comes first); `held`: they
 -- were messages in flight (counted in their group's flight).
 local function to_head(K, payloads, held)
-  local plain, by, order = {}, {}, {}
-  for _, p in ipairs(payloads) do
-    local g = group_of(p)
-    if g then
-      local list = by[g]
-      if not list then
-        list = {}
-        by[g], order[#order + 1] = list, g
-      end
-      list[#list + 1] = p
-    else
-      plain[#plain + 1] = p
-    end
-  end
+  local by, order, plain = by_group(payloads)
   chunked('lpush', K.destination, nil, reversed(plain))
   if #order == 0 then return end
+  groups_hash(K)
   local limit, total = group_limit(K), 0
   for _, g in ipairs(order) do
-    local list = by[g]
-    chunked('lpush', group_list(K, g), nil, reversed(list))
+    local list, length = by[g], 0
+    local back = reversed(list)
+    for i = 1, #back, 1000 do
+      length = redis.call('lpush', group_list(K, g), unpack(back, i, math.min(i + 999, #back)))
+    end
     total = total + #list
-    local waiting = redis.call('hincrby', K.groups, g, #list)
-    local flight = in_flight(K, g)
-    local before = flight
+    local flight, before
     if held then
-      flight = math.max(0, flight - #list)
-      if flight > 0 then redis.call('hset', K.group_flight, g, flight) else redis.call('hdel', K.group_flight, g) end
+      flight = redis.call('hincrby', K.groups, g, -#list)
+      if flight < 0 then
+        flight = 0
+        redis.call('hset', K.groups, g, 0)
+      end
+      before = flight + #list
+    else
+      flight = redis.call('hsetnx', K.groups, g, 0) == 1 and 0 or flight_of(K, g)
+      before = flight
     end
     -- It had no turn when nothing waited or its flight was full; now it has one, first.
-    if flight < limit and (waiting == #list or before >= limit) then redis.call('lpush', K.group_turns, g) end
+    if flight < limit and (length == #list or before >= limit) then redis.call('lpush', K.group_turns, g) end
   end
   waiting_total(K, total)
 end

@@ -8,7 +8,12 @@
 -- flagged when its consumer should list more; any other payload as it is. Callers skip the call for
 -- a payload whose first byte is not ITEM_BYTE (a bare one: most of them), so a bare payload costs
 -- POP and RECEIVE no function call.
+local NO_EXPIRY = string.rep('\0', 8)
 local function hand_out(K, payload, count, now)
+  -- An envelope without expiry and schedule key (headers, a group): nothing to do, read in two compares.
+  if string.sub(payload, 6, 13) == NO_EXPIRY and string.byte(payload, 16) == 0 and string.byte(payload, 17) == 0 then
+    return payload
+  end
   if item_expired(payload, now) then
     redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, count, now, payload))
     return nil

@@ -4,8 +4,7 @@
 --          keep: up to this many of the moved payloads are returned instead of pushed, when they
 --          would be the destination's first: POP's, which would pop them at once),
 --          K: the destination, timeout_set, delay_list, dead_letter, handoff, handoff_leases,
---          key_index, tier_index, tier_count, controls, grouped, groups, group_flight and
---          group_turns keys
+--          key_index, tier_index, tier_count, controls, grouped, groups and group_turns keys
 -- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
 --           tier bucket's promotion time, whichever is earlier) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
