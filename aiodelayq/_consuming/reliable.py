@@ -352,11 +352,9 @@ class ReliableConsumer(Generic[T]):
             groups: list[str | None] | None = None
             try:
                 payloads = message_payloads(elements)
-                try:
-                    values = self._decode_batch(payloads)
-                except ValueError:  # an envelope: of a group alone (decoded in one batch too), or of more
+                if payloads[0][:1] == ITEM_MARK:  # an envelope: of a group alone (decoded in one batch too), or more
                     payloads, groups = grouped_payloads(payloads)
-                    values = self._decode_batch(payloads)
+                values = self._decode_batch(payloads)
             except ValueError:  # an envelope of more, or a payload json.loads must judge: one at a time below
                 pass
             else:  # the common case: bare payloads, nothing per message but its header and the Message

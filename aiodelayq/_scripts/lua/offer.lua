@@ -64,7 +64,7 @@ if grouping then
 end
 -- A fast element of a grouped item.
 local function is_grouped(v)
-  return grouping and string.byte(v, FAST_HEADER + 1) == ITEM_BYTE and group_of(string.sub(v, FAST_HEADER + 1)) ~= nil
+  return grouping and string.byte(v, FAST_HEADER + 1) == ITEM_BYTE and group_of(v, FAST_HEADER + 1) ~= nil
 end
 local grouped_earliest = nil
 local keys = ARGV[4] ~= '' and ARGV[4] or nil

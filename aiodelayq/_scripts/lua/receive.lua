@@ -43,7 +43,7 @@ else
   -- its group's flight (lib/groups.lua); else they are removed in batches, unread.
   local grouped = false
   for c = 5, #ARGV do
-    if string.byte(ARGV[c], 33) == ITEM_BYTE and group_of(string.sub(ARGV[c], 33)) then
+    if string.byte(ARGV[c], 33) == ITEM_BYTE and group_of(ARGV[c], 33) then
       grouped = true
       break
     end
@@ -54,7 +54,7 @@ else
     for j, found in ipairs(ack_deliveries(K, acks)) do
       if found then
         acked = acked + 1
-        local g = string.byte(acks[j], 33) == ITEM_BYTE and group_of(string.sub(acks[j], 33))
+        local g = string.byte(acks[j], 33) == ITEM_BYTE and group_of(acks[j], 33)
         if g and group_settled(K, g) then turned = true end
       end
     end
@@ -83,7 +83,7 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
-      local g = group_of(string.sub(e, 33))
+      local g = group_of(e, 33)
       if g and group_settled(K, g) then turned = true end
     else
       local payload = string.sub(e, 33)
@@ -97,7 +97,7 @@ else
         ids[#ids + 1] = id
       else
         lapsed = lapsed + 1
-        local g = group_of(string.sub(e, 33))
+        local g = group_of(e, 33)
         if g and group_settled(K, g) then turned = true end
       end
     end

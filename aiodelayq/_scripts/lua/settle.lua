@@ -35,7 +35,7 @@ local turned = false  -- a group took a turn again
 -- A message that left flight for good: its group, if any, may hand out the next.
 local function left_flight(m)
   if string.byte(m, 33) == ITEM_BYTE then
-    local g = group_of(string.sub(m, 33))
+    local g = group_of(m, 33)
     if g and group_settled(K, g) then turned = true end
   end
 end

@@ -18,16 +18,18 @@
 local GROUP_FLAG = 4
 local GROUPS_HASH_TABLE = string.rep('#', 300)
 local GROUP_ESCAPES = {['%'] = '%25', ['{'] = '%7B'}
--- The group of a payload, or nil (a bare payload, or an envelope without one).
-local function group_of(payload)
-  if string.byte(payload, 1) ~= ITEM_BYTE or string.len(payload) < 24 or string.sub(payload, 1, 5) ~= ITEM_MAGIC
-      or string.byte(payload, 22) % 8 < GROUP_FLAG then
+-- The group of the payload that starts at byte `at` of `s` (default 1: `s` is the payload; 33: a
+-- message element's), or nil (a bare payload, or an envelope without one); nothing is copied.
+local function group_of(s, at)
+  at = at or 1
+  if string.byte(s, at) ~= ITEM_BYTE or string.len(s) < at + 23 or string.sub(s, at, at + 4) ~= ITEM_MAGIC
+      or string.byte(s, at + 21) % 8 < GROUP_FLAG then
     return nil
   end
-  local hlen, klen = struct.unpack('>I2>I2', payload, 14)
-  local at = 23 + hlen + klen
-  local glen = struct.unpack('>I2', payload, at)
-  return string.sub(payload, at + 2, at + 1 + glen)
+  local hlen, klen = struct.unpack('>I2>I2', s, at + 13)
+  local start = at + 22 + hlen + klen
+  local glen = struct.unpack('>I2', s, start)
+  return string.sub(s, start + 2, start + 1 + glen)
 end
 -- The list of a group's due items (made once per group in a call).
 local LIST_NAMES = {}
