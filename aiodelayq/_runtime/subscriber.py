@@ -21,6 +21,9 @@ __all__ = ["ChannelListener", "Subscriber"]
 log = logging.getLogger("aiodelayq")
 
 
+# How often a reader with nothing subscribed looks whether an add() connected it (s).
+_UNCONNECTED_POLL_S = 0.05
+
 class ChannelListener(Protocol):
     """What a transfer task exposes to the subscriber."""
 
@@ -216,6 +219,12 @@ class Subscriber:
         ping_sent_at: float | None = None
         last_seen = loop.time()
         while True:
+            if pubsub.connection is None:
+                # Nothing subscribed: every channel was refused (handed to its opener). The next add()
+                # subscribes here, which connects it; until then there is nothing to read.
+                await asyncio.sleep(_UNCONNECTED_POLL_S)
+                last_seen = loop.time()
+                continue
             message = await pubsub.get_message(timeout=self._ping_interval_s)
             now = loop.time()
             if message is None:
