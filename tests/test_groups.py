@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiodelayq import ConfigurationError, DelayedQueue, InvalidGroupError, InvalidKeyError, current_message
+from aiodelayq import (
+    ConfigurationError,
+    DelayedQueue,
+    InvalidGroupError,
+    InvalidKeyError,
+    QueueFullError,
+    current_message,
+)
 from tests.helpers import first_line, until
 
 
@@ -277,3 +284,13 @@ async def test_a_group_goes_on_in_order_after_its_consumer_is_killed(redis_serve
             assert await m.ack()
     for g in "ab":
         assert [entry for entry in got if entry[0][0] == g] == [(f"{g}0", 2), (f"{g}1", 1), (f"{g}2", 1)]
+
+
+async def test_grouped_items_count_under_capacity_and_are_never_tiered(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue(capacity=3, tier_after_s=60)
+    await q.offer_many([(1, 3600), (2, 0)], groups=["g", "g"])  # far ahead, yet in the grouped zset
+    await q.offer(3, 3600)
+    with pytest.raises(QueueFullError):
+        await q.offer(4, 0, group="h")
+    assert await client.zcard(q.keys.grouped) == 2
+    assert (await q.counts()).pending == 3
