@@ -149,10 +149,6 @@ class ReliableConsumer(Generic[T]):
         signal: asyncio.Future[None] = self._signal
         prefetch = vt_ms >= _PREFETCH_MIN_VT_MS and not self._limited
         asked = max(max_items, self._prefetch.size) if prefetch else max_items
-        if (returning := self._returning) is not None:
-            self._returning = None
-            if not returning.done():  # (the call ends within its bound; a failure is the settler's to report)
-                await asyncio.wait({returning}, timeout=self._call_timeout_s)
         sent = loop.time()
         reply = await self._call(asked, vt_ms)
         hold = self._fetched(reply, asked, vt_ms, sent, prefetch)
@@ -296,6 +292,11 @@ class ReliableConsumer(Generic[T]):
         Raises:
             BackendError: the call failed (undone when it may have been applied).
         """
+        if (returning := self._returning) is not None and not returning.done():
+            # Messages given back go first: this RECEIVE, a caller's or a read-ahead, waits (bounded) for
+            # the settler's call that returns them, so it cannot pop what follows them. (The call ends
+            # within its bound; a failure is the settler's to report.)
+            await asyncio.wait({returning}, timeout=self._call_timeout_s)
         call_id = os.urandom(16)
         settler = self.settler
         acks = settler.take_acks() if carry else []
