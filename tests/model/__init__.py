@@ -18,10 +18,11 @@ Modules, in the order a step goes through them:
 * ``state.py``: the model's vocabulary; ``known.py``: known defects the model steps around while
   someone fixes them; ``tally.py``: what a run did, for its summary.
 
-**The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``), ``offer_many`` (keys,
-duplicates in one list, per-item headers and expiry), ``cancel``, ``reschedule``, ``get``,
-``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer`` with a schedule's key (refused
-while the schedule is live), ``pause``/``resume``, ``set_concurrency_limit``, ``clear``,
+**The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``, ``group``),
+``offer_many`` (keys, duplicates in one list, per-item headers, expiry and groups), ``cancel``,
+``reschedule``, ``get``, ``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer`` with a
+schedule's key (refused while the schedule is live), ``pause``/``resume``, ``set_concurrency_limit``,
+``set_group_concurrency``, ``clear``,
 ``requeue_dead_letters``, ``purge_dead_letters``, ``take_many_with_headers``, ``receive_many``,
 ``ack`` (written behind, and confirmed), ``nack`` (a delay, or ``dead_letter=True``), ``extend``,
 with ``max_deliveries`` of ``None``, 2 or 3. Messages are settled by the client that received them,
@@ -48,6 +49,9 @@ fails, ``maybe_applied``, and what the stall held lands when it ends).
 * a receive that hands out messages under a concurrency limit leaves at most that many held (in
   flight before their deadline, not waiting out a nack's delay), unless an extend took back a message
   past its deadline since the limit was set;
+* the groups' bookkeeping is what the keys hold: a field per group with items waiting or in flight,
+  its messages in flight (never more than the highest group limit set), the items waiting in all the
+  groups' lists; a group with items waiting and room has a turn; each group's list is in due order;
 * each live schedule has its record and exactly one current occurrence, pending (under its key, on
   its grid) or ready; the key index names only pending elements; the take pumps and reliable
   consumers hold nothing (prefetch, hand-off, settles) for over a round trip without a fault.
