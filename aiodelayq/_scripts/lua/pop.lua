@@ -47,9 +47,7 @@ if got then
 end
 local want, hold, level, now = controls_allow(K, tonumber(ARGV[2]))
 local asked = want
-if want > 0 and redis.call('llen', K.group_turns) > 0 then
-  want = want - (want >= 2 and math.floor(want / 2) or (now or now_ms()) % 2)
-end
+want = want - groups_share(K, want, now)
 local limit = tonumber(ARGV[4])
 local moved, late, items, bare = false, nil, nil, 0
 if limit ~= 0 and ARGV[5] == '1' and want > 0

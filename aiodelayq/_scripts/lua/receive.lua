@@ -54,8 +54,7 @@ else
     for j, found in ipairs(ack_deliveries(K, acks)) do
       if found then
         acked = acked + 1
-        local g = string.byte(acks[j], 33) == ITEM_BYTE and group_of(acks[j], 33)
-        if g and group_settled(K, g) then turned = true end
+        if message_settled(K, acks[j], 33) then turned = true end
       end
     end
   else
@@ -83,8 +82,7 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
-      local g = group_of(e, 33)
-      if g and group_settled(K, g) then turned = true end
+      if message_settled(K, e, 33) then turned = true end
     else
       local payload = string.sub(e, 33)
       if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, count, now) end
@@ -97,8 +95,7 @@ else
         ids[#ids + 1] = id
       else
         lapsed = lapsed + 1
-        local g = group_of(e, 33)
-        if g and group_settled(K, g) then turned = true end
+        if message_settled(K, e, 33) then turned = true end
       end
     end
     redis.call('zrem', K.in_flight, e)
@@ -121,13 +118,12 @@ else
           out[o] = m
         else
           lapsed = lapsed + 1
-          if counted and group_settled(K, group_of(fresh[i])) then turned = true end
+          if counted and message_settled(K, fresh[i], 1) then turned = true end
         end
       end
       index = index + #fresh
     end
-    local share = 0  -- the groups' (lib/groups.lua)
-    if redis.call('llen', K.group_turns) > 0 then share = want >= 2 and math.floor(want / 2) or now % 2 end
+    local share = groups_share(K, want, now)
     if want > share then deliver(redis.call('lpop', K.destination, want - share) or {}, false) end
     if index < want then deliver(groups_hand_out(K, want - index, true), true) end
     if share > 0 and index < want then deliver(redis.call('lpop', K.destination, want - index) or {}, false) end

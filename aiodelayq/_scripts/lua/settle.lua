@@ -1,6 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
 -- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_turns
--- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/item.lua lib/messages.lua
+-- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/messages.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -34,10 +34,7 @@ local results, earliest, remembered = {}, false, false
 local turned = false  -- a group took a turn again
 -- A message that left flight for good: its group, if any, may hand out the next.
 local function left_flight(m)
-  if string.byte(m, 33) == ITEM_BYTE then
-    local g = group_of(m, 33)
-    if g and group_settled(K, g) then turned = true end
-  end
+  if message_settled(K, m, 33) then turned = true end
 end
 local cap = tonumber(redis.call('hget', K.controls, 'cap'))
 local held = cap and held_messages(K, now)

@@ -1,5 +1,5 @@
--- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_arrive groups_hand_out group_settled to_head
--- uses: lib/chunked.lua lib/item.lua lib/reversed.lua
+-- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_share groups_arrive groups_hand_out group_settled message_settled to_head
+-- uses: lib/chunked.lua lib/clock.lua lib/item.lua lib/reversed.lua
 -- Ordered groups (docs/controls.md, "Groups and limits"). A grouped item's envelope is flagged
 -- GROUP_FLAG and carries '>H' length | group after its schedule key (aiodelayq/_wire/elements.py).
 -- While pending it waits in K.grouped (a zset by due ms that Redisson's transfer never reads); once
@@ -95,10 +95,8 @@ local function groups_arrive(K, payloads)
   local limit, turns = group_limit(K), {}
   if #order > 0 then groups_hash(K) end
   for _, g in ipairs(order) do
-    local list, length = by[g], 0
-    for i = 1, #list, 1000 do
-      length = redis.call('rpush', group_list(K, g), unpack(list, i, math.min(i + 999, #list)))
-    end
+    local list = by[g]
+    local length = chunked('rpush', group_list(K, g), nil, list)
     -- Nothing waited: a turn if it has room (a new field: none in flight).
     if length == #list and (redis.call('hsetnx', K.groups, g, 0) == 1 or flight_of(K, g) < limit) then
       turns[#turns + 1] = g
@@ -106,6 +104,13 @@ local function groups_arrive(K, payloads)
   end
   waiting_total(K, #payloads - #plain)
   chunked('rpush', K.group_turns, nil, turns)
+end
+-- How many of `want` fresh items a POP or RECEIVE takes from the groups first: while groups have
+-- turns, half (for one item: every other millisecond of `now`, read here when nil), else none;
+-- either source then takes what the other leaves.
+local function groups_share(K, want, now)
+  if want < 1 or redis.call('llen', K.group_turns) == 0 then return 0 end
+  return want >= 2 and math.floor(want / 2) or (now or now_ms()) % 2
 end
 -- Up to `want` payloads, one per group in turn; `held`: for reliable consumers (each counts in its
 -- group's flight until settled), else for take (nothing is counted; a group whose flight is full
@@ -157,6 +162,12 @@ local function group_settled(K, g)
   end
   return flight == limit - 1 and redis.call('rpush', K.group_turns, g) == 1
 end
+-- The payload at byte `at` of `s` (33: a message element's) left flight for good: group_settled for
+-- its group, if it has one; whether that gave the groups their only turn.
+local function message_settled(K, s, at)
+  local g = string.byte(s, at) == ITEM_BYTE and group_of(s, at)
+  return g and group_settled(K, g) or false
+end
 -- Payloads nobody took go back to the head of where they came from, in order: the destination
 -- for ungrouped ones, their group's list for grouped ones (whose turn comes first); `held`: they
 -- were messages in flight (counted in their group's flight).
@@ -167,11 +178,8 @@ local function to_head(K, payloads, held)
   groups_hash(K)
   local limit, total = group_limit(K), 0
   for _, g in ipairs(order) do
-    local list, length = by[g], 0
-    local back = reversed(list)
-    for i = 1, #back, 1000 do
-      length = redis.call('lpush', group_list(K, g), unpack(back, i, math.min(i + 999, #back)))
-    end
+    local list = by[g]
+    local length = chunked('lpush', group_list(K, g), nil, reversed(list))
     total = total + #list
     local flight, before
     if held then
