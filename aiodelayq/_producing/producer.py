@@ -108,7 +108,7 @@ class Producer:
         envelope = None if headers is None and expires is None else (headers, expires, True)
         fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace,
                                                 envelope=envelope, issued=issued,
-                                                groups=None if group is None else [group])
+                                                groups=self.check_groups(None if group is None else [group], 1))
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=lambda: self._cost.max_items,
                                          max_bytes=self._max_call_bytes, size=lambda f: fragment_size(f[0]))
@@ -146,7 +146,7 @@ class Producer:
         envelope = None if headers is None and expires is None else (headers, expires, False)
         raw_groups = self.check_groups(groups, len(pairs))
         fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued,
-                                                groups=groups)
+                                                groups=raw_groups)
         return await self._send_many(fragments, entries, issued, raw_groups)
 
     def check_groups(self, groups: Sequence[str | None] | None, count: int) -> list[bytes | None] | None:
@@ -212,23 +212,22 @@ class Producer:
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
-                      issued: float = 0.0, groups: Sequence[str | None] | None = None
+                      issued: float = 0.0, groups: list[bytes | None] | None = None
                       ) -> tuple[list[Fragment], list[bytes] | None]:
         """Validate, encode and pack every pair (``_wire.elements.pack_fragments``) with its key's OFFER
         entry, before anything is sent. ``envelope``: ``(headers, expires, single)``; ``groups``: one
-        group (or ``None``) per item, carried in its envelope.
+        group (or ``None``) per item, as :meth:`check_groups` returns them, carried in its envelope.
 
         Raises:
-            InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError, InvalidGroupError:
-                bad input (nothing is sent).
+            InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError: bad input (nothing is
+                sent).
             BackendError: the server's long layout (or, for an expiry, its clock) could not be read.
         """
         codec = self._codec
         items = [(delay_to_ms(delay), encode_item(codec, item)) for item, delay in pairs]
         check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # before any I/O
-        raw_groups = self.check_groups(groups, len(items))
-        if envelope is not None or raw_groups:
-            items = await self._wrap(items, *(envelope or (None, None, False)), issued=issued, groups=raw_groups)
+        if envelope is not None or groups:
+            items = await self._wrap(items, *(envelope or (None, None, False)), issued=issued, groups=groups)
         elif not self._bare_safe and any(payload.startswith(ITEM_MAGIC) for _, payload in items):
             items = [(delay_ms, wrap(payload, b"", None)) for delay_ms, payload in items]
         check_item_bytes(self._max_item_bytes, [payload for _, payload in items])  # headers and envelope too

@@ -265,21 +265,32 @@ def grouped_payloads(stored: list[bytes]) -> tuple[list[bytes], list[str | None]
     """
     payloads: list[bytes] = []
     groups: list[str | None] = []
-    fixed, length, mark, grouped = _FIXED.unpack_from, _LENGTH.unpack_from, ITEM_MARK, _GROUPED
     for data in stored:
-        if data[:1] != mark:
+        if data[:1] != ITEM_MARK:
             payloads.append(data)
             groups.append(None)
             continue
-        if len(data) < _PREFIX + 2:
-            raise ValueError("a short envelope")
-        expires_ms, block_len, key_len, _occurrence, flags = fixed(data, 5)
-        (n,) = length(data, _PREFIX)
-        if flags != grouped or block_len or key_len or expires_ms or not 0 < n <= len(data) - _PREFIX - 2:
+        alone = _group_alone(data)
+        if alone is None:
             raise ValueError("an envelope that carries more than a group")
-        payloads.append(data[_PREFIX + 2 + n:])
-        groups.append(data[_PREFIX + 2:_PREFIX + 2 + n].decode())  # (UnicodeDecodeError: a ValueError)
+        payloads.append(alone[0])
+        groups.append(alone[1])
     return payloads, groups
+
+
+def _group_alone(data: bytes) -> tuple[bytes, str] | None:
+    """The payload and group of an envelope ``data`` that carries a group and nothing else (the
+    common grouped item); ``None`` for any other envelope, or a malformed one."""
+    if len(data) < _PREFIX + 2:
+        return None
+    expires_ms, block_len, key_len, _occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
+    (n,) = _LENGTH.unpack_from(data, _PREFIX)
+    if flags != _GROUPED or block_len or key_len or expires_ms or not 0 < n <= len(data) - _PREFIX - 2:
+        return None
+    try:
+        return data[_PREFIX + 2 + n:], data[_PREFIX + 2:_PREFIX + 2 + n].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def message_id(element: bytes) -> str:
@@ -410,14 +421,9 @@ def unwrap(data: bytes) -> Unwrapped:
     """What ``data`` holds: an envelope's parts, or ``data`` itself when it is no whole envelope."""
     if not data.startswith(ITEM_MAGIC) or len(data) < _PREFIX:
         return Unwrapped(data, {}, None)
+    if (alone := _group_alone(data)) is not None:  # the common grouped item: read at once
+        return Unwrapped(alone[0], {}, None, group=alone[1])
     expires_ms, block_len, key_len, occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
-    if flags == _GROUPED and not block_len and not key_len and not expires_ms:  # a group alone: most often
-        (n,) = _LENGTH.unpack_from(data, _PREFIX)
-        if n > 0 and _PREFIX + 2 + n <= len(data):
-            try:
-                return Unwrapped(data[_PREFIX + 2 + n:], {}, None, group=data[_PREFIX + 2:_PREFIX + 2 + n].decode())
-            except UnicodeDecodeError:
-                return Unwrapped(data, {}, None)
     end = _PREFIX + block_len
     if end + key_len > len(data):
         return Unwrapped(data, {}, None)
