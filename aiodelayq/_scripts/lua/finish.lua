@@ -18,6 +18,12 @@ if not blob then
   return 0
 end
 if blob == '' then return 0 end
+if not string.find(ARGV[2], '[^d]') then
+  -- Every item handed out: forgotten without reading the entry (as POP's earlier call ids).
+  redis.call('hdel', K.handoff, ARGV[1])
+  redis.call('zrem', K.handoff_leases, ARGV[1])
+  return string.len(ARGV[2])
+end
 local items = handoff_items(blob)
 local back, dead = {}, {}
 for i, v in ipairs(items) do
