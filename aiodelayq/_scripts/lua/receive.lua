@@ -28,7 +28,7 @@ local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
 local cap  -- the concurrency limit, if one is set (read with the other controls)
-local turned = false  -- a group took a turn again: consumers elsewhere look
+local turned  -- a group took a turn again: consumers elsewhere look
 -- The remembered record: the deadline, then the ids of the redeliveries (see received()).
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
@@ -54,7 +54,7 @@ else
     for j, found in ipairs(ack_deliveries(K, acks)) do
       if found then
         acked = acked + 1
-        if message_settled(K, acks[j], 33) then turned = true end
+        message_settled(acks[j], 33)
       end
     end
   else
@@ -82,7 +82,7 @@ else
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
-      if message_settled(K, e, 33) then turned = true end
+      message_settled(e, 33)
     else
       local payload = string.sub(e, 33)
       if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, count, now) end
@@ -95,11 +95,13 @@ else
         ids[#ids + 1] = id
       else
         lapsed = lapsed + 1
-        if message_settled(K, e, 33) then turned = true end
+        message_settled(e, 33)
       end
     end
     redis.call('zrem', K.in_flight, e)
   end
+  -- The groups of the messages acked or gone above may hand out their next ones below.
+  turned = groups_settle(K)
   local want = limit - #out - dead - lapsed - garbage
   if want > 0 then
     -- The deadline as text once: ZADD would format the number again for every member.
@@ -118,7 +120,7 @@ else
           out[o] = m
         else
           lapsed = lapsed + 1
-          if counted and message_settled(K, fresh[i], 1) then turned = true end
+          if counted then message_settled(fresh[i], 1) end
         end
       end
       index = index + #fresh
@@ -131,6 +133,7 @@ else
     -- time per message with a call each.
     chunked('zadd', K.in_flight, nil, scored)
   end
+  if groups_settle(K) then turned = true end  -- (grouped payloads that lapsed)
   if turned then redis.call('publish', K.channel, string.format('%d', now)) end
   controls_charge(K, now, level, #out)
   if cap and acked > 0 and held + acked >= cap and held + #out < cap then

@@ -31,11 +31,9 @@ if resend and first_run(K, id) then
   return answered
 end
 local results, earliest, remembered = {}, false, false
-local turned = false  -- a group took a turn again
--- A message that left flight for good: its group, if any, may hand out the next.
-local function left_flight(m)
-  if message_settled(K, m, 33) then turned = true end
-end
+-- A message that leaves flight for good lets its group hand out the next (message_settled, applied by
+-- groups_settle after each run of acks and after each other settle); turned: a group took a turn again.
+local turned = false
 local cap = tonumber(redis.call('hget', K.controls, 'cap'))
 local held = cap and held_messages(K, now)
 -- Acks come in runs (a consumer's written-behind acks): consecutive ones go together (ack_deliveries).
@@ -45,8 +43,9 @@ local function flush_acks()
   local found = ack_deliveries(K, acks)
   for j = 1, #acks do
     results[ack_slots[j]] = (found[j] or (resend and now < ack_deadlines[j])) and 1 or 0
-    if found[j] then left_flight(acks[j]) end
+    if found[j] then message_settled(acks[j], 33) end
   end
+  if groups_settle(K) then turned = true end
   acks, ack_deadlines, ack_slots = {}, {}, {}
 end
 local function settle_one(m, mode, delay, deadline)
@@ -57,7 +56,7 @@ local function settle_one(m, mode, delay, deadline)
     local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
     redis.call('rpush', K.dead_letter, dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
     redis.call('zrem', K.in_flight, m)
-    left_flight(m)
+    message_settled(m, 33)
   elseif mode == 'release' then
     release(K, m, now)
     -- Visible again now: receivers that looked before this landed, here or elsewhere, look again.
@@ -68,7 +67,7 @@ local function settle_one(m, mode, delay, deadline)
       -- No delivery is left: dead-letter it now instead of leaving it in flight until a receive.
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(m, 33)))
       redis.call('zrem', K.in_flight, m)
-      left_flight(m)
+      message_settled(m, 33)
       result = 2
     else
       local due = now + delay
@@ -94,6 +93,7 @@ while i <= #ARGV do
     else
       flush_acks()
       results[slot] = settle_one(ARGV[j], mode, delay, deadline)
+      if groups_settle(K) then turned = true end
     end
   end
   i = i + 4 + n

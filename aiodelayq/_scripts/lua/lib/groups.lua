@@ -1,4 +1,4 @@
--- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_share groups_arrive groups_hand_out group_settled message_settled to_head
+-- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_share groups_arrive groups_hand_out message_settled groups_settle to_head
 -- uses: lib/chunked.lua lib/clock.lua lib/item.lua lib/reversed.lua
 -- Ordered groups (docs/controls.md, "Groups and limits"). A grouped item's envelope is flagged
 -- GROUP_FLAG and carries '>H' length | group after its schedule key (aiodelayq/_wire/elements.py).
@@ -51,20 +51,30 @@ end
 local function flight_of(K, g)
   return tonumber(redis.call('hget', K.groups, g)) or 0
 end
+-- The fields `fields` of K.groups (false where missing), 1000 per HMGET.
+local function groups_fields(K, fields)
+  local values = {}
+  for i = 1, #fields, 1000 do
+    local got = redis.call('hmget', K.groups, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #got do values[i + j - 1] = got[j] end
+  end
+  return values
+end
 -- Before a group's field is added: the hash is a hash table (see above).
 local function groups_hash(K)
   redis.call('hsetnx', K.groups, GROUPS_HASH_TABLE, 1)
 end
--- Drop a field of K.groups; the hash goes with the last but GROUPS_HASH_TABLE.
-local function groups_drop(K, field)
-  redis.call('hdel', K.groups, field)
+-- Drop fields of K.groups; the hash goes with the last but GROUPS_HASH_TABLE.
+local function groups_drop(K, fields)
+  if #fields == 0 then return end
+  chunked('hdel', K.groups, nil, fields)
   if redis.call('hlen', K.groups) == 1 and redis.call('hexists', K.groups, GROUPS_HASH_TABLE) == 1 then
     redis.call('unlink', K.groups)
   end
 end
 -- `n` (negative: fewer) items more wait in the groups' lists: their total (field '', gone at 0).
 local function waiting_total(K, n)
-  if n ~= 0 and redis.call('hincrby', K.groups, '', n) <= 0 then groups_drop(K, '') end
+  if n ~= 0 and redis.call('hincrby', K.groups, '', n) <= 0 then groups_drop(K, {''}) end
 end
 -- `payloads` by group: {group -> its payloads in order}, the groups in order of first payload, and
 -- the payloads without a group.
@@ -87,23 +97,31 @@ local function by_group(payloads)
 end
 -- Due grouped payloads (in due order) join the tails of their groups' lists; a group that had
 -- nothing waiting and may hand out takes a turn. (One without a group, never written there by
--- aiodelayq, goes to the destination.)
+-- aiodelayq, goes to the destination.) The groups' fields are read in one HMGET and the new ones
+-- written in one HSET: a group costs its list's RPUSH.
 local function groups_arrive(K, payloads)
   if #payloads == 0 then return end
   local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
-  local limit, turns = group_limit(K), {}
-  if #order > 0 then groups_hash(K) end
-  for _, g in ipairs(order) do
-    local list = by[g]
-    local length = chunked('rpush', group_list(K, g), nil, list)
-    -- Nothing waited: a turn if it has room (a new field: none in flight).
-    if length == #list and (redis.call('hsetnx', K.groups, g, 0) == 1 or flight_of(K, g) < limit) then
-      turns[#turns + 1] = g
+  if #order > 0 then
+    groups_hash(K)
+    local limit, flights, turns, fresh = group_limit(K), groups_fields(K, order), {}, {}
+    for i, g in ipairs(order) do
+      local list = by[g]
+      -- Nothing waited: a turn if it has room (a new field: none in flight).
+      if chunked('rpush', group_list(K, g), nil, list) == #list then
+        if not flights[i] then
+          fresh[#fresh + 1], fresh[#fresh + 2] = g, 0
+          turns[#turns + 1] = g
+        elseif tonumber(flights[i]) < limit then
+          turns[#turns + 1] = g
+        end
+      end
     end
+    chunked('hset', K.groups, nil, fresh)
+    chunked('rpush', K.group_turns, nil, turns)
   end
   waiting_total(K, #payloads - #plain)
-  chunked('rpush', K.group_turns, nil, turns)
 end
 -- How many of `want` fresh items a POP or RECEIVE takes from the groups first: while groups have
 -- turns, half (for one item: every other millisecond of `now`, read here when nil), else none;
@@ -114,59 +132,106 @@ local function groups_share(K, want, now)
 end
 -- Up to `want` payloads, one per group in turn; `held`: for reliable consumers (each counts in its
 -- group's flight until settled), else for take (nothing is counted; a group whose flight is full
--- waits for its reliable consumers all the same).
+-- waits for its reliable consumers all the same). The turns are taken in batches (one LPOP), their
+-- flights read in one HMGET and written back in one HSET: a message costs its list's LPOP, and an
+-- LLEN when its group may hand out more (take, or a limit above 1).
 local function groups_hand_out(K, want, held)
   local out = {}
-  local n = want >= 1 and redis.call('llen', K.group_turns) or 0
-  if n == 0 then return out end
-  local limit = group_limit(K)
-  while #out < want and n > 0 do
-    n = n - 1
-    local g = redis.call('lpop', K.group_turns)
-    if not g then break end
-    local list = group_list(K, g)
-    -- Counted first (as if, for take): taken back below when it had no room or nothing waits.
-    local flight = held and redis.call('hincrby', K.groups, g, 1) or flight_of(K, g) + 1
-    local p = flight <= limit and redis.call('lpop', list) or nil
-    if p then
-      out[#out + 1] = p
-      if flight < limit or not held then  -- room for more: its turn again while items wait
-        if redis.call('llen', list) > 0 then
-          redis.call('rpush', K.group_turns, g)
-          n = n + 1
-        elseif flight == 1 and not held then  -- (take: nothing waits, nothing in flight)
-          groups_drop(K, g)
-        end
+  if want < 1 then return out end
+  local limit, flights, changed, gone = group_limit(K), {}, {}, {}
+  while #out < want do
+    local turns = redis.call('lpop', K.group_turns, want - #out)
+    if not turns then break end
+    local unread = {}
+    for _, g in ipairs(turns) do
+      if not flights[g] then
+        flights[g] = 0
+        unread[#unread + 1] = g
       end
-    else  -- a stale turn, or nothing waits (never left so by aiodelayq)
-      flight = held and redis.call('hincrby', K.groups, g, -1) or flight - 1
-      if flight <= 0 and redis.call('llen', list) == 0 then groups_drop(K, g) end
     end
+    for i, f in ipairs(groups_fields(K, unread)) do flights[unread[i]] = tonumber(f) or 0 end
+    local again = {}
+    for _, g in ipairs(turns) do
+      local flight, list = flights[g], group_list(K, g)
+      local p = flight < limit and redis.call('lpop', list) or nil
+      if p then
+        out[#out + 1] = p
+        if held then
+          flight = flight + 1
+          flights[g] = flight
+          changed[#changed + 1] = g
+        end
+        if flight < limit or not held then  -- room for more: its turn again while items wait
+          if redis.call('llen', list) > 0 then
+            again[#again + 1] = g
+          elseif flight == 0 then  -- (take: nothing waits, nothing in flight)
+            gone[#gone + 1] = g
+          end
+        end
+      elseif flight == 0 and redis.call('llen', list) == 0 then
+        gone[#gone + 1] = g  -- a stale turn of a group with nothing left (never so by aiodelayq)
+      end
+    end
+    chunked('rpush', K.group_turns, nil, again)
   end
+  if #changed > 0 then
+    local set, seen = {}, {}
+    for _, g in ipairs(changed) do
+      if not seen[g] then
+        seen[g] = true
+        set[#set + 1], set[#set + 2] = g, flights[g]
+      end
+    end
+    groups_hash(K)
+    chunked('hset', K.groups, nil, set)
+  end
+  groups_drop(K, gone)
   waiting_total(K, -#out)
   return out
 end
--- A message of group g left flight (acked, dead-lettered, expired). Returns true when the group
--- took a turn and it is the only one (consumers that found nothing should look again).
-local function group_settled(K, g)
-  local flight = redis.call('hincrby', K.groups, g, -1)
-  if flight < 0 then  -- (not counted: a grouped payload that came another way)
-    flight = 0
-    redis.call('hset', K.groups, g, 0)
-  end
-  local limit = group_limit(K)
-  if flight >= limit then return false end  -- still full (the limit was lowered)
-  if redis.call('llen', group_list(K, g)) == 0 then
-    if flight == 0 then groups_drop(K, g) end
-    return false
-  end
-  return flight == limit - 1 and redis.call('rpush', K.group_turns, g) == 1
-end
--- The payload at byte `at` of `s` (33: a message element's) left flight for good: group_settled for
--- its group, if it has one; whether that gave the groups their only turn.
-local function message_settled(K, s, at)
+-- The groups of the messages that left flight in this call, one entry per message, until
+-- groups_settle applies them.
+local SETTLED = {}
+-- The payload at byte `at` of `s` (33: a message element's) left flight for good (acked,
+-- dead-lettered, expired): its group, if it has one, is settled by the next groups_settle.
+local function message_settled(s, at)
   local g = string.byte(s, at) == ITEM_BYTE and group_of(s, at)
-  return g and group_settled(K, g) or false
+  if g then SETTLED[#SETTLED + 1] = g end
+end
+-- Apply what message_settled collected: each group's flight goes down by its messages (their
+-- fields read in one HMGET and written in one HSET); a group with room and items waiting takes a
+-- turn if it had none (its flight was full), one with neither goes. Returns true when that gave
+-- the groups their only turns (consumers that found nothing should look again).
+local function groups_settle(K)
+  if #SETTLED == 0 then return false end
+  local left, order = {}, {}
+  for _, g in ipairs(SETTLED) do
+    if left[g] then left[g] = left[g] + 1 else
+      left[g] = 1
+      order[#order + 1] = g
+    end
+  end
+  SETTLED = {}
+  local limit, set, gone, turns = group_limit(K), {}, {}, {}
+  for i, f in ipairs(groups_fields(K, order)) do
+    local g = order[i]
+    local before = tonumber(f) or 0  -- (not counted: a grouped payload that came another way)
+    local flight = math.max(0, before - left[g])
+    if flight < limit and redis.call('llen', group_list(K, g)) > 0 then
+      set[#set + 1], set[#set + 2] = g, flight
+      if before >= limit then turns[#turns + 1] = g end  -- it was full: no turn until now
+    elseif flight == 0 then  -- nothing waits, nothing in flight
+      gone[#gone + 1] = g
+    else
+      set[#set + 1], set[#set + 2] = g, flight
+    end
+  end
+  if #set > 0 then
+    groups_hash(K)
+    chunked('hset', K.groups, nil, set)
+  end
+  groups_drop(K, gone)
+  return #turns > 0 and chunked('rpush', K.group_turns, nil, turns) == #turns
 end
 -- Payloads nobody took go back to the head of where they came from, in order: the destination
 -- for ungrouped ones, their group's list for grouped ones (whose turn comes first); `held`: they
