@@ -89,9 +89,11 @@ class Settler:
         self._loop = asyncio.get_running_loop()  # made by an open queue, in its loop
         self._flusher: asyncio.Future[None] | None = None
         self.closed = False
-        # Wake receivers after a landed nack's delay (ms) / a release, not at their recheck.
+        # Wake receivers after a landed nack's delay (ms), not at their recheck.
         self.on_nacked: Callable[[int], None] | None = None
-        self.on_released: Callable[[], None] | None = None
+        # A SETTLE made room for receivers that found nothing (a group's turn, room under the
+        # concurrency limit, a release): they look again now, not after its published wake-up.
+        self.on_room: Callable[[], None] | None = None
         # A RECEIVE in flight that sends the next as it lands (see take_acks), or None.
         self.ride: Callable[[], asyncio.Future[Any] | None] = lambda: None
 
@@ -264,8 +266,8 @@ class Settler:
                 raise  # cancelled (close deadline, forced shutdown): the finally gives up the rest
             return
         settles = len(body) - 4 * len(batch)  # each run's 4 arguments, then its elements
-        if len(results) != settles:  # one per settle, else the replies are not SETTLE's
-            wrong = BackendError(f"SETTLE on {k.destination!r} answered {len(results)} results for "
+        if len(results) != settles + 1:  # one per settle and the room flag, else the replies are not SETTLE's
+            wrong = BackendError(f"SETTLE on {k.destination!r} answered {len(results) - 1} results for "
                                  f"{settles} settles", maybe_applied=True)
             self._give_up(batch, wrong)
             return
@@ -274,10 +276,8 @@ class Settler:
             answers.append([int(result) for result in results[at:at + len(r.elements)]])
             at += len(r.elements)
         _report(self._events, batch, answers)
-        superseded, released = 0, False
+        superseded, room = 0, results[-1] == 1
         for r, got in zip(batch, answers, strict=True):
-            if r.mode == "release" and 1 in got:
-                released = True
             if r.future is not None:
                 result = got[0]
                 if result == 2:
@@ -290,8 +290,8 @@ class Settler:
                     r.future.set_result(result)
             elif r.mode == "ack":
                 superseded += got.count(0)
-        if released and self.on_released is not None:
-            self.on_released()
+        if room and self.on_room is not None:
+            self.on_room()
         self._superseded(superseded)
 
     def _give_up(self, runs: list[_Run], exc: BaseException) -> None:

@@ -134,7 +134,10 @@ else
     chunked('zadd', K.in_flight, nil, scored)
   end
   if groups_settle(K) then turned = true end  -- (grouped payloads that lapsed)
-  if turned then redis.call('publish', K.channel, string.format('%d', now)) end
+  -- Consumers elsewhere look again only for the turns this call left.
+  if turned and redis.call('llen', K.group_turns) > 0 then
+    redis.call('publish', K.channel, string.format('%d', now))
+  end
   controls_charge(K, now, level, #out)
   if cap and acked > 0 and held + acked >= cap and held + #out < cap then
     -- Its acks made room that it leaves: consumers the limit held back, here or elsewhere, look again.

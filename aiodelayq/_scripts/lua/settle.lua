@@ -20,7 +20,9 @@
 -- (acked, dead-lettered, released) lets its group hand out the next (lib/groups.lua); when that
 -- gives the groups their only turn (consumers found nothing to hand out), the call publishes now too.
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
--- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline).
+-- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline);
+-- then 1 if it made room for consumers that found nothing (a group's turn, room in a full limit, a
+-- release: it published now), else 0 (0 on a resend answered from its remembered reply).
 local now = now_ms()
 local max, id, resend, horizon = tonumber(ARGV[1]), ARGV[2], ARGV[3] ~= '', tonumber(ARGV[4])
 if resend and first_run(K, id) then
@@ -28,6 +30,7 @@ if resend and first_run(K, id) then
   for result in string.gmatch(redis.call('hget', K.call_replies, id) or '', '%d+') do
     answered[#answered + 1] = tonumber(result)
   end
+  answered[#answered + 1] = 0
   return answered
 end
 local results, earliest, remembered = {}, false, false
@@ -100,7 +103,8 @@ while i <= #ARGV do
 end
 flush_acks()
 if remembered then remember(K, id, now, table.concat(results, ',')) end
-if earliest ~= now and (turned or cap and held >= cap and held_messages(K, now) < cap) then
+local room = turned or cap and held >= cap and held_messages(K, now) < cap
+if earliest ~= now and room then
   -- Room in a full limit, or a group's turn: consumers look again.
   redis.call('publish', K.channel, string.format('%d', now))
 end
@@ -109,4 +113,5 @@ if earliest then
   -- receivers look again.
   redis.call('publish', K.channel, string.format('%d', earliest))
 end
+results[#results + 1] = (room or earliest == now) and 1 or 0
 return results

@@ -19,24 +19,28 @@ local GROUP_FLAG = 4
 local GROUPS_HASH_TABLE = string.rep('#', 300)
 local GROUP_ESCAPES = {['%'] = '%25', ['{'] = '%7B'}
 -- The group of the payload that starts at byte `at` of `s` (default 1: `s` is the payload; 33: a
--- message element's), or nil (a bare payload, or an envelope without one); nothing is copied.
+-- message element's), or nil (a bare payload, or an envelope without one). It runs per grouped
+-- message in RECEIVE and SETTLE: its magic is compared by bytes, and only the group is copied.
+local byte_, sub_, unpack_, find_ = string.byte, string.sub, struct.unpack, string.find
+local M0, M1, M2, M3, M4 = string.byte(ITEM_MAGIC, 1, 5)
 local function group_of(s, at)
   at = at or 1
-  if string.byte(s, at) ~= ITEM_BYTE or string.len(s) < at + 23 or string.sub(s, at, at + 4) ~= ITEM_MAGIC
-      or string.byte(s, at + 21) % 8 < GROUP_FLAG then
-    return nil
-  end
-  local hlen, klen = struct.unpack('>I2>I2', s, at + 13)
+  local b0, b1, b2, b3, b4 = byte_(s, at, at + 4)
+  if b0 ~= M0 or b1 ~= M1 or b2 ~= M2 or b3 ~= M3 or b4 ~= M4 then return nil end
+  local flags = byte_(s, at + 21)
+  if not flags or flags % 8 < GROUP_FLAG or string.len(s) < at + 23 then return nil end
+  local hlen, klen = unpack_('>I2>I2', s, at + 13)
   local start = at + 22 + hlen + klen
-  local glen = struct.unpack('>I2', s, start)
-  return string.sub(s, start + 2, start + 1 + glen)
+  return sub_(s, start + 2, start + 1 + unpack_('>I2', s, start))
 end
--- The list of a group's due items (made once per group in a call).
-local LIST_NAMES = {}
+-- The list of a group's due items (made once per group in a call; most groups need no escape).
+local LIST_NAMES, LIST_TAG = {}, nil
 local function group_list(K, g)
   local name = LIST_NAMES[g]
   if not name then
-    name = 'aiodelayq_group_' .. (string.gsub(g, '[%%{]', GROUP_ESCAPES)) .. string.sub(K.groups, 17)
+    LIST_TAG = LIST_TAG or sub_(K.groups, 17)
+    local escaped = (find_(g, '%', 1, true) or find_(g, '{', 1, true)) and (string.gsub(g, '[%%{]', GROUP_ESCAPES)) or g
+    name = 'aiodelayq_group_' .. escaped .. LIST_TAG
     LIST_NAMES[g] = name
   end
   return name
