@@ -148,6 +148,23 @@ async def _grouped_server_us(bench: Bench, n: int, groups: int) -> float:
         return ((await _commandstats(bench)).get("evalsha", 0) - before.get("evalsha", 0)) / n
 
 
+# Rounds of the grouped server-time measure: each a drain in 10 groups and one in as many groups as items.
+GROUPED_ROUNDS = 3
+
+
+async def _grouped_rounds(bench: Bench, n: int) -> dict[str, Any]:
+    """:func:`_grouped_server_us` at 10 groups and at ``n``, in turn, ``GROUPED_ROUNDS`` times: each
+    one's median, and the median of the rounds' ratios (a round's two drains meet the same swings of
+    the machine's speed; one drain's time per item spans up to 2x from run to run)."""
+    runs: list[tuple[float, float]] = []
+    for r in range(GROUPED_ROUNDS):
+        few, many = await _grouped_server_us(bench, n, 10), await _grouped_server_us(bench, n, n)
+        print(f"    round {r + 1} grouped server µs per item: 10 groups {few:.2f}, {n:,} groups {many:.2f}")
+        runs.append((few, many))
+    return {"10": statistics.median(few for few, _ in runs), str(n): statistics.median(many for _, many in runs),
+            "ratio": statistics.median(many / few for few, many in runs)}
+
+
 async def run(bench: Bench) -> dict[str, Any]:
     """``drain_items`` items due before the consumer opens (filled with ``offer_many``), moved to the
     destination list by the queue's own transfer, then timed from the first take until the last item (the
@@ -162,7 +179,7 @@ async def run(bench: Bench) -> dict[str, Any]:
     time. This machine's speed swings by up to 2x for a second or more: many short drains in turn meet
     the same swings. Ratios against ``raw_pop``, ``take_many(100)``, and ``async for`` for the worker. Then
     one ``take_many(1000)`` drain measured for the breakdown (:func:`_breakdown`), and the server's time per
-    grouped item in 10 groups and in ``group_items`` groups (:func:`_grouped_server_us`)."""
+    grouped item in 10 groups and in ``group_items`` groups (:func:`_grouped_rounds`)."""
     s = bench.sizes
 
     async def measure(mode: str) -> float:
@@ -190,6 +207,5 @@ async def run(bench: Bench) -> dict[str, Any]:
                       "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"]),
                       "worker16_grouped_vs_worker16": ratio(rate["worker16_grouped"], rate["worker16"])},
             "breakdown": await _breakdown(bench, s.drain_items),
-            "grouped_server_us": {str(g): await _grouped_server_us(bench, s.group_items, g)
-                                  for g in (10, s.group_items)}}
+            "grouped_server_us": await _grouped_rounds(bench, s.group_items)}
 
