@@ -207,27 +207,38 @@ class Handoff:
         for pop in self.take_done():
             self._finish_soon(pop)
 
-    def _finish_soon(self, pop: Pop) -> None:
+    def _finish_soon(self, pop: Pop, popping: asyncio.Future[Any] | None = None) -> None:
         """FINISH ``pop`` in a task of its own (owned: ``flush`` waits for it, or starts it again),
         after the last FINISH that gives items back: those go to the head of the list, so of two
-        pops given back, the later one's must go first, and land first, for the order to hold."""
-        pop.finishing = self._tasks.spawn(self._finish_after(self._landing(), pop), name="aiodelayq-finish")
+        pops given back, the later one's must go first, and land first, for the order to hold; and
+        after ``popping``, its POP's task, when given."""
+        pop.finishing = self._tasks.spawn(self._finish_after(self._landing(), pop, popping=popping),
+                                          name="aiodelayq-finish")
 
     def _landing(self) -> asyncio.Future[Any] | None:
         """The last FINISH that gives items back, while it has not landed."""
         return self._first if self._first is not None and not self._first.done() else None
 
-    async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop, deadline: float = math.inf) -> None:
+    async def _finish_after(self, first: asyncio.Future[Any] | None, pop: Pop, deadline: float = math.inf, *,
+                            popping: asyncio.Future[Any] | None = None) -> None:
+        if popping is not None:
+            await asyncio.wait({popping})  # (bounded: a POP is resent within _RESEND_HORIZON_S)
+            if not popping.cancelled():
+                popping.exception()  # retrieved: its failure, if any, was handled where it was raised
+            if pop not in self.pops:
+                return  # it popped nothing, or failed unapplied: nothing to return
         if first is not None:
             await asyncio.wait({first})
         await self.finish(pop, deadline)
 
-    def return_first(self, pop: Pop) -> None:
-        """Return all ``pop`` got (FINISH '*': a cancelled read-ahead, which may have popped items
-        behind items about to be given back) before any FINISH started after this call."""
+    def return_first(self, pop: Pop, popping: asyncio.Future[Any] | None = None) -> None:
+        """Return all ``pop`` got (FINISH '*': a read-ahead nobody reads, which may have popped items
+        behind items about to be given back) before any FINISH started after this call; with
+        ``popping`` (its POP's task, left to run), once that ended: a FINISH that overtook its POP
+        would leave a tombstone in the hand-off until the lease ends."""
         if pop not in self.pops or pop.finishing is not None:
             return  # it failed unapplied, or is being finished
-        self._finish_soon(pop)
+        self._finish_soon(pop, popping)
         self._returned(pop)
 
     async def finish(self, pop: Pop, deadline: float = math.inf) -> None:

@@ -246,8 +246,8 @@ class TakePump:
         """Nobody takes ``entries``: back to the head of the list (after what a read-ahead got, which
         goes back first)."""
         self._keeping_up = False
-        if (ahead := self._ahead.drop()) is not None:
-            self._handoff.return_first(ahead)
+        if (ahead := self._ahead.take()) is not None:  # (its POP runs on: returned once it landed)
+            self._handoff.return_first(ahead.pop, ahead.task)
         self._events.count("returned", len(entries))
         self._outlook.drained_at = None  # they will be in the list: the next waiter pops them
         self._settle(entries, "r")

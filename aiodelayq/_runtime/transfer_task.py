@@ -230,12 +230,12 @@ class TransferTask:
         self._wake.set()
 
     def room(self) -> None:
-        """A settle in this process made room for consumers that found nothing (a group's turn, room
-        under the concurrency limit, a released message) and published it for the other processes:
-        every consumer attached here looks again now, without waiting for that message to come back
-        and for the transfer it runs."""
+        """A settle in this process made room for reliable consumers that found nothing (a group's
+        turn, room under the concurrency limit, a released message) and published it for the other
+        processes: every reliable consumer attached here looks again now, without waiting for that
+        message to come back and for the transfer it runs (which wakes the takers, as any does)."""
         for consumers in list(self._consumers):
-            consumers.transferred(1)
+            consumers.reliable.notify()
 
     def wake(self) -> None:
         """Transfer now."""
