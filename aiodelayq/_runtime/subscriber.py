@@ -21,9 +21,6 @@ __all__ = ["ChannelListener", "Subscriber"]
 log = logging.getLogger("aiodelayq")
 
 
-# How often a reader with nothing subscribed looks whether an add() connected it (s).
-_UNCONNECTED_POLL_S = 0.05
-
 class ChannelListener(Protocol):
     """What a transfer task exposes to the subscriber."""
 
@@ -52,6 +49,9 @@ class Subscriber:
         # Serialises (un)subscribe calls: PubSub connects lazily and two concurrent first calls
         # could each take a connection from the pool.
         self._lock = asyncio.Lock()
+        # Set after each subscribe an add() makes: a reader whose PubSub had no connection (every
+        # channel refused) reads again once one may have connected it.
+        self._subscribed = asyncio.Event()
         self._task = tasks.supervise("aiodelayq-subscriber", self._run, restart_after_s=1.0,
                                     wanted=lambda: bool(self._listeners))
         self._leaving: set[bytes] = set()
@@ -118,6 +118,8 @@ class Subscriber:
                     except Exception as exc:
                         # The reader sees the same broken connection, reconnects and resubscribes all.
                         log.debug("subscribe %r failed, the reader will retry: %r", key, exc)
+                    finally:
+                        self._subscribed.set()
         await confirmed.wait()
 
     def remove(self, channel: str, timeout_s: float = 1.0) -> None:
@@ -222,7 +224,8 @@ class Subscriber:
             if pubsub.connection is None:
                 # Nothing subscribed: every channel was refused (handed to its opener). The next add()
                 # subscribes here, which connects it; until then there is nothing to read.
-                await asyncio.sleep(_UNCONNECTED_POLL_S)
+                self._subscribed.clear()
+                await self._subscribed.wait()
                 last_seen = loop.time()
                 continue
             message = await pubsub.get_message(timeout=self._ping_interval_s)
