@@ -5,9 +5,9 @@ that finds nothing in the key's shard looks in the others, in order."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from .._producing.keyed import KeyedItems, Pending
 from .._recurring.schedules import Schedules
@@ -15,6 +15,8 @@ from .._wire.item_keys import check_key
 from .layout import shard_of
 
 __all__ = ["ShardedKeyed", "ShardedSchedules"]
+
+R = TypeVar("R")
 
 
 class ShardedKeyed:
@@ -31,28 +33,25 @@ class ShardedKeyed:
         home = shard_of(check_key(key), len(self._shards))
         return [self._shards[home], *(shard for i, shard in enumerate(self._shards) if i != home)]
 
+    async def _first(self, key: str, call: Callable[[KeyedItems], Awaitable[R]], missing: R) -> R:
+        """``call`` on the shards of ``key`` in turn (:meth:`_in_turn`): the first answer that is not
+        ``missing`` (the key's item is not there), else ``missing``."""
+        for shard in self._in_turn(key):
+            if (found := await call(shard)) is not missing:
+                return found
+        return missing
+
     async def cancel(self, key: str) -> bool:
         """Remove the pending item of ``key`` (see :meth:`KeyedItems.cancel`)."""
-        for shard in self._in_turn(key):
-            if await shard.cancel(key):
-                return True
-        return False
+        return await self._first(key, lambda shard: shard.cancel(key), False)
 
     async def reschedule(self, key: str, delay: float | timedelta) -> int | None:
         """Move the pending item of ``key`` (see :meth:`KeyedItems.reschedule`)."""
-        for shard in self._in_turn(key):
-            due = await shard.reschedule(key, delay)
-            if due is not None:
-                return due
-        return None
+        return await self._first(key, lambda shard: shard.reschedule(key, delay), None)
 
     async def get(self, key: str) -> Pending[Any] | None:
         """The pending item of ``key`` (see :meth:`KeyedItems.get`)."""
-        for shard in self._in_turn(key):
-            pending = await shard.get(key)
-            if pending is not None:
-                return pending
-        return None
+        return await self._first(key, lambda shard: shard.get(key), None)
 
 
 class ShardedSchedules:
