@@ -67,7 +67,6 @@ class ReliableConsumer(Generic[T]):
         self._recheck_s = options.safety_poll_s
         self.settler = Settler(scripts, tasks, max_deliveries=options.max_deliveries, events=events)
         self.settler.on_nacked = self._wake_after
-        self.settler.on_room = self.notify
         self.settler.ride = lambda: self._ahead
         # Replaced on every notify: a receiver takes the current one before it asks Redis, so a
         # wake-up during its call is never lost, and one receiver never consumes another's.

@@ -18,25 +18,23 @@ if not blob then
   return 0
 end
 if blob == '' then return 0 end
-if not string.find(ARGV[2], '[^d]') then
-  -- Every item handed out: forgotten without reading the entry (as POP's earlier call ids).
-  redis.call('hdel', K.handoff, ARGV[1])
-  redis.call('zrem', K.handoff_leases, ARGV[1])
-  return string.len(ARGV[2])
+-- A plan of only 'd' (every item handed out) forgets the entry without reading it.
+local count = string.len(ARGV[2])
+if string.find(ARGV[2], '[^d]') then
+  local items = handoff_items(blob)
+  local back, dead = {}, {}
+  for i, v in ipairs(items) do
+    local c = ARGV[2] == '*' and 'r' or string.sub(ARGV[2], i, i)
+    if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
+    elseif c ~= 'd' then back[#back + 1] = v end
+  end
+  to_head(K, back, false)
+  chunked('rpush', K.dead_letter, nil, dead)
+  if #back > 0 then
+    -- Wakes every transfer task of the queue, whose consumers then look at the destination again.
+    redis.call('publish', K.channel, string.format('%d', now_ms()))
+  end
+  count = #items
 end
-local items = handoff_items(blob)
-local back, dead = {}, {}
-for i, v in ipairs(items) do
-  local c = ARGV[2] == '*' and 'r' or string.sub(ARGV[2], i, i)
-  if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
-  elseif c ~= 'd' then back[#back + 1] = v end
-end
-to_head(K, back, false)
-chunked('rpush', K.dead_letter, nil, dead)
-redis.call('hdel', K.handoff, ARGV[1])
-redis.call('zrem', K.handoff_leases, ARGV[1])
-if #back > 0 then
-  -- Wakes every transfer task of the queue, whose consumers then look at the destination again.
-  redis.call('publish', K.channel, string.format('%d', now_ms()))
-end
-return #items
+handoff_forget(K, ARGV[1])
+return count

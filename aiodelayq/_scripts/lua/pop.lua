@@ -36,10 +36,7 @@ local function merged(a, a_late, b, b_late)
   if a_late then for _, v in ipairs(b_late) do a_late[#a_late + 1] = v end end
   return {a[1] + b[1], a[2] + b[2], b[3], a[4], a[5], a[6] + b[6], b[7]}, a_late
 end
-for i = 6, #ARGV do
-  redis.call('hdel', K.handoff, ARGV[i])
-  redis.call('zrem', K.handoff_leases, ARGV[i])
-end
+for i = 6, #ARGV do handoff_forget(K, ARGV[i]) end
 local got = redis.call('hget', K.handoff, ARGV[1])
 if got then
   local items = handoff_items(got)

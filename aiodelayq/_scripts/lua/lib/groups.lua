@@ -68,6 +68,12 @@ end
 local function groups_hash(K)
   redis.call('hsetnx', K.groups, GROUPS_HASH_TABLE, 1)
 end
+-- Write `fields` (field, value, field, value, ...) to K.groups, in one HSET per 500 fields.
+local function groups_set(K, fields)
+  if #fields == 0 then return end
+  groups_hash(K)
+  chunked('hset', K.groups, nil, fields)
+end
 -- Drop fields of K.groups; the hash goes with the last but GROUPS_HASH_TABLE.
 local function groups_drop(K, fields)
   if #fields == 0 then return end
@@ -108,7 +114,6 @@ local function groups_arrive(K, payloads)
   local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
   if #order > 0 then
-    groups_hash(K)
     local limit, flights, turns, fresh = group_limit(K), groups_fields(K, order), {}, {}
     for i, g in ipairs(order) do
       local list = by[g]
@@ -122,7 +127,7 @@ local function groups_arrive(K, payloads)
         end
       end
     end
-    chunked('hset', K.groups, nil, fresh)
+    groups_set(K, fresh)
     chunked('rpush', K.group_turns, nil, turns)
   end
   waiting_total(K, #payloads - #plain)
@@ -142,7 +147,7 @@ end
 local function groups_hand_out(K, want, held)
   local out = {}
   if want < 1 then return out end
-  local limit, flights, changed, gone = group_limit(K), {}, {}, {}
+  local limit, flights, changed, gone = group_limit(K), {}, {}, {}  -- changed: {group -> true}
   while #out < want do
     local turns = redis.call('lpop', K.group_turns, want - #out)
     if not turns then break end
@@ -163,7 +168,7 @@ local function groups_hand_out(K, want, held)
         if held then
           flight = flight + 1
           flights[g] = flight
-          changed[#changed + 1] = g
+          changed[g] = true
         end
         if flight < limit or not held then  -- room for more: its turn again while items wait
           if redis.call('llen', list) > 0 then
@@ -178,17 +183,9 @@ local function groups_hand_out(K, want, held)
     end
     chunked('rpush', K.group_turns, nil, again)
   end
-  if #changed > 0 then
-    local set, seen = {}, {}
-    for _, g in ipairs(changed) do
-      if not seen[g] then
-        seen[g] = true
-        set[#set + 1], set[#set + 2] = g, flights[g]
-      end
-    end
-    groups_hash(K)
-    chunked('hset', K.groups, nil, set)
-  end
+  local set = {}
+  for g in pairs(changed) do set[#set + 1], set[#set + 2] = g, flights[g] end
+  groups_set(K, set)
   groups_drop(K, gone)
   waiting_total(K, -#out)
   return out
@@ -210,10 +207,8 @@ local function groups_settle(K)
   if #SETTLED == 0 then return false end
   local left, order = {}, {}
   for _, g in ipairs(SETTLED) do
-    if left[g] then left[g] = left[g] + 1 else
-      left[g] = 1
-      order[#order + 1] = g
-    end
+    if not left[g] then order[#order + 1] = g end
+    left[g] = (left[g] or 0) + 1
   end
   SETTLED = {}
   local limit, set, gone, turns = group_limit(K), {}, {}, {}
@@ -230,10 +225,7 @@ local function groups_settle(K)
       set[#set + 1], set[#set + 2] = g, flight
     end
   end
-  if #set > 0 then
-    groups_hash(K)
-    chunked('hset', K.groups, nil, set)
-  end
+  groups_set(K, set)
   groups_drop(K, gone)
   return #turns > 0 and chunked('rpush', K.group_turns, nil, turns) == #turns
 end

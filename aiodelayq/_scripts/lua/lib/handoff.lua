@@ -1,4 +1,4 @@
--- defines: handoff_entry handoff_items
+-- defines: handoff_entry handoff_items handoff_forget
 -- uses: lib/lists.lua lib/parse.lua
 -- A hand-off entry: what POP handed out under one call id (see pop.lua). pack_list of the items; when
 -- the last of them are fast elements handed out whole (a top-up's: lib/transfer.lua), byte 255, then
@@ -14,4 +14,9 @@ local function handoff_items(blob)
   local items = unpack_list(string.sub(blob, 6))
   for i = struct.unpack('>I4', blob, 2) + 1, #items do items[i] = (parse(items[i])) end
   return items
+end
+-- Forget the entry of call id `id` and its lease (idempotent).
+local function handoff_forget(K, id)
+  redis.call('hdel', K.handoff, id)
+  redis.call('zrem', K.handoff_leases, id)
 end
