@@ -21,7 +21,7 @@ from aiodelayq import (
     QueueFullError,
     current_message,
 )
-from tests.helpers import first_line, until
+from tests.helpers import first_line, receivers_waiting, until
 
 
 async def test_two_workers_handle_each_group_in_order_and_one_at_a_time(make_client: Any, make_queue: Any) -> None:
@@ -115,6 +115,27 @@ async def test_a_hot_group_does_not_hold_back_the_cold_ones(make_client: Any, ma
     last_cold = max(i for i, v in enumerate(order) if v.startswith("cold"))
     hot_before = sum(v.startswith("hot") for v in order[:last_cold])
     assert hot_before < 200, hot_before
+
+
+async def test_an_ack_hands_the_group_on_to_a_receiver_elsewhere_without_a_transfer(
+        make_client: Any, make_queue: Any) -> None:
+    # The ack's wake-up says nothing fell due: the other process's receiver looks again, and neither
+    # process runs a transfer for it.
+    one: DelayedQueue[int] = make_queue(safety_poll_s=300)
+    two: DelayedQueue[int] = make_queue(redis=make_client(), safety_poll_s=300)
+    await one.offer_many([(0, 0), (1, 0)], groups=["g", "g"])
+    async with one, two:
+        first = await one.receive(30, timeout=5)
+        assert first is not None
+        assert first.value == 0
+        waiting = asyncio.create_task(two.receive(30))
+        await until(lambda: receivers_waiting(two))
+        transfers = one.stats.transfers + two.stats.transfers
+        assert await first.ack()
+        second = await asyncio.wait_for(waiting, 10)  # does not hang: one wake-up expected
+        assert second is not None
+        assert second.value == 1
+        assert one.stats.transfers + two.stats.transfers == transfers
 
 
 async def test_take_hands_each_group_out_in_order(make_queue: Any) -> None:

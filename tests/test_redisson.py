@@ -270,6 +270,23 @@ async def test_java_never_sees_a_grouped_item(java: JavaRedisson, make_queue: An
 
 
 @pytest.mark.java
+async def test_javas_transfer_reads_aiodelayqs_consumer_wake_up_as_a_due_time(
+        java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
+    # aiodelayq publishes '+<server ms>' when consumers should look again and nothing fell due (here:
+    # a concurrency limit set). Java's transfer reads it as a due time reached: it transfers.
+    q = make_queue(name=f"{qname}-wake", codec="str", **python_kinds(java)[0])
+    await jcall(java, "open", name=q.name)
+    await q.offer("item", 3600)  # Java aims at an hour from now
+    (element,) = await client.zrange(q.keys.timeout_set, 0, -1)
+    await client.zadd(q.keys.timeout_set, {element: await server_ms(client) - 1000}, xx=True)  # due, unannounced
+    assert await jcall(java, "drain", name=q.name, count=1, timeout_ms=500) == []
+    await q.set_concurrency_limit(5)
+    got = await jcall(java, "drain", name=q.name, count=1, timeout_ms=10_000)
+    assert [item for item, _ in got] == ["item"]
+    await jcall(java, "destroy", name=q.name)
+
+
+@pytest.mark.java
 async def test_java_offers_are_delivered_by_aiodelayq_alone(java: JavaRedisson, make_queue: Any,
                                                              client: Redis) -> None:
     q = make_queue(codec="str")

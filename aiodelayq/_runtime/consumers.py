@@ -32,6 +32,11 @@ class QueueConsumers:
         if ready > 0:
             self.pump.notify()
 
+    def room(self) -> None:
+        """Room was made without a transfer (see :meth:`TransferTask.room`): both look again."""
+        self.reliable.notify()
+        self.pump.notify()
+
     def transfer_in_pops(self, limit: int, report: Callable[[float, float, Any], object]) -> None:
         """While a backlog drains, the pump's POPs transfer first (see :meth:`TakePump.transfer_in_pops`)."""
         self.pump.transfer_in_pops(limit, report)

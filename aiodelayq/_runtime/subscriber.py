@@ -30,6 +30,9 @@ class ChannelListener(Protocol):
     def on_due(self, due_ms: int | None) -> None:
         """A new earliest due time (epoch ms, server clock) was published; ``None`` if unreadable."""
 
+    def room(self) -> None:
+        """A wake-up for consumers, with nothing due, was published (``+`` and the server ms)."""
+
 
 class Subscriber:
     """Owns one ``PubSub`` of a client and a reader task that dispatches to channel listeners.
@@ -258,7 +261,11 @@ class Subscriber:
                 event.set()
             listener.on_subscribed()
         elif kind == "message":
-            listener.on_due(_parse_due(message.get("data")))
+            data = message.get("data")
+            if isinstance(data, bytes) and data[:1] == b"+":  # aiodelayq's wake-up: nothing fell due
+                listener.room()
+            else:
+                listener.on_due(_parse_due(data))
 
 
 _MAX_DUE_MS = 2**53

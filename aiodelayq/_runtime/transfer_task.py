@@ -230,12 +230,12 @@ class TransferTask:
         self._wake.set()
 
     def room(self) -> None:
-        """A settle in this process made room for reliable consumers that found nothing (a group's
-        turn, room under the concurrency limit, a released message) and published it for the other
-        processes: every reliable consumer attached here looks again now, without waiting for that
-        message to come back and for the transfer it runs (which wakes the takers, as any does)."""
+        """Consumers that found nothing may find something now, and nothing fell due (a group's turn,
+        room under the concurrency limit, items back at a list's head, a control changed): every
+        consumer attached here looks again, without a transfer. A settle in this process calls it
+        as its reply lands; the subscriber, for such a wake-up published by any process."""
         for consumers in list(self._consumers):
-            consumers.reliable.notify()
+            consumers.room()
 
     def wake(self) -> None:
         """Transfer now."""

@@ -1,6 +1,6 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
 -- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_turns
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua lib/wake.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
 --         head of the destination, or of its group's list); or '*': return them all (the pop's reply never came).
@@ -32,7 +32,7 @@ if string.find(ARGV[2], '[^d]') then
   chunked('rpush', K.dead_letter, nil, dead)
   if #back > 0 then
     -- Wakes every transfer task of the queue, whose consumers then look at the destination again.
-    redis.call('publish', K.channel, string.format('%d', now_ms()))
+    wake_consumers(K, now_ms())
   end
   count = #items
 end

@@ -1,6 +1,6 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
 -- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_turns
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index), ARGV[5...] message elements this consumer acked, written behind: removed from
@@ -136,12 +136,12 @@ else
   if groups_settle(K) then turned = true end  -- (grouped payloads that lapsed)
   -- Consumers elsewhere look again only for the turns this call left.
   if turned and redis.call('llen', K.group_turns) > 0 then
-    redis.call('publish', K.channel, string.format('%d', now))
+    wake_consumers(K, now)
   end
   controls_charge(K, now, level, #out)
   if cap and acked > 0 and held + acked >= cap and held + #out < cap then
     -- Its acks made room that it leaves: consumers the limit held back, here or elsewhere, look again.
-    redis.call('publish', K.channel, string.format('%d', now))
+    wake_consumers(K, now)
   end
   -- (remembered with acks too: a resend must not count them again)
   if #out > 0 or acked > 0 then remember(K, ARGV[4], now, table.concat(ids)) end

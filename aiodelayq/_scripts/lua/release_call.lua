@@ -1,6 +1,6 @@
 -- RELEASE_CALL: undo a receive nobody saw, by its call id.
 -- KEYS: in_flight destination calls call_replies channel controls groups group_turns
--- uses: lib/calls.lua lib/clock.lua lib/messages.lua
+-- uses: lib/calls.lua lib/clock.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
 -- returns: how many messages were released (their delivery undone, see release()); when any were, it
 -- publishes now on the channel, so every process's receivers look again.
@@ -18,7 +18,7 @@ if first_run(K, ARGV[1]) then
   n = #got
   redis.call('hset', K.call_replies, ARGV[1], '')
   if n > 0 then
-    redis.call('publish', K.channel, string.format('%d', now))
+    wake_consumers(K, now)
   end
 else
   remember(K, ARGV[1], now, '')

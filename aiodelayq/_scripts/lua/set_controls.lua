@@ -1,7 +1,7 @@
 -- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, its
 -- concurrency limit, or set its group limit.
 -- KEYS: controls channel groups group_turns
--- uses: lib/clock.lua lib/groups.lua
+-- uses: lib/clock.lua lib/groups.lua lib/wake.lua
 -- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap' or 'group_limit'; for 'rate': ARGV[2]
 -- items per second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most
 -- messages held at once (>= 1); for 'group_limit': ARGV[2] the most messages of one group in
@@ -30,7 +30,7 @@ elseif op == 'group_limit' then
       end
     end
   end
-  redis.call('publish', K.channel, string.format('%d', now_ms()))
+  wake_consumers(K, now_ms())
 elseif op == 'unrate' then
   redis.call('hdel', K.controls, 'rate', 'burst', 'tokens', 'at')
 else
@@ -39,6 +39,6 @@ else
   else
     redis.call('hdel', K.controls, 'cap')
   end
-  redis.call('publish', K.channel, string.format('%d', now_ms()))
+  wake_consumers(K, now_ms())
 end
 return 1

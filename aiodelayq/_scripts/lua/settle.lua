@@ -1,6 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
 -- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_turns
--- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/messages.lua
+-- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -103,15 +103,14 @@ while i <= #ARGV do
 end
 flush_acks()
 if remembered then remember(K, id, now, table.concat(results, ',')) end
-local room = turned or cap and held >= cap and held_messages(K, now) < cap
-if earliest ~= now and room then
-  -- Room in a full limit, or a group's turn: consumers look again.
-  redis.call('publish', K.channel, string.format('%d', now))
+local room = turned or cap and held >= cap and held_messages(K, now) < cap or earliest == now
+if room then
+  -- Room in a full limit, a group's turn, a release: consumers look again.
+  wake_consumers(K, now)
 end
-if earliest then
-  -- Every process's transfer task wakes at that time (a nack's due time; now after a release), and its
-  -- receivers look again.
+if earliest and earliest ~= now then
+  -- Every process's transfer task wakes at that time (a nack's due time), and its receivers look again.
   redis.call('publish', K.channel, string.format('%d', earliest))
 end
-results[#results + 1] = (room or earliest == now) and 1 or 0
+results[#results + 1] = room and 1 or 0
 return results
