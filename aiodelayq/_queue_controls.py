@@ -88,7 +88,7 @@ class ControlsCalls:
         in every shard.
 
         Raises:
-            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+            ConfigurationError: ``limit`` is not an int from 1 to 1,000,000; nothing is written.
             BackendError: the call failed within ``call_timeout_s``.
         """
         await self._life.enter()

@@ -245,6 +245,8 @@ async def test_groups_are_refused_where_java_must_see_the_elements(client: Redis
         await q.offer_many([("a", 0), ("b", 0)], groups=["g"])
     with pytest.raises(ConfigurationError, match="limit"):
         await q.set_group_concurrency(0)
+    with pytest.raises(ConfigurationError, match="limit"):
+        await q.set_group_concurrency(1_000_001)
     assert not await client.exists(*q.keys.all)
 
 

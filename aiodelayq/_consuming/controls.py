@@ -16,11 +16,14 @@ from .._redis.retry import call_idempotent
 from .._scripts import QueueScripts
 from .._util.checks import count, positive
 
-__all__ = ["HOLD_CAPPED", "PAUSED_RECHECK_S", "Controls", "hold_s"]
+__all__ = ["HOLD_CAPPED", "MAX_GROUP_CONCURRENCY", "PAUSED_RECHECK_S", "Controls", "hold_s"]
 
 # RECEIVE's hold when the concurrency limit leaves no room (lua/lib/controls.lua): the consumer waits
 # for a wake-up (an ack or a nack publishes one) or the next visibility deadline, not a period.
 HOLD_CAPPED = -2
+# The highest group concurrency: a group's field counts its messages in flight below 2**20
+# (lua/lib/groups.lua).
+MAX_GROUP_CONCURRENCY = 1_000_000
 # A paused consumer's recheck period: bounds how late delivery restarts after resume(), and the
 # calls a paused queue costs.
 PAUSED_RECHECK_S = 0.5
@@ -97,6 +100,7 @@ class Controls:
         """Let reliable consumers hold at most ``limit`` messages of one group at once.
 
         Raises:
-            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+            ConfigurationError: ``limit`` is not an int from 1 to 1,000,000; nothing is written.
         """
-        await self._set("group_limit", count("limit", limit), what="set the group concurrency of")
+        await self._set("group_limit", count("limit", limit, maximum=MAX_GROUP_CONCURRENCY),
+                        what="set the group concurrency of")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .._consuming.controls import Controls
+from .._consuming.controls import MAX_GROUP_CONCURRENCY, Controls
 from .._util.checks import count, positive
 from .fanout import on_every
 
@@ -79,7 +79,7 @@ class ShardedControls:
         """The group limit of every shard (a group lives in one shard: the limit is per group).
 
         Raises:
-            ConfigurationError: ``limit`` is not an int >= 1; nothing is written.
+            ConfigurationError: ``limit`` is not an int from 1 to 1,000,000; nothing is written.
         """
-        n = count("limit", limit)
+        n = count("limit", limit, maximum=MAX_GROUP_CONCURRENCY)
         await on_every(self._shards, lambda controls: controls.set_group_concurrency(n))

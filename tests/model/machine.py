@@ -386,7 +386,8 @@ class QueueMachine(RuleBasedStateMachine):
                 flying[s.group] = flying.get(s.group, 0) + 1
         waiting = {group: n for group, n in snap.group_lists.items() if n}
         problems = []
-        expected = {group: flying.get(group, 0) for group in {*waiting, *flying}}
+        # A group's field: waiting * 2**20 + in flight; "" the items waiting in all the lists.
+        expected = {group: waiting.get(group, 0) * 2**20 + flying.get(group, 0) for group in {*waiting, *flying}}
         if waiting:
             expected[""] = sum(waiting.values())
         if snap.groups_hash != expected:

@@ -22,11 +22,12 @@ elseif op == 'group_limit' then
   local old, new = group_limit(K), tonumber(ARGV[2])
   if new == 1 then redis.call('hdel', K.controls, 'group_limit') else redis.call('hset', K.controls, 'group_limit', new) end
   if new > old then
-    local flights = redis.call('hgetall', K.groups)
-    for i = 1, #flights, 2 do
-      local g, flight = flights[i], tonumber(flights[i + 1])
-      if g ~= '' and g ~= GROUPS_HASH_TABLE and flight >= old and flight < new and redis.call('llen', group_list(K, g)) > 0 then
-        redis.call('rpush', K.group_turns, g)
+    local fields = redis.call('hgetall', K.groups)
+    for i = 1, #fields, 2 do
+      local g = fields[i]
+      if g ~= '' and g ~= GROUPS_HASH_TABLE then
+        local flight, waiting = group_field(fields[i + 1])
+        if flight >= old and flight < new and waiting > 0 then redis.call('rpush', K.group_turns, g) end
       end
     end
   end

@@ -1,12 +1,13 @@
--- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit groups_share groups_arrive groups_hand_out message_settled groups_settle to_head
+-- defines: GROUP_FLAG GROUPS_HASH_TABLE group_of group_list group_limit group_field groups_share groups_arrive groups_hand_out message_settled groups_settle to_head
 -- uses: lib/chunked.lua lib/clock.lua lib/item.lua lib/reversed.lua
 -- Ordered groups (docs/controls.md, "Groups and limits"). A grouped item's envelope is flagged
 -- GROUP_FLAG and carries '>H' length | group after its schedule key (aiodelayq/_wire/elements.py).
 -- While pending it waits in K.grouped (a zset by due ms that Redisson's transfer never reads); once
 -- due, its payload waits in its group's list 'aiodelayq_group_<group>:{N}' (the group with '%' and
 -- '{' escaped, so the hash tag stays the queue's), in order. K.groups holds a field per group with
--- items waiting there or messages in flight (reliable consumers), valued its messages in flight (0
--- while only waiting), and '' (no group's name) holding how many items wait in all the lists.
+-- items waiting there or messages in flight (reliable consumers), valued waiting * FLIGHT_SPAN + in
+-- flight (group_field): a call reads and writes a group's counts in its HMGET and HSET, and never
+-- asks its list's length. '' (no group's name) holds how many items wait in all the lists.
 -- K.group_turns lists the groups that may hand out one more: items waiting and fewer than the group
 -- limit in flight. Consumers take one item of the group at the head, which goes to the tail if it
 -- may hand out more: round robin, so a group with many items waits its turn like one with a single
@@ -45,15 +46,22 @@ local function group_list(K, g)
   end
   return name
 end
--- How many messages of one group may be in flight at once (set_group_concurrency; default 1), read
--- once per call.
+-- How many messages of one group may be in flight at once (set_group_concurrency; default 1, at
+-- most 1,000,000), read once per call.
 local GROUP_LIMIT = nil
 local function group_limit(K)
   GROUP_LIMIT = GROUP_LIMIT or tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
   return GROUP_LIMIT
 end
-local function flight_of(K, g)
-  return tonumber(redis.call('hget', K.groups, g)) or 0
+-- A group's field: its messages in flight and its items waiting, from its value (nil or false: no
+-- field, none of either); with the counts given, the value (text: HSET would write a large number
+-- in exponent form).
+local FLIGHT_SPAN = 1048576  -- 2^20, above any flight (the group limit is at most 1,000,000)
+local function group_field(value, waiting)
+  if waiting then return string.format('%d', waiting * FLIGHT_SPAN + value) end
+  value = tonumber(value) or 0
+  local flight = value % FLIGHT_SPAN
+  return flight, (value - flight) / FLIGHT_SPAN
 end
 -- The fields `fields` of K.groups (false where missing), 1000 per HMGET.
 local function groups_fields(K, fields)
@@ -107,27 +115,21 @@ local function by_group(payloads)
 end
 -- Due grouped payloads (in due order) join the tails of their groups' lists; a group that had
 -- nothing waiting and may hand out takes a turn. (One without a group, never written there by
--- aiodelayq, goes to the destination.) The groups' fields are read in one HMGET and the new ones
--- written in one HSET: a group costs its list's RPUSH.
+-- aiodelayq, goes to the destination.) The groups' fields are read in one HMGET and written in one
+-- HSET: a group costs its list's RPUSH.
 local function groups_arrive(K, payloads)
   if #payloads == 0 then return end
   local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
   if #order > 0 then
-    local limit, flights, turns, fresh = group_limit(K), groups_fields(K, order), {}, {}
+    local limit, fields, turns, set = group_limit(K), groups_fields(K, order), {}, {}
     for i, g in ipairs(order) do
-      local list = by[g]
-      -- Nothing waited: a turn if it has room (a new field: none in flight).
-      if chunked('rpush', group_list(K, g), nil, list) == #list then
-        if not flights[i] then
-          fresh[#fresh + 1], fresh[#fresh + 2] = g, 0
-          turns[#turns + 1] = g
-        elseif tonumber(flights[i]) < limit then
-          turns[#turns + 1] = g
-        end
-      end
+      local list, flight, waiting = by[g], group_field(fields[i])
+      chunked('rpush', group_list(K, g), nil, list)
+      if waiting == 0 and flight < limit then turns[#turns + 1] = g end  -- nothing waited: a turn if room
+      set[#set + 1], set[#set + 2] = g, group_field(flight, waiting + #list)
     end
-    groups_set(K, fresh)
+    groups_set(K, set)
     chunked('rpush', K.group_turns, nil, turns)
   end
   waiting_total(K, #payloads - #plain)
@@ -142,12 +144,11 @@ end
 -- Up to `want` payloads, one per group in turn; `held`: for reliable consumers (each counts in its
 -- group's flight until settled), else for take (nothing is counted; a group whose flight is full
 -- waits for its reliable consumers all the same). The turns are taken in batches (one LPOP), their
--- flights read in one HMGET and written back in one HSET: a message costs its list's LPOP, and an
--- LLEN when its group may hand out more (take, or a limit above 1).
+-- fields read in one HMGET and written back in one HSET: a message costs its list's LPOP.
 local function groups_hand_out(K, want, held)
   local out = {}
   if want < 1 then return out end
-  local limit, flights, changed, gone = group_limit(K), {}, {}, {}  -- changed: {group -> true}
+  local limit, flights, waits, changed = group_limit(K), {}, {}, {}  -- changed: {group -> true}
   while #out < want do
     local turns = redis.call('lpop', K.group_turns, want - #out)
     if not turns then break end
@@ -158,33 +159,34 @@ local function groups_hand_out(K, want, held)
         unread[#unread + 1] = g
       end
     end
-    for i, f in ipairs(groups_fields(K, unread)) do flights[unread[i]] = tonumber(f) or 0 end
+    for i, f in ipairs(groups_fields(K, unread)) do flights[unread[i]], waits[unread[i]] = group_field(f) end
     local again = {}
     for _, g in ipairs(turns) do
-      local flight, list = flights[g], group_list(K, g)
-      local p = flight < limit and redis.call('lpop', list) or nil
+      local flight, waiting = flights[g], waits[g]
+      local p = false  -- (a stale turn: nothing waits, or the flight is full since the limit was lowered)
+      if flight < limit and waiting > 0 then
+        p = redis.call('lpop', group_list(K, g))
+        if not p then waits[g], changed[g] = 0, true end  -- its list is empty after all (never so by aiodelayq)
+      end
       if p then
         out[#out + 1] = p
-        if held then
-          flight = flight + 1
-          flights[g] = flight
-          changed[g] = true
-        end
-        if flight < limit or not held then  -- room for more: its turn again while items wait
-          if redis.call('llen', list) > 0 then
-            again[#again + 1] = g
-          elseif flight == 0 then  -- (take: nothing waits, nothing in flight)
-            gone[#gone + 1] = g
-          end
-        end
-      elseif flight == 0 and redis.call('llen', list) == 0 then
-        gone[#gone + 1] = g  -- a stale turn of a group with nothing left (never so by aiodelayq)
+        waiting = waiting - 1
+        if held then flight = flight + 1 end
+        flights[g], waits[g], changed[g] = flight, waiting, true
+        -- Room for more: its turn again while items wait.
+        if waiting > 0 and (flight < limit or not held) then again[#again + 1] = g end
       end
     end
     chunked('rpush', K.group_turns, nil, again)
   end
-  local set = {}
-  for g in pairs(changed) do set[#set + 1], set[#set + 2] = g, flights[g] end
+  local set, gone = {}, {}
+  for g in pairs(changed) do
+    if flights[g] == 0 and waits[g] == 0 then  -- (take: nothing waits, nothing in flight)
+      gone[#gone + 1] = g
+    else
+      set[#set + 1], set[#set + 2] = g, group_field(flights[g], waits[g])
+    end
+  end
   groups_set(K, set)
   groups_drop(K, gone)
   waiting_total(K, -#out)
@@ -214,15 +216,14 @@ local function groups_settle(K)
   local limit, set, gone, turns = group_limit(K), {}, {}, {}
   for i, f in ipairs(groups_fields(K, order)) do
     local g = order[i]
-    local before = tonumber(f) or 0  -- (not counted: a grouped payload that came another way)
+    local before, waiting = group_field(f)  -- (no field: a grouped payload that came another way)
     local flight = math.max(0, before - left[g])
-    if flight < limit and redis.call('llen', group_list(K, g)) > 0 then
-      set[#set + 1], set[#set + 2] = g, flight
-      if before >= limit then turns[#turns + 1] = g end  -- it was full: no turn until now
-    elseif flight == 0 then  -- nothing waits, nothing in flight
+    if flight == 0 and waiting == 0 then  -- nothing waits, nothing in flight
       gone[#gone + 1] = g
     else
-      set[#set + 1], set[#set + 2] = g, flight
+      set[#set + 1], set[#set + 2] = g, group_field(flight, waiting)
+      -- It was full: no turn until now.
+      if waiting > 0 and flight < limit and before >= limit then turns[#turns + 1] = g end
     end
   end
   groups_set(K, set)
@@ -236,26 +237,16 @@ local function to_head(K, payloads, held)
   local by, order, plain = by_group(payloads)
   chunked('lpush', K.destination, nil, reversed(plain))
   if #order == 0 then return end
-  groups_hash(K)
-  local limit, total = group_limit(K), 0
-  for _, g in ipairs(order) do
-    local list = by[g]
-    local length = chunked('lpush', group_list(K, g), nil, reversed(list))
+  local limit, fields, set, total = group_limit(K), groups_fields(K, order), {}, 0
+  for i, g in ipairs(order) do
+    local list, before, waiting = by[g], group_field(fields[i])
+    chunked('lpush', group_list(K, g), nil, reversed(list))
     total = total + #list
-    local flight, before
-    if held then
-      flight = redis.call('hincrby', K.groups, g, -#list)
-      if flight < 0 then
-        flight = 0
-        redis.call('hset', K.groups, g, 0)
-      end
-      before = flight + #list
-    else
-      flight = redis.call('hsetnx', K.groups, g, 0) == 1 and 0 or flight_of(K, g)
-      before = flight
-    end
+    local flight = held and math.max(0, before - #list) or before
     -- It had no turn when nothing waited or its flight was full; now it has one, first.
-    if flight < limit and (length == #list or before >= limit) then redis.call('lpush', K.group_turns, g) end
+    if flight < limit and (waiting == 0 or before >= limit) then redis.call('lpush', K.group_turns, g) end
+    set[#set + 1], set[#set + 2] = g, group_field(flight, waiting + #list)
   end
+  groups_set(K, set)
   waiting_total(K, total)
 end
