@@ -281,14 +281,14 @@ def grouped_payloads(stored: list[bytes]) -> tuple[list[bytes], list[str | None]
 def _group_alone(data: bytes) -> tuple[bytes, str] | None:
     """The payload and group of an envelope ``data`` that carries a group and nothing else (the
     common grouped item); ``None`` for any other envelope, or a malformed one."""
-    if len(data) < _PREFIX + 2:
+    if len(data) < _GROUP_AT:
         return None
-    expires_ms, block_len, key_len, _occurrence, flags = _FIXED.unpack_from(data, len(ITEM_MAGIC))
-    (n,) = _LENGTH.unpack_from(data, _PREFIX)
-    if flags != _GROUPED or block_len or key_len or expires_ms or not 0 < n <= len(data) - _PREFIX - 2:
+    expires_ms, block_len, key_len, _occurrence, flags, n = _FIXED_GROUP.unpack_from(data, len(ITEM_MAGIC))
+    end = _GROUP_AT + n
+    if flags != _GROUPED or block_len or key_len or expires_ms or not 0 < n <= len(data) - _GROUP_AT:
         return None
     try:
-        return data[_PREFIX + 2 + n:], data[_PREFIX + 2:_PREFIX + 2 + n].decode()
+        return data[end:], data[_GROUP_AT:end].decode()
     except UnicodeDecodeError:
         return None
 
@@ -355,6 +355,10 @@ _PREFIX = len(ITEM_MAGIC) + _FIXED.size
 _LENGTH = struct.Struct(">H")
 
 _GROUPED = 4  # the flag of an envelope that carries a group
+# The fixed part and the group's length of an envelope that carries a group alone (no headers, no
+# schedule key), read in one call; its group starts at _GROUP_AT.
+_FIXED_GROUP = struct.Struct(_FIXED.format + "H")
+_GROUP_AT = _PREFIX + _LENGTH.size
 
 MAX_HEADERS_BYTES = 16_384
 """The largest headers block: keys and values in UTF-8, plus 4 bytes per header."""
