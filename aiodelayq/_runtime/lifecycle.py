@@ -241,7 +241,7 @@ class Lifecycle:
                               decode_batch=batch_decoder(o.resolved_codec), slots=transfer_task.slots,
                               events=self._events, rotation=self._rotation)
         self._reliable = ReliableConsumer(self._scripts, self._tasks, o, self._events, self._refill)
-        self._reliable.settler.on_room = transfer_task.room  # every reliable consumer of the queue here looks
+        self._reliable.settler.on_room = transfer_task.room  # every consumer of the queue here looks
         self._consumers = QueueConsumers(self._pump, self._reliable)
         transfer_task.attach(self._consumers)
         self.state = "open"

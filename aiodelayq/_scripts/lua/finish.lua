@@ -31,7 +31,7 @@ if string.find(ARGV[2], '[^d]') then
   to_head(K, back, false)
   chunked('rpush', K.dead_letter, nil, dead)
   if #back > 0 then
-    -- Wakes every transfer task of the queue, whose consumers then look at the destination again.
+    -- Every process's consumers look again (items back at a list's head: nothing to transfer).
     wake_consumers(K, now_ms())
   end
   count = #items

@@ -6,8 +6,8 @@
 -- due, its payload waits in its group's list 'aiodelayq_group_<group>:{N}' (the group with '%' and
 -- '{' escaped, so the hash tag stays the queue's), in order. K.groups holds a field per group with
 -- items waiting there or messages in flight (reliable consumers), valued waiting * FLIGHT_SPAN + in
--- flight (group_field): a call reads and writes a group's counts in its HMGET and HSET, and never
--- asks its list's length. '' (no group's name) holds how many items wait in all the lists.
+-- flight (group_field, groups_write): a call reads and writes a group's counts in its HMGET and
+-- HSET, and never asks its list's length. '' (no group's name) holds how many items wait in all the lists.
 -- K.group_turns lists the groups that may hand out one more: items waiting and fewer than the group
 -- limit in flight. Consumers take one item of the group at the head, which goes to the tail if it
 -- may hand out more: round robin, so a group with many items waits its turn like one with a single
@@ -53,12 +53,10 @@ local function group_limit(K)
   GROUP_LIMIT = GROUP_LIMIT or tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
   return GROUP_LIMIT
 end
--- A group's field: its messages in flight and its items waiting, from its value (nil or false: no
--- field, none of either); with the counts given, the value (text: HSET would write a large number
--- in exponent form).
+-- A group's messages in flight and items waiting, from its field's value (nil or false: no field,
+-- none of either).
 local FLIGHT_SPAN = 1048576  -- 2^20, above any flight (the group limit is at most 1,000,000)
-local function group_field(value, waiting)
-  if waiting then return string.format('%d', waiting * FLIGHT_SPAN + value) end
+local function group_field(value)
   value = tonumber(value) or 0
   local flight = value % FLIGHT_SPAN
   return flight, (value - flight) / FLIGHT_SPAN
@@ -76,12 +74,6 @@ end
 local function groups_hash(K)
   redis.call('hsetnx', K.groups, GROUPS_HASH_TABLE, 1)
 end
--- Write `fields` (field, value, field, value, ...) to K.groups, in one HSET per 500 fields.
-local function groups_set(K, fields)
-  if #fields == 0 then return end
-  groups_hash(K)
-  chunked('hset', K.groups, nil, fields)
-end
 -- Drop fields of K.groups; the hash goes with the last but GROUPS_HASH_TABLE.
 local function groups_drop(K, fields)
   if #fields == 0 then return end
@@ -89,6 +81,25 @@ local function groups_drop(K, fields)
   if redis.call('hlen', K.groups) == 1 and redis.call('hexists', K.groups, GROUPS_HASH_TABLE) == 1 then
     redis.call('unlink', K.groups)
   end
+end
+-- Write the counts of `groups` (flights[g] in flight, waits[g] waiting) to their fields, in one HSET
+-- per 500; a group with neither has no field (dropped). The values are text: HSET would write a
+-- large number in exponent form.
+local function groups_write(K, groups, flights, waits)
+  local set, gone = {}, {}
+  for _, g in ipairs(groups) do
+    local flight, waiting = flights[g], waits[g]
+    if flight == 0 and waiting == 0 then
+      gone[#gone + 1] = g
+    else
+      set[#set + 1], set[#set + 2] = g, string.format('%d', waiting * FLIGHT_SPAN + flight)
+    end
+  end
+  if #set > 0 then
+    groups_hash(K)
+    chunked('hset', K.groups, nil, set)
+  end
+  groups_drop(K, gone)
 end
 -- `n` (negative: fewer) items more wait in the groups' lists: their total (field '', gone at 0).
 local function waiting_total(K, n)
@@ -122,14 +133,14 @@ local function groups_arrive(K, payloads)
   local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
   if #order > 0 then
-    local limit, fields, turns, set = group_limit(K), groups_fields(K, order), {}, {}
+    local limit, fields, turns, flights, waits = group_limit(K), groups_fields(K, order), {}, {}, {}
     for i, g in ipairs(order) do
       local list, flight, waiting = by[g], group_field(fields[i])
       chunked('rpush', group_list(K, g), nil, list)
       if waiting == 0 and flight < limit then turns[#turns + 1] = g end  -- nothing waited: a turn if room
-      set[#set + 1], set[#set + 2] = g, group_field(flight, waiting + #list)
+      flights[g], waits[g] = flight, waiting + #list
     end
-    groups_set(K, set)
+    groups_write(K, order, flights, waits)
     chunked('rpush', K.group_turns, nil, turns)
   end
   waiting_total(K, #payloads - #plain)
@@ -179,16 +190,9 @@ local function groups_hand_out(K, want, held)
     end
     chunked('rpush', K.group_turns, nil, again)
   end
-  local set, gone = {}, {}
-  for g in pairs(changed) do
-    if flights[g] == 0 and waits[g] == 0 then  -- (take: nothing waits, nothing in flight)
-      gone[#gone + 1] = g
-    else
-      set[#set + 1], set[#set + 2] = g, group_field(flights[g], waits[g])
-    end
-  end
-  groups_set(K, set)
-  groups_drop(K, gone)
+  local written = {}
+  for g in pairs(changed) do written[#written + 1] = g end
+  groups_write(K, written, flights, waits)  -- (take: a group with nothing left goes)
   waiting_total(K, -#out)
   return out
 end
@@ -213,21 +217,16 @@ local function groups_settle(K)
     left[g] = (left[g] or 0) + 1
   end
   SETTLED = {}
-  local limit, set, gone, turns = group_limit(K), {}, {}, {}
+  local limit, flights, waits, turns = group_limit(K), {}, {}, {}
   for i, f in ipairs(groups_fields(K, order)) do
     local g = order[i]
     local before, waiting = group_field(f)  -- (no field: a grouped payload that came another way)
     local flight = math.max(0, before - left[g])
-    if flight == 0 and waiting == 0 then  -- nothing waits, nothing in flight
-      gone[#gone + 1] = g
-    else
-      set[#set + 1], set[#set + 2] = g, group_field(flight, waiting)
-      -- It was full: no turn until now.
-      if waiting > 0 and flight < limit and before >= limit then turns[#turns + 1] = g end
-    end
+    flights[g], waits[g] = flight, waiting
+    -- It was full: no turn until now.
+    if waiting > 0 and flight < limit and before >= limit then turns[#turns + 1] = g end
   end
-  groups_set(K, set)
-  groups_drop(K, gone)
+  groups_write(K, order, flights, waits)  -- (a group with nothing waiting and nothing in flight goes)
   return #turns > 0 and chunked('rpush', K.group_turns, nil, turns) == #turns
 end
 -- Payloads nobody took go back to the head of where they came from, in order: the destination
@@ -237,7 +236,7 @@ local function to_head(K, payloads, held)
   local by, order, plain = by_group(payloads)
   chunked('lpush', K.destination, nil, reversed(plain))
   if #order == 0 then return end
-  local limit, fields, set, total = group_limit(K), groups_fields(K, order), {}, 0
+  local limit, fields, flights, waits, total = group_limit(K), groups_fields(K, order), {}, {}, 0
   for i, g in ipairs(order) do
     local list, before, waiting = by[g], group_field(fields[i])
     chunked('lpush', group_list(K, g), nil, reversed(list))
@@ -245,8 +244,8 @@ local function to_head(K, payloads, held)
     local flight = held and math.max(0, before - #list) or before
     -- It had no turn when nothing waited or its flight was full; now it has one, first.
     if flight < limit and (waiting == 0 or before >= limit) then redis.call('lpush', K.group_turns, g) end
-    set[#set + 1], set[#set + 2] = g, group_field(flight, waiting + #list)
+    flights[g], waits[g] = flight, waiting + #list
   end
-  groups_set(K, set)
+  groups_write(K, order, flights, waits)
   waiting_total(K, total)
 end
