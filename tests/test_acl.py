@@ -95,7 +95,7 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await again.ack(confirm=True)
         await q.set_concurrency_limit(None)
         assert await q.counts() == QueueCounts(0, 0, 0, 0, None)
-        # Groups: the grouped zset, a group's list, its turn and counts; a raised limit reads the flights.
+        # Groups: the grouped zset, a group's list, the ready list and counts; a raised limit admits more.
         assert (await q.offer(60, 3600, key="k60", group="g")).added
         assert (await q.get("k60")).group == "g"  # type: ignore[union-attr]
         assert await q.cancel("k60")

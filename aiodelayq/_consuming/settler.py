@@ -91,7 +91,7 @@ class Settler:
         self.closed = False
         # Wake receivers after a landed nack's delay (ms), not at their recheck.
         self.on_nacked: Callable[[int], None] | None = None
-        # A SETTLE made room for receivers that found nothing (a group's turn, room under the
+        # A SETTLE made room for receivers that found nothing (a group's item admitted, room under the
         # concurrency limit, a release): they look again now, not after its published wake-up.
         self.on_room: Callable[[], None] | None = None
         # A RECEIVE in flight that sends the next as it lands (see take_acks), or None.

@@ -230,7 +230,7 @@ class TransferTask:
         self._wake.set()
 
     def room(self) -> None:
-        """Consumers that found nothing may find something now, and nothing fell due (a group's turn,
+        """Consumers that found nothing may find something now, and nothing fell due (a group's item admitted,
         room under the concurrency limit, items back at a list's head, a control changed): every
         consumer attached here looks again, without a transfer. A settle in this process calls it
         as its reply lands; the subscriber, for such a wake-up published by any process."""

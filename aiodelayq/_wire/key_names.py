@@ -15,7 +15,7 @@ KEY_TYPES: dict[str, str] = {
     "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
     "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string", "nacked": "zset",
-    "grouped": "zset", "groups": "hash", "group_turns": "list",
+    "grouped": "zset", "groups": "hash", "group_ready": "list",
 }
 
 
@@ -60,13 +60,14 @@ class QueueKeys:
         nacked: zset of the in-flight messages nacked with a delay, scored by when they are visible
             again: they wait, and the concurrency limit does not count them.
         grouped: zset of pending grouped items (fast elements) scored by due time; Redisson never
-            reads it. Once due, their payloads wait in their group's list (:meth:`group_list`).
-        groups: hash of the groups with due items waiting in their lists or messages in flight: field =
-            the group, value = its messages in flight; the field ``""`` (no group's name) holds how
-            many items wait in all the lists, and a field of 300 ``#`` (longer than a group) keeps the
-            hash a hash table (``lua/lib/groups.lua``).
-        group_turns: list of the groups that may hand out one more item (items waiting, fewer than
-            the group limit in flight), in turn.
+            reads it. Once due, their payloads are admitted to ``group_ready`` up to the group limit
+            at once, and the others wait in their group's list (:meth:`group_list`).
+        groups: hash of the groups with due items admitted or waiting: field = the group, value =
+            waiting * 2**20 + admitted (ready or in flight); the field ``""`` (no group's name) holds
+            how many items wait in the ready list and the groups' lists, and a field of 300 ``#``
+            (longer than a group) keeps the hash a hash table (``lua/lib/groups.lua``).
+        group_ready: list of the admitted grouped payloads that no consumer holds yet, every group's
+            in order of admission: consumers pop it as they pop the destination.
     """
 
     destination: str
@@ -87,7 +88,7 @@ class QueueKeys:
     nacked: str
     grouped: str
     groups: str
-    group_turns: str
+    group_ready: str
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
@@ -120,7 +121,7 @@ class QueueKeys:
             nacked=prefix_name("aiodelayq_nacked", name),
             grouped=prefix_name("aiodelayq_grouped", name),
             groups=prefix_name("aiodelayq_groups", name),
-            group_turns=prefix_name("aiodelayq_groups_turns", name),
+            group_ready=prefix_name("aiodelayq_groups_ready", name),
         )
         if cluster:
             keys.check_one_slot()
@@ -163,4 +164,4 @@ class QueueKeys:
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
                 self.schedules, self.tier_index, self.tier_count, self.nacked, self.grouped, self.groups,
-                self.group_turns)
+                self.group_ready)

@@ -49,9 +49,10 @@ fails, ``maybe_applied``, and what the stall held lands when it ends).
 * a receive that hands out messages under a concurrency limit leaves at most that many held (in
   flight before their deadline, not waiting out a nack's delay), unless an extend took back a message
   past its deadline since the limit was set;
-* the groups' bookkeeping is what the keys hold: a field per group with items waiting or in flight,
-  its messages in flight (never more than the highest group limit set), the items waiting in all the
-  groups' lists; a group with items waiting and room has a turn; each group's list is in due order;
+* the groups' bookkeeping is what the keys hold: a field per group with items admitted (ready or in
+  flight) or waiting, its messages in flight (never more than the highest group limit set), the items
+  waiting in the ready list and all the groups' lists; no group has items waiting and room to admit
+  them; each group's items are in due order;
 * each live schedule has its record and exactly one current occurrence, pending (under its key, on
   its grid) or ready; the key index names only pending elements; the take pumps and reliable
   consumers hold nothing (prefetch, hand-off, settles) for over a round trip without a fault.

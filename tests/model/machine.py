@@ -378,25 +378,29 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _check_groups(self, snap: Snapshot) -> None:
         """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): a field per
-        group with items waiting or in flight, its in-flight messages (never more than the group limit),
-        ``""`` the items waiting in all the lists; and a group with items waiting and room has a turn."""
+        group with items admitted (ready or in flight) or waiting in its list, never more in flight than
+        the group limit, ``""`` the items waiting in the ready list and all the lists; and no group has
+        items waiting while it has room to admit them."""
         flying: dict[str, int] = {}
         for s in snap.at("in_flight"):
             if s.group is not None:
                 flying[s.group] = flying.get(s.group, 0) + 1
+        admitted = {group: flying.get(group, 0) + snap.group_ready.get(group, 0)
+                    for group in {*flying, *snap.group_ready}}
         waiting = {group: n for group, n in snap.group_lists.items() if n}
         problems = []
-        # A group's field: waiting * 2**20 + in flight; "" the items waiting in all the lists.
-        expected = {group: waiting.get(group, 0) * 2**20 + flying.get(group, 0) for group in {*waiting, *flying}}
-        if waiting:
-            expected[""] = sum(waiting.values())
+        # A group's field: waiting * 2**20 + admitted; "" the items waiting in the ready list and the lists.
+        expected = {group: waiting.get(group, 0) * 2**20 + admitted.get(group, 0) for group in {*waiting, *admitted}}
+        if waiting or snap.group_ready:
+            expected[""] = sum(waiting.values()) + sum(snap.group_ready.values())
         if snap.groups_hash != expected:
-            problems.append(f"the groups hash {snap.groups_hash} != {expected} (lists {waiting}, in flight {flying})")
+            problems.append(f"the groups hash {snap.groups_hash} != {expected} (lists {waiting}, in flight {flying}, "
+                            f"ready {snap.group_ready})")
         if any(n > self.group_limit for n in flying.values()):
             problems.append(f"more messages of a group in flight than the group limit ({self.group_limit}): {flying}")
         for group in waiting:
-            if flying.get(group, 0) < snap.group_limit and group not in snap.group_turns:
-                problems.append(f"group {group!r} has items waiting and room, but no turn")
+            if admitted.get(group, 0) < snap.group_limit:
+                problems.append(f"group {group!r} has items waiting and room, but they are not admitted")
         if flying:
             tally("check: a group's message in flight")
         if problems:

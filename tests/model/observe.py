@@ -87,10 +87,10 @@ class Snapshot:
     cap: int | None = None  # the concurrency limit
     held: int = 0  # messages the concurrency limit counts: in flight before their deadline, not waiting out a nack
     group_lists: dict[str, int] = field(default_factory=dict)  # each group's due items (its list's length)
-    groups_hash: dict[str, int] = field(default_factory=dict)  # group -> waiting * 2**20 + in flight; "": all waiting
-    group_turns: list[str] = field(default_factory=list)
+    groups_hash: dict[str, int] = field(default_factory=dict)  # group -> waiting * 2**20 + admitted; "": all waiting
+    group_ready: dict[str, int] = field(default_factory=dict)  # each group's admitted items in the ready list
     group_limit: int = 1
-    ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: groups' lists)
+    ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: the groups')
 
     def at(self, where: Where) -> list[Seen]:
         return [s for s in self.seen if s.where == where]
@@ -98,7 +98,7 @@ class Snapshot:
     def describe(self) -> str:
         lines = [f"server time {self.now_ms}, paused={self.paused}, concurrency limit={self.cap} (held "
                  f"{self.held}), schedules={self.records}, group limit {self.group_limit}, waiting "
-                 f"{self.groups_hash}, turns {self.group_turns}"]
+                 f"{self.groups_hash}, admitted and ready {self.group_ready}"]
         lines += [f"  {s.describe()}" for s in self.seen]
         return "\n".join(lines)
 
@@ -137,11 +137,11 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         for group in GROUPS:
             pipe.lrange(keys.group_list(group), 0, -1)
         pipe.hgetall(keys.groups)
-        pipe.lrange(keys.group_turns, 0, -1)
+        pipe.lrange(keys.group_ready, 0, -1)
         pipe.hget(keys.controls, "group_limit")
         pipe.time()
         (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked, grouped,
-         *lists, groups_hash, turns, group_limit, (secs, micros)) = await pipe.execute()
+         *lists, groups_hash, admitted, group_limit, (secs, micros)) = await pipe.execute()
     now_ms = int(secs) * 1000 + int(micros) // 1000
     index: dict[bytes, str] = {}
     for field_name, blob in index_hash.items():
@@ -157,6 +157,12 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         seen.append(_seen("pending", _payload_of_element(element), score=int(score), key=index.get(element),
                           element=element))
     seen += [_seen("ready", payload) for payload in ready]
+    ready_groups: dict[str, int] = {}
+    for payload in admitted:
+        seen.append(_seen("ready", payload))
+        group = seen[-1].group
+        if group is not None:
+            ready_groups[group] = ready_groups.get(group, 0) + 1
     for payloads in lists:
         seen += [_seen("ready", payload) for payload in payloads]
     for blob in handoff.values():
@@ -178,4 +184,4 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
                     delay_list, None if cap is None else int(cap), held,
                     {group: len(payloads) for group, payloads in zip(GROUPS, lists, strict=True)},
                     {k.decode(): int(v) for k, v in groups_hash.items() if len(k) <= 256},  # (not the hash-table field)
-                    [t.decode() for t in turns], int(group_limit or 1), len(ready))
+                    ready_groups, int(group_limit or 1), len(ready))

@@ -1,9 +1,9 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
--- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_turns
+-- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_ready
 -- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua lib/wake.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
---         head of the destination, or of its group's list); or '*': return them all (the pop's reply never came).
+--         head of the destination, or of the groups' ready list); or '*': return them all (the pop's reply never came).
 -- ARGV[3] lease ms (for the tombstone below)
 -- returns: how many items the plan was applied to; 0 if the entry was already finished (a resend).
 -- A '*' that finds no entry leaves an empty one (a tombstone, cleared when its lease ends): the

@@ -1,5 +1,5 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_turns
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_ready
 -- uses: lib/clock.lua lib/controls.lua lib/groups.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
@@ -18,9 +18,10 @@
 -- expiry had passed: those went to the dead-letter list (reason expired) instead, and fewer than
 -- asked are returned. Handing out an occurrence of a recurring item schedules its next occurrence
 -- (lib/hand_out.lua).
--- Grouped items (lib/groups.lua) come one per group in turn; while groups have turns, they get
--- half of what is asked (for one item: every other millisecond), and either kind takes what the
--- other leaves. Their order in the reply is not their due order across groups.
+-- Grouped items (lib/groups.lua) come from the groups' ready list, each taken admitting its group's
+-- next; while the ready list has some, it gets half of what is asked (for one item: every other
+-- millisecond), and either list gives what the other leaves. Their order in the reply is not their
+-- due order across groups.
 -- hold: 0, or -1 when the queue is paused (nothing popped), or the ms until the rate limit lets
 -- one more item out (fewer than asked popped, perhaps none). The transfer runs either way. They
 -- are recorded in the hand-off under the call id (lib/handoff.lua) until FINISH (or a later POP)
@@ -126,7 +127,7 @@ if items then
   end
 end
 if moved then
-  moved[#moved + 1] = redis.call('llen', K.destination) + redis.call('llen', K.group_turns)
+  moved[#moved + 1] = redis.call('llen', K.destination) + redis.call('llen', K.group_ready)
   if late then moved[#moved + 1] = late end
 end
 return out

@@ -1,5 +1,5 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_turns
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_ready
 -- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
@@ -19,16 +19,17 @@
 --           schedules its next occurrence (lib/hand_out.lua).
 -- Messages whose visibility deadline passed are delivered again first (count + 1; past the limit
 -- their payload goes to the dead-letter list instead); then fresh payloads are popped from the
--- destination and the groups' lists (lib/groups.lua: one per group in turn, each counted in its
--- group's flight until it is settled; while groups have turns they get half of the fresh ones, for
--- one message every other millisecond, and either source takes what the other leaves). Every message returned is already in flight: a reply lost on the way, or a consumer
+-- destination and the groups' ready list (lib/groups.lua: admitted items, each counted in its group
+-- until it is settled; while the ready list has some it gets half of the fresh ones, for one
+-- message every other millisecond, and either list gives what the other leaves). Every message
+-- returned is already in flight: a reply lost on the way, or a consumer
 -- that dies, only delays it until its deadline. A resend of the call id returns the same messages
 -- (those still in flight as that delivery), without popping or counting anything.
 local now = now_ms()
 local limit, vt, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, dead, hold, lapsed, garbage = {}, 0, 0, 0, 0
 local cap  -- the concurrency limit, if one is set (read with the other controls)
-local turned  -- a group took a turn again: consumers elsewhere look
+local admitted  -- groups admitted items to an empty ready list: consumers elsewhere look
 -- The remembered record: the deadline, then the ids of the redeliveries (see received()).
 local ids = {struct.pack('>d', now + vt)}
 local first = first_run(K, ARGV[4])
@@ -101,7 +102,7 @@ else
     redis.call('zrem', K.in_flight, e)
   end
   -- The groups of the messages acked or gone above may hand out their next ones below.
-  turned = groups_settle(K)
+  admitted = groups_settle(K)
   local want = limit - #out - dead - lapsed - garbage
   if want > 0 then
     -- The deadline as text once: ZADD would format the number again for every member.
@@ -133,9 +134,9 @@ else
     -- time per message with a call each.
     chunked('zadd', K.in_flight, nil, scored)
   end
-  if groups_settle(K) then turned = true end  -- (grouped payloads that lapsed)
-  -- Consumers elsewhere look again only for the turns this call left.
-  if turned and redis.call('llen', K.group_turns) > 0 then
+  if groups_settle(K) then admitted = true end  -- (grouped payloads that lapsed)
+  -- Consumers elsewhere look again only for the admitted items this call left.
+  if admitted and redis.call('llen', K.group_ready) > 0 then
     wake_consumers(K, now)
   end
   controls_charge(K, now, level, #out)

@@ -1,6 +1,6 @@
 -- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, its
 -- concurrency limit, or set its group limit.
--- KEYS: controls channel groups group_turns
+-- KEYS: controls channel groups group_ready
 -- uses: lib/clock.lua lib/groups.lua lib/wake.lua
 -- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap' or 'group_limit'; for 'rate': ARGV[2]
 -- items per second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most
@@ -8,8 +8,9 @@
 -- flight at once (>= 1; lib/groups.lua)
 -- returns: 1. Every consumer's next POP or RECEIVE sees the change (nothing is cached). Setting a
 -- rate limit starts a full bucket. Setting or removing a concurrency limit publishes now, so the
--- consumers a lower one held back look again; so does a group limit, and a higher one gives a turn
--- to each group it lets hand out more (O(groups with items waiting or in flight)). Idempotent.
+-- consumers a lower one held back look again; so does a group limit, and a higher one admits the
+-- next items of each group it has room for (O(groups with items admitted or waiting)); a lower one
+-- takes back nothing admitted (lib/groups.lua). Idempotent.
 local op = ARGV[1]
 if op == 'pause' then
   redis.call('hset', K.controls, 'paused', 1)
@@ -22,14 +23,19 @@ elseif op == 'group_limit' then
   local old, new = group_limit(K), tonumber(ARGV[2])
   if new == 1 then redis.call('hdel', K.controls, 'group_limit') else redis.call('hset', K.controls, 'group_limit', new) end
   if new > old then
-    local fields = redis.call('hgetall', K.groups)
+    -- Each group with items waiting and fewer than `new` admitted: its next ones are admitted now.
+    local fields, groups, admits, waits = redis.call('hgetall', K.groups), {}, {}, {}
     for i = 1, #fields, 2 do
       local g = fields[i]
       if g ~= '' and g ~= GROUPS_HASH_TABLE then
-        local flight, waiting = group_field(fields[i + 1])
-        if flight >= old and flight < new and waiting > 0 then redis.call('rpush', K.group_turns, g) end
+        local admitted, waiting = group_field(fields[i + 1])
+        if waiting > 0 and admitted < new then
+          groups[#groups + 1], admits[g], waits[g] = g, admitted, waiting
+        end
       end
     end
+    groups_admit(K, groups, admits, waits, new)
+    groups_write(K, groups, admits, waits)
   end
   wake_consumers(K, now_ms())
 elseif op == 'unrate' then

@@ -1,5 +1,5 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_turns
+-- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_ready
 -- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
@@ -17,11 +17,12 @@
 -- A nack with a delay also enters the message in K.nacked until it is visible again: it waits, and
 -- the concurrency limit does not count it. While a limit is set, a call that makes room in a full
 -- one publishes now, so the consumers it held back look again. A grouped message that leaves flight
--- (acked, dead-lettered, released) lets its group hand out the next (lib/groups.lua); when that
--- gives the groups their only turn (consumers found nothing to hand out), the call publishes now too.
+-- for good (acked, dead-lettered) lets its group admit its next item (lib/groups.lua), and a released
+-- one goes back to the head of the ready list; when that fills an empty ready list (consumers found
+-- nothing to hand out), the call publishes now too.
 -- returns: per settle, 1 settled as asked; 2 a nack of the last allowed delivery dead-lettered it;
 -- 0 the message was not in flight as this delivery (already settled, or redelivered after its deadline);
--- then 1 if it made room for consumers that found nothing (a group's turn, room in a full limit, a
+-- then 1 if it made room for consumers that found nothing (a group's next item, room in a full limit, a
 -- release: it published now), else 0 (0 on a resend answered from its remembered reply).
 local now = now_ms()
 local max, id, resend, horizon = tonumber(ARGV[1]), ARGV[2], ARGV[3] ~= '', tonumber(ARGV[4])
@@ -35,8 +36,9 @@ if resend and first_run(K, id) then
 end
 local results, earliest, remembered = {}, false, false
 -- A message that leaves flight for good lets its group hand out the next (message_settled, applied by
--- groups_settle after each run of acks and after each other settle); turned: a group took a turn again.
-local turned = false
+-- groups_settle after each run of acks and after each other settle); admitted: groups admitted items to
+-- an empty ready list.
+local admitted = false
 local cap = tonumber(redis.call('hget', K.controls, 'cap'))
 local held = cap and held_messages(K, now)
 -- Acks come in runs (a consumer's written-behind acks): consecutive ones go together (ack_deliveries).
@@ -48,7 +50,7 @@ local function flush_acks()
     results[ack_slots[j]] = (found[j] or (resend and now < ack_deadlines[j])) and 1 or 0
     if found[j] then message_settled(acks[j], 33) end
   end
-  if groups_settle(K) then turned = true end
+  if groups_settle(K) then admitted = true end
   acks, ack_deadlines, ack_slots = {}, {}, {}
 end
 local function settle_one(m, mode, delay, deadline)
@@ -96,16 +98,16 @@ while i <= #ARGV do
     else
       flush_acks()
       results[slot] = settle_one(ARGV[j], mode, delay, deadline)
-      if groups_settle(K) then turned = true end
+      if groups_settle(K) then admitted = true end
     end
   end
   i = i + 4 + n
 end
 flush_acks()
 if remembered then remember(K, id, now, table.concat(results, ',')) end
-local room = turned or cap and held >= cap and held_messages(K, now) < cap or earliest == now
+local room = admitted or cap and held >= cap and held_messages(K, now) < cap or earliest == now
 if room then
-  -- Room in a full limit, a group's turn, a release: consumers look again.
+  -- Room in a full limit, a group's next item, a release: consumers look again.
   wake_consumers(K, now)
 end
 if earliest and earliest ~= now then

@@ -14,8 +14,8 @@ local pack_ = struct.pack
 local function first_delivery(prefix, index, payload)
   return MSG_MAGIC .. prefix .. pack_('>I4', index) .. FIRST_DELIVERY .. payload
 end
--- Undo one delivery nobody saw: a first delivery goes back to the head of the destination (of its
--- group's list, for a grouped one: lib/groups.lua), as if never received; a redelivery gets its
+-- Undo one delivery nobody saw: a first delivery goes back to the head of the destination (of the
+-- groups' ready list, for a grouped one: lib/groups.lua), as if never received; a redelivery gets its
 -- count lowered and is visible again at once.
 local function release(K, m, now)
   local count, due = struct.unpack('>I4>d', m, 21)

@@ -4,7 +4,7 @@
 --          keep: up to this many of the moved payloads are returned instead of pushed, when they
 --          would be the destination's first: POP's, which would pop them at once),
 --          K: the destination, timeout_set, delay_list, dead_letter, handoff, handoff_leases,
---          key_index, tier_index, tier_count, controls, grouped, groups and group_turns keys
+--          key_index, tier_index, tier_count, controls, grouped, groups and group_ready keys
 -- returns: {moved, dead_lettered, next wake-up (epoch ms, text: the zset's head score or the first
 --           tier bucket's promotion time, whichever is earlier) or false, TIME seconds,
 --           TIME micros, recovered, earliest hand-off lease deadline (ms, text) or false},
@@ -25,7 +25,7 @@
 -- list (reason malformed), so one bad element can never stall the queue. Only elements that are in the insertion-
 -- order list (strict, legacy, malformed ones) are LREMed from it: O(list) each. Fast elements cost
 -- O(log N). The index entries of keyed elements that moved are dropped (their keys are free).
--- With the room left (at least a quarter of |limit|), due grouped items (K.grouped: lib/groups.lua) join their groups' lists, the
+-- With the room left (at least a quarter of |limit|), due grouped items (K.grouped: lib/groups.lua) join their groups (admitted or waiting), the
 -- same way (counted as moved). Then hand-off entries whose lease ran out (their consumer died, or was cut off longer than the
 -- lease) go back to the head of the destination, in their order: "recovered".
 -- Up to `room` due grouped elements join their groups (lib/groups.lua); returns how many moved and
