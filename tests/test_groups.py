@@ -5,6 +5,7 @@ refused with nothing written. Java's keys never hold a grouped item."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import textwrap
@@ -149,6 +150,26 @@ async def test_take_hands_each_group_out_in_order(make_queue: Any) -> None:
     for g in "abc":
         assert [v for v in got if v[0] == g] == [f"{g}:{i}" for i in range(30)]
     assert (await q.counts()).groups == 0
+
+
+async def test_an_ack_carried_twice_in_one_call_makes_room_for_one(client: Redis, make_queue: Any) -> None:
+    # The same ack twice in one RECEIVE (acks written behind are carried by it) settles one message:
+    # its group, at its limit of two, admits one more item, not two.
+    q: DelayedQueue[str] = make_queue(codec="str")
+    async with q:
+        await q.set_group_concurrency(2)
+        await q.offer_many([(v, 0) for v in "abcd"], groups=["g"] * 4)
+        held = await q.receive_many(2, 30, timeout=5)
+        assert [m.value for m in held] == ["a", "b"]
+        scripts = q._life.reliable()._scripts
+        twice = [held[0]._element] * 2
+        reply = await scripts.receive.resend(10, 30_000, 0, os.urandom(16), *twice, durable=True)
+        assert int(reply[6]) == 1  # one ack applied
+        assert len(reply[7]) == 1  # "c"
+        assert await client.llen(q.keys.group_ready) == 0
+        assert await client.llen(q.keys.group_list("g")) == 1  # "d" waits for room
+        assert await held[1].ack(confirm=True)
+        assert [m.value for m in await q.receive_many(10, 30, timeout=5)] == ["d"]
 
 
 async def test_grouped_items_wait_where_java_does_not_look(client: Redis, make_queue: Any) -> None:

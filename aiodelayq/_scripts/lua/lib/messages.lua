@@ -43,22 +43,28 @@ local function received(K, record, call_id)
 end
 -- Remove the deliveries `members` (message elements) from flight, 1,000 per ZMSCORE and ZREM instead
 -- of two calls each; returns, per member, whether it was in flight (the same member twice: the second
--- finds it gone, as one by one).
+-- finds it gone, as one by one). ZREM counts a member given twice once: only when it removes fewer
+-- than ZMSCORE found are the members told apart (a table of those seen, built for such calls alone).
 local function ack_deliveries(K, members)
   local found = {}
   for c = 1, #members, 1000 do
     local last = math.min(c + 999, #members)
     local scores = redis.call('zmscore', K.in_flight, unpack(members, c, last))
-    local gone, seen = {}, {}
+    local n = 0
     for j = c, last do
-      local m = members[j]
-      found[j] = scores[j - c + 1] ~= false and not seen[m]
-      if found[j] then
-        seen[m] = true
-        gone[#gone + 1] = m
+      local f = scores[j - c + 1] ~= false
+      found[j] = f
+      if f then n = n + 1 end
+    end
+    if n > 0 and redis.call('zrem', K.in_flight, unpack(members, c, last)) < n then
+      local seen = {}
+      for j = c, last do
+        if found[j] then
+          found[j] = not seen[members[j]]
+          seen[members[j]] = true
+        end
       end
     end
-    if #gone > 0 then redis.call('zrem', K.in_flight, unpack(gone)) end
   end
   return found
 end
