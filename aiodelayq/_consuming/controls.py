@@ -21,7 +21,7 @@ __all__ = ["HOLD_CAPPED", "MAX_GROUP_CONCURRENCY", "PAUSED_RECHECK_S", "Controls
 # RECEIVE's hold when the concurrency limit leaves no room (lua/lib/controls.lua): the consumer waits
 # for a wake-up (an ack or a nack publishes one) or the next visibility deadline, not a period.
 HOLD_CAPPED = -2
-# The highest group concurrency: a group's field counts its messages in flight below 2**20
+# The highest group concurrency: a group's field counts its items admitted below 2**20
 # (lua/lib/groups.lua).
 MAX_GROUP_CONCURRENCY = 1_000_000
 # A paused consumer's recheck period: bounds how late delivery restarts after resume(), and the

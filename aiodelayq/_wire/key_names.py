@@ -62,8 +62,9 @@ class QueueKeys:
         grouped: zset of pending grouped items (fast elements) scored by due time; Redisson never
             reads it. Once due, their payloads are admitted to ``group_ready`` up to the group limit
             at once, and the others wait in their group's list (:meth:`group_list`).
-        groups: hash of the groups with due items admitted or waiting: field = the group, value =
-            waiting * 2**20 + admitted (ready or in flight); the field ``""`` (no group's name) holds
+        groups: hash of the groups with due items admitted: field = the group, value = its items
+            admitted (ready or in flight), + 2**20 while its list may hold items (a group under the
+            limit has none waiting); the field ``""`` (no group's name) holds
             how many items wait in the ready list and the groups' lists, and a field of 300 ``#``
             (longer than a group) keeps the hash a hash table (``lua/lib/groups.lua``).
         group_ready: list of the admitted grouped payloads that no consumer holds yet, every group's

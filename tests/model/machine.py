@@ -378,9 +378,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _check_groups(self, snap: Snapshot) -> None:
         """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): a field per
-        group with items admitted (ready or in flight) or waiting in its list, never more in flight than
-        the group limit, ``""`` the items waiting in the ready list and all the lists; and no group has
-        items waiting while it has room to admit them."""
+        group with items admitted (ready or in flight), flagged while any wait in its list, never more
+        in flight than the group limit, ``""`` the items waiting in the ready list and all the lists;
+        and no group has items waiting while it has room to admit them."""
         flying: dict[str, int] = {}
         for s in snap.at("in_flight"):
             if s.group is not None:
@@ -389,8 +389,12 @@ class QueueMachine(RuleBasedStateMachine):
                     for group in {*flying, *snap.group_ready}}
         waiting = {group: n for group, n in snap.group_lists.items() if n}
         problems = []
-        # A group's field: waiting * 2**20 + admitted; "" the items waiting in the ready list and the lists.
-        expected = {group: waiting.get(group, 0) * 2**20 + admitted.get(group, 0) for group in {*waiting, *admitted}}
+        # A group's field: admitted + 2**20 while its list may hold items (set while it holds some; it
+        # may stay set on an empty list until the next admission finds it short); "" the items
+        # waiting in the ready list and the lists.
+        flag = {group: value >= 2**20 for group, value in snap.groups_hash.items() if group}
+        expected = {group: admitted.get(group, 0) + (2**20 if waiting.get(group) or flag.get(group) else 0)
+                    for group in {*waiting, *admitted}}
         if waiting or snap.group_ready:
             expected[""] = sum(waiting.values()) + sum(snap.group_ready.values())
         if snap.groups_hash != expected:

@@ -87,7 +87,7 @@ class Snapshot:
     cap: int | None = None  # the concurrency limit
     held: int = 0  # messages the concurrency limit counts: in flight before their deadline, not waiting out a nack
     group_lists: dict[str, int] = field(default_factory=dict)  # each group's due items (its list's length)
-    groups_hash: dict[str, int] = field(default_factory=dict)  # group -> waiting * 2**20 + admitted; "": all waiting
+    groups_hash: dict[str, int] = field(default_factory=dict)  # group -> admitted (+ 2**20: some may wait); "": waiting
     group_ready: dict[str, int] = field(default_factory=dict)  # each group's admitted items in the ready list
     group_limit: int = 1
     ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: the groups')

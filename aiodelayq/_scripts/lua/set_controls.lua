@@ -23,19 +23,21 @@ elseif op == 'group_limit' then
   local old, new = group_limit(K), tonumber(ARGV[2])
   if new == 1 then redis.call('hdel', K.controls, 'group_limit') else redis.call('hset', K.controls, 'group_limit', new) end
   if new > old then
-    -- Each group with items waiting and fewer than `new` admitted: its next ones are admitted now.
-    local fields, groups, admits, waits = redis.call('hgetall', K.groups), {}, {}, {}
+    -- Each group whose list may hold items, with fewer than `new` admitted: its next ones are
+    -- admitted now.
+    local fields, groups, admits, waits, before = redis.call('hgetall', K.groups), {}, {}, {}, {}
     for i = 1, #fields, 2 do
       local g = fields[i]
       if g ~= '' and g ~= GROUPS_HASH_TABLE then
-        local admitted, waiting = group_field(fields[i + 1])
-        if waiting > 0 and admitted < new then
-          groups[#groups + 1], admits[g], waits[g] = g, admitted, waiting
+        local admitted, waiting, value = group_field(fields[i + 1])
+        if waiting and admitted < new then
+          local n = #groups + 1
+          groups[n], admits[n], waits[n], before[n] = g, admitted, waiting, value
         end
       end
     end
     groups_admit(K, groups, admits, waits, new)
-    groups_write(K, groups, admits, waits)
+    groups_write(K, groups, admits, waits, before)
   end
   wake_consumers(K, now_ms())
 elseif op == 'unrate' then

@@ -11,13 +11,18 @@
 -- settle admits the group's next item at the ready list's tail, so groups take turns in the order
 -- their messages settle, and a group with many items waits its turn like one with a single item.
 -- A take (at most once, nothing in flight) admits the next one as it takes one.
--- K.groups holds a field per group with items admitted or waiting, valued waiting * FLIGHT_SPAN +
--- admitted (group_field, groups_write): a call reads and writes a group's counts in one HMGET and
--- one HSET, and never asks a list's length. '' (no group's name) holds how many items wait in the
--- ready list and the groups' lists together. A lowered limit takes back nothing admitted: it holds
--- from the next admission. While K.groups exists it also holds the field GROUPS_HASH_TABLE, longer
--- than any group (at most 256 bytes) and than a listpack's values: so Redis keeps the hash a hash
--- table, where a group's field is found in O(1), not in a scan of up to 512 fields (a listpack).
+-- A group's items wait in its list only while it has the limit's worth admitted: every call that
+-- settles a group's message, gives it back or raises the limit admits its next items while there is
+-- room. K.groups holds a field per group with items admitted, valued admitted + WAITING_FLAG when
+-- its list may hold items (group_field, groups_write): set as an item joins the list, cleared by the
+-- first admission that finds the list short. So a settle that admits the group's next item in its
+-- place writes nothing, and a group without the flag costs no list command. A call reads its groups'
+-- fields in one HMGET and writes the changed ones in one HSET. '' (no group's name) holds how many
+-- items wait in the ready list and the groups' lists together. A lowered limit takes back nothing
+-- admitted: it holds from the next admission. While K.groups exists it also holds the field
+-- GROUPS_HASH_TABLE, longer than any group (at most 256 bytes) and than a listpack's values: so
+-- Redis keeps the hash a hash table, where a group's field is found in O(1), not in a scan of up to
+-- 512 fields (a listpack).
 local GROUP_FLAG = 4
 -- (300 '#' written out: string.rep would build it again on every call)
 local GROUPS_HASH_TABLE = '############################################################################################################################################################################################################################################################################################################'
@@ -54,13 +59,13 @@ local function group_limit(K)
   GROUP_LIMIT = GROUP_LIMIT or tonumber(redis.call('hget', K.controls, 'group_limit')) or 1
   return GROUP_LIMIT
 end
--- A group's items admitted (ready or in flight) and waiting, from its field's value (nil or false:
--- no field, none of either).
-local FLIGHT_SPAN = 1048576  -- 2^20, above any admitted count (the group limit is at most 1,000,000)
+-- A group's items admitted (ready or in flight), whether its list may hold items, and the value, from
+-- its field's value (nil or false: no field, neither).
+local WAITING_FLAG = 1048576  -- 2^20, above any admitted count (the group limit is at most 1,000,000)
 local function group_field(value)
   value = tonumber(value) or 0
-  local flight = value % FLIGHT_SPAN
-  return flight, (value - flight) / FLIGHT_SPAN
+  if value >= WAITING_FLAG then return value - WAITING_FLAG, true, value end
+  return value, false, value
 end
 -- The fields `fields` of K.groups (false where missing), 1000 per HMGET.
 local function groups_fields(K, fields)
@@ -79,17 +84,17 @@ local function groups_drop(K, fields)
     redis.call('unlink', K.groups)
   end
 end
--- Write the counts of `groups` (admits[g] admitted, waits[g] waiting) to their fields, in one HSET
--- per 500; a group with neither has no field (dropped). The values are text: HSET would write a
--- large number in exponent form.
-local function groups_write(K, groups, admits, waits)
+-- Write the fields of `groups` (the i-th: admits[i] admitted, waits[i] its list may hold items)
+-- whose value differs from before[i] (no `before`: all), in one HSET per 500; a group with neither
+-- has no field (dropped). (Arrays by position, not tables by group: they run per group per call.)
+local function groups_write(K, groups, admits, waits, before)
   local set, gone = {}, {}
-  for _, g in ipairs(groups) do
-    local admitted, waiting = admits[g], waits[g]
-    if admitted == 0 and waiting == 0 then
+  for i, g in ipairs(groups) do
+    local value = admits[i] + (waits[i] and WAITING_FLAG or 0)
+    if value == 0 then
       gone[#gone + 1] = g
-    else
-      set[#set + 1], set[#set + 2] = g, string.format('%d', waiting * FLIGHT_SPAN + admitted)
+    elseif not before or before[i] ~= value then
+      set[#set + 1], set[#set + 2] = g, value
     end
   end
   if #set > 0 then
@@ -123,43 +128,51 @@ local function by_group(payloads)
   end
   return by, order, plain, grouped
 end
--- Admit the next items of `groups` (admits[g] admitted, waits[g] waiting: updated) while under
--- `limit`: they leave their group's list for the ready list's tail. Returns true when the ready
--- list was empty before (consumers that found nothing should look again).
+-- Admit the next items of `groups` (the i-th: admits[i] admitted, waits[i] its list may hold items:
+-- updated) while under `limit`: they leave their group's list for the ready list's tail; a list
+-- found short clears the group's flag. Returns true when the ready list was empty before (consumers
+-- that found nothing should look again).
 local function groups_admit(K, groups, admits, waits, limit)
   local ready = {}
-  for _, g in ipairs(groups) do
-    local n = math.min(limit - admits[g], waits[g])
+  for i, g in ipairs(groups) do
+    local n = waits[i] and limit - admits[i] or 0
     if n == 1 then  -- (most often: one settled, one admitted; a payload, not an array of one)
       local p = redis.call('lpop', group_list(K, g))
-      if p then ready[#ready + 1] = p end
-      admits[g], waits[g] = admits[g] + (p and 1 or 0), p and waits[g] - 1 or 0
+      if p then
+        ready[#ready + 1], admits[i] = p, admits[i] + 1
+      else
+        waits[i] = false
+      end
     elseif n > 0 then
       local got = redis.call('lpop', group_list(K, g), n) or {}
       for j = 1, #got do ready[#ready + 1] = got[j] end
-      admits[g], waits[g] = admits[g] + #got, #got < n and 0 or waits[g] - n  -- (shorter: never so by aiodelayq)
+      admits[i], waits[i] = admits[i] + #got, #got == n
     end
   end
   return #ready > 0 and chunked('rpush', K.group_ready, nil, ready) == #ready
 end
 -- Items of `left` (a group per item, repeated for each) left their groups for good: each group's
 -- admitted count goes down by its items and its next items are admitted (the fields read in one
--- HMGET, written in one HSET; a group with nothing admitted and nothing waiting goes). Returns
--- groups_admit's answer.
+-- HMGET; a group whose value is unchanged, one admitted in place of each that left, is not
+-- written). Returns groups_admit's answer.
 local function groups_leave(K, left)
-  local counts, order = {}, {}
+  local at, order, counts = {}, {}, {}
   for _, g in ipairs(left) do
-    if not counts[g] then order[#order + 1] = g end
-    counts[g] = (counts[g] or 0) + 1
+    local i = at[g]
+    if i then
+      counts[i] = counts[i] + 1
+    else
+      i = #order + 1
+      at[g], order[i], counts[i] = i, g, 1
+    end
   end
-  local admits, waits = {}, {}
+  local admits, waits, before = {}, {}, {}
   for i, f in ipairs(groups_fields(K, order)) do
-    local g = order[i]
-    local admitted, waiting = group_field(f)  -- (no field: a grouped payload that came another way)
-    admits[g], waits[g] = math.max(0, admitted - counts[g]), waiting
+    local admitted, waiting, value = group_field(f)  -- (no field: a grouped payload that came another way)
+    admits[i], waits[i], before[i] = math.max(0, admitted - counts[i]), waiting, value
   end
   local admitted = groups_admit(K, order, admits, waits, group_limit(K))
-  groups_write(K, order, admits, waits)
+  groups_write(K, order, admits, waits, before)
   return admitted
 end
 -- Due grouped payloads (in due order) join their groups: admitted at the ready list's tail while
@@ -171,10 +184,11 @@ local function groups_arrive(K, payloads)
   local by, order, plain = by_group(payloads)
   chunked('rpush', K.destination, nil, plain)
   if #order > 0 then
-    local limit, fields, ready, admits, waits = group_limit(K), groups_fields(K, order), {}, {}, {}
+    local limit, fields, ready, admits, waits, before = group_limit(K), groups_fields(K, order), {}, {}, {}, {}
     for i, g in ipairs(order) do
-      local list, admitted, waiting = by[g], group_field(fields[i])
-      local n = waiting == 0 and math.max(0, math.min(limit - admitted, #list)) or 0
+      local list, admitted, waiting, value = by[g], group_field(fields[i])
+      -- (under the limit, its list is empty: see above)
+      local n = waiting and 0 or math.max(0, math.min(limit - admitted, #list))
       local rest = list
       if n > 0 then
         rest = {}
@@ -182,10 +196,10 @@ local function groups_arrive(K, payloads)
         for j = n + 1, #list do rest[j - n] = list[j] end
       end
       chunked('rpush', group_list(K, g), nil, rest)  -- (none: no call)
-      admits[g], waits[g] = admitted + n, waiting + #rest
+      admits[i], waits[i], before[i] = admitted + n, waiting or #rest > 0, value
     end
     chunked('rpush', K.group_ready, nil, ready)
-    groups_write(K, order, admits, waits)
+    groups_write(K, order, admits, waits, before)
   end
   waiting_total(K, #payloads - #plain)
 end
@@ -201,12 +215,16 @@ end
 -- group, whose next item is admitted at the tail, so a take goes on through a group's items in
 -- turn with the others'.
 local function groups_hand_out(K, want, held)
+  if held then  -- (one LPOP: its reply is the answer)
+    local out = redis.call('lpop', K.group_ready, want) or {}
+    waiting_total(K, -#out)
+    return out
+  end
   local out = {}
   while #out < want do
     local got = redis.call('lpop', K.group_ready, want - #out)
     if not got then break end
     for j = 1, #got do out[#out + 1] = got[j] end
-    if held then break end
     local left = {}
     for _, p in ipairs(got) do
       local g = group_of(p)
@@ -249,18 +267,19 @@ local function to_head(K, payloads, held)
   local limit, fields, admits, waits, over = group_limit(K), groups_fields(K, order), {}, {}, {}
   for i, g in ipairs(order) do
     local admitted, waiting = group_field(fields[i])
-    admits[g], waits[g] = admitted + #by[g], waiting
-    if admits[g] > limit then over[g] = admits[g] - limit end
+    admits[i], waits[i] = admitted + #by[g], waiting
+    if admits[i] > limit then over[g] = i end
   end
   if next(over) then
     -- The youngest admitted items of those groups (nearest the tail) go back to their lists' heads.
     local ready = redis.call('lrange', K.group_ready, #back, -1)
-    for i = #ready, 1, -1 do
-      local g = group_of(ready[i])
-      if g and over[g] and over[g] > 0 then
-        over[g], admits[g], waits[g] = over[g] - 1, admits[g] - 1, waits[g] + 1
-        redis.call('lrem', K.group_ready, -1, ready[i])
-        redis.call('lpush', group_list(K, g), ready[i])
+    for r = #ready, 1, -1 do
+      local g = group_of(ready[r])
+      local i = g and over[g]
+      if i and admits[i] > limit then
+        admits[i], waits[i] = admits[i] - 1, true
+        redis.call('lrem', K.group_ready, -1, ready[r])
+        redis.call('lpush', group_list(K, g), ready[r])
       end
     end
   end
