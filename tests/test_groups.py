@@ -209,6 +209,24 @@ async def test_a_raised_group_limit_hands_out_more_of_a_group_at_once(make_queue
         assert [m.value for m in last] == [3]
 
 
+async def test_a_lowered_group_limit_holds_until_a_raise_admits_again(client: Redis, make_queue: Any) -> None:
+    q: DelayedQueue[int] = make_queue()
+    async with q:
+        await q.set_group_concurrency(3)
+        await q.offer_many([(i, 0) for i in range(6)], groups=["g"] * 6)
+        held = await q.receive_many(10, 30, timeout=5)
+        assert [m.value for m in held] == [0, 1, 2]
+        await q.set_group_concurrency(1)
+        for m in held[:2]:
+            assert await m.ack(confirm=True)
+        # One still in flight fills the lowered limit: nothing admitted, the rest wait in the group's list.
+        assert await client.llen(q.keys.group_ready) == 0
+        assert await client.llen(q.keys.group_list("g")) == 3
+        await q.set_group_concurrency(2)
+        assert [m.value for m in await q.receive_many(10, 30, timeout=5)] == [3]
+        assert await client.llen(q.keys.group_list("g")) == 2
+
+
 async def test_the_concurrency_limit_holds_with_groups(make_queue: Any) -> None:
     q: DelayedQueue[int] = make_queue()
     await q.set_concurrency_limit(2)
