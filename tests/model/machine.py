@@ -366,7 +366,10 @@ class QueueMachine(RuleBasedStateMachine):
                     raise out.error
                 self.model.take([Delivery(c, value, headers) for value, headers in out.result], out)
                 taken = bool(out.result)
-            if not taken:  # (also when a group's message in flight holds its items back from take)
+            # A receive, unless a take got items and none left is in flight: one that gets items every
+            # time (a recurring item's occurrences) must not starve the messages in flight (whose
+            # group's next items wait for them).
+            if not taken or not all(name in self.model.undelivered_names() for name in left):
                 self.receive_then(c, 10, 300, 0.2, None, None)
                 self.check()  # the receive may have dead-lettered messages past their deadline
                 for client, msg in [(k, m) for k, m in self.held if m.deadline_ms and not m.settled]:
