@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from anyio.abc import AsyncResource
 from redis.asyncio import Redis
@@ -262,11 +262,17 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
     @overload
     async def offer(self, item: T, delay: float | timedelta, *, key: str, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
-                    group: str | None = None) -> Offered: ...
+                    group: str | None = None, dedupe_for: float | timedelta | None = None) -> Offered: ...
+    @overload
+    async def offer(self, item: T, delay: float | timedelta, *, replace: bool = False,
+                    headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
+                    group: str | None = None, dedupe_for: float | timedelta | None = None,
+                    dedupe_by_content: Literal[True]) -> Offered: ...
 
     async def offer(self, item: T, delay: float | timedelta, *, key: str | None = None, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
-                    group: str | None = None) -> int:
+                    group: str | None = None, dedupe_for: float | timedelta | None = None,
+                    dedupe_by_content: bool = False) -> int:
         """Add ``item``, due ``delay`` after now (seconds, or a ``timedelta``; rounded up to whole ms).
 
         "Now" is the Redis server's clock. Concurrent offers share script calls (each still gets its
@@ -276,7 +282,14 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         ``key`` (a ``str``, unique among pending items) makes the item addressable by
         :meth:`cancel`, :meth:`reschedule` and :meth:`get`. If an item with that key is pending,
         nothing changes (deduplication) unless ``replace=True``, which replaces its payload and due
-        time. The key is free again once its item falls due.
+        time. The key is free again once its item falls due, unless ``dedupe_for``.
+
+        ``dedupe_for`` (seconds or a ``timedelta``, > 0; needs a key) keeps the key taken for that
+        long after this call writes the item, whatever becomes of it (pending, delivered, acked,
+        dead): another offer of the key in that window writes nothing (``replace=True`` still
+        replaces the item while it is pending). ``dedupe_by_content=True`` (instead of ``key``)
+        makes the key from the item: ``content:`` and the first 128 bits of SHA-256 of the encoded
+        payload and headers. See the docs' "Keys" page.
 
         ``headers`` (``str`` keys and values, at most 16 KiB encoded) travel with the item to every
         consumer: :attr:`Message.headers`, :meth:`take_with_headers`, a worker's
@@ -295,12 +308,15 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
 
         Returns:
             The due time in epoch milliseconds (server clock). With a key, an :class:`Offered` (an
-            ``int``) whose ``added`` is ``False`` when an item with that key was already pending (its
-            value is then that item's due time) and ``replaced`` says whether one was replaced.
+            ``int``) whose ``added`` is ``False`` and ``deduplicated`` ``True`` when the key was
+            taken, by a pending item or by a window (its value is then the due time of the item that
+            took it), and ``replaced`` says whether a pending item was replaced.
 
         Raises:
             InvalidDelayError: negative, NaN, infinite or too large delay; nothing is written.
-            InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes.
+            InvalidKeyError: a key that is not a non-empty ``str`` of at most 1,024 UTF-8 bytes;
+                ``dedupe_for`` without a key, or ``key`` with ``dedupe_by_content``; nothing is
+                written. (InvalidDelayError for a ``dedupe_for`` that is not > 0.)
             InvalidGroupError: a group that is not a non-empty ``str`` of at most 256 UTF-8 bytes,
                 or a group on a queue of strict or legacy elements; nothing is written.
             InvalidHeadersError: headers that are not ``str`` to ``str``, or over 16 KiB; nothing is
@@ -314,13 +330,15 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
             BackendError: any other Redis failure (see ``maybe_applied``).
         """
         await self._life.enter()
-        return await self._producer.offer(item, delay, key, replace, headers, expires, group)
+        return await self._producer.offer(item, delay, key, replace, headers, expires, group, dedupe_for,
+                                          dedupe_by_content)
 
     async def offer_many(self, items: Iterable[tuple[T, float | timedelta]], *,
                          keys: Iterable[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
-                         groups: Sequence[str | None] | None = None) -> list[int]:
+                         groups: Sequence[str | None] | None = None, dedupe_for: float | timedelta | None = None,
+                         dedupe_by_content: bool = False) -> list[int]:
         """Add many ``(item, delay)`` pairs in as few round trips as possible (calls of at most 1,000
         items, ``max_call_bytes`` and about 2 ms of server time, each atomic: the first alone, the
         others then at once, counting from its base, so items of one delay keep their order; a list
@@ -331,11 +349,13 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         writes nothing); with more than one call, a failure can leave others written. Under
         ``capacity`` it is one call, all or nothing. ``headers``: one mapping (or ``None``) per
         item, parallel to ``keys``; ``expires``: one value for every item, or one (or ``None``) per
-        item; ``groups``: one group (or ``None``) per item, parallel to ``keys``. Raises as
+        item; ``groups``: one group (or ``None``) per item, parallel to ``keys``; ``dedupe_for``:
+        one window for every keyed item (``keys`` or ``dedupe_by_content=True``). Raises as
         :meth:`offer`."""
         await self._life.enter()
         return await self._producer.offer_many(list(items), None if keys is None else list(keys), replace,
-                                               headers, expires, None if groups is None else list(groups))
+                                               headers, expires, None if groups is None else list(groups),
+                                               dedupe_for, dedupe_by_content)
 
     # -- recurring items (see _recurring/schedules.py) --------------------------------------------------
 

@@ -131,6 +131,17 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert await q.reschedule("k200", 0.05) is not None
         await q.offer_many([(300, 60), (301, 60)], keys=["k300", None])
         assert await q.cancel("k300")
+        # Deduplication windows: opened, read, trimmed, counted.
+        assert (await q.offer(302, 60, key="k302", dedupe_for=0.05)).added
+        assert await q.cancel("k302")
+        assert (await q.offer(303, 60, key="k302")).deduplicated
+        [content] = await q.offer_many([(304, 60)], dedupe_by_content=True, dedupe_for=60)
+        assert content.added  # type: ignore[attr-defined]
+        assert await q.cancel(content.key)  # type: ignore[attr-defined]
+        await asyncio.sleep(0.06)
+        assert (await q.offer(305, 60, key="k302", dedupe_for=60)).added  # the window ended, trimmed
+        assert (await q.counts()).deduplicating == 2
+        assert await q.cancel("k302")
         msg = await q.receive(30, timeout=5)
         assert msg is not None
         assert msg.value == 202

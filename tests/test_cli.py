@@ -149,7 +149,7 @@ async def test_stats_shows_every_count_of_a_live_queue(client: Redis, make_queue
     assert entry == {"name": qname, "pending": 2, "ready": 2, "in_flight": 1, "dead_letters": 1,
                      "next_due_ms": later, "next_due_in_ms": later - doc["server_time_ms"], "lag_ms": 0,
                      "paused": False, "rate_limit_per_s": None, "rate_burst": None, "concurrency_limit": None,
-                     "groups": 0, "group_concurrency": 1, "recurring": 0}
+                     "groups": 0, "group_concurrency": 1, "recurring": 0, "deduplicating": 0}
 
 
 async def test_the_cli_pauses_resumes_and_limits_and_stats_show_it(make_queue: Any, cli: Cli, qname: str) -> None:

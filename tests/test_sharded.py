@@ -224,6 +224,27 @@ async def test_a_keyed_item_lives_on_its_key_shard_for_every_keyed_call(sharded:
         await q.get(42)  # type: ignore[arg-type]
 
 
+async def test_a_window_lives_on_its_key_shard_and_content_picks_the_shard(sharded: Queues) -> None:
+    q = sharded(shards=4, codec="json")
+    r = sharded.client
+    first = await q.offer("a", 0, key="order-7", dedupe_for=60)
+    home = q.shard_keys[_shard("order-7", 4)]
+    assert await r.zcard(home.dedupe_windows) == 1
+    async with q:
+        assert await asyncio.wait_for(q.take(), 5) == "a"
+    again = await q.offer("b", 0, key="order-7", dedupe_for=60)
+    assert (again.deduplicated, int(again)) == (True, int(first))
+    many = await q.offer_many([("c", 60), ("d", 60)], keys=["order-7", "order-8"], dedupe_for=60)
+    assert [m.deduplicated for m in many] == [True, False]  # type: ignore[attr-defined]
+    content = await q.offer({"hook": 1}, 60, dedupe_by_content=True, dedupe_for=60)
+    assert content.key is not None
+    assert await r.zcard(q.shard_keys[_shard(content.key, 4)].dedupe_windows) >= 1
+    assert (await q.offer({"hook": 1}, 60, dedupe_by_content=True)).deduplicated
+    dup = await q.offer_many([({"hook": 1}, 60)], dedupe_by_content=True, dedupe_for=60)
+    assert dup[0].deduplicated  # type: ignore[attr-defined]
+    assert (await q.counts()).deduplicating == 3
+
+
 # -- consumers ---------------------------------------------------------------------------------------
 
 

@@ -120,7 +120,7 @@ class QueueContents:
                            rate_burst=None if burst is None else int(burst), recurring=int(reply[8]),
                            lag_ms=int(reply[9]), tiered=int(reply[10]),
                            concurrency_limit=None if cap is None else int(cap), groups=int(reply[12]),
-                           group_concurrency=int(reply[13]))
+                           group_concurrency=int(reply[13]), deduplicating=int(reply[14]))
 
     async def peek(self, limit: int) -> list[PendingItem[Any]]:
         """The ``limit`` soonest-due pending elements, tier included, decoded where possible.

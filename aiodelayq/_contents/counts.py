@@ -31,6 +31,8 @@ class QueueCounts:
             ``group``).
         group_concurrency: the most messages of one group reliable consumers hold at once
             (:meth:`DelayedQueue.set_group_concurrency`; 1 unless set).
+        deduplicating: how many keys an open deduplication window holds (:meth:`DelayedQueue.offer`'s
+            ``dedupe_for``); they are not items, and no other count includes them.
     """
 
     pending: int
@@ -47,3 +49,4 @@ class QueueCounts:
     concurrency_limit: int | None = None
     groups: int = 0
     group_concurrency: int = 1
+    deduplicating: int = 0

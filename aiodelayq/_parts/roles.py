@@ -40,13 +40,15 @@ class Producing(Protocol):
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
-                    group: str | None = None) -> int: ...
+                    group: str | None = None, dedupe_for: float | timedelta | None = None,
+                    dedupe_by_content: bool = False) -> int: ...
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
-                         groups: Sequence[str | None] | None = None) -> list[int]: ...
+                         groups: Sequence[str | None] | None = None, dedupe_for: float | timedelta | None = None,
+                         dedupe_by_content: bool = False) -> list[int]: ...
 
 
 class Contents(Protocol):

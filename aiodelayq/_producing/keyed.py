@@ -30,19 +30,23 @@ class Offered(int):
     """An offered item's due time (server epoch ms, an ``int``) and, for a keyed offer, what happened.
 
     Attributes:
-        key: the item's key (``None`` without one).
-        added: ``True`` if this call wrote the item; ``False`` if an item with this key was already
-            pending and nothing changed (then the value is that item's due time).
+        key: the item's key (``None`` without one; ``content:...`` with ``dedupe_by_content``).
+        added: ``True`` if this call wrote the item; ``False`` if the key was taken and nothing
+            changed (then the value is the due time of the item that took it).
         replaced: ``True`` if ``replace=True`` replaced a pending item of this key.
+        deduplicated: ``True`` if the key was taken, by a pending item or by an open deduplication
+            window (``dedupe_for``), and nothing was written: the negation of ``added``.
     """
 
     key: str | None
     added: bool
     replaced: bool
+    deduplicated: bool
 
-    def __new__(cls, due_ms: int, *, key: str | None, added: bool = True, replaced: bool = False) -> Offered:
+    def __new__(cls, due_ms: int, *, key: str | None, added: bool = True, replaced: bool = False,
+                deduplicated: bool = False) -> Offered:
         self = super().__new__(cls, due_ms)
-        self.key, self.added, self.replaced = key, added, replaced
+        self.key, self.added, self.replaced, self.deduplicated = key, added, replaced, deduplicated
         return self
 
     @property
@@ -51,7 +55,8 @@ class Offered(int):
         return int(self)
 
     def __repr__(self) -> str:
-        return f"Offered({int(self)}, key={self.key!r}, added={self.added}, replaced={self.replaced})"
+        return (f"Offered({int(self)}, key={self.key!r}, added={self.added}, replaced={self.replaced}, "
+                f"deduplicated={self.deduplicated})")
 
 
 @dataclass(frozen=True)
@@ -78,16 +83,17 @@ class Pending(Generic[T]):
 
 
 def parse_outcome(outcome: bytes, count: int) -> list[tuple[str, int | None]]:
-    """OFFER's outcome of a keyed call: per item ``(letter, due ms of the kept pending item or None)``.
+    """OFFER's outcome of a keyed call: per item ``(letter, due ms of the item that holds its key
+    (``p``: pending, ``d``: its window) or None)``.
 
     Raises:
         ValueError: a reply that does not match ``count`` items.
     """
     letters, *dues = outcome.decode().split(",")
-    if len(letters) != count or letters.count("p") != len(dues):
+    if len(letters) != count or letters.count("p") + letters.count("d") != len(dues):
         raise ValueError(f"unexpected offer outcome {outcome!r} for {count} items")
     kept = iter(int(d) for d in dues)
-    return [(letter, next(kept) if letter == "p" else None) for letter in letters]
+    return [(letter, next(kept) if letter in "pd" else None) for letter in letters]
 
 
 class KeyedItems:

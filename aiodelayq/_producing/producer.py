@@ -30,7 +30,9 @@ from .._wire.elements import (
     ITEM_MAGIC,
     ElementKind,
     Fragment,
+    entry_key,
     fragment_size,
+    key_entry,
     long_format,
     offer_args,
     pack_fragments,
@@ -48,6 +50,7 @@ from ..exceptions import (
 )
 from .batcher import OfferBatcher
 from .call_cost import CallCost
+from .dedupe import dedupe_key, dedupe_keys
 from .keyed import Offered, parse_outcome
 
 __all__ = ["Producer", "SendMany", "check_item_bytes"]
@@ -90,24 +93,28 @@ class Producer:
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
-                    group: str | None = None) -> int:
+                    group: str | None = None, dedupe_for: float | timedelta | None = None,
+                    dedupe_by_content: bool = False) -> int:
         """One item through the batcher; returns its due time (epoch ms, server clock), an
-        :class:`Offered` for a keyed item. Traced (a PRODUCER span, its context in the item's
-        headers) while an OpenTelemetry SDK is set up."""
+        :class:`Offered` for a keyed item. ``dedupe_for``, ``dedupe_by_content``: see
+        :mod:`.dedupe`. Traced (a PRODUCER span, its context in the item's headers) while an
+        OpenTelemetry SDK is set up."""
+        key, window = dedupe_key(self._codec, item, key, headers, dedupe_for, dedupe_by_content)
         found = tracer()
         if found is None:
-            return await self._offer(item, delay, key, replace, headers, expires, group)
+            return await self._offer(item, delay, key, replace, headers, expires, group, window)
         with send_span(found, self._keys.destination, 1, key, inject=self._kind == "fast") as carrier:
             return await self._offer(item, delay, key, replace, with_context(headers, carrier) if carrier else headers,
-                                     expires, group)
+                                     expires, group, window)
 
     async def _offer(self, item: Any, delay: float | timedelta, key: str | None, replace: bool,
-                     headers: Mapping[str, str] | None, expires: float | timedelta | None, group: str | None) -> int:
+                     headers: Mapping[str, str] | None, expires: float | timedelta | None, group: str | None,
+                     window_ms: int | None) -> int:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, True)
         fragments, entries = await self.prepare([(item, delay)], None if key is None else [key], replace,
-                                                envelope=envelope, issued=issued,
+                                                envelope=envelope, issued=issued, window_ms=window_ms,
                                                 groups=self.check_groups(None if group is None else [group], 1))
         if self._batcher is None:
             self._batcher = OfferBatcher(self._send_issued, max_items=lambda: self._cost.max_items,
@@ -118,9 +125,11 @@ class Producer:
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
-                         groups: Sequence[str | None] | None = None) -> list[int]:
+                         groups: Sequence[str | None] | None = None, dedupe_for: float | timedelta | None = None,
+                         dedupe_by_content: bool = False) -> list[int]:
         """Many items (see :meth:`send_many`); due times in input order (:class:`Offered` with
         ``keys``). Traced as :meth:`offer` (one span)."""
+        keys, window = dedupe_keys(self._codec, pairs, keys, headers, dedupe_for, dedupe_by_content)
         if not pairs:
             if keys:
                 raise InvalidKeyError(f"{len(keys)} keys for 0 items")
@@ -129,24 +138,24 @@ class Producer:
             return []
         found = tracer()
         if found is None:
-            return await self._offer_many(pairs, keys, replace, headers, expires, groups)
+            return await self._offer_many(pairs, keys, replace, headers, expires, groups, window)
         with send_span(found, self._keys.destination, len(pairs), inject=self._kind == "fast") as carrier:
             if carrier and headers is None:
                 headers = [carrier] * len(pairs)
             elif carrier and isinstance(headers, Sequence) and not isinstance(headers, (str, bytes, Mapping)):
                 headers = [with_context(h, carrier) for h in headers]
-            return await self._offer_many(pairs, keys, replace, headers, expires, groups)
+            return await self._offer_many(pairs, keys, replace, headers, expires, groups, window)
 
     async def _offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None,
                           replace: bool, headers: Sequence[Mapping[str, str] | None] | None,
                           expires: float | timedelta | Sequence[float | timedelta | None] | None,
-                          groups: Sequence[str | None] | None) -> list[int]:
+                          groups: Sequence[str | None] | None, window_ms: int | None) -> list[int]:
         issued = asyncio.get_running_loop().time()
         check_eviction_policy(self._scripts.client)
         envelope = None if headers is None and expires is None else (headers, expires, False)
         raw_groups = self.check_groups(groups, len(pairs))
         fragments, entries = await self.prepare(pairs, keys, replace, envelope=envelope, issued=issued,
-                                                groups=raw_groups)
+                                                groups=raw_groups, window_ms=window_ms)
         return await self._send_many(fragments, entries, issued, raw_groups)
 
     def check_groups(self, groups: Sequence[str | None] | None, count: int) -> list[bytes | None] | None:
@@ -212,11 +221,12 @@ class Producer:
 
     async def prepare(self, pairs: Sequence[tuple[Any, float | timedelta]], keys: Sequence[str | None] | None = None,
                       replace: bool = False, *, envelope: tuple[Any, Any, bool] | None = None,
-                      issued: float = 0.0, groups: list[bytes | None] | None = None
+                      issued: float = 0.0, groups: list[bytes | None] | None = None, window_ms: int | None = None
                       ) -> tuple[list[Fragment], list[bytes] | None]:
         """Validate, encode and pack every pair (``_wire.elements.pack_fragments``) with its key's OFFER
         entry, before anything is sent. ``envelope``: ``(headers, expires, single)``; ``groups``: one
-        group (or ``None``) per item, as :meth:`check_groups` returns them, carried in its envelope.
+        group (or ``None``) per item, as :meth:`check_groups` returns them, carried in its envelope;
+        ``window_ms``: every keyed item's deduplication window.
 
         Raises:
             InvalidDelayError, EncodeError, InvalidKeyError, InvalidHeadersError: bad input (nothing is
@@ -238,8 +248,7 @@ class Producer:
                 raise InvalidKeyError(f"keys must be a sequence of one key (or None) per item, {len(items)} items")
             raws = [None if key is None else check_key(key) for key in keys]
             tags = [None if raw is None else key_tag(raw) for raw in raws]
-            flag = b"r" if replace else b"n"
-            entries = [b"" if raw is None else flag + raw for raw in raws]
+            entries = [b"" if raw is None else key_entry(raw, replace, window_ms) for raw in raws]
         fmt = await self._native_long_format() if self._kind == "fast" else None
         return pack_fragments(self._kind, items, stamps=self._facts.stamps, long_fmt=fmt, tags=tags), entries
 
@@ -293,14 +302,15 @@ class Producer:
             self._events.offered(len(fragments))
             return [base + fragment[0] for fragment in fragments]
         outcome = parse_outcome(reply[2], len(fragments))
-        # A key found pending ('p') changed nothing, a refused item ('f') neither.
+        # A key found taken ('p' pending, 'd' by its window) changed nothing, a refused item ('f') neither.
         self._events.offered(sum(letter in "ar" for letter, _ in outcome))
         if entries is None:
             return [self._full(0, 1) if letter == "f" else base + fragment[0]
                     for fragment, (letter, _) in zip(fragments, outcome, strict=True)]
-        return [self._full(0, 1) if letter == "f" else self._scheduled(entry[1:].decode(), 1) if letter == "s" else
-                Offered(base + fragment[0] if kept is None else kept, key=entry[1:].decode() if entry else None,
-                        added=letter != "p", replaced=letter == "r")
+        return [self._full(0, 1) if letter == "f" else self._scheduled(entry_key(entry).decode(), 1) if letter == "s"
+                else Offered(base + fragment[0] if kept is None else kept,
+                             key=entry_key(entry).decode() if entry else None, added=letter in "ar",
+                             replaced=letter == "r", deduplicated=letter in "pd")
                 for fragment, entry, (letter, kept) in zip(fragments, entries, outcome, strict=True)]
 
     async def _wrap(self, items: list[tuple[int, bytes]], headers: Any, expires: Any, single: bool, *,
@@ -372,7 +382,7 @@ def _per_item(given: Any, count: int, option: str, check: Callable[[Any, str], A
 
 
 def _repeated_keys(entries: list[bytes]) -> bool:
-    keyed = [entry[1:] for entry in entries if entry]
+    keyed = [entry_key(entry) for entry in entries if entry]
     return len(set(keyed)) < len(keyed)
 
 

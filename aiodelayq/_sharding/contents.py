@@ -79,7 +79,8 @@ def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
     """The counts of the shards as one queue's: pending, ready, in flight, dead letters, recurring and
     tiered items summed; the earliest due time and the largest lag; paused when any shard is (its consumers
     get nothing); the rate limit and burst summed over the shards that have one (``None`` when none
-    has): the whole queue's, as ``set_rate_limit`` split it; likewise the concurrency limit."""
+    has): the whole queue's, as ``set_rate_limit`` split it; likewise the concurrency limit; the keys
+    held by deduplication windows summed."""
     dues = [c.next_due_ms for c in counts if c.next_due_ms is not None]
     rates = [c.rate_limit_per_s for c in counts if c.rate_limit_per_s is not None]
     bursts = [c.rate_burst for c in counts if c.rate_burst is not None]
@@ -91,4 +92,5 @@ def sum_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
         rate_limit_per_s=round(math.fsum(rates), 9) if rates else None, rate_burst=sum(bursts) if bursts else None,
         recurring=sum(c.recurring for c in counts), lag_ms=max((c.lag_ms for c in counts), default=0),
         tiered=sum(c.tiered for c in counts), concurrency_limit=sum(caps) if caps else None,
-        groups=sum(c.groups for c in counts), group_concurrency=max(c.group_concurrency for c in counts))
+        groups=sum(c.groups for c in counts), group_concurrency=max(c.group_concurrency for c in counts),
+        deduplicating=sum(c.deduplicating for c in counts))

@@ -12,11 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 from .._options import QueueOptions
+from .._producing.dedupe import dedupe_key
 from .._producing.producer import Producer
 from .._scripts import QueueScripts
 from .._util.observe import Events
 from .._util.tasks import gather_all
-from .._wire.elements import Fragment
+from .._wire.elements import Fragment, entry_key
 from .._wire.item_keys import check_group, check_key
 from .layout import Rotation, shard_of
 
@@ -35,6 +36,7 @@ class ShardedProducer:
         self._shards = shards
         self._rotation = rotation
         self._router = Producer(scripts, options, events, send_many=self._send_many)
+        self._codec = options.resolved_codec
 
     def __repr__(self) -> str:
         return f"<ShardedProducer shards={len(self._shards)} {self._rotation!r}>"
@@ -56,19 +58,24 @@ class ShardedProducer:
 
     async def offer(self, item: Any, delay: float | timedelta, key: str | None = None, replace: bool = False,
                     headers: Mapping[str, str] | None = None, expires: float | timedelta | None = None,
-                    group: str | None = None) -> int:
-        """One item, to its shard (see :meth:`Producer.offer`)."""
+                    group: str | None = None, dedupe_for: float | timedelta | None = None,
+                    dedupe_by_content: bool = False) -> int:
+        """One item, to its shard (see :meth:`Producer.offer`): with ``dedupe_by_content``, its
+        content's key picks the shard."""
+        key, _ = dedupe_key(self._codec, item, key, headers, dedupe_for, dedupe_by_content)
         return await self._shards[self.shard_for(key, group)].offer(item, delay, key, replace, headers, expires,
-                                                                    group)
+                                                                    group, dedupe_for)
 
     async def offer_many(self, pairs: Sequence[tuple[Any, float | timedelta]],
                          keys: Sequence[str | None] | None = None, replace: bool = False,
                          headers: Sequence[Mapping[str, str] | None] | None = None,
                          expires: float | timedelta | Sequence[float | timedelta | None] | None = None,
-                         groups: Sequence[str | None] | None = None) -> list[int]:
+                         groups: Sequence[str | None] | None = None, dedupe_for: float | timedelta | None = None,
+                         dedupe_by_content: bool = False) -> list[int]:
         """Many items, every one checked and packed first, then one ``offer_many`` part per shard
         touched, all sent at once; due times in input order."""
-        return await self._router.offer_many(pairs, keys, replace, headers, expires, groups)
+        return await self._router.offer_many(pairs, keys, replace, headers, expires, groups, dedupe_for,
+                                             dedupe_by_content)
 
     async def _send_many(self, fragments: list[Fragment], entries: list[bytes] | None, issued: float,
                          groups: list[bytes | None] | None = None) -> list[int]:
@@ -79,7 +86,7 @@ class ShardedProducer:
         for index in range(len(fragments)):
             entry = entries[index] if entries is not None else b""
             group = groups[index] if groups is not None else None
-            shard = (shard_of(group, count) if group else shard_of(entry[1:], count) if entry
+            shard = (shard_of(group, count) if group else shard_of(entry_key(entry), count) if entry
                      else self._rotation.next())
             parts.setdefault(shard, []).append(index)
 

@@ -22,27 +22,26 @@ read once per client with the NATIVE_LONG script, because Redisson's Lua packs w
 A **message** (reliable consumption, in the in-flight zset) is ``adq`` 0x02 | 16-byte id | ``>I4``
 delivery count | ``>d`` due ms of this delivery (0: a first delivery) | payload.
 
-A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery
-count | ``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was
-found); reasons 1 max_deliveries, 2 undecodable, 3 malformed, 4 nacked, 5 expired. Anything else
-in the list reads as ``malformed``.
+A **dead-letter entry** is ``adq`` 0x03 (the envelope, version 1) | ``>B`` reason | ``>I4`` delivery count |
+``>d`` server ms when it died | the raw bytes (the payload, or a malformed element as it was found); reasons 1
+max_deliveries, 2 undecodable, 3 malformed, 4 nacked, 5 expired (:func:`dead_reason`). Anything else in the
+list reads as ``malformed``.
 
-An **item envelope** (headers, expiry, schedule) takes the bare payload's place inside the element, so
-every layout and Redisson's own transfer carry it unchanged: 0xC1 ``adq`` 0x04 | ``>d`` expiry, server
-epoch ms (0: none) | ``>H`` headers block length | ``>H`` schedule key length (0: not recurring) |
-``>I4`` occurrence number | ``>B`` flags (1: list more cron times; 2: resync, not an item; 4:
-grouped) | headers (``>H`` key length, key, ``>H`` value length, value, per header) | schedule key |
-for a grouped item ``>H`` group length, group | payload. 0xC1 starts
-no UTF-8 text and no MessagePack value; another codec's payload starting with the marker is wrapped
-in an empty envelope. ``lib/item.lua`` reads the same fixed offsets.
+An **item envelope** (headers, expiry, schedule) takes the bare payload's place inside the element, so every
+layout and Redisson's own transfer carry it unchanged: 0xC1 ``adq`` 0x04 | ``>d`` expiry, server epoch ms (0:
+none) | ``>H`` headers block length | ``>H`` schedule key length (0: not recurring) | ``>I4`` occurrence
+number | ``>B`` flags (1: list more cron times; 2: resync, not an item; 4: grouped) | headers (``>H`` key
+length, key, ``>H`` value length, value, per header) | schedule key | for a grouped item ``>H`` group length,
+group | payload. 0xC1 starts no UTF-8 text and no MessagePack value; another codec's payload starting with the
+marker is wrapped in an empty envelope. ``lib/item.lua`` reads the same fixed offsets.
 
 A **schedule record** (the schedules hash, by key) is laid out in ``lua/lib/recur.lua``;
 :func:`parse_schedule` reads it.
 
-A **tier entry** (``tier_after_s``; ``docs/design.md``, "Tiered pending") is an unkeyed fast element
-in a bucket list ``aiodelayq_tier_<start>:{N}`` instead of the timeout zset: ``>H`` due time minus
-the bucket's start (ms, below the width) | the element. A bucket holds the items due in ``[start,
-start + width)``; ``lua/lib/tiers.lua`` writes and reads them.
+A **tier entry** (``tier_after_s``; ``docs/design.md``, "Tiered pending") is an unkeyed fast element in a
+bucket list ``aiodelayq_tier_<start>:{N}`` instead of the timeout zset: ``>H`` due time minus the bucket's
+start (ms, below the width) | the element. A bucket holds the items due in ``[start, start + width)``;
+``lua/lib/tiers.lua`` writes and reads them.
 """
 
 from __future__ import annotations
@@ -57,39 +56,17 @@ from typing import Literal, NamedTuple, cast
 
 from ..exceptions import InvalidHeadersError
 
-__all__ = [
-    "ITEM_MAGIC",
-    "ITEM_MARK",
-    "MAX_HEADERS_BYTES",
-    "MESSAGE_HEADER",
-    "TIER_WIDTH_MS",
-    "ScheduleRecord",
-    "Unwrapped",
-    "DeadReason",
-    "ElementKind",
-    "InsertionStamps",
-    "ParsedDeadLetter",
-    "classify_element",
-    "element_kind",
-    "fragment_size",
-    "grouped_payloads",
-    "long_format",
-    "offer_args",
-    "pack_dead_letter",
-    "pack_fragments",
-    "pack_tier_entry",
-    "pack_times",
-    "parse_dead_letter",
-    "parse_schedule",
-    "requeue_ids",
-    "tier_width_ms",
-    "unpack_tier_entry",
-]
+__all__ = ["ITEM_MAGIC", "ITEM_MARK", "MAX_HEADERS_BYTES", "MESSAGE_HEADER", "TIER_WIDTH_MS", "DeadReason",
+           "ElementKind", "InsertionStamps", "ParsedDeadLetter", "ScheduleRecord", "Unwrapped", "classify_element",
+           "dead_reason", "element_kind", "entry_key", "fragment_size", "grouped_payloads", "key_entry", "long_format",
+           "offer_args", "pack_dead_letter", "pack_fragments", "pack_tier_entry", "pack_times", "parse_dead_letter",
+           "parse_schedule", "requeue_ids", "tier_width_ms", "unpack_tier_entry"]
 
 ElementKind = Literal["fast", "strict", "legacy"]
 
 _FAST_HEADER = b"\x14adq\x01"  # id length 20, then the marker
 _FRAME = struct.Struct(">dI")  # delay ms, element length: one frame of OFFER's 'fast' blob
+_WINDOW = struct.Struct(">d")  # a keyed OFFER entry's deduplication window, ms
 _MESSAGE_MAGIC = b"adq\x02"
 MESSAGE_HEADER = struct.Struct(">I d")
 """A message element's delivery count and due ms of this delivery (0: unknown), at offset 20."""
@@ -175,13 +152,26 @@ def pack_fragments(kind: ElementKind, items: list[tuple[int, bytes]], *, stamps:
     return [(delay_ms, legacy_ids[i], payload) for i, (delay_ms, payload) in enumerate(items)]
 
 
+def key_entry(raw_key: bytes, replace: bool, window_ms: int | None = None) -> bytes:
+    """A keyed item's OFFER entry: its letter (``n`` keep a pending item of the key, ``r`` replace
+    it; ``N``/``R`` the same with a deduplication window of ``window_ms``), the window, the key."""
+    if window_ms is None:
+        return (b"r" if replace else b"n") + raw_key
+    return (b"R" if replace else b"N") + _WINDOW.pack(window_ms) + raw_key
+
+
+def entry_key(entry: bytes) -> bytes:
+    """The key (UTF-8) of a :func:`key_entry`."""
+    return entry[1 + _WINDOW.size:] if entry[:1] in (b"N", b"R") else entry[1:]
+
+
 def offer_args(kind: ElementKind | Literal["grouped"], fragments: list[Fragment], entries: list[bytes] | None = None,
                limit: str = "", tier_after_ms: int | None = None) -> list[bytes | int | str]:
-    """OFFER's ARGV after the call id and the issue time (``lua/offer.lua``): key ``entries`` (``b""``:
-    no key; ``None``: no keys), ``capacity`` ``limit`` (``""``: none), tier horizon ``tier_after_ms``;
-    ``"grouped"``: fast elements, some of them grouped items."""
+    """OFFER's ARGV after the call id and the issue time (``lua/offer.lua``): key ``entries``
+    (:func:`key_entry`; ``b""``: no key; ``None``: no keys), ``capacity`` ``limit`` (``""``: none),
+    tier horizon ``tier_after_ms``; ``"grouped"``: fast elements, some of them grouped items."""
     keys = b"" if entries is None else (b"".join(e[:1] or b"-" for e in entries)
-                                        + b"".join(len(e[1:]).to_bytes(2, "big") + e[1:] for e in entries if e))
+                                        + b"".join(_key_part(e) for e in entries if e))
     if kind in ("fast", "grouped"):
         fast = cast(list[tuple[int, bytes]], fragments)
         blob = b"".join(_FRAME.pack(delay_ms, len(element)) + element for delay_ms, element in fast)
@@ -192,6 +182,12 @@ def offer_args(kind: ElementKind | Literal["grouped"], fragments: list[Fragment]
     for fragment in fragments:
         args.extend(fragment)
     return args
+
+
+def _key_part(entry: bytes) -> bytes:
+    """An entry's part after the letters: the key, length-prefixed, then its window."""
+    key, window = entry_key(entry), entry[1:1 + _WINDOW.size] if entry[:1] in (b"N", b"R") else b""
+    return len(key).to_bytes(2, "big") + key + window
 
 
 def fragment_size(fragment: Fragment) -> int:
@@ -293,11 +289,6 @@ def _group_alone(data: bytes) -> tuple[bytes, str] | None:
         return None
 
 
-def message_id(element: bytes) -> str:
-    """The id (hex) of the message ``element``: the same for every delivery of one item."""
-    return element[4:20].hex()
-
-
 def _fast_ids(stamps: InsertionStamps, count: int, tags: list[bytes | None] | None = None) -> list[bytes]:
     """The 16 bytes after a fast element's marker, for ``count`` elements."""
     first = stamps.reserve(count)
@@ -335,6 +326,16 @@ def pack_dead_letter(raw: bytes, reason: DeadReason, delivery_count: int, dead_a
     """The dead-letter envelope of ``raw`` (the layout the scripts write, for tools and tests)."""
     code = next(code for code, name in _DEAD_REASONS.items() if name == reason)
     return _DEAD_MAGIC + _DEAD_HEADER.pack(code, delivery_count, dead_at_ms) + raw
+
+
+def dead_reason(code: int) -> DeadReason:
+    """The reason of a dead-letter reason number (``lua/lib/dead.lua``); an unknown one is ``malformed``."""
+    return _DEAD_REASONS.get(code, "malformed")
+
+
+def message_id(element: bytes) -> str:
+    """The id (hex) of the message ``element``: the same for every delivery of one item."""
+    return element[4:20].hex()
 
 
 def parse_dead_letter(entry: bytes) -> ParsedDeadLetter:

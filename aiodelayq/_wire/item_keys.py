@@ -1,5 +1,6 @@
 """An item's key (``offer(..., key=...)``, ``schedule(key, ...)``): its check, and its tag, the
-index field the element's id carries; and the check of an item's group (``offer(..., group=...)``)."""
+index field the element's id carries; the key of an item deduplicated by its content; and the
+check of an item's group (``offer(..., group=...)``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import hashlib
 
 from ..exceptions import InvalidGroupError, InvalidKeyError
 
-__all__ = ["MAX_GROUP_BYTES", "MAX_KEY_BYTES", "check_group", "check_key", "key_tag"]
+__all__ = ["CONTENT_KEY_PREFIX", "MAX_GROUP_BYTES", "MAX_KEY_BYTES", "check_group", "check_key", "content_key",
+           "key_tag"]
 
 MAX_KEY_BYTES = 1024
 MAX_GROUP_BYTES = 256
@@ -48,3 +50,14 @@ def key_tag(raw_key: bytes) -> bytes:
     with the top bit set (clear in unkeyed elements, so a transfer knows which own an index field)."""
     digest = hashlib.sha1(raw_key).digest()
     return bytes((digest[0] | 0x80,)) + digest[1:8]
+
+
+CONTENT_KEY_PREFIX = "content:"
+
+
+def content_key(payload: bytes, headers_block: bytes) -> str:
+    """The key of an item offered with ``dedupe_by_content=True``: ``content:`` and the first 128 bits
+    of SHA-256 over its encoded payload (length-prefixed) and its headers block (headers sorted by
+    name), in hex. Two different items share a key with odds 2**-128."""
+    digest = hashlib.sha256(len(payload).to_bytes(8, "big") + payload + headers_block).hexdigest()
+    return CONTENT_KEY_PREFIX + digest[:32]

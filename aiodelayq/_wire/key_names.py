@@ -15,7 +15,7 @@ KEY_TYPES: dict[str, str] = {
     "destination": "list", "timeout_set": "zset", "delay_list": "list", "dead_letter": "list", "in_flight": "zset",
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
     "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string", "nacked": "zset",
-    "grouped": "zset", "groups": "hash", "group_ready": "list",
+    "grouped": "zset", "groups": "hash", "group_ready": "list", "dedupe_windows": "zset", "dedupe_dues": "hash",
 }
 
 
@@ -42,7 +42,7 @@ class QueueKeys:
         handoff: hash of items popped for a ``take()`` and not yet handed to a caller, by pop call
             id; an entry whose lease ran out goes back to the destination.
         handoff_leases: zset of those pop call ids scored by lease deadline.
-        calls: zset of recent call ids scored by their first run: a resent call within the dedupe
+        calls: zset of recent call ids scored by their first run: a resent call within the resend
             window is not applied twice.
         call_replies: hash of the replies of those calls that a resend must repeat.
         key_index: hash of the keys of pending keyed items: field = the key's
@@ -69,6 +69,10 @@ class QueueKeys:
             (longer than a group) keeps the hash a hash table (``lua/lib/groups.lua``).
         group_ready: list of the admitted grouped payloads that no consumer holds yet, every group's
             in order of admission: consumers pop it as they pop the destination.
+        dedupe_windows: zset of the keys taken by a deduplication window (``offer(...,
+            dedupe_for=)``), scored by when the window ends; offers trim the ended ones.
+        dedupe_dues: hash of those keys: field = the key, value = the due time of the item that
+            took it (what an offer the window refuses returns).
     """
 
     destination: str
@@ -90,6 +94,8 @@ class QueueKeys:
     grouped: str
     groups: str
     group_ready: str
+    dedupe_windows: str
+    dedupe_dues: str
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
@@ -123,6 +129,8 @@ class QueueKeys:
             grouped=prefix_name("aiodelayq_grouped", name),
             groups=prefix_name("aiodelayq_groups", name),
             group_ready=prefix_name("aiodelayq_groups_ready", name),
+            dedupe_windows=prefix_name("aiodelayq_dedupe", name),
+            dedupe_dues=prefix_name("aiodelayq_dedupe_dues", name),
         )
         if cluster:
             keys.check_one_slot()
@@ -165,4 +173,4 @@ class QueueKeys:
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
                 self.schedules, self.tier_index, self.tier_count, self.nacked, self.grouped, self.groups,
-                self.group_ready)
+                self.group_ready, self.dedupe_windows, self.dedupe_dues)

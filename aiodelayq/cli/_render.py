@@ -126,7 +126,7 @@ def counts_table(rows: Sequence[QueueRow], now_ms: int, *, title: str | None = N
 
 def _controls(c: QueueCounts) -> str:
     """``paused``, ``100/s (burst 100)``, ``at most 20 held``, ``3 groups (2 at a time)``, ``3 recurring``,
-    several, or ``-``."""
+    ``5 keys deduplicating``, several, or ``-``."""
     shown = ["paused"] if c.paused else []
     if c.rate_limit_per_s is not None:
         shown.append(f"{c.rate_limit_per_s:g}/s (burst {c.rate_burst})")
@@ -136,6 +136,8 @@ def _controls(c: QueueCounts) -> str:
         shown.append(f"{c.groups} group{'s' if c.groups != 1 else ''} ({c.group_concurrency} at a time)")
     if c.recurring:
         shown.append(f"{c.recurring} recurring")
+    if c.deduplicating:
+        shown.append(f"{c.deduplicating} key{'s' if c.deduplicating != 1 else ''} deduplicating")
     return ", ".join(shown) or "-"
 
 
@@ -148,7 +150,7 @@ def counts_json(row: QueueRow, now_ms: int) -> dict[str, Any]:
             "paused": c.paused,
             "rate_limit_per_s": c.rate_limit_per_s, "rate_burst": c.rate_burst,
             "concurrency_limit": c.concurrency_limit, "groups": c.groups, "group_concurrency": c.group_concurrency,
-            "recurring": c.recurring}
+            "recurring": c.recurring, "deduplicating": c.deduplicating}
 
 
 def _marker(decodable: bool, malformed: bool = False, headers: dict[str, str] | None = None,

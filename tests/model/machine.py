@@ -43,6 +43,7 @@ GROUP = st.sampled_from([None, None, *GROUPS])
 SCHEDULE_KEY = st.sampled_from(["r0", "r1"])
 HEADERS = st.sampled_from([{}, {}, {"tenant": "acme"}, {"trace": "t-1", "tenant": "ü"}])
 EXPIRES_MS = st.sampled_from([None, None, 40, 250, 1000])
+WINDOW_MS = st.sampled_from([None, None, 200, 1500])  # a keyed offer's dedupe_for
 EVERY_MS = st.sampled_from([120, 250, 500])
 VISIBILITY_MS = st.sampled_from([200, 600, 1500])  # 1.5 s: prefetch, and acks written behind
 TIMEOUT_S = st.sampled_from([0.01, 0.1, 0.3])
@@ -136,34 +137,39 @@ class QueueMachine(RuleBasedStateMachine):
     # -- producing ---------------------------------------------------------------------------------
 
     @rule(c=CLIENT, delay=DELAY_MS, key=st.none() | KEY, replace=st.booleans(), headers=HEADERS, expires=EXPIRES_MS,
-          group=GROUP, fault=FAULTS)
+          group=GROUP, window=WINDOW_MS, fault=FAULTS)
     def offer(self, c: int, delay: int, key: str | None, replace: bool, headers: dict[str, str],
-              expires: int | None, group: str | None, fault: Fault | None) -> None:
+              expires: int | None, group: str | None, window: int | None, fault: Fault | None) -> None:
         value, q = self.model.new_value(), self.w.queues[c]
         kwargs: dict[str, Any] = {"headers": headers or None, "expires": None if expires is None else expires / 1000,
                                   "group": group}
-        if key is not None:
-            kwargs.update(key=key, replace=replace)
+        if key is None:
+            window = None
+        else:
+            kwargs.update(key=key, replace=replace, dedupe_for=None if window is None else window / 1000)
         out = self.step(lambda: q.offer(value, delay / 1000, **kwargs), fault)
-        self.model.offer(value, delay, key, replace and key is not None, headers, expires, out, group)
+        self.model.offer(value, delay, key, replace and key is not None, headers, expires, out, group, window)
 
     @rule(c=CLIENT, entries=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS, GROUP), min_size=1,
                                      max_size=5),
-          replace=st.booleans(), fault=FAULTS)
+          replace=st.booleans(), window=WINDOW_MS, fault=FAULTS)
     def offer_many(self, c: int, entries: list[tuple[int, str | None, dict[str, str], int | None, str | None]],
-                   replace: bool, fault: Fault | None) -> None:
+                   replace: bool, fault: Fault | None, window: int | None = None) -> None:
         q = self.w.queues[c]
         items = [(self.model.new_value(), delay, key, headers, expires, group)
                  for delay, key, headers, expires, group in entries]
         keys = [item[2] for item in items]
         groups = [item[5] for item in items]
+        keyed = any(k is not None for k in keys)
+        window = window if keyed else None
         out = self.step(lambda: q.offer_many(
             [(item[0], item[1] / 1000) for item in items],
-            keys=keys if any(k is not None for k in keys) else None, replace=replace,
+            keys=keys if keyed else None, replace=replace,
             headers=[item[3] or None for item in items],
             expires=[None if item[4] is None else item[4] / 1000 for item in items],
-            groups=groups if any(g is not None for g in groups) else None), fault)
-        self.model.offer_many(items, replace and any(k is not None for k in keys), out)
+            groups=groups if any(g is not None for g in groups) else None,
+            dedupe_for=None if window is None else window / 1000), fault)
+        self.model.offer_many(items, replace and keyed, out, window)
 
     @rule(c=CLIENT, key=KEY, fault=FAULTS)
     def cancel(self, c: int, key: str, fault: Fault | None) -> None:

@@ -30,7 +30,21 @@ from dataclasses import replace
 from typing import Any
 
 from .reconcile import Reconciling
-from .state import GONE, INF, Delivery, Incarnation, Outcome, Span, State, Token, Violation, expiry_fits, span_text
+from .state import (
+    GONE,
+    INF,
+    Delivery,
+    Incarnation,
+    Outcome,
+    Span,
+    State,
+    Token,
+    Violation,
+    Window,
+    expiry_fits,
+    span_text,
+)
+from .tally import tally
 
 # One item of an offer: value, delay ms, key, headers, expires ms, group.
 Offering = tuple[str, int, str | None, dict[str, str], int | None, str | None]
@@ -52,6 +66,7 @@ class Model(Reconciling):
         self.schedules: dict[str, list[Incarnation | None]] = {}  # live schedule of each key (alternatives)
         self.paused: list[bool] = [False]
         self.caps: list[int | None] = [None]  # the concurrency limit (alternatives)
+        self.windows: dict[str, list[Window | None]] = {}  # each key's deduplication window (alternatives)
         self.dead_order: list[Token] = []  # the dead-letter list as last seen, oldest first
         self.messages: dict[str, Token] = {}  # every message id received, and its token
         self.unseen_possible = False  # a receive met a fault: deliveries nobody saw may have been counted
@@ -86,6 +101,9 @@ class Model(Reconciling):
         for key, alts in sorted(self.schedules.items()):
             shown = [None if i is None else (i.value, i.every_ms, i.anchor) for i in alts]
             lines.append(f"  schedule {key!r}: {shown}")
+        for key, windows in sorted(self.windows.items()):
+            if windows != [None]:
+                lines.append(f"  key {key!r}: {[None if w is None else w.describe() for w in windows]}")
         for token in [*self.items.values(), *self.occurrences.values()]:
             if token.alts != [GONE]:
                 lines.append(f"  {token.describe()}")
@@ -94,21 +112,24 @@ class Model(Reconciling):
     # -- producing ----------------------------------------------------------------------------------
 
     def offer(self, value: str, delay_ms: int, key: str | None, replace_: bool, headers: dict[str, str],
-              expires_ms: int | None, out: Outcome, group: str | None = None) -> None:
-        """``offer(value, delay, key=, replace=, headers=, expires=, group=)``."""
+              expires_ms: int | None, out: Outcome, group: str | None = None, window_ms: int | None = None) -> None:
+        """``offer(value, delay, key=, replace=, headers=, expires=, group=, dedupe_for=)``."""
         self._offers([(value, delay_ms, key, headers, expires_ms, group)], replace_, out,
-                     [out.result] if out.ok else None)
+                     [out.result] if out.ok else None, window_ms)
 
     def offer_many(self, entries: list[Offering], replace_: bool,
-                   out: Outcome) -> None:
-        """``offer_many([(value, delay), ...], keys=, replace=, headers=, expires=, groups=)``: as many offers in
-        order, one call (the lists are small): all or nothing."""
+                   out: Outcome, window_ms: int | None = None) -> None:
+        """``offer_many([(value, delay), ...], keys=, replace=, headers=, expires=, groups=, dedupe_for=)``: as
+        many offers in order, one call (the lists are small): all or nothing."""
         if out.ok and len(out.result) != len(entries):
             raise Violation(f"offer_many of {len(entries)} items returned {len(out.result)} due times")
-        self._offers(entries, replace_, out, list(out.result) if out.ok else None)
+        self._offers(entries, replace_, out, list(out.result) if out.ok else None, window_ms)
 
     def _offers(self, entries: list[Offering], replace_: bool,
-                out: Outcome, results: list[Any] | None) -> None:
+                out: Outcome, results: list[Any] | None, window_ms: int | None = None) -> None:
+        """Keyed items follow their key's window: an item written with ``window_ms`` opens it (ending
+        ``window_ms`` after the call ran), and an open one refuses the key's offers while its item is
+        not pending."""
         if out.surely_not:
             return
         # One call, all or nothing: its unkeyed items land together (a keyed one may find its key
@@ -126,6 +147,9 @@ class Model(Reconciling):
                             State("scheduled", due, key, expires, life=expires_ms, landed=INF,
                                   why="offer maybe applied"),
                             note=f"offer raised {out.error!r}", batch=batch if key is None else None, group=group)
+                if key is not None and window_ms is not None:
+                    self.windows[key] = [*self.windows.get(key, [None]),
+                                         Window((out.t0 + window_ms, INF), (out.t0 + delay_ms, INF))]
                 continue
             result = results[index]
             due_ms = int(result)
@@ -143,6 +167,20 @@ class Model(Reconciling):
                                                   landed=out.t1), note="offered", group=group)
                 continue
             olds = self.keyed(key)
+            windows = self.windows.get(key, [None])
+            if result.deduplicated == result.added:
+                raise Violation(f"offer of key {key!r}: added={result.added} and deduplicated={result.deduplicated}")
+            if result.added and not result.replaced and all(w is not None and w.end[0] > out.t1 for w in windows):
+                raise Violation(f"offer of key {key!r} added an item while the key's window was open: "
+                                f"{[w.describe() for w in windows if w is not None]}")
+            if result.added and window_ms is not None:
+                tally("offer: opened a window")
+                self.windows[key] = [Window((out.t0 + window_ms, out.t1 + window_ms), (due_ms, due_ms))]
+            elif result.added and not result.replaced:
+                self.windows[key] = [None]  # none was open at the call: any had ended
+            if not result.added and self._refused_by_window(olds, key, windows, due_ms, out):
+                self.items[value] = Token(value, headers, [GONE], history=["offer refused by the key's window"])
+                continue
             if result.replaced:
                 if not result.added:
                     raise Violation(f"offer of key {key!r}: replaced={result.replaced} but added={result.added}")
@@ -157,6 +195,22 @@ class Model(Reconciling):
                 continue
             self._token(value, headers, State("scheduled", (due_ms, due_ms), key, expires, life=expires_ms,
                                               landed=out.t1), note="offered", group=group)
+
+    def _refused_by_window(self, olds: list[Token], key: str, windows: list[Window | None], due_ms: int,
+                           out: Outcome) -> bool:
+        """An offer of ``key`` wrote nothing and returned ``due_ms``: whether the key's open window
+        (rather than its pending item) may explain it. When only the window does, the key's item was not
+        pending; when either may, the item's alternatives stay as they were."""
+        fits = [w for w in windows if w is not None and w.end[1] > out.t0 and w.due[0] <= due_ms <= w.due[1]]
+        if not fits:
+            return False
+        pending = any(a.kind == "scheduled" and a.key == key and a.due[0] <= due_ms <= a.due[1]
+                      for t in olds for a in t.alts)
+        if not pending:
+            self._moved(olds, key, out, f"offer(key={key!r}) was refused by the key's window, not by a pending item")
+        tally("offer: refused by its key's window" if not pending else "offer: key pending, its window open")
+        self.windows[key] = list(fits)
+        return True
 
     def _pending_now(self, olds: list[Token], key: str, out: Outcome, what: str, then: State | None,
                      due: int | None = None) -> None:

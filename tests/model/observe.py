@@ -91,6 +91,11 @@ class Snapshot:
     group_ready: dict[str, int] = field(default_factory=dict)  # each group's admitted items in the ready list
     group_limit: int = 1
     ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: the groups')
+    windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (window end, due) as stored
+
+    def open_windows(self) -> dict[str, tuple[int, int]]:
+        """The deduplication windows open at ``now_ms`` (the others wait to be trimmed)."""
+        return {key: w for key, w in self.windows.items() if w[0] > self.now_ms}
 
     def at(self, where: Where) -> list[Seen]:
         return [s for s in self.seen if s.where == where]
@@ -139,9 +144,13 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         pipe.hgetall(keys.groups)
         pipe.lrange(keys.group_ready, 0, -1)
         pipe.hget(keys.controls, "group_limit")
+        pipe.zrange(keys.dedupe_windows, 0, -1, withscores=True)
+        pipe.hgetall(keys.dedupe_dues)
         pipe.time()
         (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked, grouped,
-         *lists, groups_hash, admitted, group_limit, (secs, micros)) = await pipe.execute()
+         *lists, groups_hash, admitted, group_limit, window_ends, window_dues, (secs, micros)) = await pipe.execute()
+    if {key for key, _ in window_ends} != set(window_dues):
+        raise AssertionError(f"the windows' ends {window_ends} and due times {window_dues} name other keys")
     now_ms = int(secs) * 1000 + int(micros) // 1000
     index: dict[bytes, str] = {}
     for field_name, blob in index_hash.items():
@@ -184,4 +193,5 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
                     delay_list, None if cap is None else int(cap), held,
                     {group: len(payloads) for group, payloads in zip(GROUPS, lists, strict=True)},
                     {k.decode(): int(v) for k, v in groups_hash.items() if len(k) <= 256},  # (not the hash-table field)
-                    ready_groups, int(group_limit or 1), len(ready))
+                    ready_groups, int(group_limit or 1), len(ready),
+                    {key.decode(): (int(end), int(window_dues[key])) for key, end in window_ends})

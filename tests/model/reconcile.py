@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from .observe import Seen, Snapshot
-from .state import Incarnation, Span, State, Token, Violation, expiry_fits
+from .state import Incarnation, Span, State, Token, Violation, Window, expiry_fits
 
 __all__ = ["Reconciling"]
 
@@ -28,6 +28,7 @@ class Reconciling:
     schedules: dict[str, list[Incarnation | None]]
     paused: list[bool]
     caps: list[int | None]
+    windows: dict[str, list[Window | None]]
     dead_order: list[Token]
     messages: dict[str, Token]
     unseen_possible: bool
@@ -86,11 +87,31 @@ class Reconciling:
         if snap.cap not in self.caps:
             problems.append(f"the concurrency limit is {snap.cap}, the model allows {self.caps}")
         self.caps = [snap.cap]
+        self._reconcile_windows(snap, problems)
         self.dead_order = self._dead_order(snap)
         if problems:
             raise Violation("\n".join(["the queue differs from the model:", *problems, "--- the queue:",
                                        snap.describe(), "--- the model:", self.describe()]))
         self.unseen_possible = False
+
+    def _reconcile_windows(self, snap: Snapshot, problems: list[str]) -> None:
+        """Keep each key's window alternatives that the stored windows fit: an open one (its end and
+        due time within the alternative's bounds), or none open (no alternative window, or one that
+        may have ended by now)."""
+        now, stored = snap.now_ms, snap.open_windows()
+        for key in sorted(set(self.windows) | set(stored)):
+            alts = self.windows.get(key, [None])
+            if key in stored:
+                end, due = stored[key]
+                if not any(w is not None and w.end[0] <= end <= w.end[1] and w.due[0] <= due <= w.due[1]
+                           for w in alts):
+                    problems.append(f"key {key!r} has a window until {end} (due {due}); the model allows {alts}")
+                    continue
+                self.windows[key] = [Window((end, end), (due, due))]
+            elif not any(w is None or w.end[0] <= now for w in alts):
+                problems.append(f"key {key!r} has no open window; the model's is open: {alts}")
+            else:
+                self.windows[key] = [None]
 
     def _settle(self, token: Token, seen: list[Seen], now: int, unconfirmed: Callable[[int], int], faulted: bool,
                 problems: list[str]) -> None:

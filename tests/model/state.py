@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["GONE", "INF", "Delivery", "Incarnation", "Kind", "Outcome", "Span", "State", "Token", "Violation",
-           "expiry_fits", "span_text"]
+           "Window", "expiry_fits", "span_text"]
 
 INF = 2**62
 
@@ -43,6 +43,18 @@ class Outcome:
     def surely_not(self) -> bool:
         """The call failed and was certainly not applied."""
         return self.error is not None and not self.maybe
+
+
+@dataclass(frozen=True)
+class Window:
+    """A key's open deduplication window: when it ends, and the due time of the item that took the
+    key (the bounds of each). A key's alternatives are windows, or ``None``: no open window."""
+
+    end: Span
+    due: Span
+
+    def describe(self) -> str:
+        return f"window until {span_text(self.end)} (due {span_text(self.due)})"
 
 
 @dataclass(frozen=True)

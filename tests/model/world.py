@@ -239,6 +239,9 @@ class World:
         for name, seen in (("in_flight", "in_flight"), ("dead_letters", "dead")):
             if getattr(first, name) != len(snap.at(seen)):  # type: ignore[arg-type]
                 problems.append(f"counts().{name} {getattr(first, name)} != {len(snap.at(seen))} in the keys")  # type: ignore[arg-type]
+        if first.deduplicating > len(snap.open_windows()):  # (read after it: some may have ended since)
+            problems.append(f"counts().deduplicating {first.deduplicating} > {len(snap.open_windows())} windows "
+                            "open a moment before")
         if first.recurring != len(snap.records):
             problems.append(f"counts().recurring {first.recurring} != {len(snap.records)} schedule records")
         if first.paused != snap.paused:

@@ -1,14 +1,17 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules grouped groups
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/groups.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules grouped groups dedupe_windows dedupe_dues
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/groups.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua lib/windows.lua
 -- A 'shards' field in the controls hash: the name is a sharded queue's, refused (error reply
 -- 'SHARDED <count>').
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
 -- estimates it ('' = no estimate), ARGV[3] element kind ('grouped': fast elements, some of them
 -- grouped items, which go to K.grouped instead: lib/groups.lua), ARGV[4] keys: '' for a call without
 -- keys, else one letter per item, '-' (no key), 'n' (keep a pending item of its key) or 'r'
--- (replace it), then the keys of the keyed items, in order, each '>I2' length-prefixed; the
--- element of a keyed item carries its key's tag.
+-- (replace it), 'N' or 'R' the same with a deduplication window, then the keys of the keyed items,
+-- in order, each '>I2' length-prefixed, followed for 'N' and 'R' by the window's length (ms, '>d');
+-- the element of a keyed item carries its key's tag. A key whose window is open (lib/windows.lua)
+-- is not written unless its item is pending and replaced; an item written with a window opens its
+-- key's (or moves it: it ends the window's length after now).
 -- ARGV[5] capacity, the most items the queue may hold, pending (tiered included) + ready ('' for
 -- no limit; grouped items count, pending and due), then how the call's items are refused: 'a' (all or nothing: a call whose new items do
 -- not all fit writes nothing and returns {false, now, room}; one with the key of a recurring
@@ -32,9 +35,9 @@
 -- it is sane (not after now, at most MAX_ISSUE_AGE_MS before it), else now, the server time (ms)
 -- of this run. outcome is '' for a call without keys and without an 'e' limit, else one letter per
 -- item, 'a' added, 'r' replaced a pending item of its key, 'p' kept the pending item of its key
--- (nothing written), 'f' refused (the queue was full), 's' refused (its key is a recurring
--- schedule's), then for every 'p' ',' and that item's due
--- ms. us: the µs this run took (the producer sizes its next calls by it). A resend of the same call
+-- (nothing written), 'd' refused by its key's open window (nothing written), 'f' refused (the queue
+-- was full), 's' refused (its key is a recurring schedule's), then for every 'p' and 'd' ',' and the
+-- due ms of the pending item, or of the item that took the window. us: the µs this run took (the producer sizes its next calls by it). A resend of the same call
 -- id within the window writes nothing and returns {base, false, outcome} of the first run (a call
 -- refused whole wrote nothing and is not remembered).
 -- Publishes the earliest new due time when it is earlier than the previous zset head, so every
@@ -182,16 +185,27 @@ else
   end
   local count = #values
   local cache, dirty, tags, names, asked = {}, {}, {}, {}, {}
+  local replacing, lengths, distinct, seen = {}, {}, {}, {}  -- lengths: window ms by item
   local pos = count + 1
   for i = 1, count do
-    if string.byte(keys, i) ~= 45 then  -- '-': no key
+    local letter = string.byte(keys, i)
+    if letter ~= 45 then  -- '-': no key
       local len = struct.unpack('>I2', keys, pos)
       names[i] = string.sub(keys, pos + 2, pos + 1 + len)
       pos = pos + 2 + len
+      if letter == 78 or letter == 82 then  -- 'N', 'R'
+        lengths[i] = struct.unpack('>d', keys, pos)
+        pos = pos + 8
+      end
+      replacing[i] = letter == 114 or letter == 82  -- 'r', 'R'
       tags[i] = element_tag(values[i])
       asked[#asked + 1] = tags[i]
+      if not seen[names[i]] then seen[names[i]] = true; distinct[#distinct + 1] = names[i] end
     end
   end
+  -- The keys' open windows as this call leaves them (key -> end ms), and the ones it writes.
+  local open, windowed = windows_open(K, distinct, now)
+  local opened, taken = {}, {}
   for c = 1, #asked, 1000 do
     local last = math.min(c + 999, #asked)
     for j, blob in ipairs(redis.call('hmget', K.key_index, unpack(asked, c, last))) do
@@ -247,9 +261,12 @@ else
         if pair_at(spill)[1] == key then field, kv = spill, cache[spill] end
       end
       local score = kv[1] == key and score_of(kv[2]) or nil
-      if score and string.byte(keys, i) ~= 114 then  -- not 'r'
+      if score and not replacing[i] then
         letters[#letters + 1] = 'p'
         kept[#kept + 1] = ',' .. score
+      elseif not score and open[key] then
+        letters[#letters + 1] = 'd'
+        kept[#kept + 1] = ',' .. (opened[key] and string.format('%d', opened[key][3]) or windows_due(K, key))
       elseif not score and not admit() then
         if not each then return {false, now, room} end
       else
@@ -272,6 +289,11 @@ else
         if not dirty[field] then dirty[field] = true; dirty[#dirty + 1] = field end
         adds[#adds + 1] = i
         written[v] = due
+        if lengths[i] then
+          open[key] = now + lengths[i]
+          if not opened[key] then opened[key] = {key}; taken[#taken + 1] = opened[key] end
+          opened[key][2], opened[key][3] = open[key], due
+        end
       end
     end
   end
@@ -308,6 +330,11 @@ else
   chunked('zadd', K.grouped, 'NX', gargs)
   chunked('rpush', K.delay_list, nil, listed)
   chunked('hset', K.key_index, nil, hargs)
+  if #taken > 0 then windows_write(K, taken) end
+  -- Trim ended windows: at least as many as this call opened, so trimming keeps up with offers.
+  if windowed or #taken > 0 then
+    windows_trim(K, now, 100 + 2 * #taken)
+  end
 end
 if promotion ~= nil and (earliest == nil or promotion < earliest) then earliest = promotion end
 if earliest ~= nil and (old == nil or earliest < old) then
