@@ -62,6 +62,8 @@ def _keys_table(k: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
             f"of {k['rounds']} rounds); server time of 2,000 calls each, {k['pending_n']:,} keyed pending.",
             ["", *(f"{name} ({j['allocator']})" for j, name in servers)],
             [["keyed / unkeyed `offer()`", *(cell(j, "offer") for j, _ in servers)],
+             ["keyed with / without `dedupe_for` `offer()`",
+              *(fmt_ratio(j["offer"].get("windowed_ratio")) for j, _ in servers)],
              ["keyed / unkeyed transfer", *(cell(j, "transfer") for j, _ in servers)],
              ["mean ms " + " / ".join(calls), *(" / ".join(f"{j['calls'][c]['mean_ms'] or 0:.3f}" for c in calls)
                                                 for j, _ in servers)],
@@ -323,6 +325,8 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
     if k := sc.get("keys"):
         j = k.get("jemalloc") or k  # judged on a jemalloc build when there is one (the scenario says why)
         bar("keys: keyed offer() >= 70% of unkeyed (64 callers)", j["offer"]["ratio"], 0.7, True, check=0.45)
+        bar("keys: keyed offer() with dedupe_for >= 70% of without", j["offer"].get("windowed_ratio"), 0.7, True,
+            check=0.7)
         bar(f"keys: keyed transfer >= 70% of unkeyed ({k['transfer_n']:,})", j["transfer"]["ratio"], 0.7, True,
             check=0.4)
         over = [c["over_1ms"] for name, c in j["calls"].items() if name in ("get", "reschedule", "cancel", "offer")]

@@ -17,13 +17,14 @@ from .transfer import transfer_ours
 
 async def run(bench: Bench) -> dict[str, Any]:
     """(A) ``offer_callers`` tasks, each awaiting one ``offer()`` at a time for ``offer_seconds``, without
-    keys and with a unique key per item: items/s. (B) ``keys_transfer_n`` items, each due 0.5 s after its
-    ``offer_many``, without and with keys, moved as in ``transfer`` once all are due: items/s. (A) and (B)
-    over ``keys_rounds`` rounds after a discarded warm-up pair (the server's first large fills grow its
-    heap), the order alternating per round: the ratio of the medians, keyed / unkeyed. (C) ``keys_pending_n``
-    keyed items pending, then 2,000 calls each of ``get``, ``reschedule``, ``cancel`` and a keyed ``offer()``
-    on random keys: calls over 1 ms of server time (``SLOWLOG`` at that threshold: at 0 the server logs the
-    commands inside the scripts too) and the mean (``INFO commandstats``).
+    keys, with a unique key per item, and with it and ``dedupe_for`` (a window each): items/s. (B)
+    ``keys_transfer_n`` items, each due 0.5 s after its ``offer_many``, without and with keys, moved as in
+    ``transfer`` once all are due: items/s. (A) and (B) over ``keys_rounds`` rounds after a discarded
+    warm-up (the server's first large fills grow its heap), the order alternating per round: the ratio of
+    the medians, keyed / unkeyed (windowed / keyed). (C) ``keys_pending_n`` keyed items pending, then
+    2,000 calls each of ``get``, ``reschedule``, ``cancel`` and a keyed ``offer()`` on random keys: calls
+    over 1 ms of server time (``SLOWLOG`` at that threshold: at 0 the server logs the commands inside the
+    scripts too) and the mean (``INFO commandstats``).
 
     All three on the run's server and, when that one is a libc malloc build this run started and a
     jemalloc build is installed, again on a throwaway server of that build (``jemalloc``), where the bars
@@ -56,33 +57,38 @@ async def _measure(bench: Bench, url: str, ctl: Redis, slowlog: SlowLog) -> dict
     allocator = str((await ctl.info("memory")).get("mem_allocator", "?"))
     log(f"    on a {allocator} build")
     out: dict[str, Any] = {"allocator": allocator}
-    for what, rate in (("offer", _offer_rate), ("transfer", _transfer_rate)):
+    for what, rate, variants in (("offer", _offer_rate, ("unkeyed", "keyed", "windowed")),
+                                 ("transfer", _transfer_rate, ("unkeyed", "keyed"))):
         async def measure(variant: str, rate: Any = rate) -> float:
-            return await rate(bench, url, ctl, variant == "keyed")
+            return await rate(bench, url, ctl, variant)
 
-        for variant in ("unkeyed", "keyed"):  # a warm-up pair, discarded: the first large fills grow the heap
+        for variant in variants:  # a warm-up, discarded: the first large fills grow the heap
             log(f"    {what} warm-up {variant:8}: {await measure(variant):,.0f} items/s")
-        out[what] = await alternate(("unkeyed", "keyed"), s.keys_rounds, measure, "items_per_s", flip=True,
-                                    label=f"{what} ")
+        out[what] = await alternate(variants, s.keys_rounds, measure, "items_per_s", flip=True, label=f"{what} ")
         out[what]["ratio"] = ratio(out[what]["keyed"]["items_per_s"], out[what]["unkeyed"]["items_per_s"])
+    o = out["offer"]
+    o["windowed_ratio"] = ratio(o["windowed"]["items_per_s"], o["keyed"]["items_per_s"])
     out["calls"] = await _call_times(bench, url, ctl, slowlog, s.keys_pending_n)
     return out
 
 
-async def _offer_rate(bench: Bench, url: str, ctl: Redis, keyed: bool) -> float:
+async def _offer_rate(bench: Bench, url: str, ctl: Redis, variant: str) -> float:
+    """``unkeyed``, ``keyed`` (a new key per item) or ``windowed`` (keyed, with ``dedupe_for`` 1 h)."""
     s = bench.sizes
-    async with bench.fresh_queue("keys-offer", "keyed" if keyed else "unkeyed", url=url, ctl=ctl) as (client, name):
+    options = {"unkeyed": {}, "keyed": {}, "windowed": {"dedupe_for": 3600}}[variant]
+    async with bench.fresh_queue("keys-offer", variant, url=url, ctl=ctl) as (client, name):
         q: DelayedQueue[Any] = DelayedQueue(client, name)
         await q.offer(payload(-1), FAR_S, key="warm-up")  # both scripts loaded, connection open
 
         async def offer(i: int) -> None:
-            await q.offer(payload(i), FAR_S, **({"key": f"order-{i}"} if keyed else {}))
+            await q.offer(payload(i), FAR_S, **({"key": f"order-{i}"} if variant != "unkeyed" else {}), **options)
 
         return await concurrent_rate(offer, s.offer_callers, s.offer_seconds)
 
 
-async def _transfer_rate(bench: Bench, url: str, ctl: Redis, keyed: bool) -> float:
-    result = await transfer_ours(bench, bench.sizes.keys_transfer_n, url=url, ctl=ctl, keyed=keyed, in_order=True)
+async def _transfer_rate(bench: Bench, url: str, ctl: Redis, variant: str) -> float:
+    result = await transfer_ours(bench, bench.sizes.keys_transfer_n, url=url, ctl=ctl, keyed=variant == "keyed",
+                                 in_order=True)
     return float(result["items_per_s"])
 
 
