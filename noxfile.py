@@ -181,13 +181,13 @@ ASYNCIO_MODULES = tuple(f"tests/test_{m}.py" for m in (
 # key types). The others (the command line, the worker, the web helpers, the composites of a sharded
 # queue, the model-based test) run the same scripts through these calls.
 VERSION_MODULES = tuple(f"tests/test_{m}.py" for m in (
-    "acl", "controls", "concurrency_limit", "dead_letters", "dedupe", "doctor", "durability", "faults", "groups",
-    "headers", "keys", "lifecycle", "offer", "outages", "pending", "priority", "recurring", "reliable", "scheduling",
-    "take", "tiers"))
+    "acl", "controls", "concurrency_limit", "dead_letters", "dedupe", "doctor", "events", "durability", "faults",
+    "groups", "headers", "keys", "lifecycle", "offer", "outages", "pending", "priority", "recurring", "reliable",
+    "scheduling", "take", "tiers"))
 CLUSTER_MODULES = tuple(f"tests/test_{m}.py" for m in (
     "offer", "names_and_options", "scheduling", "take", "reliable", "keys", "pending", "dead_letters", "redisson",
     "lifecycle", "faults", "worker", "metrics", "web", "controls", "concurrency_limit", "groups", "headers",
-    "recurring", "priority", "tiers", "dedupe"))
+    "recurring", "priority", "tiers", "dedupe", "events"))
 
 
 def _python(version: str) -> str | None:

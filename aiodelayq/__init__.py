@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ._contents.contents import PendingItem
     from ._contents.counts import QueueCounts
     from ._contents.dead_letters import DeadLetter
+    from ._contents.event_stream import EventKind, QueueEvent
     from ._options import WireFormat, WorkerOptions
     from ._producing.keyed import Offered, Pending
     from ._queue import DelayedQueue
@@ -74,6 +75,7 @@ __all__ = [
     "DelayedQueueError",
     "ElementKind",
     "EncodeError",
+    "EventKind",
     "InvalidDelayError",
     "InvalidGroupError",
     "InvalidHeadersError",
@@ -92,6 +94,7 @@ __all__ = [
     "QueueClosedError",
     "QueueFullError",
     "QueueCounts",
+    "QueueEvent",
     "QueueKeys",
     "QueueNotOpenError",
     "QueueStats",
@@ -133,6 +136,8 @@ _LAZY = {
     "ElementKind": "._wire.elements",
     "WorkerOptions": "._options",
     "DeadLetter": "._contents.dead_letters",
+    "EventKind": "._contents.event_stream",
+    "QueueEvent": "._contents.event_stream",
     "Offered": "._producing.keyed",
     "Pending": "._producing.keyed",
     "PendingItem": "._contents.contents",

@@ -143,6 +143,7 @@ class DelayedQueue(ConsumingCalls[T], ContentsCalls[T], ControlsCalls, AsyncReso
         self._keyed = parts.keyed
         self._dead = parts.dead
         self._controls = parts.controls
+        self._event_stream = parts.event_stream
         self._schedules = parts.schedules
         self._life = parts.life
 

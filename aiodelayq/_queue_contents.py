@@ -4,14 +4,16 @@ on a queue that was never opened."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import Generic, TypeVar, cast
 
 from ._contents.contents import PendingItem
 from ._contents.counts import QueueCounts
 from ._contents.dead_letters import DeadLetter
-from ._parts.roles import Contents, DeadLetterCalls, Life
+from ._contents.event_stream import QueueEvent
+from ._parts.roles import Contents, DeadLetterCalls, EventCalls, Life
+from ._util.checks import count
 
 __all__ = ["ContentsCalls"]
 
@@ -24,6 +26,7 @@ class ContentsCalls(Generic[T]):
     _life: Life
     _pending: Contents
     _dead: DeadLetterCalls
+    _event_stream: EventCalls
 
     async def size(self) -> int:
         """Number of pending elements of every kind: the timeout zset's (``ZCARD``) and the tier's, in
@@ -152,3 +155,35 @@ class ContentsCalls(Generic[T]):
         """Delete the dead-letter list; returns how many entries it had. Raises ``BackendError``."""
         await self._life.enter()
         return await self._dead.purge()
+
+    async def recent_events(self, limit: int = 50) -> list[QueueEvent]:
+        """The last ``limit`` events stored (:meth:`set_events`), oldest first: one read (one per shard,
+        merged by time); ``[]`` while the stream is off.
+
+        Raises:
+            ConfigurationError: ``limit`` is not an int >= 1. BackendError: the read failed within
+                ``call_timeout_s``.
+        """
+        await self._life.enter()
+        return await self._event_stream.last(count("limit", limit))
+
+    async def events(self, start: str = "$", *, follow: bool = True) -> AsyncIterator[QueueEvent]:
+        """The queue's events (:meth:`set_events` turns the stream on), oldest first, as
+        :class:`QueueEvent`: after ``start``, which is ``"$"`` (only what comes from now on),
+        ``"0"`` or ``"-"`` (everything stored) or an event's ``id`` (what came after it). With
+        ``follow=False`` it yields what is stored and stops; with ``follow=True`` it then waits for
+        new events (blocking reads of at most 1 s, each on a connection of its own while it blocks;
+        cancelling the iteration drops that connection) until the queue object closes. A following
+        read retries failures at the backoff's pace and logs them; it raises a permanent one. The
+        stream is capped: a slow reader can miss events trimmed before it read them. On a sharded
+        queue the shards' events are merged by time.
+
+        Raises:
+            ConfigurationError: a ``start`` of another form; nothing is read.
+            AccessDeniedError, WrongNodeError: a permanent failure.
+            BackendError: with ``follow=False``, a read failed within ``call_timeout_s``.
+        """
+        await self._life.enter()
+        life = self._life
+        async for event in self._event_stream.read(start, follow, lambda: life.state in ("closing", "closed")):
+            yield event

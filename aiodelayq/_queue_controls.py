@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ._parts.roles import ControlCalls, Life
+from ._parts.roles import ControlCalls, EventCalls, Life
 
 __all__ = ["ControlsCalls"]
 
@@ -14,6 +14,7 @@ class ControlsCalls:
 
     _life: Life
     _controls: ControlCalls
+    _event_stream: EventCalls
 
     async def pause(self) -> None:
         """Pause every consumer of the queue, in every process, from its next call: ``take``,
@@ -93,3 +94,16 @@ class ControlsCalls:
         """
         await self._life.enter()
         await self._controls.set_group_concurrency(limit)
+
+    async def set_events(self, maxlen: int | None) -> None:
+        """Turn the queue's event stream on, for every process, capped near ``maxlen`` entries, or off
+        (``None``: the stream is deleted). While it is on, every script that changes an item appends
+        one event for it in the same atomic call (:meth:`events`); while it is off nothing is written.
+        Kept in Redis; a sharded queue keeps a stream per shard, each capped near ``maxlen``.
+
+        Raises:
+            ConfigurationError: ``maxlen`` is not an int >= 1 (or ``None``); nothing is written.
+            BackendError: the call failed within ``call_timeout_s`` (resent: it is idempotent).
+        """
+        await self._life.enter()
+        await self._event_stream.set_maxlen(maxlen)

@@ -142,6 +142,16 @@ async def test_producer_and_consumer_work_as_the_documented_minimal_acl_user(acl
         assert (await q.offer(305, 60, key="k302", dedupe_for=60)).added  # the window ended, trimmed
         assert (await q.counts()).deduplicating == 2
         assert await q.cancel("k302")
+        # The event stream: turned on, written by the scripts, read, turned off.
+        await q.set_events(100)
+        await q.offer(306, 60, key="k306")
+        assert await q.cancel("k306")
+        events = [e async for e in q.events("0", follow=False)]
+        assert [(e.kind, e.key) for e in events] == [("offered", "k306"), ("cancelled", "k306")]
+        following = q.events(events[0].id)
+        assert (await anext(following)).kind == "cancelled"  # a blocking read
+        await following.aclose()
+        await q.set_events(None)
         msg = await q.receive(30, timeout=5)
         assert msg is not None
         assert msg.value == 202

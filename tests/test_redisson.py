@@ -252,6 +252,19 @@ async def test_keyed_python_items_are_delivered_by_javas_transfer_and_their_keys
 
 
 @pytest.mark.java
+async def test_a_java_consumer_taking_an_item_leaves_no_delivered_event(java: JavaRedisson, make_queue: Any,
+                                                                        qname: str) -> None:
+    [options, *_] = python_kinds(java)
+    q = make_queue(name=f"{qname}-events", codec="str", **options)
+    await q.set_events(1000)
+    await q.offer("to-java", 0.05, key="k")
+    [(item, _at)] = await jcall(java, "drain", name=q.name, count=1, timeout_ms=10_000)  # Java's transfer and take
+    assert item == "to-java"
+    assert [(e.kind, e.key) for e in await q.recent_events()] == [("offered", "k")]
+    await jcall(java, "destroy", name=q.name)
+
+
+@pytest.mark.java
 async def test_java_never_sees_a_grouped_item(java: JavaRedisson, make_queue: Any, client: Redis, qname: str) -> None:
     q = make_queue(name=f"{qname}-grouped", codec="str")
     items = [f"g-{i}" for i in range(6)]

@@ -245,6 +245,32 @@ async def test_a_window_lives_on_its_key_shard_and_content_picks_the_shard(shard
     assert (await q.counts()).deduplicating == 3
 
 
+async def test_the_shards_events_merge_by_time_stored_and_followed(sharded: Queues) -> None:
+    q = sharded(shards=3, codec="json")
+    await q.set_events(1000)
+    for shard in q.shard_keys:
+        assert await sharded.client.hget(shard.controls, "events") == b"1000"
+    keys = [f"order-{i}" for i in range(12)]
+    for key in keys:  # one call each: the events' times follow the offers' order
+        await q.offer(key, 60, key=key)
+    stored = [e async for e in q.events("0", follow=False)]
+    assert sorted(e.key for e in stored) == sorted(keys)  # type: ignore[type-var]
+    assert [e.at_ms for e in stored] == sorted(e.at_ms for e in stored)
+    # The offers' order, where their times differ (within a ms, shards have no order between them).
+    rank = {e.key: keys.index(e.key) for e in stored}  # type: ignore[arg-type]
+    assert all(rank[a.key] < rank[b.key] for a in stored for b in stored if a.at_ms < b.at_ms)
+    assert len({_shard(k, 3) for k in keys}) == 3
+    following = q.events()  # from now on
+    follow = asyncio.ensure_future(anext(following))
+    await asyncio.sleep(0.2)
+    assert await q.cancel("order-5")
+    event = await asyncio.wait_for(follow, 10)
+    assert (event.kind, event.key) == ("cancelled", "order-5")
+    await following.aclose()
+    await q.set_events(None)
+    assert [await sharded.client.exists(s.event_stream) for s in q.shard_keys] == [0, 0, 0]
+
+
 # -- consumers ---------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .._consuming.controls import Controls
 from .._contents.contents import QueueContents
 from .._contents.dead_letters import DeadLetters
+from .._contents.event_stream import EventStream
 from .._options import QueueOptions
 from .._producing.keyed import KeyedItems
 from .._producing.producer import Producer
@@ -33,6 +34,7 @@ class QueueParts:
     keyed: KeyedItems
     dead: DeadLetters
     controls: Controls
+    event_stream: EventStream
     schedules: Schedules
     life: Lifecycle
 
@@ -52,5 +54,5 @@ class QueueParts:
         producer = Producer(scripts, o, events)
         codec = o.resolved_codec
         return cls(keys, scripts, events, producer, QueueContents(scripts, codec), KeyedItems(scripts, codec),
-                   DeadLetters(scripts, codec, o.kind), Controls(scripts), Schedules(scripts, o),
+                   DeadLetters(scripts, codec, o.kind), Controls(scripts), EventStream(scripts), Schedules(scripts, o),
                    Lifecycle(scripts, o, events, on_new_loop=producer.rebind, rotation=rotation))

@@ -11,6 +11,7 @@ KeyedCalls       _producing/keyed.py KeyedItems           _sharding/keyed.py
 Recurring        _recurring/schedules.py Schedules        _sharding/keyed.py
 DeadLetterCalls  _contents/dead_letters.py DeadLetters    _sharding/dead_letters.py
 ControlCalls     _consuming/controls.py Controls          _sharding/controls.py
+EventCalls       _contents/event_stream.py EventStream    _sharding/event_stream.py
 Life             _runtime/lifecycle.py Lifecycle          _sharding/lifecycle.py
 Taker            _consuming/take.py TakePump              _sharding/take.py
 Receiver         _consuming/reliable.py ReliableConsumer  _sharding/receive.py
@@ -19,7 +20,7 @@ Receiver         _consuming/reliable.py ReliableConsumer  _sharding/receive.py
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -27,12 +28,13 @@ from .._consuming.reliable import Receiver
 from .._contents.contents import PendingItem
 from .._contents.counts import QueueCounts
 from .._contents.dead_letters import DeadLetter
+from .._contents.event_stream import QueueEvent
 from .._producing.keyed import Pending
 from .._runtime.lifecycle import QueueStats, State
 from .._wire.key_names import QueueKeys
 
-__all__ = ["ControlCalls", "Contents", "DeadLetterCalls", "KeyedCalls", "Life", "Parts", "Producing", "Recurring",
-           "Taker"]
+__all__ = ["ControlCalls", "Contents", "DeadLetterCalls", "EventCalls", "KeyedCalls", "Life", "Parts", "Producing",
+           "Recurring", "Taker"]
 
 
 class Producing(Protocol):
@@ -98,6 +100,14 @@ class ControlCalls(Protocol):
     async def set_group_concurrency(self, limit: int) -> None: ...
 
 
+class EventCalls(Protocol):
+    """The queue's event stream: turned on or off, read."""
+
+    async def set_maxlen(self, maxlen: int | None) -> None: ...
+    async def last(self, n: int) -> list[QueueEvent]: ...
+    def read(self, start: str, follow: bool, closed: Callable[[], bool]) -> AsyncIterator[QueueEvent]: ...
+
+
 class Taker(Protocol):
     """Serves ``take``/``poll``: waits for due items and pops them."""
 
@@ -135,6 +145,8 @@ class Parts(Protocol):
     def dead(self) -> DeadLetterCalls: ...
     @property
     def controls(self) -> ControlCalls: ...
+    @property
+    def event_stream(self) -> EventCalls: ...
     @property
     def life(self) -> Life: ...
     def shard_keys(self) -> tuple[QueueKeys, ...]: ...

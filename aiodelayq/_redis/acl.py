@@ -21,7 +21,8 @@ MINIMAL_COMMANDS = (
     "evalsha", "script|load", "time", "zadd", "zrange", "zrangebyscore", "zrem", "zscore", "zmscore", "zcard",
     "zcount", "zrank", "zremrangebyrank", "rpush", "lpush", "lpop", "rpop", "lrem", "llen", "lrange", "lindex",
     "lpos", "hget", "hset", "hdel", "hlen", "hmget", "hrandfield", "hincrby", "hexists", "hgetall", "hsetnx", "ltrim",
-    "get", "incrby", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait", "type",
+    "get", "incrby", "publish", "subscribe", "unsubscribe", "ping", "unlink", "wait", "type", "xadd", "xrange",
+    "xrevrange", "xread",
 )
 # ... and on servers that have WAITAOF (Redis and Valkey >= 7.2; older ones refuse the name).
 WAITAOF_COMMANDS = ("waitaof",)
@@ -71,6 +72,10 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "unlink": ("UNLINK", "{timeout_set}"),
     "wait": ("WAIT", "0", "0"),
     "type": ("TYPE", "{destination}"),
+    "xadd": ("XADD", "{event_stream}", "*", "k", "v"),
+    "xrange": ("XRANGE", "{event_stream}", "-", "+"),
+    "xrevrange": ("XREVRANGE", "{event_stream}", "+", "-"),
+    "xread": ("XREAD", "STREAMS", "{event_stream}", "0"),
     "waitaof": ("WAITAOF", "0", "0", "0"),
 }
 

@@ -16,6 +16,7 @@ from .._wire.key_names import QueueKeys
 from .contents import ShardedContents
 from .controls import ShardedControls
 from .dead_letters import ShardedDeadLetters
+from .event_stream import ShardedEventStream
 from .keyed import ShardedKeyed, ShardedSchedules
 from .layout import Rotation
 from .lifecycle import ShardedLifecycle
@@ -36,6 +37,7 @@ class ShardedParts:
     keyed: ShardedKeyed
     dead: ShardedDeadLetters
     controls: ShardedControls
+    event_stream: ShardedEventStream
     schedules: ShardedSchedules
     life: ShardedLifecycle
 
@@ -61,5 +63,6 @@ class ShardedParts:
         life = ShardedLifecycle(keys.destination, placed.of(lambda p: p.life), count, recheck_s=o.safety_poll_s)
         return cls(placed, producer, ShardedContents(placed.of(lambda p: p.pending)),
                    ShardedKeyed(placed.of(lambda p: p.keyed)), ShardedDeadLetters(placed.of(lambda p: p.dead)),
-                   ShardedControls(placed.of(lambda p: p.controls)), ShardedSchedules(placed.of(lambda p: p.schedules)),
-                   life)
+                   ShardedControls(placed.of(lambda p: p.controls)),
+                   ShardedEventStream(placed.of(lambda p: p.event_stream)),
+                   ShardedSchedules(placed.of(lambda p: p.schedules)), life)

@@ -16,6 +16,7 @@ KEY_TYPES: dict[str, str] = {
     "handoff": "hash", "handoff_leases": "zset", "calls": "zset", "call_replies": "hash", "key_index": "hash",
     "controls": "hash", "schedules": "hash", "tier_index": "zset", "tier_count": "string", "nacked": "zset",
     "grouped": "zset", "groups": "hash", "group_ready": "list", "dedupe_windows": "zset", "dedupe_dues": "hash",
+    "event_stream": "stream",
 }
 
 
@@ -51,7 +52,7 @@ class QueueKeys:
         controls: hash of the queue's controls, shared by every process:
             ``paused`` while paused; ``rate``, ``burst``, ``tokens``, ``at`` for a rate limit (a
             token bucket: items per second, its size, its level at ``at``, server ms); ``cap``, the
-            concurrency limit (messages held at once).
+            concurrency limit (messages held at once); ``events``, the event stream's cap while on.
         schedules: hash of the queue's recurring items: field = the key, value =
             its record (``lua/lib/recur.lua``).
         tier_index: zset of the tier's buckets: member = a bucket's start, score = when it is
@@ -73,6 +74,8 @@ class QueueKeys:
             dedupe_for=)``), scored by when the window ends; offers trim the ended ones.
         dedupe_dues: hash of those keys: field = the key, value = the due time of the item that
             took it (what an offer the window refuses returns).
+        event_stream: stream of the queue's events while they are on (``set_events``): one entry
+            per change to an item, appended by the script that makes it (``lua/lib/events.lua``).
     """
 
     destination: str
@@ -96,6 +99,7 @@ class QueueKeys:
     group_ready: str
     dedupe_windows: str
     dedupe_dues: str
+    event_stream: str
 
     @classmethod
     def for_name(cls, name: str, *, cluster: bool = False) -> QueueKeys:
@@ -131,6 +135,7 @@ class QueueKeys:
             group_ready=prefix_name("aiodelayq_groups_ready", name),
             dedupe_windows=prefix_name("aiodelayq_dedupe", name),
             dedupe_dues=prefix_name("aiodelayq_dedupe_dues", name),
+            event_stream=prefix_name("aiodelayq_events", name),
         )
         if cluster:
             keys.check_one_slot()
@@ -173,4 +178,4 @@ class QueueKeys:
         return (self.destination, self.timeout_set, self.delay_list, self.dead_letter, self.in_flight,
                 self.handoff, self.handoff_leases, self.calls, self.call_replies, self.key_index, self.controls,
                 self.schedules, self.tier_index, self.tier_count, self.nacked, self.grouped, self.groups,
-                self.group_ready, self.dedupe_windows, self.dedupe_dues)
+                self.group_ready, self.dedupe_windows, self.dedupe_dues, self.event_stream)

@@ -1,6 +1,6 @@
 -- FINISH: settle a pop's hand-off entry: forget the items taken, return or dead-letter the others.
--- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_ready
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua lib/wake.lua
+-- KEYS: destination handoff handoff_leases dead_letter channel controls groups group_ready event_stream
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/events.lua lib/groups.lua lib/handoff.lua lib/wake.lua
 -- ARGV[1] pop call id, ARGV[2] plan: one letter per popped item, in order: 'd' handed to a caller
 --         (forget it), 'x' undecodable (to the dead-letter list), 'r' nobody took it (back to the
 --         head of the destination, or of the groups' ready list); or '*': return them all (the pop's reply never came).
@@ -25,8 +25,13 @@ if string.find(ARGV[2], '[^d]') then
   local back, dead = {}, {}
   for i, v in ipairs(items) do
     local c = ARGV[2] == '*' and 'r' or string.sub(ARGV[2], i, i)
-    if c == 'x' then dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
-    elseif c ~= 'd' then back[#back + 1] = v end
+    if c == 'x' then
+      dead[#dead + 1] = dead_entry(DEAD_UNDECODABLE, 1, now_ms(), v)
+      event_add(K, 'dead_lettered', nil, nil, group_of(v), 1, DEAD_UNDECODABLE)
+    elseif c ~= 'd' then
+      back[#back + 1] = v
+      event_add(K, 'released', nil, nil, group_of(v))
+    end
   end
   to_head(K, back, false)
   chunked('rpush', K.dead_letter, nil, dead)

@@ -1,6 +1,6 @@
 -- OFFER: add items to the pending zset (and Redisson's list), once per call id; publish a new earliest due time.
--- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules grouped groups dedupe_windows dedupe_dues
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/groups.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua lib/windows.lua
+-- KEYS: destination timeout_set delay_list channel calls call_replies key_index controls tier_index tier_count schedules grouped groups dedupe_windows dedupe_dues event_stream
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/events.lua lib/groups.lua lib/index.lua lib/issue.lua lib/item.lua lib/parse.lua lib/sweep.lua lib/tiers.lua lib/windows.lua
 -- A 'shards' field in the controls hash: the name is a sharded queue's, refused (error reply
 -- 'SHARDED <count>').
 -- ARGV[1] call id (16 bytes), ARGV[2] when the client issued the call, server ms as the client
@@ -65,9 +65,16 @@ if grouping then
   local h = redis.call('zrange', K.grouped, 0, 0, 'WITHSCORES')[2]
   grouped_head = h and tonumber(h)
 end
--- A fast element of a grouped item.
-local function is_grouped(v)
-  return grouping and string.byte(v, FAST_HEADER + 1) == ITEM_BYTE and group_of(v, FAST_HEADER + 1) ~= nil
+-- The group of a fast element of a grouped item (else nil).
+local function group_in(v)
+  return grouping and string.byte(v, FAST_HEADER + 1) == ITEM_BYTE and group_of(v, FAST_HEADER + 1) or nil
+end
+local function is_grouped(v) return group_in(v) ~= nil end
+-- The events of the call (lib/events.lua: nothing while off), appended once it has decided every
+-- item: {kind, key, element} each.
+local noted = {}
+local function note(what, key, v)
+  if events_on(K) then noted[#noted + 1] = {what, key, v} end
 end
 local grouped_earliest = nil
 local keys = ARGV[4] ~= '' and ARGV[4] or nil
@@ -115,6 +122,7 @@ if not keys and kind == 'fast' then
     d, v, pos = struct.unpack('>dI4c0', blob, pos)
     if moved_ms ~= 0 then v = element_expiry_moved(v, moved_ms) end
     if admit() then
+      note('offered', nil, v)
       local due = base + d
       local start = after and due - due % width
       if is_grouped(v) then
@@ -160,6 +168,7 @@ elseif not keys then
     if admit() then
       local due, v = base + tonumber(ARGV[i]), element(i, false)
       if redis.call('zadd', K.timeout_set, 'NX', due, v) == 1 then
+        note('offered', nil, v)
         redis.call('rpush', K.delay_list, v)
         if earliest == nil or due < earliest then earliest = due end
       end
@@ -247,6 +256,7 @@ else
     if not key then
       if admit() then
         adds[#adds + 1] = i
+        note('offered', nil, v)
       elseif not each then
         return {false, now, room}
       end
@@ -264,9 +274,11 @@ else
       if score and not replacing[i] then
         letters[#letters + 1] = 'p'
         kept[#kept + 1] = ',' .. score
+        note('deduplicated', key, v)
       elseif not score and open[key] then
         letters[#letters + 1] = 'd'
         kept[#kept + 1] = ',' .. (opened[key] and string.format('%d', opened[key][3]) or windows_due(K, key))
+        note('deduplicated', key, v)
       elseif not score and not admit() then
         if not each then return {false, now, room} end
       else
@@ -288,6 +300,7 @@ else
         cache[field] = {key, v}
         if not dirty[field] then dirty[field] = true; dirty[#dirty + 1] = field end
         adds[#adds + 1] = i
+        note('offered', key, v)
         written[v] = due
         if lengths[i] then
           open[key] = now + lengths[i]
@@ -344,6 +357,7 @@ elseif grouped_earliest ~= nil and (old == nil or grouped_earliest < old)
     and (grouped_head == nil or grouped_earliest < grouped_head) then
   redis.call('publish', K.channel, string.format('%d', grouped_earliest))
 end
+for _, e in ipairs(noted) do event_add(K, e[1], e[2], nil, group_in(e[3])) end
 local outcome = table.concat(letters) .. table.concat(kept)
 if keys then sweep_index(K, 2) end
 -- Remembered by base (at most MAX_ISSUE_AGE_MS before now): a resend returns it.

@@ -1,6 +1,6 @@
 -- POP: pop ready items into the leased hand-off under a call id, transferring first if asked.
--- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_ready
--- uses: lib/clock.lua lib/controls.lua lib/groups.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
+-- KEYS: destination handoff handoff_leases timeout_set delay_list dead_letter key_index controls channel schedules tier_index tier_count grouped groups group_ready event_stream
+-- uses: lib/clock.lua lib/controls.lua lib/events.lua lib/groups.lua lib/hand_out.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/transfer.lua
 -- ARGV[1] call id (16 bytes), ARGV[2] at most this many items, ARGV[3] lease ms, ARGV[4] transfer
 -- first, at most |ARGV[4]| elements (0: no transfer; negative: with the moved items' lateness, as
 -- TRANSFER's negative ARGV[1]); the moved items it pops skip the list when the list was empty (the
@@ -121,6 +121,11 @@ if items then
   end
   out[3], out[4], out[6] = n - #kept, bare, kept
   controls_charge(K, now, level, #kept)
+  if #kept > 0 and events_on(K) then
+    for i, v in ipairs(kept) do
+      event_add(K, 'delivered', nil, nil, group_of(i <= bare and v or (parse(v))), 1)
+    end
+  end
   if #kept > 0 then
     redis.call('hset', K.handoff, ARGV[1], handoff_entry(kept, bare))
     redis.call('zadd', K.handoff_leases, now + tonumber(ARGV[3]), ARGV[1])

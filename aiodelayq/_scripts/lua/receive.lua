@@ -1,6 +1,6 @@
 -- RECEIVE: pop ready items into the in-flight zset as messages, once per call id.
--- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_ready
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua lib/wake.lua
+-- KEYS: destination in_flight dead_letter calls call_replies controls timeout_set delay_list key_index channel schedules nacked groups group_ready event_stream
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/events.lua lib/groups.lua lib/hand_out.lua lib/item.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] at most this many messages, ARGV[2] visibility timeout ms, ARGV[3] max deliveries
 -- (0 = unlimited), ARGV[4] call id (16 random bytes; fresh message ids are its first 12 bytes and
 -- a 4-byte index), ARGV[5...] message elements this consumer acked, written behind: removed from
@@ -41,15 +41,16 @@ if first then
 else
   acked = 0
   -- With an ack of a grouped message among them, each is found (ack_deliveries), so that it leaves
-  -- its group's flight (lib/groups.lua); else they are removed in batches, unread.
-  local grouped = false
-  for c = 5, #ARGV do
+  -- its group's flight (lib/groups.lua), and so while events are on; else they are removed in
+  -- batches, unread.
+  local one_by_one = #ARGV >= 5 and events_on(K)
+  for c = 5, one_by_one and 0 or #ARGV do
     if string.byte(ARGV[c], 33) == ITEM_BYTE and group_of(ARGV[c], 33) then
-      grouped = true
+      one_by_one = true
       break
     end
   end
-  if grouped then
+  if one_by_one then
     local acks = {}
     for c = 5, #ARGV do acks[c - 4] = ARGV[c] end
     for j, found in ipairs(ack_deliveries(K, acks)) do
@@ -79,11 +80,15 @@ else
     if not valid then
       -- Not a message element (someone else's garbage): moved aside as it was, never a stall.
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MALFORMED, 0, now, e))
+      event_add(K, 'dead_lettered', nil, nil, nil, 0, DEAD_MALFORMED)
       garbage = garbage + 1
     elseif max > 0 and count >= max then
       redis.call('rpush', K.dead_letter, dead_entry(DEAD_MAX_DELIVERIES, count, now, string.sub(e, 33)))
       dead = dead + 1
       message_settled(e, 33)
+      if events_on(K) then
+        event_add(K, 'dead_lettered', nil, string.sub(e, 5, 20), group_of(e, 33), count, DEAD_MAX_DELIVERIES)
+      end
     else
       local payload = string.sub(e, 33)
       if string.byte(payload, 1) == ITEM_BYTE then payload = hand_out(K, payload, count, now) end
@@ -140,6 +145,11 @@ else
     wake_consumers(K, now)
   end
   controls_charge(K, now, level, #out)
+  if #out > 0 and events_on(K) then
+    for _, m in ipairs(out) do
+      event_add(K, 'delivered', nil, string.sub(m, 5, 20), group_of(m, 33), (struct.unpack('>I4', m, 21)))
+    end
+  end
   if cap and acked > 0 and held + acked >= cap and held + #out < cap then
     -- Its acks made room that it leaves: consumers the limit held back, here or elsewhere, look again.
     wake_consumers(K, now)

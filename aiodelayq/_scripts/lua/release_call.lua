@@ -1,5 +1,5 @@
 -- RELEASE_CALL: undo a receive nobody saw, by its call id.
--- KEYS: in_flight destination calls call_replies channel controls groups group_ready
+-- KEYS: in_flight destination calls call_replies channel controls groups group_ready event_stream
 -- uses: lib/calls.lua lib/clock.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] the call id of a RECEIVE whose caller was cancelled (or whose reply was lost for good)
 -- returns: how many messages were released (their delivery undone, see release()); when any were, it

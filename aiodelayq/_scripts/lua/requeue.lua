@@ -1,6 +1,6 @@
 -- REQUEUE: move dead letters back into the pending zset, once per call id.
--- KEYS: dead_letter timeout_set delay_list channel calls call_replies grouped
--- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/issue.lua lib/item.lua lib/parse.lua
+-- KEYS: dead_letter timeout_set delay_list channel calls call_replies grouped controls event_stream
+-- uses: lib/calls.lua lib/chunked.lua lib/clock.lua lib/dead.lua lib/events.lua lib/groups.lua lib/issue.lua lib/item.lua lib/parse.lua
 -- ARGV[1] call id, ARGV[2] issue time (server ms as the client estimates it, '' = none), ARGV[3]
 -- delay ms, ARGV[4] element kind ('fast', 'strict', 'legacy'), ARGV[5] at most this many entries,
 -- ARGV[6] 16 bytes per entry (fast: insertion stamp | random; strict/legacy: random)
@@ -35,6 +35,7 @@ for i, e in ipairs(entries) do
   else
     local id = string.sub(ids, 16 * i - 15, 16 * i)
     local v
+    if events_on(K) then event_add(K, 'requeued', nil, nil, group_of(raw)) end
     if group_of(raw) then
       gargs[#gargs + 1] = due
       gargs[#gargs + 1] = struct.pack('Bc0Lc0', 20, FAST_MAGIC .. id, string.len(raw), raw)

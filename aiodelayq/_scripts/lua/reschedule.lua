@@ -1,6 +1,6 @@
 -- RESCHEDULE: move the pending element of a key to a new due time, once per call id.
--- KEYS: timeout_set delay_list key_index channel calls call_replies grouped
--- uses: lib/calls.lua lib/clock.lua lib/index.lua lib/issue.lua
+-- KEYS: timeout_set delay_list key_index channel calls call_replies grouped controls event_stream
+-- uses: lib/calls.lua lib/clock.lua lib/events.lua lib/groups.lua lib/index.lua lib/issue.lua lib/parse.lua
 -- ARGV[1] call id, ARGV[2] key, ARGV[3] its tag, ARGV[4] issue time (server ms as the client
 -- estimates it, '' = none), ARGV[5] delay ms
 -- returns: the new due time (ms) of the pending item of the key, due at the issue time (when sane,
@@ -20,6 +20,10 @@ if score then
   redis.call('zadd', zset, 'XX', due, v)
   if head[2] == nil or due < tonumber(head[2]) then
     redis.call('publish', K.channel, string.format('%d', due))
+  end
+  if events_on(K) then
+    local payload = parse(v)
+    event_add(K, 'rescheduled', ARGV[2], nil, payload and group_of(payload))
   end
 elseif field then
   redis.call('hdel', K.key_index, field)

@@ -1,8 +1,9 @@
 -- SET_CONTROLS: pause or resume the queue's consumers, set or remove its rate limit, its
--- concurrency limit, or set its group limit.
--- KEYS: controls channel groups group_ready
+-- concurrency limit, set its group limit, or turn its event stream on or off.
+-- KEYS: controls channel groups group_ready event_stream
 -- uses: lib/clock.lua lib/groups.lua lib/wake.lua
--- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap' or 'group_limit'; for 'rate': ARGV[2]
+-- ARGV[1] 'pause', 'resume', 'rate', 'unrate', 'cap', 'uncap', 'group_limit', 'events' or
+-- 'unevents' (the stream deleted: lib/events.lua); for 'events': ARGV[2] its cap (>= 1); for 'rate': ARGV[2]
 -- items per second (> 0, text), ARGV[3] the bucket's size (burst, >= 1); for 'cap': ARGV[2] the most
 -- messages held at once (>= 1); for 'group_limit': ARGV[2] the most messages of one group in
 -- flight at once (>= 1; lib/groups.lua)
@@ -40,6 +41,11 @@ elseif op == 'group_limit' then
     groups_write(K, groups, admits, waits, before)
   end
   wake_consumers(K, now_ms())
+elseif op == 'events' then
+  redis.call('hset', K.controls, 'events', ARGV[2])
+elseif op == 'unevents' then
+  redis.call('hdel', K.controls, 'events')
+  redis.call('unlink', K.event_stream)
 elseif op == 'unrate' then
   redis.call('hdel', K.controls, 'rate', 'burst', 'tokens', 'at')
 else

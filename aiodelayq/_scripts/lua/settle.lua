@@ -1,6 +1,6 @@
 -- SETTLE: ack, nack, dead-letter or release messages in flight.
--- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_ready
--- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/groups.lua lib/messages.lua lib/wake.lua
+-- KEYS: in_flight dead_letter destination channel calls call_replies controls nacked groups group_ready event_stream
+-- uses: lib/calls.lua lib/clock.lua lib/controls.lua lib/dead.lua lib/events.lua lib/groups.lua lib/messages.lua lib/wake.lua
 -- ARGV[1] max deliveries (0 = unlimited), ARGV[2] call id (16 bytes), ARGV[3] '' for a first attempt,
 --         '1' for a resend after a lost reply, ARGV[4] how long after its first attempt the client may
 --         still resend the call (ms)
@@ -58,9 +58,10 @@ local function settle_one(m, mode, delay, deadline)
   if not redis.call('zscore', K.in_flight, m) then
     if not (resend and now < deadline) then result = 0 end
   elseif mode == 'dead' or mode == 'undecodable' then
-    local reason = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE
-    redis.call('rpush', K.dead_letter, dead_entry(reason, struct.unpack('>I4', m, 21), now, string.sub(m, 33)))
+    local reason, count = mode == 'dead' and DEAD_NACKED or DEAD_UNDECODABLE, struct.unpack('>I4', m, 21)
+    redis.call('rpush', K.dead_letter, dead_entry(reason, count, now, string.sub(m, 33)))
     redis.call('zrem', K.in_flight, m)
+    if events_on(K) then event_add(K, 'dead_lettered', nil, string.sub(m, 5, 20), group_of(m, 33), count, reason) end
     message_settled(m, 33)
   elseif mode == 'release' then
     release(K, m, now)
@@ -74,6 +75,9 @@ local function settle_one(m, mode, delay, deadline)
       redis.call('zrem', K.in_flight, m)
       message_settled(m, 33)
       result = 2
+      if events_on(K) then
+        event_add(K, 'dead_lettered', nil, string.sub(m, 5, 20), group_of(m, 33), count, DEAD_MAX_DELIVERIES)
+      end
     else
       local due = now + delay
       redis.call('zadd', K.in_flight, 'XX', due, m)
@@ -82,6 +86,7 @@ local function settle_one(m, mode, delay, deadline)
         redis.call('zadd', K.nacked, due, m)
       end
       if not earliest or due < earliest then earliest = due end
+      if events_on(K) then event_add(K, 'nacked', nil, string.sub(m, 5, 20), group_of(m, 33), count) end
     end
   end
   return result

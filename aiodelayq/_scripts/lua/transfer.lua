@@ -1,5 +1,5 @@
 -- TRANSFER: move due elements to the destination list; return expired hand-off leases' items.
--- KEYS: destination timeout_set delay_list dead_letter handoff handoff_leases key_index controls tier_index tier_count grouped groups group_ready
+-- KEYS: destination timeout_set delay_list dead_letter handoff handoff_leases key_index controls tier_index tier_count grouped groups group_ready event_stream
 -- uses: lib/transfer.lua
 -- A 'shards' field in the controls hash: the name is a sharded queue's, whose items are in its
 -- shards: an error reply 'SHARDED <count>', so an ordinary queue object never opens on it.

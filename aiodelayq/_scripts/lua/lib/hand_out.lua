@@ -1,5 +1,5 @@
 -- defines: hand_out
--- uses: lib/dead.lua lib/item.lua lib/recur.lua
+-- uses: lib/dead.lua lib/events.lua lib/groups.lua lib/item.lua lib/recur.lua
 -- hand_out(K, payload, count, now): what becomes of `payload` handed out at `now` (server ms) by POP
 -- or RECEIVE after `count` deliveries (0: never delivered). An item envelope whose expiry has passed
 -- goes to the dead-letter list (reason expired, with `count`): nil. Else the payload to hand out: an
@@ -16,6 +16,7 @@ local function hand_out(K, payload, count, now)
   end
   if item_expired(payload, now) then
     redis.call('rpush', K.dead_letter, dead_entry(DEAD_EXPIRED, count, now, payload))
+    if events_on(K) then event_add(K, 'expired', nil, nil, group_of(payload), count, DEAD_EXPIRED) end
     return nil
   end
   if recur_next(K, payload, now) then return item_flagged(payload) end

@@ -1,5 +1,5 @@
 -- defines: MSG_MAGIC message first_delivery received release ack_deliveries
--- uses: lib/groups.lua
+-- uses: lib/events.lua lib/groups.lua
 -- Message elements (layout in aiodelayq/_wire/elements.py): 'adq' 0x02 | 16-byte id | '>I4' delivery
 -- count | '>d' due ms of this delivery (0 = unknown: a first delivery) | payload. A message in flight
 -- sits in the in-flight zset scored by its visibility deadline (server ms).
@@ -25,6 +25,7 @@ local function release(K, m, now)
     redis.call('zadd', K.in_flight, now, message(string.sub(m, 5, 20), count - 1, due, string.sub(m, 33)))
   end
   redis.call('zrem', K.in_flight, m)
+  if events_on(K) then event_add(K, 'released', nil, string.sub(m, 5, 20), group_of(m, 33), count) end
 end
 -- The messages the RECEIVE of `call_id` returned, from its remembered record (deadline '>d' | the
 -- 16-byte ids of its redeliveries): those in flight with that deadline whose id is in the record
@@ -64,6 +65,12 @@ local function ack_deliveries(K, members)
           seen[members[j]] = true
         end
       end
+    end
+  end
+  if events_on(K) then
+    for j = 1, #members do
+      local m = members[j]
+      if found[j] then event_add(K, 'acked', nil, string.sub(m, 5, 20), group_of(m, 33), (struct.unpack('>I4', m, 21))) end
     end
   end
   return found

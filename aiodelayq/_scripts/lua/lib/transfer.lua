@@ -1,5 +1,5 @@
 -- defines: transfer
--- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/groups.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/tiers.lua lib/unindex.lua
+-- uses: lib/chunked.lua lib/clock.lua lib/dead.lua lib/events.lua lib/groups.lua lib/handoff.lua lib/item.lua lib/parse.lua lib/tiers.lua lib/unindex.lua
 -- transfer(K, limit: at most |limit| elements; negative: also measure the lateness of what moves,
 --          keep: up to this many of the moved payloads are returned instead of pushed, when they
 --          would be the destination's first: POP's, which would pop them at once),
@@ -44,6 +44,7 @@ local function groups_transfer(K, now, room, late)
       if string.byte(v, 14) >= 128 then owned[#owned + 1] = string.sub(v, 14, 21) end
     else
       bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
+      event_add(K, 'dead_lettered', nil, nil, nil, 0, DEAD_MALFORMED)
     end
   end
   groups_arrive(K, payloads)
@@ -119,6 +120,7 @@ local function transfer(K, limit, keep)
         end
       else
         bad[#bad + 1] = dead_entry(DEAD_MALFORMED, 0, now, v)
+        event_add(K, 'dead_lettered', nil, nil, nil, 0, DEAD_MALFORMED)
         if late then late[i] = false end  -- dead-lettered, not moved: dropped from the lateness below
       end
       if not fast then listed[#listed + 1] = v end
