@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -192,20 +193,59 @@ async def test_watch_stops_after_count_refreshes(make_queue: Any, cli: Cli, qnam
 
 
 async def test_watch_ends_on_ctrl_c_with_exit_0(redis_server: ServerInfo, cli: Cli, qname: str) -> None:
-    proc = await _spawn([sys.executable, "-m", "aiodelayq", "watch", qname, "--interval", "0.2",
-                         "--redis-url", redis_server.url], _env())
-    try:
+    async with _spawned([sys.executable, "-m", "aiodelayq", "watch", qname, "--interval", "0.2",
+                         "--redis-url", redis_server.url]) as proc:
         assert proc.stderr is not None
         first = await asyncio.wait_for(proc.stderr.readline(), RUN_TIMEOUT_S)
         assert first.startswith(b"aiodelayq: watching")  # connected, inside its event loop
-        proc.send_signal(signal.SIGINT)
-        _, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
+        await _ctrl_c_ends_it_cleanly(proc)
+
+
+@contextlib.asynccontextmanager
+async def _spawned(argv: list[str]) -> AsyncIterator[asyncio.subprocess.Process]:
+    """The command ``argv`` running, killed on the way out if it has not ended."""
+    proc = await _spawn(argv, _env())
+    try:
+        yield proc
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def _ctrl_c_ends_it_cleanly(proc: asyncio.subprocess.Process) -> None:
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
     assert proc.returncode == 0
     assert err == b""  # no traceback, no "Aborted!"
+
+
+async def test_events_shows_the_last_events_then_follows_until_ctrl_c(redis_server: ServerInfo, make_queue: Any,
+                                                                      cli: Cli, qname: str) -> None:
+    q = make_queue(codec="json")
+    quiet = await cli("events", qname)
+    assert (quiet.code, quiet.out) == (0, "")
+    assert "no events stored" in quiet.err
+    await q.set_events(100)
+    await q.offer({"n": 1}, 60, key="order-1", group="tenant-a")
+    assert await q.cancel("order-1")
+    shown = await cli("events", qname, "-n", "5")
+    assert shown.code == 0, shown.err
+    lines = shown.out.splitlines()
+    assert [line.split()[1] for line in lines] == ["offered", "cancelled"]
+    assert lines[0].split()[2:] == ['key="order-1"', 'group="tenant-a"']
+    as_json = await cli("events", qname, "--json", "-n", "1")
+    [doc] = [json.loads(line) for line in as_json.out.splitlines()]
+    assert (doc["kind"], doc["key"], doc["group"], doc["reason"]) == ("cancelled", "order-1", "tenant-a", None)
+    async with _spawned([sys.executable, "-m", "aiodelayq", "events", qname, "--follow", "--json", "-n", "1",
+                         "--redis-url", redis_server.url]) as proc:
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), RUN_TIMEOUT_S))
+        assert first["kind"] == "cancelled"  # the last stored, then it follows
+        await q.offer({"n": 2}, 60, key="order-2")
+        new = json.loads(await asyncio.wait_for(proc.stdout.readline(), RUN_TIMEOUT_S))
+        assert (new["kind"], new["key"]) == ("offered", "order-2")
+        await _ctrl_c_ends_it_cleanly(proc)
 
 
 async def _time_calls(client: Redis) -> int:
@@ -478,6 +518,10 @@ async def test_a_sharded_queue_is_one_queue_to_every_command(client: Redis, drop
     cancelled = await cli("cancel", q.name, "k1")
     assert cancelled.code == 0, cancelled.err
     assert await q.size() == 6
+    await q.set_events(100)
+    await q.offer_many([(f"e{i}", 600) for i in range(6)])  # over the shards in rotation
+    events = await cli("events", q.name, "--json")
+    assert [json.loads(line)["kind"] for line in events.out.splitlines()] == ["offered"] * 6
 
 
 async def test_a_queue_recorded_with_shards_placed_by_their_names_is_one_queue_too(
@@ -698,6 +742,7 @@ USAGES = {
     ("resume",): "resume [OPTIONS] NAME",
     ("rate-limit",): "rate-limit [OPTIONS] NAME RATE",
     ("concurrency",): "concurrency [OPTIONS] NAME N",
+    ("events",): "events [OPTIONS] NAME",
     ("ls",): "ls [OPTIONS]",
     ("worker",): "worker [OPTIONS] MODULE:FUNC",
     ("doctor",): "doctor [OPTIONS] [NAMES...]",
@@ -944,6 +989,7 @@ async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cl
     rc = cluster_clients(cluster)
     q: aiodelayq.DelayedQueue[Any] = aiodelayq.DelayedQueue(rc, qname)
     try:
+        await q.set_events(100)
         url = _away_from(cluster, qname)  # a plain client there would get MOVED for every call
         runs = await _queue_commands(qname, "--redis-url", url)
         _check_queue_commands(runs, qname)
@@ -967,6 +1013,11 @@ async def test_the_cli_on_a_cluster_given_any_node(cluster: ThrowawayCluster, cl
         assert json.loads(forced.out)["queues"][0]["pending"] == 1
         assert rows_by_first_cell(watched.out)[qname][:4] == ["1", "0", "0", "0"]
         assert json.loads(dead.out)["total"] == 0
+        events = await _topology_cli("events", qname, "--json", "-n", "100", "--redis-url", url)
+        assert events.code == 0, events.err
+        kinds = [json.loads(line)["kind"] for line in events.out.splitlines()]
+        assert kinds[:2] == ["offered", "offered"]
+        assert "cancelled" in kinds
         await _worker_delivers(q, tmp_path, "--redis-url", url)
         doctor = await _topology_cli("doctor", qname, "--json", "--redis-url", url)
         findings = json.loads(doctor.out)["findings"]

@@ -417,6 +417,26 @@ async def test_a_queue_name_of_any_characters_round_trips(client: Redis, make_qu
     assert (await q.counts()).paused
 
 
+async def test_the_queue_page_shows_its_last_events_newest_first(client: Redis, make_queue: Any, served: Any) -> None:
+    q: DelayedQueue[Any] = make_queue()
+    base = await served(Dashboard(client))
+    async with httpx.AsyncClient(timeout=10) as http:
+        await q.offer_many([(i, 600) for i in range(3)])
+        off = await get_page(http, queue_url(base, q.name))
+        await q.set_events(1000)
+        await q.offer_many([(i, 600) for i in range(60)], keys=[f"order-{i}" for i in range(60)], groups=["acme"] * 60)
+        assert await q.cancel("order-59")
+        on = await get_page(http, queue_url(base, q.name))
+    assert "No events" in off.text
+    rows = re.findall(r'<tr data-kind="(\w+)">(.*?)</tr>', on.html, re.S)
+    assert len(rows) == 50
+    assert rows[0][0] == "cancelled"
+    assert "order-59" in rows[0][1]
+    assert "acme" in rows[0][1]
+    assert [kind for kind, _ in rows[1:]] == ["offered"] * 49
+    assert ["order-59" in rows[1][1], "order-58" in rows[2][1]] == [True, True]
+
+
 async def test_the_minimal_acl_and_scan_are_all_it_needs(own_server: Any, make_client: Any, served: Any) -> None:
     from aiodelayq._redis.acl import minimal_acl_rules
 

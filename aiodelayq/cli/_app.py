@@ -14,6 +14,7 @@ import typer
 from ._controls import concurrency, pause, rate_limit, resume
 from ._dead_letters import list_dead_letters, purge_dead_letters, requeue_dead_letters
 from ._deployment import dashboard, doctor, worker
+from ._events import events
 from ._help import Command, Group
 from ._items import cancel, offer, peek
 from ._stats import list_queues, stats, watch
@@ -52,5 +53,5 @@ def _add(group: typer.Typer, commands: dict[str, Callable[..., None]]) -> None:
 
 _add(app, {"stats": stats, "watch": watch, "peek": peek, "offer": offer, "cancel": cancel, "pause": pause,
            "resume": resume, "rate-limit": rate_limit, "concurrency": concurrency, "ls": list_queues,
-           "doctor": doctor, "dashboard": dashboard, "worker": worker})
+           "doctor": doctor, "dashboard": dashboard, "worker": worker, "events": events})
 _add(dead_letters_app, {"list": list_dead_letters, "requeue": requeue_dead_letters, "purge": purge_dead_letters})

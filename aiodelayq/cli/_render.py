@@ -21,10 +21,11 @@ from .._admin.reads import QueueRow
 from .._contents.contents import PendingItem
 from .._contents.counts import QueueCounts
 from .._contents.dead_letters import DeadLetter
+from .._contents.event_stream import QueueEvent
 from ._doctor import Finding
 
-__all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "iso_utc", "make_console",
-           "pending_json", "pending_table", "print_json", "relative", "show_value"]
+__all__ = ["counts_json", "counts_table", "dead_letter_json", "dead_letters_table", "event_json", "event_line",
+           "iso_utc", "make_console", "pending_json", "pending_table", "print_json", "relative", "show_value"]
 
 # Tables cut longer values (`--json` has them whole): one payload must not flood a terminal.
 MAX_CELL = 200
@@ -223,3 +224,20 @@ def doctor_lines(findings: Sequence[Finding]) -> list[str]:
     width = max((len(f.where) for f in findings), default=0)
     return [f"{f.status.upper():<4} {f.check:<11} {f.where:<{width}}  {f.saw}" + (f" -> {f.todo}" if f.todo else "")
             for f in findings]
+
+
+def event_json(event: QueueEvent) -> dict[str, Any]:
+    """One event for ``events --json`` (a JSON object a line): its fields, and ``at_iso``."""
+    return {"id": event.id, "kind": event.kind, "at_ms": event.at_ms, "at_iso": iso_utc(event.at_ms),
+            "key": event.key, "message_id": event.message_id, "group": event.group, "reason": event.reason,
+            "delivery_count": event.delivery_count}
+
+
+def event_line(event: QueueEvent) -> str:
+    """One event as a line: its time (UTC), its kind, then the fields it has."""
+    quoted = {name: json.dumps(value, ensure_ascii=False)
+              for name, value in (("key", event.key), ("group", event.group)) if value is not None}
+    fields = (("key", quoted.get("key")), ("message", event.message_id), ("group", quoted.get("group")),
+              ("deliveries", event.delivery_count), ("reason", event.reason))
+    return " ".join([iso_utc(event.at_ms), f"{event.kind:<13}",
+                     *(f"{name}={value}" for name, value in fields if value is not None)]).rstrip()

@@ -73,6 +73,8 @@ log = logging.getLogger("aiodelayq")
 
 # Auto-refresh periods the pages offer (?refresh=N, seconds).
 REFRESH_CHOICES = (5, 10, 30, 60)
+# The queue page's last events (set_events turns the stream on), newest first.
+EVENTS_SHOWN = 50
 # Rows of the queue page: soonest pending items, oldest dead letters (?peek=N, ?dead=N).
 DEFAULT_PEEK = 20
 DEFAULT_DEAD = 50
@@ -296,11 +298,11 @@ class Dashboard:
                 queue.counts(), queue_histogram(self._client, [QueueKeys.for_name(n) for n in record.names(name)]),
                 queue.peek(peek),
                 queue.dead_letters(dead),
-                queue.get(key) if key else _none(), return_exceptions=True)
+                queue.get(key) if key else _none(), queue.recent_events(EVENTS_SHOWN), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise failed
-        counts, histogram, pending, letters, found = results
+        counts, histogram, pending, letters, found, events = results
         if self._queues is None and is_empty(counts):
             raise _NotFound(_no_queue(name))
         now = histogram.now_ms
@@ -316,6 +318,7 @@ class Dashboard:
         here = f"queue?name={quote(name, safe='')}"
         return self._render(request, "queue.html", name=name, counts=counts, histogram=histogram, charts=charts,
                             pending=pending, peek=peek, letters=letters, dead=dead, key=key, found=found,
+                            events=events,
                             now_ms=now, message=message, refresh=refresh, refresh_choices=REFRESH_CHOICES,
                             here=here)
 
