@@ -18,15 +18,15 @@ Modules, in the order a step goes through them:
 * ``state.py``: the model's vocabulary; ``known.py``: known defects the model steps around while
   someone fixes them; ``tally.py``: what a run did, for its summary.
 
-**The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``, ``group``),
-``offer_many`` (keys, duplicates in one list, per-item headers, expiry and groups), ``cancel``,
-``reschedule``, ``get``, ``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer`` with a
-schedule's key (refused while the schedule is live), ``pause``/``resume``, ``set_concurrency_limit``,
-``set_group_concurrency``, ``clear``,
-``requeue_dead_letters``, ``purge_dead_letters``, ``take_many_with_headers``, ``receive_many``,
-``ack`` (written behind, and confirmed), ``nack`` (a delay, or ``dead_letter=True``), ``extend``,
-with ``max_deliveries`` of ``None``, 2 or 3. Messages are settled by the client that received them,
-after any number of other steps (redelivered meanwhile, to either client, or not).
+**The calls.** ``offer`` (plain, keyed, ``replace``, ``headers``, ``expires``, ``group``,
+``dedupe_for``), ``offer_many`` (keys, duplicates in one list, per-item headers, expiry and groups),
+``cancel``, ``reschedule``, ``get``, ``schedule(every=)`` and ``cancel`` of a schedule's key, ``offer``
+with a schedule's key (refused while the schedule is live), ``pause``/``resume``,
+``set_concurrency_limit``, ``set_group_concurrency``, ``clear``, ``requeue_dead_letters``,
+``purge_dead_letters``, ``take_many_with_headers``, ``receive_many``, ``ack`` (written behind, and
+confirmed), ``nack`` (a delay, or ``dead_letter=True``), ``extend``, with ``max_deliveries`` of
+``None``, 2 or 3, and the event stream on (``set_events``) or off. Messages are settled by the client
+that received them, after any number of other steps (redelivered meanwhile, to either client, or not).
 
 **The faults** (``world.Fault``): every connection of a client killed (its pool and pub/sub); the
 reply of the next OFFER, POP, RECEIVE, SETTLE or TRANSFER of a client lost after the server applied
@@ -56,6 +56,9 @@ fails, ``maybe_applied``, and what the stall held lands when it ends).
 * each live schedule has its record and exactly one current occurrence, pending (under its key, on
   its grid) or ready; the key index names only pending elements; the take pumps and reliable
   consumers hold nothing (prefetch, hand-off, settles) for over a round trip without a fault.
+* the event stream: none while off; on, its ids in order, every message in flight has its
+  ``delivered`` event and every confirmed ack its ``acked``, and there are at least as many
+  ``offered``/``requeued`` events as items waiting and ``dead_lettered``/``expired`` as dead letters;
 * every item due is delivered within 5 s of its due time (``drain``; 25 s when a fault left popped
   items in the hand-off, whose 20 s lease brings them back).
 

@@ -16,12 +16,12 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, get_args
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from aiodelayq import Message, ScheduledKeyError
+from aiodelayq import EventKind, Message, ScheduledKeyError
 from aiodelayq._wire.elements import unwrap
 from tests.faults import FaultProxy
 
@@ -78,17 +78,26 @@ class QueueMachine(RuleBasedStateMachine):
         self.limited_delivery = False
         self.limit_revived = False
         self.group_limit = 1  # the highest group limit set in the example (lowering takes nothing back)
+        # The event stream: on for the example (set_events), and the deliveries whose confirmed ack said True.
+        self.events_on = False
+        self.acked: set[tuple[str, int]] = set()
 
     @initialize(max_deliveries=st.sampled_from([None, 2, 3]), limit=st.sampled_from([None, None, 1, 2]),
-                items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS, GROUP), max_size=6))
+                items=st.lists(st.tuples(DELAY_MS, st.none() | KEY, HEADERS, EXPIRES_MS, GROUP), max_size=6),
+                events=st.booleans())
     def start(self, max_deliveries: int | None, limit: int | None,
-              items: list[tuple[int, str | None, dict[str, str], int | None, str | None]]) -> None:
-        """A queue (with this ``max_deliveries`` for both queue objects, and this concurrency limit
-        from the start), and a few items offered."""
+              items: list[tuple[int, str | None, dict[str, str], int | None, str | None]], events: bool) -> None:
+        """A queue (with this ``max_deliveries`` for both queue objects, this concurrency limit from
+        the start, and its event stream on or off), and a few items offered."""
         if TRACE:
             print(f"--- example: max_deliveries={max_deliveries}, concurrency limit={limit}", flush=True)
         self.world = World(self.server_url, self.proxies, Config(max_deliveries))
         self.model = Model(max_deliveries)
+        self.events_on, self.acked = events, set()
+        if events:
+            out = self.step(lambda: self.w.queues[0].set_events(1_000_000))
+            if out.error is not None:
+                raise out.error
         if limit is not None:
             self.concurrency_limit(0, limit, None)
         if items:
@@ -324,6 +333,8 @@ class QueueMachine(RuleBasedStateMachine):
             return await msg.ack(confirm=True if how == "ack-confirmed" else None)
 
         out = self.step(settle_call, fault, how)
+        if how == "ack-confirmed" and out.ok and out.result is True:
+            self.acked.add((msg.id, msg.delivery_count))
         mode = {"ack": "ack", "ack-confirmed": "ack", "nack": "nack", "nack-dead": "dead"}[how]
         self.model.settle(msg.id, msg.delivery_count, mode, delay, c, before, out, written_behind=behind[0])
         self._settled(msg, out)
@@ -385,6 +396,44 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- the check ---------------------------------------------------------------------------------
 
+    def _check_events(self, snap: Snapshot) -> None:
+        """The event stream against what the keys hold and the calls answered: off, no stream key; on,
+        ids in order, known kinds, a ``delivered`` event for every message in flight (its id and
+        count), one ``acked`` for every confirmed ack that said True, at least as many ``offered`` and
+        ``requeued`` as items pending or ready (occurrences of schedules aside), and at least as many
+        ``dead_lettered`` and ``expired`` as dead letters."""
+        if not self.events_on:
+            if snap.events is not None:
+                raise Violation(f"an event stream while events are off: {snap.events[:5]}")
+            return
+        events = snap.events or []
+        problems = []
+        order = [tuple(int(x) for x in e.id.split("-")) for e in events]
+        if order != sorted(set(order)):
+            problems.append("the events' ids are not in order")
+        unknown = {e.kind for e in events} - set(get_args(EventKind))
+        if unknown:
+            problems.append(f"events of unknown kinds {unknown}")
+        kinds = [e.kind for e in events]
+        delivered = {(e.message_id, e.delivery_count) for e in events if e.kind == "delivered"}
+        missing = [(s.value, s.message_id, s.delivery_count) for s in snap.at("in_flight")
+                   if (s.message_id, s.delivery_count) not in delivered]
+        if missing:
+            problems.append(f"messages in flight without their 'delivered' event: {missing}")
+        acked = {(e.message_id, e.delivery_count) for e in events if e.kind == "acked"}
+        if self.acked - acked:
+            problems.append(f"confirmed acks without their 'acked' event: {sorted(self.acked - acked)}")
+        waiting = [s for s in snap.seen if s.where in ("pending", "ready") and s.schedule_key is None]
+        if len(waiting) > kinds.count("offered") + kinds.count("requeued"):
+            problems.append(f"{len(waiting)} items pending or ready, {kinds.count('offered')} 'offered' and "
+                            f"{kinds.count('requeued')} 'requeued' events")
+        if len(snap.at("dead")) > kinds.count("dead_lettered") + kinds.count("expired"):
+            problems.append(f"{len(snap.at('dead'))} dead letters, {kinds.count('dead_lettered')} 'dead_lettered' "
+                            f"and {kinds.count('expired')} 'expired' events")
+        if problems:
+            raise Violation("\n".join(["the event stream:", *problems, snap.describe()]))
+        tally("check: events checked", quiet=True)
+
     def _check_groups(self, snap: Snapshot) -> None:
         """The groups' bookkeeping matches what the keys hold (``lua/lib/groups.lua``): a field per
         group with items admitted (ready or in flight), flagged while any wait in its list, never more
@@ -437,6 +486,7 @@ class QueueMachine(RuleBasedStateMachine):
             raise Violation(f"a receive handed out messages, and {snap.held} are held under a concurrency limit "
                             f"of {snap.cap}:\n{snap.describe()}")
         self._check_groups(snap)
+        self._check_events(snap)
         self.limited_delivery = False
         for where in ("pending", "ready", "in_flight", "dead"):
             if snap.at(where):

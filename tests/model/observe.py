@@ -16,7 +16,8 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from aiodelayq import QueueKeys
+from aiodelayq import QueueEvent, QueueKeys
+from aiodelayq._contents.event_stream import parse_event
 from aiodelayq._wire.elements import message_id, parse_dead_letter, parse_messages, unwrap
 from tests.helpers import handoff_payloads, unpack_list
 
@@ -92,6 +93,7 @@ class Snapshot:
     group_limit: int = 1
     ready_in_destination: int = 0  # of the ready ones, in the destination list (the rest: the groups')
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (window end, due) as stored
+    events: list[QueueEvent] | None = None  # the event stream, oldest first (None: no stream key)
 
     def open_windows(self) -> dict[str, tuple[int, int]]:
         """The deduplication windows open at ``now_ms`` (the others wait to be trimmed)."""
@@ -146,9 +148,12 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
         pipe.hget(keys.controls, "group_limit")
         pipe.zrange(keys.dedupe_windows, 0, -1, withscores=True)
         pipe.hgetall(keys.dedupe_dues)
+        pipe.exists(keys.event_stream)
+        pipe.xrange(keys.event_stream)
         pipe.time()
         (pending, ready, handoff, in_flight, dead, index_hash, schedules, paused, delay_list, cap, nacked, grouped,
-         *lists, groups_hash, admitted, group_limit, window_ends, window_dues, (secs, micros)) = await pipe.execute()
+         *lists, groups_hash, admitted, group_limit, window_ends, window_dues, streamed, stream,
+         (secs, micros)) = await pipe.execute()
     if {key for key, _ in window_ends} != set(window_dues):
         raise AssertionError(f"the windows' ends {window_ends} and due times {window_dues} name other keys")
     now_ms = int(secs) * 1000 + int(micros) // 1000
@@ -194,4 +199,6 @@ async def snapshot(admin: Redis, keys: QueueKeys) -> Snapshot:
                     {group: len(payloads) for group, payloads in zip(GROUPS, lists, strict=True)},
                     {k.decode(): int(v) for k, v in groups_hash.items() if len(k) <= 256},  # (not the hash-table field)
                     ready_groups, int(group_limit or 1), len(ready),
-                    {key.decode(): (int(end), int(window_dues[key])) for key, end in window_ends})
+                    {key.decode(): (int(end), int(window_dues[key])) for key, end in window_ends},
+                    [parse_event(i, [x for pair in fields.items() for x in pair]) for i, fields in stream]
+                    if streamed else None)
