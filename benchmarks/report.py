@@ -62,8 +62,8 @@ def _keys_table(k: dict[str, Any]) -> tuple[str, list[str], list[list[Any]]]:
             f"of {k['rounds']} rounds); server time of 2,000 calls each, {k['pending_n']:,} keyed pending.",
             ["", *(f"{name} ({j['allocator']})" for j, name in servers)],
             [["keyed / unkeyed `offer()`", *(cell(j, "offer") for j, _ in servers)],
-             ["keyed with / without `dedupe_for` `offer()`",
-              *(fmt_ratio(j["offer"].get("windowed_ratio")) for j, _ in servers)],
+             ["`dedupe_for` on / off `offer()`", *(fmt_ratio(j["offer"].get("windowed_ratio")) for j, _ in servers)],
+             ["events on / off `offer()`", *(fmt_ratio(j["offer"].get("events_ratio")) for j, _ in servers)],
              ["keyed / unkeyed transfer", *(cell(j, "transfer") for j, _ in servers)],
              ["mean ms " + " / ".join(calls), *(" / ".join(f"{j['calls'][c]['mean_ms'] or 0:.3f}" for c in calls)
                                                 for j, _ in servers)],
@@ -310,7 +310,8 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
                 ("receive_many(100) + ack() >= 70% of take_many(100)", "receive_many_ack", 0.7, 0.47),
                 ("messages() + ack() >= 10% of take_many(100)", "messages_ack", 0.1, 0.1),
                 ("worker (no-op handler, concurrency 16) >= 70% of async for", "worker16_vs_async_for", 0.7, 0.55),
-                ("the worker on groups of 100 >= 50% of the worker", "worker16_grouped_vs_worker16", 0.5, 0.42)):
+                ("the worker on groups of 100 >= 50% of the worker", "worker16_grouped_vs_worker16", 0.5, 0.42),
+                ("the worker with events on >= 50% of off", "worker16_events_vs_worker16", 0.5, None)):
             bar(f"drain: {what}", d.get(key), goal, True, check=limit)
         if g := sc["drain"].get("grouped_server_us"):  # the server's time per grouped item, not the groups'
             few, many = (k for k in g if k != "ratio")
@@ -327,6 +328,7 @@ def evaluate(res: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
         bar("keys: keyed offer() >= 70% of unkeyed (64 callers)", j["offer"]["ratio"], 0.7, True, check=0.45)
         bar("keys: keyed offer() with dedupe_for >= 70% of without", j["offer"].get("windowed_ratio"), 0.7, True,
             check=0.7)
+        bar("keys: offer() with events on >= 60% of off", j["offer"].get("events_ratio"), 0.6, True, check=0.6)
         bar(f"keys: keyed transfer >= 70% of unkeyed ({k['transfer_n']:,})", j["transfer"]["ratio"], 0.7, True,
             check=0.4)
         over = [c["over_1ms"] for name, c in j["calls"].items() if name in ("get", "reschedule", "cancel", "offer")]

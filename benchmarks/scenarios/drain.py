@@ -18,8 +18,8 @@ from aiodelayq._wire.codec import JsonCodec, batch_decoder
 
 # The consumers, in the order of a round; ``raw_pop`` is the server alone (see run).
 MODES = ("raw_pop", "take_many_1000", "take_many", "async_for", "receive_many_ack", "messages_ack", "worker16",
-         "worker16_grouped", "take_many_1000_e2e")
-RELIABLE = ("receive_many_ack", "messages_ack", "worker16", "worker16_grouped")
+         "worker16_grouped", "worker16_events", "take_many_1000_e2e")
+RELIABLE = ("receive_many_ack", "messages_ack", "worker16", "worker16_grouped", "worker16_events")
 GROUP_SIZE = 100  # items per group of the grouped drain
 RAW_BATCH = 1000
 # The commands a drain's scripts run, by what they do to an item (INFO commandstats counts them in EVALSHA too).
@@ -166,20 +166,20 @@ async def _grouped_rounds(bench: Bench, n: int) -> dict[str, Any]:
 
 
 async def run(bench: Bench) -> dict[str, Any]:
-    """``drain_items`` items due before the consumer opens (filled with ``offer_many``), moved to the
-    destination list by the queue's own transfer, then timed from the first take until the last item (the
-    last ack in Redis for the reliable ones), in one process: ``take_many(1000)`` and ``take_many(100)`` in
-    a loop, ``async for item in q``, ``receive_many(100)`` with an ``ack()`` of each message, a sequential
-    ``async for msg in q.messages(30): await msg.ack()``, and the worker (``q.worker(no-op handler,
-    concurrency=16).run()``), and the worker on items in groups of ``GROUP_SIZE`` (group concurrency 1).
-    ``take_many_1000_e2e``: ``take_many(1000)`` timed from the open, the items
-    still in the timeout zset. ``raw_pop``: the server popping the same payloads from a zset by itself
-    (``MULTI`` of ``ZRANGE z 0 999`` and ``ZREMRANGEBYRANK z 0 999``). Each consumer drains ``drain_rounds``
-    times, the consumers in turn (in reverse every other round); its rate is its items over its total
-    time. This machine's speed swings by up to 2x for a second or more: many short drains in turn meet
-    the same swings. Ratios against ``raw_pop``, ``take_many(100)``, and ``async for`` for the worker. Then
-    one ``take_many(1000)`` drain measured for the breakdown (:func:`_breakdown`), and the server's time per
-    grouped item in 10 groups and in ``group_items`` groups (:func:`_grouped_rounds`)."""
+    """``drain_items`` items due before the consumer opens (filled with ``offer_many``), moved to the destination
+    list by the queue's own transfer, then timed from the first take until the last item (the last ack in Redis
+    for the reliable ones), in one process: ``take_many(1000)`` and ``take_many(100)`` in a loop, ``async for item
+    in q``, ``receive_many(100)`` with an ``ack()`` of each message, a sequential ``async for msg in
+    q.messages(30): await msg.ack()``, and the worker (``q.worker(no-op handler, concurrency=16).run()``), the
+    worker on items in groups of ``GROUP_SIZE`` (group concurrency 1) and with the event stream on
+    (``worker16_events``). ``take_many_1000_e2e``: ``take_many(1000)`` timed from the open, the items still in the
+    timeout zset. ``raw_pop``: the server popping the same payloads from a zset by itself (``MULTI`` of ``ZRANGE z
+    0 999`` and ``ZREMRANGEBYRANK z 0 999``). Each consumer drains ``drain_rounds`` times, the consumers in turn
+    (in reverse every other round); its rate is its items over its total time. This machine's speed swings by up
+    to 2x for a second or more: many short drains in turn meet the same swings. Ratios against ``raw_pop``,
+    ``take_many(100)``, and ``async for`` for the worker. Then one ``take_many(1000)`` drain measured for the
+    breakdown (:func:`_breakdown`), and the server's time per grouped item in 10 groups and in ``group_items``
+    groups (:func:`_grouped_rounds`)."""
     s = bench.sizes
 
     async def measure(mode: str) -> float:
@@ -190,6 +190,7 @@ async def run(bench: Bench) -> dict[str, Any]:
             await fill(DelayedQueue(producer, name), n, 0, groups=n // GROUP_SIZE if "grouped" in mode else 0)
             t0 = time.perf_counter()
             async with DelayedQueue(consumer, name) as q:
+                await q.set_events(10 * n if mode == "worker16_events" else None)  # an event per delivery and ack
                 if mode != "take_many_1000_e2e":  # all moved first: the consumer alone is timed
                     await until(q.counts, lambda counts: counts.ready >= n, 60)
                     t0 = time.perf_counter()
@@ -205,7 +206,8 @@ async def run(bench: Bench) -> dict[str, Any]:
                       "take_many_1000_e2e_vs_raw_pop": ratio(rate["take_many_1000_e2e"], rate["raw_pop"]),
                       **{mode: ratio(rate[mode], rate["take_many"]) for mode in MODES[3:-2]},
                       "worker16_vs_async_for": ratio(rate["worker16"], rate["async_for"]),
-                      "worker16_grouped_vs_worker16": ratio(rate["worker16_grouped"], rate["worker16"])},
+                      "worker16_grouped_vs_worker16": ratio(rate["worker16_grouped"], rate["worker16"]),
+                      "worker16_events_vs_worker16": ratio(rate["worker16_events"], rate["worker16"])},
             "breakdown": await _breakdown(bench, s.drain_items),
             "grouped_server_us": await _grouped_rounds(bench, s.group_items)}
 

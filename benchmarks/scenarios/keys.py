@@ -16,20 +16,15 @@ from .transfer import transfer_ours
 
 
 async def run(bench: Bench) -> dict[str, Any]:
-    """(A) ``offer_callers`` tasks, each awaiting one ``offer()`` at a time for ``offer_seconds``, without
-    keys, with a unique key per item, and with it and ``dedupe_for`` (a window each): items/s. (B)
-    ``keys_transfer_n`` items, each due 0.5 s after its ``offer_many``, without and with keys, moved as in
-    ``transfer`` once all are due: items/s. (A) and (B) over ``keys_rounds`` rounds after a discarded
-    warm-up (the server's first large fills grow its heap), the order alternating per round: the ratio of
-    the medians, keyed / unkeyed (windowed / keyed). (C) ``keys_pending_n`` keyed items pending, then
+    """(A) ``offer_callers`` tasks, each awaiting one ``offer()`` at a time for ``offer_seconds``: without
+    keys, with a new key per item, with it and ``dedupe_for``, and without keys with the event stream on;
+    items/s. (B) ``keys_transfer_n`` items due 0.5 s after their ``offer_many``, without and with keys,
+    moved as in ``transfer``; items/s. Both over ``keys_rounds`` rounds after a discarded warm-up, in turn
+    (reversed every other round): ratios of the medians. (C) ``keys_pending_n`` keyed items pending, then
     2,000 calls each of ``get``, ``reschedule``, ``cancel`` and a keyed ``offer()`` on random keys: calls
-    over 1 ms of server time (``SLOWLOG`` at that threshold: at 0 the server logs the commands inside the
-    scripts too) and the mean (``INFO commandstats``).
-
-    All three on the run's server and, when that one is a libc malloc build this run started and a
-    jemalloc build is installed, again on a throwaway server of that build (``jemalloc``), where the bars
-    are judged: Redis and Valkey ship with jemalloc, and what keys add is allocation (a hash entry made by
-    the offer, freed by the transfer), which libc malloc makes dearer."""
+    over 1 ms of server time (``SLOWLOG``) and the mean (``INFO commandstats``). All three on the run's
+    server and, when that is a libc malloc build and a jemalloc one is installed, on a jemalloc server
+    too, where the bars are judged: Redis ships with jemalloc, and keys cost allocations."""
     s = bench.sizes
     out: dict[str, Any] = {"callers": s.offer_callers, "transfer_n": s.keys_transfer_n,
                            "pending_n": s.keys_pending_n, "rounds": s.keys_rounds}
@@ -57,7 +52,7 @@ async def _measure(bench: Bench, url: str, ctl: Redis, slowlog: SlowLog) -> dict
     allocator = str((await ctl.info("memory")).get("mem_allocator", "?"))
     log(f"    on a {allocator} build")
     out: dict[str, Any] = {"allocator": allocator}
-    for what, rate, variants in (("offer", _offer_rate, ("unkeyed", "keyed", "windowed")),
+    for what, rate, variants in (("offer", _offer_rate, ("unkeyed", "keyed", "windowed", "events")),
                                  ("transfer", _transfer_rate, ("unkeyed", "keyed"))):
         async def measure(variant: str, rate: Any = rate) -> float:
             return await rate(bench, url, ctl, variant)
@@ -68,20 +63,23 @@ async def _measure(bench: Bench, url: str, ctl: Redis, slowlog: SlowLog) -> dict
         out[what]["ratio"] = ratio(out[what]["keyed"]["items_per_s"], out[what]["unkeyed"]["items_per_s"])
     o = out["offer"]
     o["windowed_ratio"] = ratio(o["windowed"]["items_per_s"], o["keyed"]["items_per_s"])
+    o["events_ratio"] = ratio(o["events"]["items_per_s"], o["unkeyed"]["items_per_s"])
     out["calls"] = await _call_times(bench, url, ctl, slowlog, s.keys_pending_n)
     return out
 
 
 async def _offer_rate(bench: Bench, url: str, ctl: Redis, variant: str) -> float:
-    """``unkeyed``, ``keyed`` (a new key per item) or ``windowed`` (keyed, with ``dedupe_for`` 1 h)."""
+    """``unkeyed``, ``keyed`` (a new key per item), ``windowed`` (keyed, with ``dedupe_for`` 1 h) or ``events``
+    (unkeyed, the event stream on: an event per offer)."""
     s = bench.sizes
-    options = {"unkeyed": {}, "keyed": {}, "windowed": {"dedupe_for": 3600}}[variant]
+    options = {"windowed": {"dedupe_for": 3600}}.get(variant, {})
     async with bench.fresh_queue("keys-offer", variant, url=url, ctl=ctl) as (client, name):
         q: DelayedQueue[Any] = DelayedQueue(client, name)
         await q.offer(payload(-1), FAR_S, key="warm-up")  # both scripts loaded, connection open
+        await q.set_events(10_000_000 if variant == "events" else None)
 
         async def offer(i: int) -> None:
-            await q.offer(payload(i), FAR_S, **({"key": f"order-{i}"} if variant != "unkeyed" else {}), **options)
+            await q.offer(payload(i), FAR_S, key=f"order-{i}" if variant in ("keyed", "windowed") else None, **options)
 
         return await concurrent_rate(offer, s.offer_callers, s.offer_seconds)
 
